@@ -1,0 +1,29 @@
+"""fastrwa: Recurrent Weighted Average and Recurrent Discounted Attention as parallel scans.
+
+Public API::
+
+    y, state = fastrwa.rwa_scan(z, a, initial_state=None, output_final_state=False)
+    y, state = fastrwa.rda_scan(z, a, g, attention="exp", initial_state=None, output_final_state=False)
+    y, state = fastrwa.weighted_scan(z, log_w, log_decay=None, initial_state=None, output_final_state=False)
+    y_t, state = fastrwa.rwa_step(z_t, a_t, state=None)
+    y_t, state = fastrwa.rda_step(z_t, a_t, g_t, state=None, attention="exp")
+    with fastrwa.use_backend("torch"): ...
+
+The sequential reference that defines every answer is :mod:`fastrwa.reference`.
+"""
+
+from .backend import get_backend, use_backend
+from .scan import rda_scan, rda_step, rwa_scan, rwa_step, weighted_scan
+from .state import ScanState
+
+__all__ = [
+    "ScanState",
+    "get_backend",
+    "rda_scan",
+    "rda_step",
+    "rwa_scan",
+    "rwa_step",
+    "use_backend",
+    "weighted_scan",
+]
+__version__ = "0.1.0"

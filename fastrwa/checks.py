@@ -1,0 +1,85 @@
+"""Input validation with messages that name the argument, what it is and what was expected."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from .state import ScanState
+from .transforms import ATTENTIONS
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _describe(x: torch.Tensor) -> str:
+    return f"shape {tuple(x.shape)}, dtype {x.dtype}, device {x.device}"
+
+
+def check_inputs(named: Sequence[tuple[str, object]], layout: str) -> torch.Tensor:
+    """Check that the named tensors share rank ``len(layout)``, shape, dtype and device.
+
+    ``layout`` is e.g. "BTD" or "BD". Returns the first tensor (the one the others match).
+    """
+    first_name, first = named[0]
+    for name, x in named:
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor of shape ({', '.join(layout)}), "
+                            f"got {type(x).__name__}")
+        if x.dim() != len(layout):
+            raise ValueError(f"{name} must have shape ({', '.join(layout)}) ({len(layout)} dims), "
+                             f"got {_describe(x)}")
+        if x.dtype not in FLOAT_DTYPES:
+            raise TypeError(f"{name} must have a floating dtype in "
+                            f"{[str(d) for d in FLOAT_DTYPES]}, got {x.dtype}")
+    for name, x in named[1:]:
+        if x.shape != first.shape:
+            raise ValueError(f"{name} must have the same shape as {first_name} "
+                             f"{tuple(first.shape)}, got {tuple(x.shape)}")
+        if x.dtype != first.dtype:
+            raise TypeError(f"{name} must have the same dtype as {first_name} ({first.dtype}), "
+                            f"got {x.dtype}")
+        if x.device != first.device:
+            raise ValueError(f"{name} must be on the same device as {first_name} "
+                             f"({first.device}), got {x.device}")
+    return first
+
+
+def state_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of a ``ScanState`` for inputs of ``dtype``: float64 for float64, else float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def check_state(state: object, name: str, like: torch.Tensor, batch: int, channels: int) -> ScanState | None:
+    """Check a ``ScanState`` (or a 3-tuple of tensors) against inputs ``like`` of ``(B, ..., D)``."""
+    if state is None:
+        return None
+    if not isinstance(state, (tuple, list)) or len(state) != 3:
+        raise TypeError(f"{name} must be a fastrwa.ScanState (m, n, d) or None, "
+                        f"got {type(state).__name__}")
+    expected_dtype = state_dtype(like.dtype)
+    for field, x in zip(ScanState._fields, state):
+        where = f"{name}.{field}"
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{where} must be a torch.Tensor, got {type(x).__name__}")
+        if tuple(x.shape) != (batch, channels):
+            raise ValueError(f"{where} must have shape (B, D) = {(batch, channels)}, "
+                             f"got {tuple(x.shape)}")
+        if x.dtype != expected_dtype:
+            raise TypeError(f"{where} must have dtype {expected_dtype} for {like.dtype} inputs, "
+                            f"got {x.dtype}")
+        if x.device != like.device:
+            raise ValueError(f"{where} must be on the inputs' device {like.device}, got {x.device}")
+    return ScanState(*state)
+
+
+def check_attention(attention: object) -> str:
+    if not isinstance(attention, str) or attention not in ATTENTIONS:
+        raise ValueError(f"attention must be one of {ATTENTIONS}, got {attention!r}")
+    return attention
+
+
+def check_flag(value: object, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return value

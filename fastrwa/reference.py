@@ -1,0 +1,87 @@
+"""The sequential reference: the single source of truth for every fast path.
+
+A plain loop over time written straight from DESIGN.md §2. It is slow on purpose and meant
+to be read in one sitting. It is differentiable by autograd (the ``torch.where`` guards keep
+``-inf`` from turning into NaN, forward and backward), so tests can compare gradients too.
+
+Shapes: ``z, log_w, log_decay`` are ``(B, T, D)``; the state is ``(m, n, d)``, each ``(B, D)``.
+Arithmetic runs in float32, or float64 for float64 inputs; ``y`` comes back in the input dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .state import ScanState
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def reference_log_weight(a: torch.Tensor, attention: str) -> torch.Tensor:
+    """``log f_a(a)`` for the four attention functions, in the plainest stable form."""
+    if attention == "exp":
+        return a
+    if attention == "sigmoid":
+        return F.logsigmoid(a)
+    if attention == "softplus":
+        # log(softplus(a)) ~= a once softplus underflows; the guard keeps autograd finite.
+        small = a < -30
+        return torch.where(small, a, torch.log(F.softplus(torch.where(small, 0, a))))
+    if attention == "relu":
+        positive = a > 0
+        return torch.where(positive, torch.log(torch.where(positive, a, 1)), float("-inf"))
+    raise ValueError(f"unknown attention {attention!r}")
+
+
+def weighted_scan_reference(
+    z: torch.Tensor,
+    log_w: torch.Tensor,
+    log_decay: torch.Tensor | None = None,
+    initial_state: ScanState | None = None,
+    reverse: bool = False,
+) -> tuple[torch.Tensor, ScanState]:
+    """``y_t = n_t / d_t`` with ``n_t = exp(lam_t) n_{t-1} + exp(l_t) z_t`` (and ``d`` alike).
+
+    Returns ``(y, final_state)``. With ``reverse=True`` the scan runs from the last step to
+    the first (``y_t`` summarises steps ``t..T-1``).
+    """
+    cdt = _compute_dtype(z.dtype)
+    B, T, D = z.shape
+    if initial_state is None:
+        initial_state = ScanState.empty(B, D, dtype=cdt, device=z.device)
+    m, n, d = (s.to(cdt) for s in initial_state)
+    ys = [None] * T
+    order = range(T - 1, -1, -1) if reverse else range(T)
+    for t in order:
+        z_t = z[:, t].to(cdt)
+        l_t = log_w[:, t].to(cdt)
+        lam_t = 0 if log_decay is None else log_decay[:, t].to(cdt)
+        # m' = max(m + lam, l);  n' = n exp(m + lam - m') + z exp(l - m');  d' likewise
+        decayed = m + lam_t
+        m = torch.maximum(decayed, l_t)
+        # While nothing has been seen m' = -inf; shifting by 0 there gives exp(-inf) = 0.
+        shift = torch.where(torch.isneginf(m), 0, m)
+        keep = torch.exp(decayed - shift)
+        take = torch.exp(l_t - shift)
+        n = n * keep + z_t * take
+        d = d * keep + take
+        seen = d > 0
+        ys[t] = torch.where(seen, n / torch.where(seen, d, 1), 0)
+    y = torch.stack(ys, dim=1) if T else z.new_zeros((B, 0, D), dtype=cdt)
+    return y.to(z.dtype), ScanState(m, n, d)
+
+
+def rwa_scan_reference(z, a, initial_state=None, reverse=False):
+    """RWA: exp attention, no discount (see :func:`weighted_scan_reference`)."""
+    return weighted_scan_reference(z, a, None, initial_state, reverse)
+
+
+def rda_scan_reference(z, a, g, attention="exp", initial_state=None, reverse=False):
+    """RDA: attention ``f_a`` and discount ``gamma = sigmoid(g)``."""
+    cdt = _compute_dtype(z.dtype)
+    log_w = reference_log_weight(a.to(cdt), attention)
+    log_decay = F.logsigmoid(g.to(cdt))
+    return weighted_scan_reference(z, log_w, log_decay, initial_state, reverse)

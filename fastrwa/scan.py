@@ -1,0 +1,209 @@
+"""The public scan and step functions: ``weighted_scan``, ``rwa_scan``, ``rda_scan``,
+``rwa_step``, ``rda_step``."""
+
+from __future__ import annotations
+
+import torch
+
+from . import backend as _backend
+from .autograd import WeightedScanFunction
+from .checks import check_attention, check_flag, check_inputs, check_state, state_dtype
+from .state import ScanState
+
+
+def _run(named, attention, discount, initial_state, output_final_state, reverse,
+         chunk_size=None):
+    """Validate ``(B, T, D)`` inputs ``named`` = [(name, tensor) for z, a[, g]] and run the op."""
+    z = check_inputs(named, "BTD")
+    check_flag(output_final_state, "output_final_state")
+    check_flag(reverse, "reverse")
+    B, T, D = z.shape
+    state = check_state(initial_state, "initial_state", z, B, D)
+    a = named[1][1]
+    g = named[2][1] if len(named) > 2 else None
+    if T == 0:
+        y = z.new_empty((B, 0, D))
+        if not output_final_state:
+            return y, None
+        if state is None:
+            state = ScanState.empty(B, D, dtype=state_dtype(z.dtype), device=z.device)
+        return y, state
+    impl = _backend.resolve(z.device)
+    m0, n0, d0 = (None, None, None) if state is None else state
+    out = WeightedScanFunction.apply(z, a, g, m0, n0, d0, attention, discount,
+                                     output_final_state, reverse, impl, chunk_size)
+    if output_final_state:
+        y, m, n, d = out
+        return y, ScanState(m, n, d)
+    return out, None
+
+
+def weighted_scan(
+    z: torch.Tensor,
+    log_w: torch.Tensor,
+    log_decay: torch.Tensor | None = None,
+    initial_state: ScanState | None = None,
+    output_final_state: bool = False,
+    reverse: bool = False,
+) -> tuple[torch.Tensor, ScanState | None]:
+    """The primitive: a causal, per-channel softmax-weighted average with optional decay.
+
+    ``n_t = exp(log_decay_t) n_{t-1} + exp(log_w_t) z_t``, ``d_t`` likewise with ``z = 1``,
+    ``y_t = n_t / d_t`` (``0`` while every weight so far is ``exp(-inf) = 0``), computed
+    in a max-stabilised log space so that no logit overflows (DESIGN.md §2).
+
+    Args:
+        z: ``(B, T, D)`` values; float16, bfloat16, float32 or float64.
+        log_w: ``(B, T, D)`` log attention weights, same dtype and device; ``-inf`` masks a step.
+        log_decay: ``(B, T, D)`` log discount (usually ``<= 0``; ``-inf`` forgets the past)
+            or ``None`` for no discount.
+        initial_state: a :class:`ScanState` of ``(B, D)`` tensors to continue from, or ``None``.
+        output_final_state: also return the state after the last step.
+        reverse: scan from the last step to the first (``y_t`` averages steps ``t..T-1``).
+
+    Returns:
+        ``(y, state)``: ``y`` is ``(B, T, D)`` in the input dtype; ``state`` is a
+        :class:`ScanState` (float32, or float64 for float64 inputs) if
+        ``output_final_state`` else ``None``. Differentiable in every tensor argument.
+
+    Example:
+        >>> import torch, fastrwa
+        >>> z, lw = torch.randn(2, 16, 8), torch.randn(2, 16, 8)
+        >>> y, state = fastrwa.weighted_scan(z, lw, output_final_state=True)
+        >>> y.shape, state.n.shape
+        (torch.Size([2, 16, 8]), torch.Size([2, 8]))
+    """
+    named = [("z", z), ("log_w", log_w)]
+    if log_decay is not None:
+        named.append(("log_decay", log_decay))
+    return _run(named, "exp", None if log_decay is None else "log", initial_state,
+                output_final_state, reverse)
+
+
+def rwa_scan(
+    z: torch.Tensor,
+    a: torch.Tensor,
+    initial_state: ScanState | None = None,
+    output_final_state: bool = False,
+    reverse: bool = False,
+) -> tuple[torch.Tensor, ScanState | None]:
+    """Recurrent Weighted Average: ``y_t = sum_{i<=t} exp(a_i) z_i / sum_{i<=t} exp(a_i)``.
+
+    Args:
+        z: ``(B, T, D)`` values (e.g. ``u * tanh(g)``); float16, bfloat16, float32, float64.
+        a: ``(B, T, D)`` attention logits, same dtype and device; ``-inf`` masks a step.
+        initial_state: a :class:`ScanState` of ``(B, D)`` tensors, or ``None``.
+        output_final_state: also return the state after the last step.
+        reverse: scan from the last step to the first.
+
+    Returns:
+        ``(y, state)``: ``y`` is the raw average ``n / d`` (no ``tanh``; layers apply
+        ``f_h``) of shape ``(B, T, D)`` in the input dtype; ``state`` or ``None``.
+
+    Example:
+        >>> import torch, fastrwa
+        >>> z, a = torch.randn(2, 32, 4), torch.randn(2, 32, 4)
+        >>> y, _ = fastrwa.rwa_scan(z, a)
+        >>> y.shape
+        torch.Size([2, 32, 4])
+    """
+    return _run([("z", z), ("a", a)], "exp", None, initial_state, output_final_state, reverse)
+
+
+def rda_scan(
+    z: torch.Tensor,
+    a: torch.Tensor,
+    g: torch.Tensor,
+    attention: str = "exp",
+    initial_state: ScanState | None = None,
+    output_final_state: bool = False,
+    reverse: bool = False,
+) -> tuple[torch.Tensor, ScanState | None]:
+    """Recurrent Discounted Attention: ``n_t = gamma_t n_{t-1} + f_a(a_t) z_t``, ``d_t`` alike.
+
+    Args:
+        z: ``(B, T, D)`` values; float16, bfloat16, float32 or float64.
+        a: ``(B, T, D)`` attention logits.
+        g: ``(B, T, D)`` discount logits; ``gamma = sigmoid(g)``.
+        attention: ``f_a``, one of "exp", "sigmoid", "softplus", "relu".
+        initial_state: a :class:`ScanState` of ``(B, D)`` tensors, or ``None``.
+        output_final_state: also return the state after the last step.
+        reverse: scan from the last step to the first.
+
+    Returns:
+        ``(y, state)`` with ``y = n / d`` of shape ``(B, T, D)`` in the input dtype
+        (``0`` where no weight has been seen, e.g. "relu" with ``a <= 0`` so far).
+
+    Example:
+        >>> import torch, fastrwa
+        >>> z, a, g = (torch.randn(1, 10, 3) for _ in range(3))
+        >>> y, st = fastrwa.rda_scan(z, a, g, attention="sigmoid", output_final_state=True)
+        >>> y.shape
+        torch.Size([1, 10, 3])
+    """
+    attention = check_attention(attention)
+    return _run([("z", z), ("a", a), ("g", g)], attention, "sigmoid", initial_state,
+                output_final_state, reverse)
+
+
+def _step(named, attention, discount, state):
+    z_t = check_inputs(named, "BD")
+    B, D = z_t.shape
+    state = check_state(state, "state", z_t, B, D)
+    seq = [(name, x.unsqueeze(1)) for name, x in named]
+    y, new_state = _run(seq, attention, discount, state, True, False)
+    return y.squeeze(1), new_state
+
+
+def rwa_step(
+    z_t: torch.Tensor, a_t: torch.Tensor, state: ScanState | None = None
+) -> tuple[torch.Tensor, ScanState]:
+    """One streaming step of :func:`rwa_scan`: O(D) state, whatever the length so far.
+
+    Args:
+        z_t: ``(B, D)`` value of this step.
+        a_t: ``(B, D)`` attention logit of this step.
+        state: the :class:`ScanState` from the previous step or scan, or ``None`` to start.
+
+    Returns:
+        ``(y_t, state)``: ``(B, D)`` output in the input dtype and the new state.
+
+    Example:
+        >>> import torch, fastrwa
+        >>> z, a = torch.randn(2, 5, 3), torch.randn(2, 5, 3)
+        >>> st = None
+        >>> for t in range(5):
+        ...     y_t, st = fastrwa.rwa_step(z[:, t], a[:, t], st)
+        >>> torch.allclose(y_t, fastrwa.rwa_scan(z, a)[0][:, -1], atol=1e-6)
+        True
+    """
+    return _step([("z_t", z_t), ("a_t", a_t)], "exp", None, state)
+
+
+def rda_step(
+    z_t: torch.Tensor,
+    a_t: torch.Tensor,
+    g_t: torch.Tensor,
+    state: ScanState | None = None,
+    attention: str = "exp",
+) -> tuple[torch.Tensor, ScanState]:
+    """One streaming step of :func:`rda_scan` (``gamma_t = sigmoid(g_t)``).
+
+    Args:
+        z_t, a_t, g_t: ``(B, D)`` value, attention logit and discount logit of this step.
+        state: the :class:`ScanState` so far, or ``None`` to start.
+        attention: ``f_a``, one of "exp", "sigmoid", "softplus", "relu".
+
+    Returns:
+        ``(y_t, state)``: ``(B, D)`` output in the input dtype and the new state.
+
+    Example:
+        >>> import torch, fastrwa
+        >>> z, a, g = (torch.randn(1, 8, 4) for _ in range(3))
+        >>> _, st = fastrwa.rda_scan(z[:, :5], a[:, :5], g[:, :5], output_final_state=True)
+        >>> y_5, st = fastrwa.rda_step(z[:, 5], a[:, 5], g[:, 5], st)
+        >>> y_5.shape
+        torch.Size([1, 4])
+    """
+    attention = check_attention(attention)
+    return _step([("z_t", z_t), ("a_t", a_t), ("g_t", g_t)], attention, "sigmoid", state)

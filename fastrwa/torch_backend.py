@@ -1,0 +1,159 @@
+"""The "torch" backend: forward and analytic backward of the weighted scan on PyTorch ops.
+
+Runs on any device PyTorch supports (it is the CPU path). Both passes use the chunked scan
+of :mod:`fastrwa.chunked`. Arithmetic and state are float32 (float64 for float64 inputs).
+
+Memory/recompute choice: the forward saves nothing but its inputs; the backward re-runs the
+forward to get ``y_t`` and ``L_t = log d_t`` (one extra forward) and then runs one reverse
+scan. Saving ``L`` would cost a float32 tensor of the input's size for a saving of one
+forward pass; the GPU kernels make the same choice for the same reason (DESIGN.md §2).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import chunked
+from .transforms import attention_grad, decay_grad, log_decay, log_weight
+
+_POISON = False  # tests set this: fresh buffers are filled with NaN so unwritten entries show
+
+
+def set_poison(enabled: bool) -> None:
+    """Fill every fresh output buffer with NaN (for tests that catch unwritten entries)."""
+    global _POISON
+    _POISON = bool(enabled)
+
+
+def _empty(shape, dtype, device) -> torch.Tensor:
+    out = torch.empty(shape, dtype=dtype, device=device)
+    if _POISON:
+        out.fill_(float("nan"))
+    return out
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float64 stays float64; everything else computes in float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _average(n: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    seen = d > 0
+    return torch.where(seen, n / torch.where(seen, d, 1), 0)
+
+
+def _log_total(m: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """``L = log(exp(m) d)``: ``-inf`` for an empty state (``d = 0`` or ``m = -inf``)."""
+    return torch.where(d > 0, m + torch.log(torch.where(d > 0, d, 1)), float("-inf"))
+
+
+def forward(z, a, g, attention, discount, init, output_final_state, reverse, chunk_size=None):
+    """``y`` (input dtype) and the final state ``(m, n, d)`` (or ``None``)."""
+    cdt = compute_dtype(z.dtype)
+    l = log_weight(a.to(cdt), attention)
+    lam = log_decay(None if g is None else g.to(cdt), discount)
+    y = _empty(z.shape, z.dtype, z.device)
+
+    def emit(sel, m, vals, d):
+        y[:, sel] = _average(vals[0], d)
+
+    init_state = None if init is None else (init[0], [init[1]], init[2])
+    m, (n,), d = chunked.scan(l, lam, [z], init_state, True, reverse, emit, chunk_size)
+    final = (m, n, d) if output_final_state else None
+    return y, final
+
+
+def _shift_decay(lam: torch.Tensor, reverse: bool) -> torch.Tensor:
+    """The decay the adjoint scan applies at ``t``: ``lam[t+1]`` (``lam[t-1]`` if reversed), 0 at the end."""
+    out = torch.zeros_like(lam)
+    if reverse:
+        out[:, 1:] = lam[:, :-1]
+    else:
+        out[:, :-1] = lam[:, 1:]
+    return out
+
+
+def backward(z, a, g, attention, discount, init, reverse, gy, g_final, chunk_size=None):
+    """Gradients ``(gz, ga, gg, (gm0, gn0, gd0))`` of the weighted scan (DESIGN.md §2).
+
+    ``gy`` is ``(B, T, D)`` or ``None``; ``g_final`` is ``(gm, gn, gd)`` for the final state
+    (entries may be ``None``) or ``None``. ``gg`` is ``None`` without a discount and the
+    state gradients are ``None`` without an initial state.
+    """
+    B, T, D = z.shape
+    cdt = compute_dtype(z.dtype)
+    dev = z.device
+    l = log_weight(a.to(cdt), attention)
+    lam = log_decay(None if g is None else g.to(cdt), discount)
+
+    # 1. Re-run the forward, keeping y_t and L_t = log d_t in buffers with one extra slot
+    #    for the state before the first step (slot 0, or slot T when reversed).
+    here = 0 if reverse else 1                     # buffer index of position 0
+    before = 1 if reverse else 0                   # buffer index of "previous" of position 0
+    L_buf = _empty((B, T + 1, D), cdt, dev)
+    y_buf = _empty((B, T + 1, D), cdt, dev)
+    L_now, y_now = L_buf[:, here:here + T], y_buf[:, here:here + T]
+    L_prev, y_prev = L_buf[:, before:before + T], y_buf[:, before:before + T]
+    slot0 = T if reverse else 0
+    if init is None:
+        L_buf[:, slot0] = float("-inf")
+        y_buf[:, slot0] = 0
+    else:
+        m0, n0, d0 = init
+        L_buf[:, slot0] = _log_total(m0, d0)
+        y_buf[:, slot0] = _average(n0, d0)
+
+    def emit_forward(sel, m, vals, d):
+        L_now[:, sel] = _log_total(m, d)
+        y_now[:, sel] = _average(vals[0], d)
+
+    init_state = None if init is None else (init[0], [init[1]], init[2])
+    m_T, _, _ = chunked.scan(l, lam, [z], init_state, True, reverse, emit_forward, chunk_size)
+
+    # 2. The adjoint scan, run the other way: R_t = decay(R_next) + (log-weight -L_t, values
+    #    gy_t and gy_t y_t). R_t = (M, rho, sigma) stands for nu_t = exp(M) rho = dLoss/dn_t
+    #    and -exp(M) sigma = dLoss/dd_t. Steps with L_t = -inf (nothing seen) carry no weight.
+    if gy is None:
+        gy = torch.zeros((B, T, D), dtype=cdt, device=dev)
+    gy = gy.to(cdt)
+    neg_L = torch.where(torch.isneginf(L_now), float("-inf"), -L_now)
+    lam_adj = None if lam is None else _shift_decay(lam, reverse)
+    adj_init = None
+    if g_final is not None and any(x is not None for x in g_final):
+        _, gn, gd = g_final
+        zeros = torch.zeros((B, D), dtype=cdt, device=dev)
+        rho = zeros if gn is None else gn.to(cdt).clone()
+        sigma = zeros.clone() if gd is None else -gd.to(cdt)
+        # dLoss/dn_T = gn exp(-m_T): the adjoint enters with log-scale -m_T.
+        M = torch.where(torch.isneginf(m_T), float("-inf"), -m_T)
+        adj_init = (M, [rho, sigma], None)
+
+    gz = _empty(z.shape, z.dtype, dev)
+    ga = _empty(a.shape, a.dtype, dev)
+    gg = None if g is None else _empty(g.shape, g.dtype, dev)
+
+    def emit_adjoint(sel, M, vals, _):
+        rho, sigma = vals
+        # exp(l_i + M_i) is the largest p_{t,i} <= 1 folded in; it never overflows.
+        w = torch.exp(l[:, sel] + M)
+        gz[:, sel] = w * rho
+        gl = w * (z[:, sel] * rho - sigma)
+        ga[:, sel] = attention_grad(gl, a[:, sel].to(cdt), attention)
+        if gg is not None:
+            w_prev = torch.exp(L_prev[:, sel] + lam[:, sel] + M)
+            glam = w_prev * (y_prev[:, sel] * rho - sigma)
+            gg[:, sel] = decay_grad(glam, g[:, sel].to(cdt), discount)
+
+    M1, (rho1, sigma1), _ = chunked.scan(
+        neg_L, lam_adj, [gy, gy * y_now], adj_init, False, not reverse, emit_adjoint, chunk_size
+    )
+
+    # 3. Initial state: it is the pseudo-step before position 0, decayed by that step's lam.
+    g_init = None
+    if init is not None:
+        m0, n0, d0 = init
+        first = T - 1 if reverse else 0
+        scale = m0 + M1 if lam is None else m0 + lam[:, first] + M1
+        w0 = torch.exp(scale)
+        g_init = (w0 * (n0 * rho1 - d0 * sigma1), w0 * rho1, -w0 * sigma1)
+    return gz, ga, gg, g_init

@@ -1,0 +1,79 @@
+"""Attention and discount functions in log space, with their derivatives.
+
+``log_weight(a, kind)`` gives ``l = log f_a(a)`` and ``log_decay(g, kind)`` gives
+``lam = log gamma``; the ``d_*`` functions give ``dl/da`` and ``dlam/dg``. All are written
+so that logits of +-1e4 give no inf/NaN (the softplus case uses a series where ``softplus``
+underflows). They are used by the fast paths; the reference keeps its own plain formulas.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+ATTENTIONS = ("exp", "sigmoid", "softplus", "relu")
+DISCOUNTS = (None, "log", "sigmoid")
+
+# Below this logit, softplus(a) = u - u^2/2 + ... with u = exp(a) < 1.3e-4, and
+# log softplus(a) = a + log(1 - u/2 + u^2/3) = a - u/2 + 5u^2/24 + O(u^3).
+_SOFTPLUS_SERIES_BELOW = -9.0
+
+
+def log_weight(a: torch.Tensor, kind: str) -> torch.Tensor:
+    """``log f_a(a)`` for ``kind`` in :data:`ATTENTIONS` ("exp" is the identity)."""
+    if kind == "exp":
+        return a
+    if kind == "sigmoid":
+        return F.logsigmoid(a)
+    if kind == "softplus":
+        u = torch.exp(torch.clamp(a, max=_SOFTPLUS_SERIES_BELOW))
+        series = a - 0.5 * u + (5.0 / 24.0) * u * u
+        direct = torch.log(F.softplus(torch.clamp(a, min=_SOFTPLUS_SERIES_BELOW)))
+        return torch.where(a < _SOFTPLUS_SERIES_BELOW, series, direct)
+    if kind == "relu":
+        return torch.log(torch.relu(a))
+    raise ValueError(f"attention must be one of {ATTENTIONS}, got {kind!r}")
+
+
+def attention_grad(gl: torch.Tensor, a: torch.Tensor, kind: str) -> torch.Tensor:
+    """Chain rule ``ga = gl * dl/da`` for ``l = log_weight(a, kind)``.
+
+    For "relu", ``gl`` carries a factor ``exp(l) = a``, so ``gl / a`` is formed by a division
+    (finite even for denormal ``a``), and is 0 where ``a <= 0``.
+    """
+    if kind == "exp":
+        return gl
+    if kind == "sigmoid":
+        return gl * torch.sigmoid(-a)
+    if kind == "softplus":
+        # dl/da = sigmoid(a) / softplus(a); for very negative a both underflow, so use the
+        # series 1 / ((1 + u)(1 - u/2 + u^2/3)).
+        u = torch.exp(torch.clamp(a, max=_SOFTPLUS_SERIES_BELOW))
+        series = 1.0 / ((1.0 + u) * (1.0 - 0.5 * u + u * u / 3.0))
+        a_hi = torch.clamp(a, min=_SOFTPLUS_SERIES_BELOW)
+        direct = torch.sigmoid(a_hi) / F.softplus(a_hi)
+        return gl * torch.where(a < _SOFTPLUS_SERIES_BELOW, series, direct)
+    if kind == "relu":
+        pos = a > 0
+        return torch.where(pos, gl / torch.where(pos, a, 1), 0)
+    raise ValueError(f"attention must be one of {ATTENTIONS}, got {kind!r}")
+
+
+def log_decay(g: torch.Tensor | None, kind: str | None) -> torch.Tensor | None:
+    """``lam = log gamma``: ``None`` (no discount), ``g`` itself ("log"), or ``logsigmoid(g)``."""
+    if kind is None:
+        return None
+    if kind == "log":
+        return g
+    if kind == "sigmoid":
+        return F.logsigmoid(g)
+    raise ValueError(f"unknown discount kind {kind!r}")
+
+
+def decay_grad(glam: torch.Tensor, g: torch.Tensor, kind: str) -> torch.Tensor:
+    """Chain rule ``gg = glam * dlam/dg``."""
+    if kind == "log":
+        return glam
+    if kind == "sigmoid":
+        return glam * torch.sigmoid(-g)
+    raise ValueError(f"unknown discount kind {kind!r}")
