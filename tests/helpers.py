@@ -1,0 +1,93 @@
+"""Inputs, the float64 reference and tolerances shared by the op tests."""
+
+from __future__ import annotations
+
+import torch
+
+from fastrwa.reference import rda_scan_reference, weighted_scan_reference
+from fastrwa.scan import _run
+from fastrwa.state import ScanState
+
+ATTENTIONS = ("exp", "sigmoid", "softplus", "relu")
+
+# Tolerances against a float64 reference evaluated on the same (rounded) inputs.
+# Forward y, and gradients (scaled by the largest gradient entry).
+TOL = {
+    torch.float64: dict(y=1e-10, grad=1e-8),
+    torch.float32: dict(y=2e-5, grad=1e-4),
+    torch.bfloat16: dict(y=2e-2, grad=3e-2),
+    torch.float16: dict(y=3e-3, grad=5e-3),
+}
+
+
+def make_inputs(B, T, D, dtype=torch.float64, attention="exp", scale=1.0, seed=0, decay=True):
+    """Random ``(z, a, g)``; "relu" logits are shifted so most weights are positive."""
+    gen = torch.Generator().manual_seed(seed)
+    z = torch.randn(B, T, D, generator=gen, dtype=torch.float64)
+    a = torch.randn(B, T, D, generator=gen, dtype=torch.float64) * scale
+    if attention == "relu":
+        a = a + 0.5 * scale
+    g = torch.randn(B, T, D, generator=gen, dtype=torch.float64) * 2 if decay else None
+    cast = lambda x: None if x is None else x.to(dtype)
+    return cast(z), cast(a), cast(g)
+
+
+def make_state(B, D, dtype=torch.float64, seed=1):
+    """A canonical random state (``d >= 1``), as a scan would hand out."""
+    gen = torch.Generator().manual_seed(seed)
+    m = torch.randn(B, D, generator=gen, dtype=torch.float64)
+    n = torch.randn(B, D, generator=gen, dtype=torch.float64)
+    d = 1 + torch.rand(B, D, generator=gen, dtype=torch.float64)
+    return ScanState(m.to(dtype), n.to(dtype), d.to(dtype))
+
+
+def run(z, a, g=None, attention="exp", state=None, final=False, reverse=False, chunk=None):
+    """The op through its autograd Function (``g=None``: RWA), with a forced chunk size."""
+    named = [("z", z), ("a", a)] + ([] if g is None else [("g", g)])
+    return _run(named, attention, None if g is None else "sigmoid", state, final, reverse, chunk)
+
+
+def reference(z, a, g=None, attention="exp", state=None, reverse=False):
+    """The float64 reference on the same inputs (upcast; differentiable)."""
+    up = lambda x: None if x is None else x.double()
+    st = None if state is None else ScanState(*(up(s) for s in state))
+    if g is None:
+        return weighted_scan_reference(up(z), up(a), None, st, reverse)
+    return rda_scan_reference(up(z), up(a), up(g), attention, st, reverse)
+
+
+def assert_close(actual, expected, tol, what=""):
+    actual = actual.double()
+    assert torch.isfinite(actual).all(), f"{what}: non-finite entries"
+    err = (actual - expected).abs().max().item() if actual.numel() else 0.0
+    scale = max(1.0, expected.abs().max().item() if expected.numel() else 0.0)
+    assert err <= tol * scale, f"{what}: max error {err:.3e} > {tol:.1e} * {scale:.3g}"
+
+
+def loss_and_grads(fn, leaves, seed=0):
+    """Gradients of a random linear functional of ``fn``'s outputs with respect to ``leaves``.
+
+    ``fn()`` returns ``(y, state)``. The functional covers ``y`` and, when a state is
+    returned, the gauge-invariant ``log(exp(m) d)`` and ``n / d`` (what any continuation
+    of the scan depends on), so gradients flowing in through the final state are tested too.
+    """
+    y, state = fn()
+    gen = torch.Generator().manual_seed(seed)
+    loss = (y.double() * torch.randn(y.shape, generator=gen, dtype=torch.float64)).sum()
+    if state is not None:
+        seen = state.d > 0   # an empty state (nothing seen) has no log-total or average
+        log_total = torch.where(seen, state.m + torch.log(torch.where(seen, state.d, 1)), 0)
+        loss = loss + (log_total.double() * torch.randn(log_total.shape, generator=gen,
+                                                         dtype=torch.float64)).sum()
+        avg = state.average()
+        loss = loss + (avg.double() * torch.randn(avg.shape, generator=gen,
+                                                  dtype=torch.float64)).sum()
+    leaves = [x for x in leaves if x is not None]
+    return torch.autograd.grad(loss, leaves, allow_unused=False)
+
+
+def leaf(x, dtype=None):
+    """A fresh leaf copy of ``x`` (optionally cast) that requires grad."""
+    if x is None:
+        return None
+    return x.detach().to(dtype or x.dtype).clone().requires_grad_(True)
