@@ -1,0 +1,68 @@
+"""Backend selection: use_backend, FASTRWA_BACKEND, "auto", and the missing Triton backend."""
+
+import pytest
+import torch
+
+import fastrwa
+from fastrwa import backend, torch_backend
+
+
+def _inputs():
+    return torch.randn(1, 4, 2), torch.randn(1, 4, 2)
+
+
+def test_default_is_auto_and_picks_torch_on_cpu(monkeypatch):
+    monkeypatch.delenv("FASTRWA_BACKEND", raising=False)
+    assert fastrwa.get_backend() == "auto"
+    assert backend.resolve(torch.device("cpu")) is torch_backend
+
+
+def test_use_backend_nests_and_restores(monkeypatch):
+    monkeypatch.delenv("FASTRWA_BACKEND", raising=False)
+    with fastrwa.use_backend("torch"):
+        assert fastrwa.get_backend() == "torch"
+        with fastrwa.use_backend("auto"):
+            assert fastrwa.get_backend() == "auto"
+        assert fastrwa.get_backend() == "torch"
+        y, _ = fastrwa.rwa_scan(*_inputs())
+        assert y.shape == (1, 4, 2)
+    assert fastrwa.get_backend() == "auto"
+
+
+def test_environment_variable(monkeypatch):
+    monkeypatch.setenv("FASTRWA_BACKEND", "torch")
+    assert fastrwa.get_backend() == "torch"
+    with fastrwa.use_backend("auto"):
+        assert fastrwa.get_backend() == "auto"
+    monkeypatch.setenv("FASTRWA_BACKEND", "cuda")
+    with pytest.raises(ValueError, match="FASTRWA_BACKEND.*'cuda'"):
+        fastrwa.rwa_scan(*_inputs())
+
+
+def test_triton_backend_gives_a_clear_error_until_it_exists():
+    with fastrwa.use_backend("triton"):
+        with pytest.raises(NotImplementedError, match="triton.*use_backend\\('torch'\\)"):
+            fastrwa.rwa_scan(*_inputs())
+
+
+def test_unknown_backend_name():
+    with pytest.raises(ValueError, match="backend must be one of .*'numpy'"):
+        with fastrwa.use_backend("numpy"):
+            pass
+
+
+def test_poisoned_buffers_catch_unwritten_entries(monkeypatch):
+    """The NaN poison the suite runs with makes a skipped write visible."""
+    from fastrwa import chunked
+
+    real_scan = chunked.scan
+
+    def scan_that_skips_the_last_step(l, lam, xs, init, with_sum, reverse, emit, chunk_size=None):
+        def partial_emit(sel, *state):
+            if sel.start != l.shape[1] - 1:
+                emit(sel, *state)
+        return real_scan(l, lam, xs, init, with_sum, reverse, partial_emit, chunk_size)
+
+    monkeypatch.setattr(chunked, "scan", scan_that_skips_the_last_step)
+    y, _ = fastrwa.rwa_scan(torch.randn(1, 5, 2), torch.randn(1, 5, 2))
+    assert torch.isnan(y[:, -1]).all() and torch.isfinite(y[:, :-1]).all()

@@ -1,0 +1,107 @@
+"""Streaming: a scan of x[:, :k] continued by a scan or by steps over x[:, k:] equals one scan of x."""
+
+import pytest
+import torch
+
+import fastrwa
+from fastrwa.state import ScanState
+from helpers import ATTENTIONS, assert_close, leaf, make_inputs, make_state, run
+
+T = 9
+
+
+def _scan(z, a, g, attention, state, reverse=False, chunk=None):
+    return run(z, a, g, attention, state, final=True, reverse=reverse, chunk=chunk)
+
+
+@pytest.mark.parametrize("attention", ("rwa",) + ATTENTIONS)
+@pytest.mark.parametrize("with_state", [False, True])
+def test_prefix_scan_then_scan_at_every_split(attention, with_state):
+    z, a, g = make_inputs(2, T, 3, attention=attention, seed=17)
+    if attention == "rwa":
+        attention, g = "exp", None
+    init = make_state(2, 3) if with_state else None
+    y_full, st_full = _scan(z, a, g, attention, init)
+    for k in range(T + 1):
+        part = lambda x, s: None if x is None else x[:, s]
+        y1, st1 = _scan(part(z, slice(None, k)), part(a, slice(None, k)),
+                        part(g, slice(None, k)), attention, init, chunk=2)
+        y2, st2 = _scan(part(z, slice(k, None)), part(a, slice(k, None)),
+                        part(g, slice(k, None)), attention, st1, chunk=3)
+        assert_close(torch.cat([y1, y2], dim=1), y_full, 1e-12, f"y split at {k}")
+        assert_close(st2.average(), st_full.average(), 1e-12, f"state split at {k}")
+
+
+@pytest.mark.parametrize("attention", ("rwa",) + ATTENTIONS)
+@pytest.mark.parametrize("with_state", [False, True])
+def test_prefix_scan_then_steps_at_every_split(attention, with_state):
+    z, a, g = make_inputs(2, T, 3, attention=attention, seed=19)
+    rwa = attention == "rwa"
+    if rwa:
+        attention = "exp"
+    init = make_state(2, 3) if with_state else None
+    if rwa:
+        y_full, _ = fastrwa.rwa_scan(z, a, init)
+    else:
+        y_full, _ = fastrwa.rda_scan(z, a, g, attention, init)
+    for k in range(T + 1):
+        if rwa:
+            y1, state = fastrwa.rwa_scan(z[:, :k], a[:, :k], init, output_final_state=True)
+        else:
+            y1, state = fastrwa.rda_scan(z[:, :k], a[:, :k], g[:, :k], attention, init,
+                                         output_final_state=True)
+        outs = [y1]
+        for t in range(k, T):
+            if rwa:
+                y_t, state = fastrwa.rwa_step(z[:, t], a[:, t], state)
+            else:
+                y_t, state = fastrwa.rda_step(z[:, t], a[:, t], g[:, t], state, attention)
+            outs.append(y_t[:, None])
+        assert_close(torch.cat(outs, dim=1), y_full, 1e-12, f"y split at {k}")
+
+
+def test_steps_from_nothing_equal_scan():
+    z, a, g = make_inputs(3, T, 4, seed=23)
+    state, outs = None, []
+    for t in range(T):
+        y_t, state = fastrwa.rda_step(z[:, t], a[:, t], g[:, t], state, "sigmoid")
+        outs.append(y_t)
+    y_full, st_full = fastrwa.rda_scan(z, a, g, "sigmoid", output_final_state=True)
+    assert_close(torch.stack(outs, dim=1), y_full, 1e-12, "y")
+    assert isinstance(state, fastrwa.ScanState)
+    assert_close(state.average(), st_full.average(), 1e-12, "state")
+
+
+def test_reverse_split_suffix_first():
+    """Reversed, the suffix is scanned first and its state continues into the prefix."""
+    z, a, g = make_inputs(2, T, 3, seed=29)
+    y_full, _ = _scan(z, a, g, "exp", None, reverse=True)
+    for k in range(T + 1):
+        y2, st2 = _scan(z[:, k:], a[:, k:], g[:, k:], "exp", None, reverse=True)
+        y1, _ = _scan(z[:, :k], a[:, :k], g[:, :k], "exp", st2, reverse=True)
+        assert_close(torch.cat([y1, y2], dim=1), y_full, 1e-12, f"y split at {k}")
+
+
+@pytest.mark.parametrize("attention", ATTENTIONS)
+def test_gradients_through_a_split_equal_gradients_of_one_scan(attention):
+    """The final-state and initial-state gradients compose: split scans backprop like one."""
+    z, a, g = make_inputs(2, T, 3, attention=attention, seed=31)
+    init = make_state(2, 3)
+    gy = torch.randn(2, T, 3, dtype=torch.float64)
+
+    def grads(split):
+        leaves = [leaf(x) for x in (z, a, g, *init)]
+        zz, aa, gg, m0, n0, d0 = leaves
+        state = ScanState(m0, n0, d0)
+        if split is None:
+            y, _ = _scan(zz, aa, gg, attention, state)
+        else:
+            y1, st = _scan(zz[:, :split], aa[:, :split], gg[:, :split], attention, state)
+            y2, _ = _scan(zz[:, split:], aa[:, split:], gg[:, split:], attention, st)
+            y = torch.cat([y1, y2], dim=1)
+        return torch.autograd.grad((y * gy).sum(), leaves)
+
+    want = grads(None)
+    for k in range(T + 1):
+        for i, (g_, w_) in enumerate(zip(grads(k), want)):
+            assert_close(g_, w_, 1e-10, f"gradient #{i}, split at {k}")
