@@ -38,9 +38,21 @@ def default_chunk_size(T: int) -> int:
     return int(math.isqrt(T))
 
 
-def _shift(m: torch.Tensor) -> torch.Tensor:
-    """``m`` with ``-inf`` replaced by 0, so ``exp(x - shift)`` is 0 (not NaN) for x = -inf."""
-    return torch.where(torch.isneginf(m), 0, m)
+# exp(x) for x below these underflows to a subnormal (float32 / float64). PyTorch's CPU exp
+# takes a slow path (4-30x) on such arguments and on -inf, which a stabilised scan produces
+# constantly (far-below-max weights, masks, empty states), so `exp_nonpositive` flushes them.
+_EXP_FLOOR = {torch.float32: -87.0, torch.float64: -708.0}
+
+
+def exp_nonpositive_(x: torch.Tensor) -> torch.Tensor:
+    """In place: ``x <- exp(x)`` for ``x <= 0``, results below the smallest normal number flushed to 0.
+
+    Exact 0 for ``x = -inf``. A flushed weight is below ``1e-38`` (float32) of the largest
+    weight in its sum, so no result changes beyond rounding; the GPU flushes them as well.
+    """
+    floor = _EXP_FLOOR[x.dtype]
+    underflow = x < floor
+    return x.clamp_(min=floor).exp_().masked_fill_(underflow, 0)
 
 
 def _combine(state: State, decay, m_b, xs_b: Sequence[torch.Tensor], d_b) -> State:
@@ -52,9 +64,11 @@ def _combine(state: State, decay, m_b, xs_b: Sequence[torch.Tensor], d_b) -> Sta
     m, vals, d = state
     decayed = m if decay is None else m + decay
     m_new = torch.maximum(decayed, m_b)
-    shift = _shift(m_new)
-    keep = torch.exp(decayed - shift)
-    take = torch.exp(m_b - shift)
+    # Shift by m_new, or by the lowest finite float where m_new = -inf (nothing seen yet),
+    # so that exp(-inf - shift) = 0 instead of exp(-inf + inf) = NaN.
+    shift = torch.clamp(m_new, min=torch.finfo(m_new.dtype).min)
+    keep = exp_nonpositive_(torch.sub(decayed, shift))
+    take = exp_nonpositive_(torch.sub(m_b, shift))
     for v, x in zip(vals, xs_b):
         v.mul_(keep).addcmul_(x, take)
     if d is not None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from . import chunked
+from .chunked import exp_nonpositive_
 from .transforms import attention_grad, decay_grad, log_decay, log_weight
 
 _POISON = False  # tests set this: fresh buffers are filled with NaN so unwritten entries show
@@ -135,12 +136,12 @@ def backward(z, a, g, attention, discount, init, reverse, gy, g_final, chunk_siz
     def emit_adjoint(sel, M, vals, _):
         rho, sigma = vals
         # exp(l_i + M_i) is the largest p_{t,i} <= 1 folded in; it never overflows.
-        w = torch.exp(l[:, sel] + M)
+        w = exp_nonpositive_(l[:, sel] + M)
         gz[:, sel] = w * rho
         gl = w * (z[:, sel] * rho - sigma)
         ga[:, sel] = attention_grad(gl, a[:, sel].to(cdt), attention)
         if gg is not None:
-            w_prev = torch.exp(L_prev[:, sel] + lam[:, sel] + M)
+            w_prev = exp_nonpositive_(L_prev[:, sel] + lam[:, sel] + M)
             glam = w_prev * (y_prev[:, sel] * rho - sigma)
             gg[:, sel] = decay_grad(glam, g[:, sel].to(cdt), discount)
 
