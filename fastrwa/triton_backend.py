@@ -1,0 +1,150 @@
+"""The "triton" backend: host launchers for the kernels in ``fastrwa.kernels``.
+
+Same interface as :mod:`fastrwa.torch_backend`. Runs on CUDA tensors, or on CPU tensors
+under ``TRITON_INTERPRET=1`` (how this project tests it without a GPU).
+
+Forward algorithms (``Options.algorithm``):
+
+* "looped": one program per (sequence, channel block) walks time in chunks; one launch.
+* "three_phase": chunk summaries in parallel, a scan of summaries, chunks re-run; three
+  launches, parallel over chunks too.
+* "auto": "looped" when ``sequences * channel_blocks`` gives every SM at least
+  ``PROGRAMS_PER_SM`` programs, or when sequences are at most ``2 * BT`` long (three phases
+  cannot beat one pass there); otherwise "three_phase".
+
+The backward uses the same algorithm as the forward. The forward saves each chunk's incoming
+state, ``3 * D`` floats per chunk of ``BT`` steps, and the backward recomputes the rest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import torch
+import triton
+
+from .kernels import scan_fwd
+
+ATTN_CODE = {"exp": 0, "sigmoid": 1, "softplus": 2, "relu": 3}
+DISCOUNT_CODE = {None: 0, "log": 1, "sigmoid": 2}
+PROGRAMS_PER_SM = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """Launch knobs; tests force them, users normally keep the defaults."""
+
+    algorithm: str = "auto"          # "auto" | "looped" | "three_phase"
+    block_t: int = 32                # BT: steps per chunk
+    block_d: int = 32                # BD: channels per program
+
+
+_options = Options()
+
+
+def set_options(**changes) -> Options:
+    """Change the launch knobs; returns the previous :class:`Options` (for tests and benches)."""
+    global _options
+    previous = _options
+    _options = dataclasses.replace(_options, **changes)
+    if _options.algorithm not in ("auto", "looped", "three_phase"):
+        _options = previous
+        raise ValueError(f"algorithm must be 'auto', 'looped' or 'three_phase', got {changes}")
+    return previous
+
+
+def available() -> bool:
+    """True where kernels can run: a CUDA device, or the Triton interpreter."""
+    return torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 108  # what an A100 has; under the interpreter the choice only needs to be consistent
+
+
+def choose_algorithm(n_seq: int, D: int, max_len: int, opts: Options, device) -> str:
+    """The documented heuristic (module docstring)."""
+    if opts.algorithm != "auto":
+        return opts.algorithm
+    programs = n_seq * triton.cdiv(D, opts.block_d)
+    if programs >= PROGRAMS_PER_SM * _num_sms(device) or max_len <= 2 * opts.block_t:
+        return "looped"
+    return "three_phase"
+
+
+@dataclasses.dataclass
+class _Layout:
+    """How sequences and chunks are laid out for the kernels."""
+
+    n_seq: int                       # sequences (B, or len(cu_seqlens) - 1)
+    T: int                           # dense length (0 when packed)
+    n_chunks: int                    # chunks over all sequences
+    max_len: int
+    cu: torch.Tensor | None          # int64 (n_seq + 1,)
+    chunk_offsets: torch.Tensor | None   # int64 (n_seq,): first chunk of each sequence
+    chunk_seq: torch.Tensor | None       # int64 (n_chunks,): sequence of each chunk
+
+
+def _layout(z: torch.Tensor, cu_seqlens: torch.Tensor | None, BT: int) -> _Layout:
+    B, T, _ = z.shape
+    if cu_seqlens is None:
+        return _Layout(B, T, B * triton.cdiv(T, BT), T, None, None, None)
+    cu = cu_seqlens.to(device=z.device, dtype=torch.int64)
+    lengths = cu[1:] - cu[:-1]
+    per_seq = (lengths + BT - 1) // BT
+    offsets = torch.cumsum(per_seq, 0) - per_seq
+    n_chunks = int(per_seq.sum())
+    chunk_seq = torch.repeat_interleave(torch.arange(len(lengths), device=z.device), per_seq)
+    max_len = int(lengths.max()) if len(lengths) else 0
+    return _Layout(len(lengths), 0, n_chunks, max_len, cu, offsets, chunk_seq)
+
+
+def _codes(attention, discount, g):
+    return ATTN_CODE[attention], DISCOUNT_CODE[discount if g is not None else None]
+
+
+def forward(z, a, g, attention, discount, init, output_final_state, reverse, cu_seqlens=None,
+            save_for_backward=False):
+    """``(y, final_state or None, saved)``; ``saved`` is what :func:`backward` needs."""
+    opts = _options
+    BT, BD = opts.block_t, opts.block_d
+    B, T, D = z.shape
+    lay = _layout(z, cu_seqlens, BT)
+    ATTN, DISCOUNT = _codes(attention, discount, g)
+    z, a = z.contiguous(), a.contiguous()
+    g = z if g is None else g.contiguous()          # placeholder pointer when DISCOUNT == 0
+    y = torch.empty_like(z)
+    f32 = torch.float64 if z.dtype == torch.float64 else torch.float32
+    h0 = torch.stack(init).contiguous() if init is not None else z.new_empty(0, dtype=f32)
+    need_final = output_final_state or save_for_backward
+    ht = z.new_empty((3, lay.n_seq, D), dtype=f32) if need_final else h0
+    hc = z.new_empty((3, lay.n_chunks, D), dtype=f32)
+    dummy = z.new_empty(0, dtype=torch.int64)
+    cu = lay.cu if lay.cu is not None else dummy
+    co = lay.chunk_offsets if lay.chunk_offsets is not None else dummy
+    cs = lay.chunk_seq if lay.chunk_seq is not None else dummy
+    algorithm = choose_algorithm(lay.n_seq, D, lay.max_len, opts, z.device)
+    flags = dict(IS_VARLEN=cu_seqlens is not None, BT=BT, BD=BD)
+    n_d = triton.cdiv(D, BD)
+    if algorithm == "looped":
+        scan_fwd.fwd_looped_kernel[(lay.n_seq, n_d)](
+            z, a, g, y, h0, ht, hc, cu, co, lay.T, D, lay.n_seq, lay.n_chunks,
+            ATTN=ATTN, DISCOUNT=DISCOUNT, HAS_INIT=init is not None, STORE_FINAL=need_final,
+            SAVE_CHUNKS=save_for_backward, REVERSE=reverse, **flags)
+    else:
+        summary = z.new_empty((4, lay.n_chunks, D), dtype=f32)
+        scan_fwd.fwd_summary_kernel[(lay.n_chunks, n_d)](
+            z, a, g, summary, cu, co, cs, lay.T, D, lay.n_chunks,
+            ATTN=ATTN, DISCOUNT=DISCOUNT, REVERSE=reverse, **flags)
+        scan_fwd.fwd_carry_kernel[(lay.n_seq, n_d)](
+            summary, h0, ht, hc, cu, co, lay.T, D, lay.n_seq, lay.n_chunks,
+            HAS_INIT=init is not None, STORE_FINAL=need_final, **flags)
+        scan_fwd.fwd_output_kernel[(lay.n_chunks, n_d)](
+            z, a, g, y, hc, cu, co, cs, lay.T, D, lay.n_chunks,
+            ATTN=ATTN, DISCOUNT=DISCOUNT, REVERSE=reverse, **flags)
+    final = tuple(ht.unbind(0)) if output_final_state else None
+    saved = (hc, ht[0]) if save_for_backward else ()
+    return y, final, saved

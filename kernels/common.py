@@ -1,0 +1,176 @@
+"""Device helpers shared by the scan kernels: the combine, the attention and discount
+functions in log space, their derivatives, and loading one chunk.
+
+Constexpr codes: ``ATTN`` 0 exp, 1 sigmoid, 2 softplus, 3 relu; ``DISCOUNT`` 0 none,
+1 log (the input is the log-discount), 2 sigmoid (the input is a logit).
+"""
+
+import triton
+import triton.language as tl
+
+NEG_INF: tl.constexpr = float("-inf")
+# log softplus(a) and its derivative switch to a series below this logit (see transforms.py).
+SOFTPLUS_SERIES_BELOW: tl.constexpr = -9.0
+
+
+@triton.jit
+def combine(m1, n1, d1, g1, m2, n2, d2, g2):
+    """Segment 1 then segment 2: ``m = max(m1 + g2, m2)``, sums rescaled to ``m``, ``g = g1 + g2``.
+
+    Used for the forward ``(m, n~, d~, G)`` and the adjoint ``(M, rho, sigma, G)`` alike.
+    Where ``m = -inf`` (nothing seen) the shift is 0, so both factors are exp(-inf) = 0.
+    """
+    m1d = m1 + g2
+    m = tl.maximum(m1d, m2)
+    shift = tl.where(m == NEG_INF, 0.0, m)
+    k1 = tl.exp(m1d - shift)
+    k2 = tl.exp(m2 - shift)
+    return m, n1 * k1 + n2 * k2, d1 * k1 + d2 * k2, g1 + g2
+
+
+@triton.jit
+def log1p(x):
+    """``log(1 + x)`` accurate for small ``x`` (Kahan's trick; no libdevice needed)."""
+    u = 1.0 + x
+    safe = tl.where(u == 1.0, 2.0, u)
+    return tl.where(u == 1.0, x, tl.log(safe) * x / (safe - 1.0))
+
+
+@triton.jit
+def logsigmoid(x):
+    """``log sigmoid(x) = min(x, 0) - log1p(exp(-|x|))``; the exp argument is never positive."""
+    return tl.minimum(x, 0.0) - log1p(tl.exp(-tl.abs(x)))
+
+
+@triton.jit
+def sigmoid_neg(x):
+    """``sigmoid(-x)`` without overflow."""
+    e = tl.exp(-tl.abs(x))
+    return tl.where(x >= 0, e / (1.0 + e), 1.0 / (1.0 + e))
+
+
+@triton.jit
+def log_weight(a, ATTN: tl.constexpr):
+    """``l = log f_a(a)``."""
+    if ATTN == 0:
+        l = a
+    elif ATTN == 1:
+        l = logsigmoid(a)
+    elif ATTN == 2:
+        u = tl.exp(tl.minimum(a, SOFTPLUS_SERIES_BELOW))
+        series = a - 0.5 * u + (5.0 / 24.0) * u * u
+        softplus = tl.maximum(a, 0.0) + log1p(tl.exp(-tl.abs(a)))
+        direct = tl.log(tl.maximum(softplus, 1e-30))
+        l = tl.where(a < SOFTPLUS_SERIES_BELOW, series, direct)
+    else:
+        l = tl.where(a > 0, tl.log(tl.where(a > 0, a, 1.0)), NEG_INF)
+    return l
+
+
+@triton.jit
+def attention_grad(gl, a, ATTN: tl.constexpr):
+    """``ga = gl * dl/da`` (for relu ``gl`` carries the factor ``a``: divide, do not multiply by 1/a)."""
+    if ATTN == 0:
+        ga = gl
+    elif ATTN == 1:
+        ga = gl * sigmoid_neg(a)
+    elif ATTN == 2:
+        u = tl.exp(tl.minimum(a, SOFTPLUS_SERIES_BELOW))
+        series = 1.0 / ((1.0 + u) * (1.0 - 0.5 * u + u * u / 3.0))
+        a_hi = tl.maximum(a, SOFTPLUS_SERIES_BELOW)
+        softplus = tl.maximum(a_hi, 0.0) + log1p(tl.exp(-tl.abs(a_hi)))
+        direct = sigmoid_neg(-a_hi) / softplus
+        ga = gl * tl.where(a < SOFTPLUS_SERIES_BELOW, series, direct)
+    else:
+        ga = tl.where(a > 0, gl / tl.where(a > 0, a, 1.0), 0.0)
+    return ga
+
+
+@triton.jit
+def log_decay(g, DISCOUNT: tl.constexpr):
+    """``lam = log gamma``: 0 (none), ``g`` (log) or ``logsigmoid(g)``."""
+    if DISCOUNT == 0:
+        lam = tl.zeros_like(g)
+    elif DISCOUNT == 1:
+        lam = g
+    else:
+        lam = logsigmoid(g)
+    return lam
+
+
+@triton.jit
+def decay_grad(glam, g, DISCOUNT: tl.constexpr):
+    """``gg = glam * dlam/dg``."""
+    if DISCOUNT == 1:
+        gg = glam
+    else:
+        gg = glam * sigmoid_neg(g)
+    return gg
+
+
+@triton.jit
+def chunk_rows(c, T, BT: tl.constexpr, REVERSE: tl.constexpr):
+    """Positions ``[BT]`` (within the sequence) of the ``c``-th chunk in scan order, and their mask.
+
+    Forward chunks start at 0; reversed ones end at ``T``, so the ragged chunk is the last
+    one scanned in both directions.
+    """
+    if REVERSE:
+        o_t = T - (c + 1) * BT + tl.arange(0, BT)
+    else:
+        o_t = c * BT + tl.arange(0, BT)
+    return o_t, (o_t >= 0) & (o_t < T)
+
+
+@triton.jit
+def load_chunk(z_ptr, a_ptr, g_ptr, bos, o_t, m_t, o_d, m_d, D,
+               ATTN: tl.constexpr, DISCOUNT: tl.constexpr):
+    """Load ``z, a`` (and ``g``) rows ``o_t`` of the sequence starting at ``bos``; float32.
+
+    Returns ``z, a, l, lam`` as ``[BT, BD]``. Masked lanes get ``l = -inf`` and ``lam = 0``:
+    no weight and no decay, so they leave any state unchanged.
+    """
+    o = (bos + o_t).to(tl.int64)[:, None] * D + o_d[None, :]                  # [BT, BD]
+    m = m_t[:, None] & m_d[None, :]                                           # [BT, BD]
+    b_z = tl.load(z_ptr + o, mask=m, other=0.0).to(tl.float32)               # [BT, BD]
+    b_a = tl.load(a_ptr + o, mask=m, other=0.0).to(tl.float32)               # [BT, BD]
+    b_l = tl.where(m, log_weight(b_a, ATTN), NEG_INF)                        # [BT, BD]
+    if DISCOUNT == 0:
+        b_lam = tl.zeros_like(b_l)                                            # [BT, BD]
+    else:
+        b_g = tl.load(g_ptr + o, mask=m, other=0.0).to(tl.float32)           # [BT, BD]
+        b_lam = tl.where(m, log_decay(b_g, DISCOUNT), 0.0)                    # [BT, BD]
+    return b_z, b_a, b_l, b_lam
+
+
+@triton.jit
+def scan_chunk(b_l, b_z, b_lam, b_hm, b_hn, b_hd, REVERSE: tl.constexpr):
+    """States ``(m, n~, d~)`` after every row of a chunk ``[BT, BD]``, from incoming ``[BD]`` state."""
+    b_one = tl.full(b_l.shape, 1.0, tl.float32)                               # [BT, BD]
+    b_m, b_n, b_d, b_G = tl.associative_scan((b_l, b_z, b_one, b_lam), 0, combine,
+                                             reverse=REVERSE)                 # [BT, BD] x4
+    b_m, b_n, b_d, _ = combine(b_hm[None, :], b_hn[None, :], b_hd[None, :], 0.0,
+                               b_m, b_n, b_d, b_G)
+    return b_m, b_n, b_d
+
+
+@triton.jit
+def row(b_x, o_r, r, EMPTY: tl.constexpr):
+    """Row ``r`` of a ``[BT, BD]`` block as ``[BD]`` (``EMPTY`` fills the other rows: 0 or -inf)."""
+    if EMPTY == 0.0:
+        out = tl.sum(tl.where(o_r[:, None] == r, b_x, 0.0), axis=0)
+    else:
+        out = tl.max(tl.where(o_r[:, None] == r, b_x, NEG_INF), axis=0)
+    return out
+
+
+@triton.jit
+def average(b_n, b_d):
+    """``n / d``, 0 where ``d = 0``."""
+    return tl.where(b_d > 0, b_n / tl.where(b_d > 0, b_d, 1.0), 0.0)
+
+
+@triton.jit
+def log_total(b_m, b_d):
+    """``L = m + log d``, ``-inf`` where ``d = 0``."""
+    return tl.where(b_d > 0, b_m + tl.log(tl.where(b_d > 0, b_d, 1.0)), NEG_INF)

@@ -1,0 +1,161 @@
+"""Forward kernels of the weighted scan.
+
+* ``fwd_looped_kernel``: one program per (sequence, channel block) walks its sequence in
+  chunks of ``BT`` steps, scans each chunk with ``tl.associative_scan`` and carries
+  ``(m, n~, d~)`` in registers. Reads every input once, writes ``y`` once, and (``SAVE_CHUNKS``)
+  the 3 floats per channel of each chunk's incoming state for the backward.
+* ``fwd_summary_kernel`` / ``fwd_carry_kernel`` / ``fwd_output_kernel``: the three-phase
+  algorithm for long sequences with few channels: every chunk summarises itself in parallel,
+  the summaries are scanned per sequence, every chunk re-runs from its incoming state.
+
+State buffers are float32 ``(3, rows, D)``: ``m``, ``n~``, ``d~``; chunk summaries add ``G``.
+"""
+
+import triton
+import triton.language as tl
+
+from .common import NEG_INF, average, chunk_rows, combine, load_chunk, row, scan_chunk
+from .sequence import chunk_owner, first_chunk, sequence
+
+
+@triton.jit
+def _load_state(p, o_s, m_d, rows):
+    """``(m, n~, d~)`` ``[BD]`` at ``o_s`` of a ``(3, rows, D)`` buffer (masked lanes: empty)."""
+    b_m = tl.load(p + o_s, mask=m_d, other=NEG_INF)                            # [BD]
+    b_n = tl.load(p + rows + o_s, mask=m_d, other=0.0)                         # [BD]
+    b_d = tl.load(p + 2 * rows + o_s, mask=m_d, other=0.0)                     # [BD]
+    return b_m, b_n, b_d
+
+
+@triton.jit
+def _store_state(p, o_s, m_d, rows, b_m, b_n, b_d):
+    tl.store(p + o_s, b_m, mask=m_d)
+    tl.store(p + rows + o_s, b_n, mask=m_d)
+    tl.store(p + 2 * rows + o_s, b_d, mask=m_d)
+
+
+@triton.jit
+def _store_y(y_ptr, bos, o_t, m_t, o_d, m_d, D, b_y):
+    o = (bos + o_t).to(tl.int64)[:, None] * D + o_d[None, :]                  # [BT, BD]
+    tl.store(y_ptr + o, b_y.to(y_ptr.dtype.element_ty), mask=m_t[:, None] & m_d[None, :])
+
+
+@triton.jit
+def fwd_looped_kernel(
+    z_ptr, a_ptr, g_ptr, y_ptr, h0_ptr, ht_ptr, hc_ptr, cu_ptr, co_ptr,
+    T, D, NS, NCT,
+    ATTN: tl.constexpr, DISCOUNT: tl.constexpr, HAS_INIT: tl.constexpr,
+    STORE_FINAL: tl.constexpr, SAVE_CHUNKS: tl.constexpr, IS_VARLEN: tl.constexpr,
+    REVERSE: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
+):
+    i = tl.program_id(0)
+    o_d = tl.program_id(1) * BD + tl.arange(0, BD)                             # [BD]
+    m_d = o_d < D
+    bos, T_i = sequence(i, cu_ptr, T, IS_VARLEN)
+    c0 = first_chunk(i, co_ptr, T, BT, IS_VARLEN)
+    o_s = i.to(tl.int64) * D + o_d                                             # [BD]
+    if HAS_INIT:
+        b_hm, b_hn, b_hd = _load_state(h0_ptr, o_s, m_d, NS * D)              # [BD] x3
+    else:
+        b_hm = tl.full([BD], NEG_INF, tl.float32)
+        b_hn = tl.zeros([BD], tl.float32)
+        b_hd = tl.zeros([BD], tl.float32)
+    o_r = tl.arange(0, BT)
+    if REVERSE:
+        LAST: tl.constexpr = 0
+    else:
+        LAST: tl.constexpr = BT - 1
+    for c in range(0, tl.cdiv(T_i, BT)):
+        if SAVE_CHUNKS:
+            _store_state(hc_ptr, (c0 + c) * D + o_d, m_d, NCT * D, b_hm, b_hn, b_hd)
+        o_t, m_t = chunk_rows(c, T_i, BT, REVERSE)
+        b_z, b_a, b_l, b_lam = load_chunk(z_ptr, a_ptr, g_ptr, bos, o_t, m_t, o_d, m_d, D,
+                                          ATTN, DISCOUNT)                      # [BT, BD] x4
+        b_m, b_n, b_d = scan_chunk(b_l, b_z, b_lam, b_hm, b_hn, b_hd, REVERSE)  # [BT, BD] x3
+        _store_y(y_ptr, bos, o_t, m_t, o_d, m_d, D, average(b_n, b_d))
+        b_hm = row(b_m, o_r, LAST, NEG_INF)                                    # [BD]
+        b_hn = row(b_n, o_r, LAST, 0.0)                                        # [BD]
+        b_hd = row(b_d, o_r, LAST, 0.0)                                        # [BD]
+    if STORE_FINAL:
+        _store_state(ht_ptr, o_s, m_d, NS * D, b_hm, b_hn, b_hd)
+
+
+@triton.jit
+def fwd_summary_kernel(
+    z_ptr, a_ptr, g_ptr, s_ptr, cu_ptr, co_ptr, cs_ptr,
+    T, D, NCT,
+    ATTN: tl.constexpr, DISCOUNT: tl.constexpr, IS_VARLEN: tl.constexpr,
+    REVERSE: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
+):
+    """Phase 1: every chunk's ``(m, n~, d~, G)`` from an empty state, into ``(4, NCT, D)``."""
+    pid = tl.program_id(0)
+    o_d = tl.program_id(1) * BD + tl.arange(0, BD)                             # [BD]
+    m_d = o_d < D
+    i, c = chunk_owner(pid, co_ptr, cs_ptr, T, BT, IS_VARLEN)
+    bos, T_i = sequence(i, cu_ptr, T, IS_VARLEN)
+    o_t, m_t = chunk_rows(c, T_i, BT, REVERSE)
+    b_z, b_a, b_l, b_lam = load_chunk(z_ptr, a_ptr, g_ptr, bos, o_t, m_t, o_d, m_d, D,
+                                      ATTN, DISCOUNT)                          # [BT, BD] x4
+    b_one = tl.full([BT, BD], 1.0, tl.float32)                                 # [BT, BD]
+    b_m, b_n, b_d, b_G = tl.associative_scan((b_l, b_z, b_one, b_lam), 0, combine,
+                                             reverse=REVERSE)                  # [BT, BD] x4
+    o_r = tl.arange(0, BT)
+    if REVERSE:
+        LAST: tl.constexpr = 0
+    else:
+        LAST: tl.constexpr = BT - 1
+    o_s = pid.to(tl.int64) * D + o_d                                           # [BD]
+    _store_state(s_ptr, o_s, m_d, NCT * D, row(b_m, o_r, LAST, NEG_INF),
+                 row(b_n, o_r, LAST, 0.0), row(b_d, o_r, LAST, 0.0))
+    tl.store(s_ptr + 3 * NCT * D + o_s, row(b_G, o_r, LAST, 0.0), mask=m_d)
+
+
+@triton.jit
+def fwd_carry_kernel(
+    s_ptr, h0_ptr, ht_ptr, hc_ptr, cu_ptr, co_ptr,
+    T, D, NS, NCT,
+    HAS_INIT: tl.constexpr, STORE_FINAL: tl.constexpr, IS_VARLEN: tl.constexpr,
+    BT: tl.constexpr, BD: tl.constexpr,
+):
+    """Phase 2: per sequence, every chunk's incoming state (into ``hc``) and the final state."""
+    i = tl.program_id(0)
+    o_d = tl.program_id(1) * BD + tl.arange(0, BD)                             # [BD]
+    m_d = o_d < D
+    bos, T_i = sequence(i, cu_ptr, T, IS_VARLEN)
+    c0 = first_chunk(i, co_ptr, T, BT, IS_VARLEN)
+    o_s = i.to(tl.int64) * D + o_d                                             # [BD]
+    if HAS_INIT:
+        b_hm, b_hn, b_hd = _load_state(h0_ptr, o_s, m_d, NS * D)              # [BD] x3
+    else:
+        b_hm = tl.full([BD], NEG_INF, tl.float32)
+        b_hn = tl.zeros([BD], tl.float32)
+        b_hd = tl.zeros([BD], tl.float32)
+    for c in range(0, tl.cdiv(T_i, BT)):
+        o_c = (c0 + c) * D + o_d                                               # [BD]
+        _store_state(hc_ptr, o_c, m_d, NCT * D, b_hm, b_hn, b_hd)
+        b_sm, b_sn, b_sd = _load_state(s_ptr, o_c, m_d, NCT * D)              # [BD] x3
+        b_sG = tl.load(s_ptr + 3 * NCT * D + o_c, mask=m_d, other=0.0)        # [BD]
+        b_hm, b_hn, b_hd, _ = combine(b_hm, b_hn, b_hd, 0.0, b_sm, b_sn, b_sd, b_sG)
+    if STORE_FINAL:
+        _store_state(ht_ptr, o_s, m_d, NS * D, b_hm, b_hn, b_hd)
+
+
+@triton.jit
+def fwd_output_kernel(
+    z_ptr, a_ptr, g_ptr, y_ptr, hc_ptr, cu_ptr, co_ptr, cs_ptr,
+    T, D, NCT,
+    ATTN: tl.constexpr, DISCOUNT: tl.constexpr, IS_VARLEN: tl.constexpr,
+    REVERSE: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
+):
+    """Phase 3: every chunk re-runs from its incoming state and writes ``y``."""
+    pid = tl.program_id(0)
+    o_d = tl.program_id(1) * BD + tl.arange(0, BD)                             # [BD]
+    m_d = o_d < D
+    i, c = chunk_owner(pid, co_ptr, cs_ptr, T, BT, IS_VARLEN)
+    bos, T_i = sequence(i, cu_ptr, T, IS_VARLEN)
+    o_t, m_t = chunk_rows(c, T_i, BT, REVERSE)
+    b_hm, b_hn, b_hd = _load_state(hc_ptr, pid.to(tl.int64) * D + o_d, m_d, NCT * D)
+    b_z, b_a, b_l, b_lam = load_chunk(z_ptr, a_ptr, g_ptr, bos, o_t, m_t, o_d, m_d, D,
+                                      ATTN, DISCOUNT)                          # [BT, BD] x4
+    b_m, b_n, b_d = scan_chunk(b_l, b_z, b_lam, b_hm, b_hn, b_hd, REVERSE)      # [BT, BD] x3
+    _store_y(y_ptr, bos, o_t, m_t, o_d, m_d, D, average(b_n, b_d))

@@ -1,0 +1,39 @@
+"""Where a program's sequence and chunk live: dense ``(B, T, D)`` or packed (``cu_seqlens``)."""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def sequence(i, cu_ptr, T, IS_VARLEN: tl.constexpr):
+    """``(bos, length)`` of sequence ``i``: row ``bos`` of the flattened ``(B*T, D)`` input."""
+    if IS_VARLEN:
+        bos = tl.load(cu_ptr + i).to(tl.int64)
+        eos = tl.load(cu_ptr + i + 1).to(tl.int64)
+    else:
+        bos = i.to(tl.int64) * T
+        eos = bos + T
+    return bos, eos - bos
+
+
+@triton.jit
+def first_chunk(i, co_ptr, T, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """Index of sequence ``i``'s first chunk among all chunks (chunk-state buffers are per chunk)."""
+    if IS_VARLEN:
+        c0 = tl.load(co_ptr + i).to(tl.int64)
+    else:
+        c0 = i.to(tl.int64) * tl.cdiv(T, BT)
+    return c0
+
+
+@triton.jit
+def chunk_owner(pid, co_ptr, cs_ptr, T, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """For global chunk ``pid``: its sequence ``i`` and its index ``c`` in scan order there."""
+    if IS_VARLEN:
+        i = tl.load(cs_ptr + pid).to(tl.int64)
+        c = pid - tl.load(co_ptr + i).to(tl.int64)
+    else:
+        nc = tl.cdiv(T, BT)
+        i = (pid // nc).to(tl.int64)
+        c = (pid % nc).to(tl.int64)
+    return i, c
