@@ -48,23 +48,29 @@ def get_backend() -> str:
     return _check(os.environ.get(_ENV, "auto"), f"the environment variable {_ENV}")
 
 
-def _triton_backend() -> ModuleType | None:
-    """The Triton backend module, or ``None`` while it does not exist."""
-    return None
+def _triton_usable(device: torch.device) -> bool:
+    """Triton kernels run on CUDA tensors, and on CPU tensors under ``TRITON_INTERPRET=1``."""
+    if device.type == "cuda":
+        return True
+    return device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def resolve(device: torch.device) -> ModuleType:
-    """The backend module that runs an op on tensors on ``device``."""
+def resolve(device: torch.device, dtype: torch.dtype) -> ModuleType:
+    """The backend module that runs an op on ``dtype`` tensors on ``device``."""
     name = get_backend()
-    if name == "triton" or (name == "auto" and device.type == "cuda"):
-        triton_backend = _triton_backend()
-        if triton_backend is not None:
-            return triton_backend
-        if name == "triton":
-            raise NotImplementedError(
-                "fastrwa backend 'triton' is not available yet in this version; "
-                "use fastrwa.use_backend('torch') or FASTRWA_BACKEND=torch (or 'auto')"
-            )
+    if name == "triton":
+        if not _triton_usable(device):
+            raise RuntimeError(
+                f"fastrwa backend 'triton' needs CUDA tensors (or CPU tensors with "
+                f"TRITON_INTERPRET=1 set before import), got tensors on {device}; "
+                f"use fastrwa.use_backend('torch') or 'auto'")
+        if dtype == torch.float64:
+            raise TypeError("fastrwa backend 'triton' takes float32, bfloat16 or float16 inputs "
+                            "(it computes in float32), got torch.float64; use the 'torch' backend")
+    if name == "triton" or (name == "auto" and device.type == "cuda" and dtype != torch.float64):
+        from . import triton_backend
+
+        return triton_backend
     from . import torch_backend
 
     return torch_backend

@@ -83,3 +83,28 @@ def check_flag(value: object, name: str) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
     return value
+
+
+def check_cu_seqlens(cu_seqlens: object, z: torch.Tensor) -> int:
+    """Check packed-sequence offsets against ``z`` of shape ``(1, T, D)``; return the count ``N``."""
+    if not isinstance(cu_seqlens, torch.Tensor):
+        raise TypeError(f"cu_seqlens must be a torch.Tensor of sequence offsets, "
+                        f"got {type(cu_seqlens).__name__}")
+    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
+        raise ValueError(f"cu_seqlens must have shape (N + 1,) with N >= 1, "
+                         f"got shape {tuple(cu_seqlens.shape)}")
+    if cu_seqlens.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"cu_seqlens must have dtype torch.int32 or torch.int64, "
+                        f"got {cu_seqlens.dtype}")
+    if cu_seqlens.device != z.device:
+        raise ValueError(f"cu_seqlens must be on the inputs' device {z.device}, "
+                         f"got {cu_seqlens.device}")
+    if z.shape[0] != 1:
+        raise ValueError(f"with cu_seqlens the inputs must be packed into B = 1, "
+                         f"got z of shape {tuple(z.shape)}")
+    offsets = cu_seqlens.tolist()
+    T = z.shape[1]
+    if offsets[0] != 0 or offsets[-1] != T or any(b < a for a, b in zip(offsets, offsets[1:])):
+        raise ValueError(f"cu_seqlens must start at 0, never decrease and end at T = {T}, "
+                         f"got {offsets if len(offsets) <= 10 else offsets[:5] + ['...']}")
+    return len(offsets) - 1

@@ -7,18 +7,20 @@ import torch
 
 from . import backend as _backend
 from .autograd import WeightedScanFunction
-from .checks import check_attention, check_flag, check_inputs, check_state, state_dtype
+from .checks import (check_attention, check_cu_seqlens, check_flag, check_inputs, check_state,
+                     state_dtype)
 from .state import ScanState
 
 
 def _run(named, attention, discount, initial_state, output_final_state, reverse,
-         chunk_size=None):
+         cu_seqlens=None):
     """Validate ``(B, T, D)`` inputs ``named`` = [(name, tensor) for z, a[, g]] and run the op."""
     z = check_inputs(named, "BTD")
     check_flag(output_final_state, "output_final_state")
     check_flag(reverse, "reverse")
     B, T, D = z.shape
-    state = check_state(initial_state, "initial_state", z, B, D)
+    n_states = B if cu_seqlens is None else check_cu_seqlens(cu_seqlens, z)
+    state = check_state(initial_state, "initial_state", z, n_states, D)
     a = named[1][1]
     g = named[2][1] if len(named) > 2 else None
     if T == 0:
@@ -26,12 +28,12 @@ def _run(named, attention, discount, initial_state, output_final_state, reverse,
         if not output_final_state:
             return y, None
         if state is None:
-            state = ScanState.empty(B, D, dtype=state_dtype(z.dtype), device=z.device)
+            state = ScanState.empty(n_states, D, dtype=state_dtype(z.dtype), device=z.device)
         return y, state
-    impl = _backend.resolve(z.device)
+    impl = _backend.resolve(z.device, z.dtype)
     m0, n0, d0 = (None, None, None) if state is None else state
-    out = WeightedScanFunction.apply(z, a, g, m0, n0, d0, attention, discount,
-                                     output_final_state, reverse, impl, chunk_size)
+    out = WeightedScanFunction.apply(z, a, g, m0, n0, d0, cu_seqlens, attention, discount,
+                                     output_final_state, reverse, impl)
     if output_final_state:
         y, m, n, d = out
         return y, ScanState(m, n, d)
@@ -45,6 +47,7 @@ def weighted_scan(
     initial_state: ScanState | None = None,
     output_final_state: bool = False,
     reverse: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, ScanState | None]:
     """The primitive: a causal, per-channel softmax-weighted average with optional decay.
 
@@ -60,6 +63,10 @@ def weighted_scan(
         initial_state: a :class:`ScanState` of ``(B, D)`` tensors to continue from, or ``None``.
         output_final_state: also return the state after the last step.
         reverse: scan from the last step to the first (``y_t`` averages steps ``t..T-1``).
+        cu_seqlens: packed variable-length sequences: ``B = 1`` and sequence ``i`` is
+            ``[:, cu_seqlens[i]:cu_seqlens[i+1]]`` (int32/int64, starts at 0, ends at ``T``).
+            Each sequence scans on its own; ``initial_state`` and the returned state are
+            then ``(N, D)``, one row per sequence.
 
     Returns:
         ``(y, state)``: ``y`` is ``(B, T, D)`` in the input dtype; ``state`` is a
@@ -77,7 +84,7 @@ def weighted_scan(
     if log_decay is not None:
         named.append(("log_decay", log_decay))
     return _run(named, "exp", None if log_decay is None else "log", initial_state,
-                output_final_state, reverse)
+                output_final_state, reverse, cu_seqlens)
 
 
 def rwa_scan(
@@ -86,6 +93,7 @@ def rwa_scan(
     initial_state: ScanState | None = None,
     output_final_state: bool = False,
     reverse: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, ScanState | None]:
     """Recurrent Weighted Average: ``y_t = sum_{i<=t} exp(a_i) z_i / sum_{i<=t} exp(a_i)``.
 
@@ -95,6 +103,7 @@ def rwa_scan(
         initial_state: a :class:`ScanState` of ``(B, D)`` tensors, or ``None``.
         output_final_state: also return the state after the last step.
         reverse: scan from the last step to the first.
+        cu_seqlens: packed variable-length sequences (see :func:`weighted_scan`).
 
     Returns:
         ``(y, state)``: ``y`` is the raw average ``n / d`` (no ``tanh``; layers apply
@@ -107,7 +116,8 @@ def rwa_scan(
         >>> y.shape
         torch.Size([2, 32, 4])
     """
-    return _run([("z", z), ("a", a)], "exp", None, initial_state, output_final_state, reverse)
+    return _run([("z", z), ("a", a)], "exp", None, initial_state, output_final_state, reverse,
+                cu_seqlens)
 
 
 def rda_scan(
@@ -118,6 +128,7 @@ def rda_scan(
     initial_state: ScanState | None = None,
     output_final_state: bool = False,
     reverse: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, ScanState | None]:
     """Recurrent Discounted Attention: ``n_t = gamma_t n_{t-1} + f_a(a_t) z_t``, ``d_t`` alike.
 
@@ -129,6 +140,7 @@ def rda_scan(
         initial_state: a :class:`ScanState` of ``(B, D)`` tensors, or ``None``.
         output_final_state: also return the state after the last step.
         reverse: scan from the last step to the first.
+        cu_seqlens: packed variable-length sequences (see :func:`weighted_scan`).
 
     Returns:
         ``(y, state)`` with ``y = n / d`` of shape ``(B, T, D)`` in the input dtype
@@ -143,7 +155,7 @@ def rda_scan(
     """
     attention = check_attention(attention)
     return _run([("z", z), ("a", a), ("g", g)], attention, "sigmoid", initial_state,
-                output_final_state, reverse)
+                output_final_state, reverse, cu_seqlens)
 
 
 def _step(named, attention, discount, state):

@@ -11,26 +11,31 @@ forward pass; the GPU kernels make the same choice for the same reason (DESIGN.m
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from . import chunked
+from .buffers import empty as _empty
 from .chunked import exp_nonpositive_
 from .transforms import attention_grad, decay_grad, log_decay, log_weight
 
-_POISON = False  # tests set this: fresh buffers are filled with NaN so unwritten entries show
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """Knobs of the torch backend; tests force them, users keep the defaults."""
+
+    chunk_size: int | None = None    # steps per chunk; None: ~sqrt(T) (chunked.default_chunk_size)
 
 
-def set_poison(enabled: bool) -> None:
-    """Fill every fresh output buffer with NaN (for tests that catch unwritten entries)."""
-    global _POISON
-    _POISON = bool(enabled)
+_options = Options()
 
 
-def _empty(shape, dtype, device) -> torch.Tensor:
-    out = torch.empty(shape, dtype=dtype, device=device)
-    if _POISON:
-        out.fill_(float("nan"))
-    return out
+def set_options(**changes) -> Options:
+    """Change the knobs; returns the previous :class:`Options`."""
+    global _options
+    previous = _options
+    _options = dataclasses.replace(_options, **changes)
+    return previous
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -48,8 +53,29 @@ def _log_total(m: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
     return torch.where(d > 0, m + torch.log(torch.where(d > 0, d, 1)), float("-inf"))
 
 
-def forward(z, a, g, attention, discount, init, output_final_state, reverse, chunk_size=None):
-    """``y`` (input dtype) and the final state ``(m, n, d)`` (or ``None``)."""
+def _sequences(cu_seqlens: torch.Tensor) -> list[slice]:
+    bounds = cu_seqlens.tolist()
+    return [slice(lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:])]
+
+
+def _rows(state, i):
+    return None if state is None else tuple(None if x is None else x[i:i + 1] for x in state)
+
+
+def forward(z, a, g, attention, discount, init, output_final_state, reverse, cu_seqlens=None,
+            save_for_backward=False):
+    """``(y, final, saved)``: ``y`` in the input dtype, the final state ``(m, n, d)`` or ``None``,
+    and ``saved = ()`` (the backward recomputes everything from the inputs)."""
+    if cu_seqlens is not None:
+        y = _empty(z.shape, z.dtype, z.device)
+        finals = []
+        for i, sl in enumerate(_sequences(cu_seqlens)):
+            y[:, sl], final, _ = forward(z[:, sl], a[:, sl], None if g is None else g[:, sl],
+                                         attention, discount, _rows(init, i), True, reverse)
+            finals.append(final)
+        final = tuple(torch.cat(parts) for parts in zip(*finals)) if output_final_state else None
+        return y, final, ()
+    chunk_size = _options.chunk_size
     cdt = compute_dtype(z.dtype)
     l = log_weight(a.to(cdt), attention)
     lam = log_decay(None if g is None else g.to(cdt), discount)
@@ -61,7 +87,7 @@ def forward(z, a, g, attention, discount, init, output_final_state, reverse, chu
     init_state = None if init is None else (init[0], [init[1]], init[2])
     m, (n,), d = chunked.scan(l, lam, [z], init_state, True, reverse, emit, chunk_size)
     final = (m, n, d) if output_final_state else None
-    return y, final
+    return y, final, ()
 
 
 def _shift_decay(lam: torch.Tensor, reverse: bool) -> torch.Tensor:
@@ -74,13 +100,29 @@ def _shift_decay(lam: torch.Tensor, reverse: bool) -> torch.Tensor:
     return out
 
 
-def backward(z, a, g, attention, discount, init, reverse, gy, g_final, chunk_size=None):
+def backward(z, a, g, attention, discount, init, reverse, cu_seqlens, saved, gy, g_final):
     """Gradients ``(gz, ga, gg, (gm0, gn0, gd0))`` of the weighted scan (DESIGN.md §2).
 
     ``gy`` is ``(B, T, D)`` or ``None``; ``g_final`` is ``(gm, gn, gd)`` for the final state
     (entries may be ``None``) or ``None``. ``gg`` is ``None`` without a discount and the
     state gradients are ``None`` without an initial state.
     """
+    if cu_seqlens is not None:
+        gz, ga = _empty(z.shape, z.dtype, z.device), _empty(a.shape, a.dtype, a.device)
+        gg = None if g is None else _empty(g.shape, g.dtype, g.device)
+        g_inits = []
+        for i, sl in enumerate(_sequences(cu_seqlens)):
+            part = lambda x: None if x is None else x[:, sl]
+            gz_i, ga_i, gg_i, g_init_i = backward(
+                z[:, sl], a[:, sl], part(g), attention, discount, _rows(init, i), reverse, None,
+                saved, part(gy), _rows(g_final, i))
+            gz[:, sl], ga[:, sl] = gz_i, ga_i
+            if gg is not None:
+                gg[:, sl] = gg_i
+            g_inits.append(g_init_i)
+        g_init = None if init is None else tuple(torch.cat(p) for p in zip(*g_inits))
+        return gz, ga, gg, g_init
+    chunk_size = _options.chunk_size
     B, T, D = z.shape
     cdt = compute_dtype(z.dtype)
     dev = z.device

@@ -8,6 +8,7 @@ Forward algorithms (``Options.algorithm``):
 * "looped": one program per (sequence, channel block) walks time in chunks; one launch.
 * "three_phase": chunk summaries in parallel, a scan of summaries, chunks re-run; three
   launches, parallel over chunks too.
+* Single steps (``T = 1``, no gradient needed) use one fused step kernel.
 * "auto": "looped" when ``sequences * channel_blocks`` gives every SM at least
   ``PROGRAMS_PER_SM`` programs, or when sequences are at most ``2 * BT`` long (three phases
   cannot beat one pass there); otherwise "three_phase".
@@ -24,7 +25,8 @@ import os
 import torch
 import triton
 
-from .kernels import scan_fwd
+from .buffers import empty, empty_like
+from .kernels import scan_bwd, scan_fwd, step
 
 ATTN_CODE = {"exp": 0, "sigmoid": 1, "softplus": 2, "relu": 3}
 DISCOUNT_CODE = {None: 0, "log": 1, "sigmoid": 2}
@@ -116,12 +118,12 @@ def forward(z, a, g, attention, discount, init, output_final_state, reverse, cu_
     ATTN, DISCOUNT = _codes(attention, discount, g)
     z, a = z.contiguous(), a.contiguous()
     g = z if g is None else g.contiguous()          # placeholder pointer when DISCOUNT == 0
-    y = torch.empty_like(z)
+    y = empty_like(z)
     f32 = torch.float64 if z.dtype == torch.float64 else torch.float32
     h0 = torch.stack(init).contiguous() if init is not None else z.new_empty(0, dtype=f32)
-    need_final = output_final_state or save_for_backward
-    ht = z.new_empty((3, lay.n_seq, D), dtype=f32) if need_final else h0
-    hc = z.new_empty((3, lay.n_chunks, D), dtype=f32)
+    need_final = output_final_state or save_for_backward or (T == 1 and cu_seqlens is None)
+    ht = empty((3, lay.n_seq, D), f32, z.device) if need_final else h0
+    hc = empty((3, lay.n_chunks, D), f32, z.device)
     dummy = z.new_empty(0, dtype=torch.int64)
     cu = lay.cu if lay.cu is not None else dummy
     co = lay.chunk_offsets if lay.chunk_offsets is not None else dummy
@@ -129,13 +131,17 @@ def forward(z, a, g, attention, discount, init, output_final_state, reverse, cu_
     algorithm = choose_algorithm(lay.n_seq, D, lay.max_len, opts, z.device)
     flags = dict(IS_VARLEN=cu_seqlens is not None, BT=BT, BD=BD)
     n_d = triton.cdiv(D, BD)
-    if algorithm == "looped":
+    if T == 1 and cu_seqlens is None and not save_for_backward:
+        # Streaming inference: one fused step launch.
+        step.step_kernel[(B, n_d)](z, a, g, y, h0, ht, D, B, ATTN=ATTN, DISCOUNT=DISCOUNT,
+                                   HAS_INIT=init is not None, BD=BD)
+    elif algorithm == "looped":
         scan_fwd.fwd_looped_kernel[(lay.n_seq, n_d)](
             z, a, g, y, h0, ht, hc, cu, co, lay.T, D, lay.n_seq, lay.n_chunks,
             ATTN=ATTN, DISCOUNT=DISCOUNT, HAS_INIT=init is not None, STORE_FINAL=need_final,
             SAVE_CHUNKS=save_for_backward, REVERSE=reverse, **flags)
     else:
-        summary = z.new_empty((4, lay.n_chunks, D), dtype=f32)
+        summary = empty((4, lay.n_chunks, D), f32, z.device)
         scan_fwd.fwd_summary_kernel[(lay.n_chunks, n_d)](
             z, a, g, summary, cu, co, cs, lay.T, D, lay.n_chunks,
             ATTN=ATTN, DISCOUNT=DISCOUNT, REVERSE=reverse, **flags)
@@ -148,3 +154,56 @@ def forward(z, a, g, attention, discount, init, output_final_state, reverse, cu_
     final = tuple(ht.unbind(0)) if output_final_state else None
     saved = (hc, ht[0]) if save_for_backward else ()
     return y, final, saved
+
+
+def backward(z, a, g, attention, discount, init, reverse, cu_seqlens, saved, gy, g_final):
+    """Gradients ``(gz, ga, gg, (gm0, gn0, gd0) or None)``; see :mod:`fastrwa.torch_backend`."""
+    opts = _options
+    BT, BD = opts.block_t, opts.block_d
+    B, T, D = z.shape
+    hc, m_final = saved
+    lay = _layout(z, cu_seqlens, BT)
+    ATTN, DISCOUNT = _codes(attention, discount, g)
+    has_g = g is not None
+    z, a = z.contiguous(), a.contiguous()
+    g = z if g is None else g.contiguous()
+    gy = torch.zeros_like(z) if gy is None else gy.contiguous()
+    f32 = hc.dtype
+    gz, ga = empty_like(z), empty_like(a)
+    gg = empty_like(g) if has_g else gz
+    h0 = torch.stack(init).contiguous() if init is not None else z.new_empty(0, dtype=f32)
+    dh0 = empty_like(h0)
+    has_final_grad = g_final is not None and any(x is not None for x in g_final)
+    if has_final_grad:
+        zeros = torch.zeros_like(m_final)
+        dht = torch.stack([zeros] + [zeros if x is None else x for x in g_final[1:]]).contiguous()
+        ht = m_final.contiguous()
+    else:
+        dht = ht = h0
+    dummy = z.new_empty(0, dtype=torch.int64)
+    cu = lay.cu if lay.cu is not None else dummy
+    co = lay.chunk_offsets if lay.chunk_offsets is not None else dummy
+    cs = lay.chunk_seq if lay.chunk_seq is not None else dummy
+    algorithm = choose_algorithm(lay.n_seq, D, lay.max_len, opts, z.device)
+    flags = dict(IS_VARLEN=cu_seqlens is not None, REVERSE=reverse, BT=BT, BD=BD)
+    n_d = triton.cdiv(D, BD)
+    if algorithm == "looped":
+        scan_bwd.bwd_looped_kernel[(lay.n_seq, n_d)](
+            z, a, g, gy, gz, ga, gg, h0, dh0, ht, dht, hc, cu, co, lay.T, D, lay.n_seq,
+            lay.n_chunks, ATTN=ATTN, DISCOUNT=DISCOUNT, HAS_INIT=init is not None,
+            HAS_FINAL_GRAD=has_final_grad, **flags)
+    else:
+        summary = empty((4, lay.n_chunks, D), f32, z.device)
+        ac = empty((3, lay.n_chunks, D), f32, z.device)
+        scan_bwd.bwd_summary_kernel[(lay.n_chunks, n_d)](
+            z, a, g, gy, hc, summary, cu, co, cs, lay.T, D, lay.n_chunks,
+            ATTN=ATTN, DISCOUNT=DISCOUNT, **flags)
+        scan_bwd.bwd_carry_kernel[(lay.n_seq, n_d)](
+            g, summary, ac, h0, dh0, ht, dht, cu, co, lay.T, D, lay.n_seq, lay.n_chunks,
+            DISCOUNT=DISCOUNT, HAS_INIT=init is not None, HAS_FINAL_GRAD=has_final_grad,
+            **flags)
+        scan_bwd.bwd_grads_kernel[(lay.n_chunks, n_d)](
+            z, a, g, gy, gz, ga, gg, hc, ac, cu, co, cs, lay.T, D, lay.n_chunks,
+            ATTN=ATTN, DISCOUNT=DISCOUNT, **flags)
+    g_init = tuple(dh0.unbind(0)) if init is not None else None
+    return gz, ga, (gg if has_g else None), g_init

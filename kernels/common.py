@@ -127,8 +127,8 @@ def load_chunk(z_ptr, a_ptr, g_ptr, bos, o_t, m_t, o_d, m_d, D,
                ATTN: tl.constexpr, DISCOUNT: tl.constexpr):
     """Load ``z, a`` (and ``g``) rows ``o_t`` of the sequence starting at ``bos``; float32.
 
-    Returns ``z, a, l, lam`` as ``[BT, BD]``. Masked lanes get ``l = -inf`` and ``lam = 0``:
-    no weight and no decay, so they leave any state unchanged.
+    Returns ``z, a, g, l, lam`` as ``[BT, BD]`` (``g = 0`` without a discount). Masked lanes
+    get ``l = -inf`` and ``lam = 0``: no weight and no decay, so they leave any state unchanged.
     """
     o = (bos + o_t).to(tl.int64)[:, None] * D + o_d[None, :]                  # [BT, BD]
     m = m_t[:, None] & m_d[None, :]                                           # [BT, BD]
@@ -136,11 +136,12 @@ def load_chunk(z_ptr, a_ptr, g_ptr, bos, o_t, m_t, o_d, m_d, D,
     b_a = tl.load(a_ptr + o, mask=m, other=0.0).to(tl.float32)               # [BT, BD]
     b_l = tl.where(m, log_weight(b_a, ATTN), NEG_INF)                        # [BT, BD]
     if DISCOUNT == 0:
+        b_g = tl.zeros_like(b_l)                                              # [BT, BD]
         b_lam = tl.zeros_like(b_l)                                            # [BT, BD]
     else:
         b_g = tl.load(g_ptr + o, mask=m, other=0.0).to(tl.float32)           # [BT, BD]
         b_lam = tl.where(m, log_decay(b_g, DISCOUNT), 0.0)                    # [BT, BD]
-    return b_z, b_a, b_l, b_lam
+    return b_z, b_a, b_g, b_l, b_lam
 
 
 @triton.jit
@@ -174,3 +175,20 @@ def average(b_n, b_d):
 def log_total(b_m, b_d):
     """``L = m + log d``, ``-inf`` where ``d = 0``."""
     return tl.where(b_d > 0, b_m + tl.log(tl.where(b_d > 0, b_d, 1.0)), NEG_INF)
+
+
+@triton.jit
+def load_state(p, o_s, m_d, rows):
+    """``(m, n~, d~)`` ``[BD]`` at ``o_s`` of a ``(3, rows, D)`` buffer (masked lanes: empty)."""
+    b_m = tl.load(p + o_s, mask=m_d, other=NEG_INF)                            # [BD]
+    b_n = tl.load(p + rows + o_s, mask=m_d, other=0.0)                         # [BD]
+    b_d = tl.load(p + 2 * rows + o_s, mask=m_d, other=0.0)                     # [BD]
+    return b_m, b_n, b_d
+
+
+@triton.jit
+def store_state(p, o_s, m_d, rows, b_m, b_n, b_d):
+    """Store ``(m, n~, d~)`` ``[BD]`` at ``o_s`` of a ``(3, rows, D)`` buffer."""
+    tl.store(p + o_s, b_m, mask=m_d)
+    tl.store(p + rows + o_s, b_n, mask=m_d)
+    tl.store(p + 2 * rows + o_s, b_d, mask=m_d)

@@ -14,24 +14,9 @@ State buffers are float32 ``(3, rows, D)``: ``m``, ``n~``, ``d~``; chunk summari
 import triton
 import triton.language as tl
 
-from .common import NEG_INF, average, chunk_rows, combine, load_chunk, row, scan_chunk
+from .common import (NEG_INF, average, chunk_rows, combine, load_chunk, load_state, row,
+                     scan_chunk, store_state)
 from .sequence import chunk_owner, first_chunk, sequence
-
-
-@triton.jit
-def _load_state(p, o_s, m_d, rows):
-    """``(m, n~, d~)`` ``[BD]`` at ``o_s`` of a ``(3, rows, D)`` buffer (masked lanes: empty)."""
-    b_m = tl.load(p + o_s, mask=m_d, other=NEG_INF)                            # [BD]
-    b_n = tl.load(p + rows + o_s, mask=m_d, other=0.0)                         # [BD]
-    b_d = tl.load(p + 2 * rows + o_s, mask=m_d, other=0.0)                     # [BD]
-    return b_m, b_n, b_d
-
-
-@triton.jit
-def _store_state(p, o_s, m_d, rows, b_m, b_n, b_d):
-    tl.store(p + o_s, b_m, mask=m_d)
-    tl.store(p + rows + o_s, b_n, mask=m_d)
-    tl.store(p + 2 * rows + o_s, b_d, mask=m_d)
 
 
 @triton.jit
@@ -55,7 +40,7 @@ def fwd_looped_kernel(
     c0 = first_chunk(i, co_ptr, T, BT, IS_VARLEN)
     o_s = i.to(tl.int64) * D + o_d                                             # [BD]
     if HAS_INIT:
-        b_hm, b_hn, b_hd = _load_state(h0_ptr, o_s, m_d, NS * D)              # [BD] x3
+        b_hm, b_hn, b_hd = load_state(h0_ptr, o_s, m_d, NS * D)              # [BD] x3
     else:
         b_hm = tl.full([BD], NEG_INF, tl.float32)
         b_hn = tl.zeros([BD], tl.float32)
@@ -67,17 +52,17 @@ def fwd_looped_kernel(
         LAST: tl.constexpr = BT - 1
     for c in range(0, tl.cdiv(T_i, BT)):
         if SAVE_CHUNKS:
-            _store_state(hc_ptr, (c0 + c) * D + o_d, m_d, NCT * D, b_hm, b_hn, b_hd)
+            store_state(hc_ptr, (c0 + c) * D + o_d, m_d, NCT * D, b_hm, b_hn, b_hd)
         o_t, m_t = chunk_rows(c, T_i, BT, REVERSE)
-        b_z, b_a, b_l, b_lam = load_chunk(z_ptr, a_ptr, g_ptr, bos, o_t, m_t, o_d, m_d, D,
-                                          ATTN, DISCOUNT)                      # [BT, BD] x4
+        b_z, _, _, b_l, b_lam = load_chunk(z_ptr, a_ptr, g_ptr, bos, o_t, m_t, o_d, m_d, D,
+                                          ATTN, DISCOUNT)                      # [BT, BD] x3
         b_m, b_n, b_d = scan_chunk(b_l, b_z, b_lam, b_hm, b_hn, b_hd, REVERSE)  # [BT, BD] x3
         _store_y(y_ptr, bos, o_t, m_t, o_d, m_d, D, average(b_n, b_d))
         b_hm = row(b_m, o_r, LAST, NEG_INF)                                    # [BD]
         b_hn = row(b_n, o_r, LAST, 0.0)                                        # [BD]
         b_hd = row(b_d, o_r, LAST, 0.0)                                        # [BD]
     if STORE_FINAL:
-        _store_state(ht_ptr, o_s, m_d, NS * D, b_hm, b_hn, b_hd)
+        store_state(ht_ptr, o_s, m_d, NS * D, b_hm, b_hn, b_hd)
 
 
 @triton.jit
@@ -94,8 +79,8 @@ def fwd_summary_kernel(
     i, c = chunk_owner(pid, co_ptr, cs_ptr, T, BT, IS_VARLEN)
     bos, T_i = sequence(i, cu_ptr, T, IS_VARLEN)
     o_t, m_t = chunk_rows(c, T_i, BT, REVERSE)
-    b_z, b_a, b_l, b_lam = load_chunk(z_ptr, a_ptr, g_ptr, bos, o_t, m_t, o_d, m_d, D,
-                                      ATTN, DISCOUNT)                          # [BT, BD] x4
+    b_z, _, _, b_l, b_lam = load_chunk(z_ptr, a_ptr, g_ptr, bos, o_t, m_t, o_d, m_d, D,
+                                      ATTN, DISCOUNT)                          # [BT, BD] x3
     b_one = tl.full([BT, BD], 1.0, tl.float32)                                 # [BT, BD]
     b_m, b_n, b_d, b_G = tl.associative_scan((b_l, b_z, b_one, b_lam), 0, combine,
                                              reverse=REVERSE)                  # [BT, BD] x4
@@ -105,7 +90,7 @@ def fwd_summary_kernel(
     else:
         LAST: tl.constexpr = BT - 1
     o_s = pid.to(tl.int64) * D + o_d                                           # [BD]
-    _store_state(s_ptr, o_s, m_d, NCT * D, row(b_m, o_r, LAST, NEG_INF),
+    store_state(s_ptr, o_s, m_d, NCT * D, row(b_m, o_r, LAST, NEG_INF),
                  row(b_n, o_r, LAST, 0.0), row(b_d, o_r, LAST, 0.0))
     tl.store(s_ptr + 3 * NCT * D + o_s, row(b_G, o_r, LAST, 0.0), mask=m_d)
 
@@ -125,19 +110,19 @@ def fwd_carry_kernel(
     c0 = first_chunk(i, co_ptr, T, BT, IS_VARLEN)
     o_s = i.to(tl.int64) * D + o_d                                             # [BD]
     if HAS_INIT:
-        b_hm, b_hn, b_hd = _load_state(h0_ptr, o_s, m_d, NS * D)              # [BD] x3
+        b_hm, b_hn, b_hd = load_state(h0_ptr, o_s, m_d, NS * D)              # [BD] x3
     else:
         b_hm = tl.full([BD], NEG_INF, tl.float32)
         b_hn = tl.zeros([BD], tl.float32)
         b_hd = tl.zeros([BD], tl.float32)
     for c in range(0, tl.cdiv(T_i, BT)):
         o_c = (c0 + c) * D + o_d                                               # [BD]
-        _store_state(hc_ptr, o_c, m_d, NCT * D, b_hm, b_hn, b_hd)
-        b_sm, b_sn, b_sd = _load_state(s_ptr, o_c, m_d, NCT * D)              # [BD] x3
+        store_state(hc_ptr, o_c, m_d, NCT * D, b_hm, b_hn, b_hd)
+        b_sm, b_sn, b_sd = load_state(s_ptr, o_c, m_d, NCT * D)              # [BD] x3
         b_sG = tl.load(s_ptr + 3 * NCT * D + o_c, mask=m_d, other=0.0)        # [BD]
         b_hm, b_hn, b_hd, _ = combine(b_hm, b_hn, b_hd, 0.0, b_sm, b_sn, b_sd, b_sG)
     if STORE_FINAL:
-        _store_state(ht_ptr, o_s, m_d, NS * D, b_hm, b_hn, b_hd)
+        store_state(ht_ptr, o_s, m_d, NS * D, b_hm, b_hn, b_hd)
 
 
 @triton.jit
@@ -154,8 +139,8 @@ def fwd_output_kernel(
     i, c = chunk_owner(pid, co_ptr, cs_ptr, T, BT, IS_VARLEN)
     bos, T_i = sequence(i, cu_ptr, T, IS_VARLEN)
     o_t, m_t = chunk_rows(c, T_i, BT, REVERSE)
-    b_hm, b_hn, b_hd = _load_state(hc_ptr, pid.to(tl.int64) * D + o_d, m_d, NCT * D)
-    b_z, b_a, b_l, b_lam = load_chunk(z_ptr, a_ptr, g_ptr, bos, o_t, m_t, o_d, m_d, D,
-                                      ATTN, DISCOUNT)                          # [BT, BD] x4
+    b_hm, b_hn, b_hd = load_state(hc_ptr, pid.to(tl.int64) * D + o_d, m_d, NCT * D)
+    b_z, _, _, b_l, b_lam = load_chunk(z_ptr, a_ptr, g_ptr, bos, o_t, m_t, o_d, m_d, D,
+                                      ATTN, DISCOUNT)                          # [BT, BD] x3
     b_m, b_n, b_d = scan_chunk(b_l, b_z, b_lam, b_hm, b_hn, b_hd, REVERSE)      # [BT, BD] x3
     _store_y(y_ptr, bos, o_t, m_t, o_d, m_d, D, average(b_n, b_d))

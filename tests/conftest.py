@@ -1,13 +1,23 @@
-"""Pytest set-up: fresh backend buffers are poisoned with NaN in every test."""
+"""Pytest set-up: Triton runs under its interpreter on CPU, and fresh backend buffers are
+poisoned with NaN in every test."""
 
-import pytest
+import os
 
-from fastrwa import torch_backend
+import torch
+
+# Kernels pick interpreter or compiler when they are decorated, so this must precede any
+# import of fastrwa.kernels. With a GPU present the kernels compile for it instead.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+from fastrwa import buffers  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
 def poison_fresh_buffers():
     """Every buffer the backend allocates starts as NaN, so an unwritten entry fails a test."""
-    torch_backend.set_poison(True)
+    buffers.set_poison(True)
     yield
-    torch_backend.set_poison(False)
+    buffers.set_poison(False)

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+
 import torch
 
+from fastrwa import torch_backend
 from fastrwa.reference import rda_scan_reference, weighted_scan_reference
 from fastrwa.scan import _run
 from fastrwa.state import ScanState
@@ -41,10 +45,23 @@ def make_state(B, D, dtype=torch.float64, seed=1):
     return ScanState(m.to(dtype), n.to(dtype), d.to(dtype))
 
 
-def run(z, a, g=None, attention="exp", state=None, final=False, reverse=False, chunk=None):
+@contextlib.contextmanager
+def options(module, **changes):
+    """Temporarily change a backend's launch options (e.g. the torch backend's chunk size)."""
+    previous = module.set_options(**changes)
+    try:
+        yield
+    finally:
+        module.set_options(**dataclasses.asdict(previous))
+
+
+def run(z, a, g=None, attention="exp", state=None, final=False, reverse=False, chunk=None,
+        cu_seqlens=None):
     """The op through its autograd Function (``g=None``: RWA), with a forced chunk size."""
     named = [("z", z), ("a", a)] + ([] if g is None else [("g", g)])
-    return _run(named, attention, None if g is None else "sigmoid", state, final, reverse, chunk)
+    with options(torch_backend, chunk_size=chunk):
+        return _run(named, attention, None if g is None else "sigmoid", state, final, reverse,
+                    cu_seqlens)
 
 
 def reference(z, a, g=None, attention="exp", state=None, reverse=False):

@@ -14,7 +14,7 @@ def _inputs():
 def test_default_is_auto_and_picks_torch_on_cpu(monkeypatch):
     monkeypatch.delenv("FASTRWA_BACKEND", raising=False)
     assert fastrwa.get_backend() == "auto"
-    assert backend.resolve(torch.device("cpu")) is torch_backend
+    assert backend.resolve(torch.device("cpu"), torch.float32) is torch_backend
 
 
 def test_use_backend_nests_and_restores(monkeypatch):
@@ -39,10 +39,22 @@ def test_environment_variable(monkeypatch):
         fastrwa.rwa_scan(*_inputs())
 
 
-def test_triton_backend_gives_a_clear_error_until_it_exists():
+def test_triton_backend_on_cpu_without_the_interpreter_is_a_clear_error(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with fastrwa.use_backend("triton"):
-        with pytest.raises(NotImplementedError, match="triton.*use_backend\\('torch'\\)"):
+        with pytest.raises(RuntimeError, match="triton.*CUDA.*TRITON_INTERPRET.*cpu"):
             fastrwa.rwa_scan(*_inputs())
+
+
+def test_triton_backend_refuses_float64():
+    z, a = (x.double() for x in _inputs())
+    with fastrwa.use_backend("triton"), pytest.raises(TypeError, match="triton.*float64"):
+        fastrwa.rwa_scan(z, a)
+
+
+def test_auto_keeps_cpu_tensors_on_torch_even_under_the_interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert backend.resolve(torch.device("cpu"), torch.float32) is torch_backend
 
 
 def test_unknown_backend_name():

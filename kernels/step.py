@@ -1,0 +1,38 @@
+"""One streaming step for ``(B, D)``: a single fused launch reads the state and the step's
+inputs, writes ``y_t`` and the new state (which may alias the old one: each lane reads its
+state before it writes it)."""
+
+import triton
+import triton.language as tl
+
+from .common import (NEG_INF, average, combine, load_state, log_decay, log_weight,
+                     store_state)
+
+
+@triton.jit
+def step_kernel(
+    z_ptr, a_ptr, g_ptr, y_ptr, h0_ptr, ht_ptr,
+    D, NS,
+    ATTN: tl.constexpr, DISCOUNT: tl.constexpr, HAS_INIT: tl.constexpr, BD: tl.constexpr,
+):
+    i = tl.program_id(0)
+    o_d = tl.program_id(1) * BD + tl.arange(0, BD)                             # [BD]
+    m_d = o_d < D
+    o = i.to(tl.int64) * D + o_d                                               # [BD]
+    if HAS_INIT:
+        b_hm, b_hn, b_hd = load_state(h0_ptr, o, m_d, NS * D)                 # [BD] x3
+    else:
+        b_hm = tl.full([BD], NEG_INF, tl.float32)
+        b_hn = tl.zeros([BD], tl.float32)
+        b_hd = tl.zeros([BD], tl.float32)
+    b_z = tl.load(z_ptr + o, mask=m_d, other=0.0).to(tl.float32)              # [BD]
+    b_a = tl.load(a_ptr + o, mask=m_d, other=0.0).to(tl.float32)              # [BD]
+    b_l = tl.where(m_d, log_weight(b_a, ATTN), NEG_INF)                        # [BD]
+    if DISCOUNT == 0:
+        b_lam = tl.zeros([BD], tl.float32)                                     # [BD]
+    else:
+        b_g = tl.load(g_ptr + o, mask=m_d, other=0.0).to(tl.float32)          # [BD]
+        b_lam = tl.where(m_d, log_decay(b_g, DISCOUNT), 0.0)                   # [BD]
+    b_m, b_n, b_d, _ = combine(b_hm, b_hn, b_hd, 0.0, b_l, b_z, 1.0, b_lam)    # [BD] x3
+    tl.store(y_ptr + o, average(b_n, b_d).to(y_ptr.dtype.element_ty), mask=m_d)
+    store_state(ht_ptr, o, m_d, NS * D, b_m, b_n, b_d)
