@@ -126,6 +126,14 @@ def backward(z, a, g, attention, discount, init, reverse, cu_seqlens, saved, gy,
     B, T, D = z.shape
     cdt = compute_dtype(z.dtype)
     dev = z.device
+    if T == 0:  # (a packed sequence of length 0) the state passes through unchanged
+        gz, ga = _empty(z.shape, z.dtype, dev), _empty(a.shape, a.dtype, dev)
+        gg = None if g is None else _empty(g.shape, g.dtype, dev)
+        if init is None:
+            return gz, ga, gg, None
+        g_final = g_final or (None, None, None)
+        return gz, ga, gg, tuple(torch.zeros_like(s) if x is None else x.to(s.dtype)
+                                 for s, x in zip(init, g_final))
     l = log_weight(a.to(cdt), attention)
     lam = log_decay(None if g is None else g.to(cdt), discount)
 

@@ -64,10 +64,23 @@ def run(z, a, g=None, attention="exp", state=None, final=False, reverse=False, c
                     cu_seqlens)
 
 
-def reference(z, a, g=None, attention="exp", state=None, reverse=False):
-    """The float64 reference on the same inputs (upcast; differentiable)."""
+def reference(z, a, g=None, attention="exp", state=None, reverse=False, cu_seqlens=None):
+    """The float64 reference on the same inputs (upcast; differentiable).
+
+    With ``cu_seqlens``, each packed sequence runs on its own from its row of ``state``.
+    """
     up = lambda x: None if x is None else x.double()
     st = None if state is None else ScanState(*(up(s) for s in state))
+    if cu_seqlens is not None:
+        ys, finals = [], []
+        bounds = cu_seqlens.tolist()
+        for i, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:])):
+            part = lambda x: None if x is None else x[:, lo:hi]
+            row = None if st is None else ScanState(*(s[i:i + 1] for s in st))
+            y_i, f_i = reference(part(z), part(a), part(g), attention, row, reverse)
+            ys.append(y_i)
+            finals.append(f_i)
+        return torch.cat(ys, dim=1), ScanState(*(torch.cat(p) for p in zip(*finals)))
     if g is None:
         return weighted_scan_reference(up(z), up(a), None, st, reverse)
     return rda_scan_reference(up(z), up(a), up(g), attention, st, reverse)
@@ -108,3 +121,24 @@ def leaf(x, dtype=None):
     if x is None:
         return None
     return x.detach().to(dtype or x.dtype).clone().requires_grad_(True)
+
+
+def compare_gradients(z, a, g, attention, state, reverse, chunk, dtype, tol=None, cu_seqlens=None):
+    """Gradients of the op at ``dtype`` vs the float64 reference's autograd on the same values."""
+    inputs = [leaf(x, dtype) for x in (z, a, g) if x is not None]
+    st = None if state is None else ScanState(*(leaf(s, torch.float32 if dtype != torch.float64
+                                                     else torch.float64) for s in state))
+    padded = inputs + [None] * (3 - len(inputs))
+    got = loss_and_grads(lambda: run(*padded, attention, st, final=True, reverse=reverse,
+                                     chunk=chunk, cu_seqlens=cu_seqlens),
+                         inputs + ([] if st is None else list(st)))
+    ref_inputs = [leaf(x, torch.float64) for x in inputs]
+    ref_state = None if st is None else ScanState(*(leaf(s, torch.float64) for s in st))
+    ref_padded = ref_inputs + [None] * (3 - len(ref_inputs))
+    want = loss_and_grads(lambda: reference(*ref_padded, attention, ref_state, reverse,
+                                            cu_seqlens),
+                          ref_inputs + ([] if ref_state is None else list(ref_state)))
+    assert len(got) == len(want)
+    for i, (g_, w_) in enumerate(zip(got, want)):
+        assert g_.dtype == (inputs + list(st or []))[i].dtype
+        assert_close(g_, w_, tol or TOL[dtype]["grad"], f"gradient #{i} ({dtype})")

@@ -6,8 +6,8 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from fastrwa.state import ScanState
-from helpers import (ATTENTIONS, TOL, assert_close, leaf, loss_and_grads, make_inputs,
-                     make_state, reference, run)
+from helpers import (ATTENTIONS, assert_close, compare_gradients, leaf, loss_and_grads,
+                     make_inputs, make_state, run)
 
 
 def _gauge_free(y, state):
@@ -33,37 +33,18 @@ def test_gradcheck_float64(attention, reverse, T, chunk):
     assert torch.autograd.gradcheck(rwa, (z, a))
 
 
-def _compare_with_reference(z, a, g, attention, state, reverse, chunk, dtype, tol=None):
-    """Gradients of the op at ``dtype`` vs the float64 reference's autograd on the same values."""
-    inputs = [leaf(x, dtype) for x in (z, a, g) if x is not None]
-    st = None if state is None else ScanState(*(leaf(s, torch.float32 if dtype != torch.float64
-                                                     else torch.float64) for s in state))
-    padded = inputs + [None] * (3 - len(inputs))
-    got = loss_and_grads(lambda: run(*padded, attention, st, final=True, reverse=reverse,
-                                     chunk=chunk), inputs + ([] if st is None else list(st)))
-    ref_inputs = [leaf(x, torch.float64) for x in inputs]
-    ref_state = None if st is None else ScanState(*(leaf(s, torch.float64) for s in st))
-    ref_padded = ref_inputs + [None] * (3 - len(ref_inputs))
-    want = loss_and_grads(lambda: reference(*ref_padded, attention, ref_state, reverse),
-                          ref_inputs + ([] if ref_state is None else list(ref_state)))
-    assert len(got) == len(want)
-    for i, (g_, w_) in enumerate(zip(got, want)):
-        assert g_.dtype == (inputs + list(st or []))[i].dtype
-        assert_close(g_, w_, tol or TOL[dtype]["grad"], f"gradient #{i} ({dtype})")
-
-
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("attention", ATTENTIONS)
 def test_gradients_against_reference(dtype, attention):
     z, a, g = make_inputs(2, 37, 4, attention=attention, seed=21)
-    _compare_with_reference(z, a, g, attention, make_state(2, 4), False, 5, dtype)
-    _compare_with_reference(z, a, g, attention, None, True, None, dtype)
+    compare_gradients(z, a, g, attention, make_state(2, 4), False, 5, dtype)
+    compare_gradients(z, a, g, attention, None, True, None, dtype)
 
 
 def test_rwa_gradients_against_reference():
     z, a, _ = make_inputs(3, 50, 4, seed=8)
     for dtype in (torch.float64, torch.float32):
-        _compare_with_reference(z, a, None, "exp", make_state(3, 4), False, 7, dtype)
+        compare_gradients(z, a, None, "exp", make_state(3, 4), False, 7, dtype)
 
 
 @pytest.mark.parametrize("attention", ATTENTIONS)
@@ -73,9 +54,9 @@ def test_gradients_with_logits_of_1e4(attention, dtype):
     g = g * 5e3
     # float32 logits of 1e4 carry ~1e-3 absolute error in every exponent.
     tol = None if dtype == torch.float64 else 5e-3
-    _compare_with_reference(z, a, g, attention, None, False, 4, dtype, tol)
+    compare_gradients(z, a, g, attention, None, False, 4, dtype, tol)
     if attention == "exp":
-        _compare_with_reference(z, a, None, "exp", None, False, 4, dtype, tol)
+        compare_gradients(z, a, None, "exp", None, False, 4, dtype, tol)
 
 
 @pytest.mark.parametrize("chunk", [None, 3])
@@ -90,8 +71,8 @@ def test_gradients_with_minus_inf_masks(chunk):
         assert torch.isfinite(gr).all()
     masked = torch.isneginf(a)
     assert (grads[1][masked] == 0).all(), "a masked step's logit gets no gradient"
-    _compare_with_reference(z, a, g, "exp", make_state(2, 3), False, chunk, torch.float64)
-    _compare_with_reference(z, a, None, "exp", None, True, chunk, torch.float64)
+    compare_gradients(z, a, g, "exp", make_state(2, 3), False, chunk, torch.float64)
+    compare_gradients(z, a, None, "exp", None, True, chunk, torch.float64)
 
 
 @pytest.mark.parametrize("gamma", [1 - 1e-6, 1e-6])
@@ -100,7 +81,7 @@ def test_gradients_discount_near_one_and_zero(gamma, dtype):
     z, a, _ = make_inputs(2, 200, 3, seed=10)
     logit = float(torch.logit(torch.tensor(gamma, dtype=torch.float64)))
     g = torch.full_like(z, logit) + 0.01 * torch.randn_like(z)
-    _compare_with_reference(z, a, g, "exp", make_state(2, 3), False, 9, dtype)
+    compare_gradients(z, a, g, "exp", make_state(2, 3), False, 9, dtype)
 
 
 @settings(max_examples=30, deadline=None)
@@ -115,4 +96,4 @@ def test_random_shapes_gradients(B, T, D, chunk, attention, decay, with_state, r
         attention = "exp"
     z, a, g = make_inputs(B, T, D, attention=attention, decay=decay, seed=seed)
     state = make_state(B, D, seed=seed + 1) if with_state else None
-    _compare_with_reference(z, a, g, attention, state, reverse, chunk, torch.float64)
+    compare_gradients(z, a, g, attention, state, reverse, chunk, torch.float64)

@@ -64,6 +64,23 @@ CASES = [
      ["state.m", "(2, 3)", "(2, 4)"]),
     (lambda: fastrwa.rwa_step(ok(B, D), ok(B, D), state=(1, 2, 3)), TypeError,
      ["state.m", "torch.Tensor", "int"]),
+    (lambda: fastrwa.rwa_scan(ok(1, T, D), ok(1, T, D), cu_seqlens=[0, 5]), TypeError,
+     ["cu_seqlens", "torch.Tensor", "list"]),
+    (lambda: fastrwa.rwa_scan(ok(1, T, D), ok(1, T, D), cu_seqlens=torch.tensor([0.0, 5.0])),
+     TypeError, ["cu_seqlens", "int64", "float32"]),
+    (lambda: fastrwa.rwa_scan(ok(1, T, D), ok(1, T, D), cu_seqlens=torch.tensor([5])),
+     ValueError, ["cu_seqlens", "(N + 1,)", "(1,)"]),
+    (lambda: fastrwa.rwa_scan(ok(B, T, D), ok(B, T, D), cu_seqlens=torch.tensor([0, 5])),
+     ValueError, ["cu_seqlens", "B = 1", "(2, 5, 3)"]),
+    (lambda: fastrwa.rwa_scan(ok(1, T, D), ok(1, T, D), cu_seqlens=torch.tensor([0, 3, 2, 5])),
+     ValueError, ["cu_seqlens", "never decrease", "T = 5", "[0, 3, 2, 5]"]),
+    (lambda: fastrwa.rwa_scan(ok(1, T, D), ok(1, T, D), cu_seqlens=torch.tensor([0, 4])),
+     ValueError, ["cu_seqlens", "end at T = 5"]),
+    (lambda: fastrwa.rwa_scan(ok(1, T, D), ok(1, T, D), cu_seqlens=torch.tensor([0, 2, 5]),
+                              initial_state=state(b=1)),
+     ValueError, ["initial_state.m", "(2, 3)", "(1, 3)"]),
+    (lambda: fastrwa.rwa_scan(ok(B, T, D), ok(B, T, D), reverse="yes"), TypeError,
+     ["reverse", "bool", "str"]),
 ]
 
 
