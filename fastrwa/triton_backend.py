@@ -31,6 +31,11 @@ from .kernels import scan_bwd, scan_fwd, step
 ATTN_CODE = {"exp": 0, "sigmoid": 1, "softplus": 2, "relu": 3}
 DISCOUNT_CODE = {None: 0, "log": 1, "sigmoid": 2}
 PROGRAMS_PER_SM = 2
+# Warps per program. With the default blocks every kernel compiles for sm_80 and sm_90a
+# without spills (python bench/kernels.py); the backward holds about twice the live blocks of
+# the forward, hence its narrower channel block.
+FWD_WARPS = 4
+BWD_WARPS = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,8 +43,9 @@ class Options:
     """Launch knobs; tests force them, users normally keep the defaults."""
 
     algorithm: str = "auto"          # "auto" | "looped" | "three_phase"
-    block_t: int = 32                # BT: steps per chunk
-    block_d: int = 32                # BD: channels per program
+    block_t: int = 32                # BT: steps per chunk (forward and backward)
+    block_d: int = 32                # BD: channels per program in the forward
+    block_d_backward: int = 16       # BD: channels per program in the backward
 
 
 _options = Options()
@@ -134,23 +140,23 @@ def forward(z, a, g, attention, discount, init, output_final_state, reverse, cu_
     if T == 1 and cu_seqlens is None and not save_for_backward:
         # Streaming inference: one fused step launch.
         step.step_kernel[(B, n_d)](z, a, g, y, h0, ht, D, B, ATTN=ATTN, DISCOUNT=DISCOUNT,
-                                   HAS_INIT=init is not None, BD=BD)
+                                   HAS_INIT=init is not None, BD=BD, num_warps=FWD_WARPS)
     elif algorithm == "looped":
         scan_fwd.fwd_looped_kernel[(lay.n_seq, n_d)](
             z, a, g, y, h0, ht, hc, cu, co, lay.T, D, lay.n_seq, lay.n_chunks,
             ATTN=ATTN, DISCOUNT=DISCOUNT, HAS_INIT=init is not None, STORE_FINAL=need_final,
-            SAVE_CHUNKS=save_for_backward, REVERSE=reverse, **flags)
+            SAVE_CHUNKS=save_for_backward, REVERSE=reverse, num_warps=FWD_WARPS, **flags)
     else:
         summary = empty((4, lay.n_chunks, D), f32, z.device)
         scan_fwd.fwd_summary_kernel[(lay.n_chunks, n_d)](
             z, a, g, summary, cu, co, cs, lay.T, D, lay.n_chunks,
-            ATTN=ATTN, DISCOUNT=DISCOUNT, REVERSE=reverse, **flags)
+            ATTN=ATTN, DISCOUNT=DISCOUNT, REVERSE=reverse, num_warps=FWD_WARPS, **flags)
         scan_fwd.fwd_carry_kernel[(lay.n_seq, n_d)](
             summary, h0, ht, hc, cu, co, lay.T, D, lay.n_seq, lay.n_chunks,
-            HAS_INIT=init is not None, STORE_FINAL=need_final, **flags)
+            HAS_INIT=init is not None, STORE_FINAL=need_final, num_warps=FWD_WARPS, **flags)
         scan_fwd.fwd_output_kernel[(lay.n_chunks, n_d)](
             z, a, g, y, hc, cu, co, cs, lay.T, D, lay.n_chunks,
-            ATTN=ATTN, DISCOUNT=DISCOUNT, REVERSE=reverse, **flags)
+            ATTN=ATTN, DISCOUNT=DISCOUNT, REVERSE=reverse, num_warps=FWD_WARPS, **flags)
     final = tuple(ht.unbind(0)) if output_final_state else None
     saved = (hc, ht[0]) if save_for_backward else ()
     return y, final, saved
@@ -159,7 +165,7 @@ def forward(z, a, g, attention, discount, init, output_final_state, reverse, cu_
 def backward(z, a, g, attention, discount, init, reverse, cu_seqlens, saved, gy, g_final):
     """Gradients ``(gz, ga, gg, (gm0, gn0, gd0) or None)``; see :mod:`fastrwa.torch_backend`."""
     opts = _options
-    BT, BD = opts.block_t, opts.block_d
+    BT, BD = opts.block_t, opts.block_d_backward
     B, T, D = z.shape
     hc, m_final = saved
     lay = _layout(z, cu_seqlens, BT)
@@ -191,19 +197,19 @@ def backward(z, a, g, attention, discount, init, reverse, cu_seqlens, saved, gy,
         scan_bwd.bwd_looped_kernel[(lay.n_seq, n_d)](
             z, a, g, gy, gz, ga, gg, h0, dh0, ht, dht, hc, cu, co, lay.T, D, lay.n_seq,
             lay.n_chunks, ATTN=ATTN, DISCOUNT=DISCOUNT, HAS_INIT=init is not None,
-            HAS_FINAL_GRAD=has_final_grad, **flags)
+            HAS_FINAL_GRAD=has_final_grad, num_warps=BWD_WARPS, **flags)
     else:
         summary = empty((4, lay.n_chunks, D), f32, z.device)
         ac = empty((3, lay.n_chunks, D), f32, z.device)
         scan_bwd.bwd_summary_kernel[(lay.n_chunks, n_d)](
             z, a, g, gy, hc, summary, cu, co, cs, lay.T, D, lay.n_chunks,
-            ATTN=ATTN, DISCOUNT=DISCOUNT, **flags)
+            ATTN=ATTN, DISCOUNT=DISCOUNT, num_warps=BWD_WARPS, **flags)
         scan_bwd.bwd_carry_kernel[(lay.n_seq, n_d)](
             g, summary, ac, h0, dh0, ht, dht, cu, co, lay.T, D, lay.n_seq, lay.n_chunks,
             DISCOUNT=DISCOUNT, HAS_INIT=init is not None, HAS_FINAL_GRAD=has_final_grad,
-            **flags)
+            num_warps=BWD_WARPS, **flags)
         scan_bwd.bwd_grads_kernel[(lay.n_chunks, n_d)](
             z, a, g, gy, gz, ga, gg, hc, ac, cu, co, cs, lay.T, D, lay.n_chunks,
-            ATTN=ATTN, DISCOUNT=DISCOUNT, **flags)
+            ATTN=ATTN, DISCOUNT=DISCOUNT, num_warps=BWD_WARPS, **flags)
     g_init = tuple(dh0.unbind(0)) if init is not None else None
     return gz, ga, (gg if has_g else None), g_init

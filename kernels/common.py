@@ -8,9 +8,9 @@ Constexpr codes: ``ATTN`` 0 exp, 1 sigmoid, 2 softplus, 3 relu; ``DISCOUNT`` 0 n
 import triton
 import triton.language as tl
 
-NEG_INF: tl.constexpr = float("-inf")
+NEG_INF = tl.constexpr(float("-inf"))
 # log softplus(a) and its derivative switch to a series below this logit (see transforms.py).
-SOFTPLUS_SERIES_BELOW: tl.constexpr = -9.0
+SOFTPLUS_SERIES_BELOW = tl.constexpr(-9.0)
 
 
 @triton.jit

@@ -134,9 +134,9 @@ def bwd_looped_kernel(
     b_M, b_R, b_S = _final_adjoint(i, ht_ptr, dht_ptr, o_d, m_d, D, NS, HAS_FINAL_GRAD, BD)
     o_r = tl.arange(0, BT)
     if REVERSE:
-        FIRST: tl.constexpr = BT - 1
+        FIRST = BT - 1
     else:
-        FIRST: tl.constexpr = 0
+        FIRST = 0
     nc = tl.cdiv(T_i, BT)
     for k in range(0, nc):
         c = nc - 1 - k
@@ -173,9 +173,9 @@ def bwd_summary_kernel(
         ATTN, DISCOUNT, REVERSE, BT, BD)
     o_r = tl.arange(0, BT)
     if REVERSE:
-        FIRST: tl.constexpr = BT - 1
+        FIRST = BT - 1
     else:
-        FIRST: tl.constexpr = 0
+        FIRST = 0
     o_s = pid.to(tl.int64) * D + o_d                                           # [BD]
     store_state(s_ptr, o_s, m_d, NCT * D, row(b_AM, o_r, FIRST, NEG_INF),
                 row(b_AR, o_r, FIRST, 0.0), row(b_AS, o_r, FIRST, 0.0))

@@ -47,9 +47,9 @@ def fwd_looped_kernel(
         b_hd = tl.zeros([BD], tl.float32)
     o_r = tl.arange(0, BT)
     if REVERSE:
-        LAST: tl.constexpr = 0
+        LAST = 0
     else:
-        LAST: tl.constexpr = BT - 1
+        LAST = BT - 1
     for c in range(0, tl.cdiv(T_i, BT)):
         if SAVE_CHUNKS:
             store_state(hc_ptr, (c0 + c) * D + o_d, m_d, NCT * D, b_hm, b_hn, b_hd)
@@ -86,9 +86,9 @@ def fwd_summary_kernel(
                                              reverse=REVERSE)                  # [BT, BD] x4
     o_r = tl.arange(0, BT)
     if REVERSE:
-        LAST: tl.constexpr = 0
+        LAST = 0
     else:
-        LAST: tl.constexpr = BT - 1
+        LAST = BT - 1
     o_s = pid.to(tl.int64) * D + o_d                                           # [BD]
     store_state(s_ptr, o_s, m_d, NCT * D, row(b_m, o_r, LAST, NEG_INF),
                  row(b_n, o_r, LAST, 0.0), row(b_d, o_r, LAST, 0.0))

@@ -1,0 +1,159 @@
+"""Compile every Triton kernel ahead of time for sm_80 and sm_90a, without a GPU, and report
+registers, spills, stack, local and shared memory.
+
+    python bench/kernels.py            # the full table: every kernel x constexpr variant x arch x dtype
+    python bench/kernels.py --quick    # one kernel, one arch (what the test suite runs)
+
+Exits 1 on any compile failure or spill. Registers and memory come from ``cuobjdump
+-res-usage`` on Triton's cubin; spill bytes from ``ptxas -v`` (the ptxas Triton uses for that
+arch) on Triton's PTX. "shared" is static + the dynamic shared memory Triton launches with.
+Launch shapes (BT, BD, warps) are the launcher's defaults in fastrwa/triton_backend.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+os.environ.pop("TRITON_INTERPRET", None)        # compile for real, not for the interpreter
+os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+
+ARCHS = {"sm_80": 80, "sm_90a": 90}
+DTYPES = {"float32": "fp32", "bfloat16": "bf16"}
+# (label, ATTN, DISCOUNT) actually used: RWA, weighted_scan with log decay, RDA per attention.
+MATH = [("rwa", 0, 0), ("weighted", 0, 1), ("rda-exp", 0, 2), ("rda-sigmoid", 1, 2),
+        ("rda-softplus", 2, 2), ("rda-relu", 3, 2)]
+FLAGS = dict(HAS_INIT=True, STORE_FINAL=True, SAVE_CHUNKS=True, HAS_FINAL_GRAD=True,
+             IS_VARLEN=False, REVERSE=False)
+# The heaviest math variant is also compiled reversed and packed (varlen).
+EXTRA_FLAGS = [("rda-softplus,reverse", 2, 2, dict(REVERSE=True)),
+               ("rda-softplus,varlen", 2, 2, dict(IS_VARLEN=True))]
+IO_POINTERS = {"z_ptr", "a_ptr", "g_ptr", "y_ptr", "gy_ptr", "gz_ptr", "ga_ptr", "gg_ptr"}
+INDEX_POINTERS = {"cu_ptr", "co_ptr", "cs_ptr"}
+
+
+def _kernels():
+    from fastrwa import triton_backend as tb
+    from fastrwa.kernels import scan_bwd, scan_fwd, step
+
+    opts = tb.Options()
+    fwd = (tb.FWD_WARPS, dict(BT=opts.block_t, BD=opts.block_d))
+    bwd = (tb.BWD_WARPS, dict(BT=opts.block_t, BD=opts.block_d_backward))
+    return [
+        (scan_fwd.fwd_looped_kernel, *fwd), (scan_fwd.fwd_summary_kernel, *fwd),
+        (scan_fwd.fwd_carry_kernel, *fwd), (scan_fwd.fwd_output_kernel, *fwd),
+        (scan_bwd.bwd_looped_kernel, *bwd), (scan_bwd.bwd_summary_kernel, *bwd),
+        (scan_bwd.bwd_carry_kernel, *bwd), (scan_bwd.bwd_grads_kernel, *bwd),
+        (step.step_kernel, *fwd),
+    ]
+
+
+def jobs(quick: bool):
+    """Every (kernel, variant, arch, dtype) to compile; kernels without a constexpr skip it."""
+    out, seen = [], set()
+    for fn, warps, blocks in _kernels():
+        variants = [(label, attn, disc, {}) for label, attn, disc in MATH] + EXTRA_FLAGS
+        for label, attn, disc, extra in variants:
+            const = dict(FLAGS, ATTN=attn, DISCOUNT=disc, **blocks, **extra)
+            const = {k: v for k, v in const.items() if k in fn.arg_names}
+            key = (fn.__name__, tuple(sorted(const.items())))
+            if key in seen:           # e.g. the carry kernels do not depend on ATTN
+                continue
+            seen.add(key)
+            for arch in ARCHS:
+                for dtype in DTYPES:
+                    out.append((fn.__name__, label, const, warps, arch, dtype))
+    if quick:
+        return [j for j in out if j[0] == "fwd_looped_kernel" and j[1] == "rda-softplus"
+                and j[4] == "sm_90a" and j[5] == "bfloat16"]
+    return out
+
+
+def _find(name: str):
+    for fn, _, _ in _kernels():
+        if fn.__name__ == name:
+            return fn
+    raise KeyError(name)
+
+
+def compile_one(job):
+    """Compile one job; return its table row (a dict) or raise."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import get_ptxas
+    from triton.compiler import ASTSource
+
+    name, label, const, warps, arch, dtype = job
+    fn = _find(name)
+    signature = {}
+    for arg in fn.arg_names:
+        if arg in const:
+            signature[arg] = "constexpr"
+        elif arg in IO_POINTERS:
+            signature[arg] = "*" + DTYPES[dtype]
+        elif arg in INDEX_POINTERS:
+            signature[arg] = "*i64"
+        elif arg.endswith("_ptr"):
+            signature[arg] = "*fp32"
+        else:
+            signature[arg] = "i32"
+    kernel = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=const),
+                            target=GPUTarget("cuda", ARCHS[arch], 32),
+                            options={"num_warps": warps})
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin, ptx = os.path.join(tmp, "k.cubin"), os.path.join(tmp, "k.ptx")
+        with open(cubin, "wb") as f:
+            f.write(kernel.asm["cubin"])
+        with open(ptx, "w") as f:
+            f.write(kernel.asm["ptx"])
+        bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+        usage = subprocess.run([os.path.join(bin_dir, "cuobjdump"), "-res-usage", cubin],
+                               capture_output=True, text=True, check=True).stdout
+        ptxas = get_ptxas(ARCHS[arch]).path
+        log = subprocess.run([ptxas, f"-arch={arch}", "-v", ptx, "-o", os.devnull],
+                             capture_output=True, text=True, check=True).stderr
+    field = lambda key: int(re.search(rf"\b{key}:(\d+)", usage).group(1))
+    spill = sum(int(x) for x in re.findall(r"(\d+) bytes spill (?:stores|loads)", log))
+    blocks = f"{const.get('BT', 1)}x{const['BD']}"
+    return dict(kernel=name, variant=label, arch=arch, dtype=dtype, warps=warps, blocks=blocks,
+                regs=field("REG"), spill=spill, stack=field("STACK"), local=field("LOCAL"),
+                shared=field("SHARED") + kernel.metadata.shared)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="compile one kernel only")
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    args = p.parse_args()
+    todo = jobs(args.quick)
+    header = f"{'kernel':<20}{'variant':<22}{'arch':<8}{'dtype':<10}{'warps':>6}{'BTxBD':>7}{'regs':>6}" \
+             f"{'spill B':>9}{'stack':>7}{'local':>7}{'shared B':>10}"
+    print(header)
+    failures = 0
+    with concurrent.futures.ProcessPoolExecutor(max_workers=args.workers) as pool:
+        futures = {pool.submit(compile_one, job): job for job in todo}
+        for future in concurrent.futures.as_completed(futures):
+            job = futures[future]
+            try:
+                r = future.result()
+            except Exception as exc:  # a compile failure is a result to report, then fail
+                failures += 1
+                print(f"{job[0]:<20}{job[1]:<22}{job[4]:<8}{job[5]:<10} COMPILE FAILED: "
+                      f"{str(exc).splitlines()[0][:200]}")
+                continue
+            bad = r["spill"] > 0 or r["local"] > 0
+            failures += bad
+            print(f"{r['kernel']:<20}{r['variant']:<22}{r['arch']:<8}{r['dtype']:<10}"
+                  f"{r['warps']:>6}{r['blocks']:>7}{r['regs']:>6}{r['spill']:>9}{r['stack']:>7}{r['local']:>7}"
+                  f"{r['shared']:>10}{'  SPILL' if bad else ''}", flush=True)
+    print(f"{len(todo)} compiled, {failures} failed or spilled")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
