@@ -12,6 +12,7 @@ import sys
 
 import pytest
 import torch
+from hypothesis import given, settings, strategies as st
 
 import fastrwa
 from fastrwa import triton_backend
@@ -169,3 +170,30 @@ def test_memory_traffic_meets_targets():
                 if target is not None:
                     assert ratio <= target, (algorithm, name, ratio)
                 assert launches == (1 if algorithm == "looped" else 3), (algorithm, name)
+
+
+def test_prefix_then_scan_at_every_split(algorithm):
+    """A scan of x[:, :k] continued by a scan of x[:, k:] equals one scan, for every k."""
+    z, a, g, _ = _inputs("rda", "exp", T=9, seed=19)
+    init = make_state(2, 5, dtype=torch.float32)
+    y_full, st_full = reference(z, a, g, "exp", init)
+    for k in range(10):
+        y1, st1 = run(z[:, :k], a[:, :k], g[:, :k], "exp", init, final=True)
+        y2, st2 = run(z[:, k:], a[:, k:], g[:, k:], "exp", st1, final=True)
+        assert_close(torch.cat([y1, y2], dim=1), y_full, TOL[torch.float32]["y"], f"y at {k}")
+        assert_close(st2.average(), st_full.average(), TOL[torch.float32]["y"], f"state {k}")
+
+
+@settings(max_examples=12, deadline=None)
+@given(B=st.integers(1, 3), T=st.integers(1, 13), D=st.integers(1, 6),
+       variant=st.sampled_from(VARIANTS), reverse=st.booleans(), with_state=st.booleans(),
+       algo=st.sampled_from(ALGORITHMS), seed=st.integers(0, 2**16))
+def test_random_shapes(B, T, D, variant, reverse, with_state, algo, seed):
+    kind, attention = variant
+    z, a, g, attention = _inputs(kind, attention, B=B, T=T, D=D, seed=seed)
+    state = make_state(B, D, dtype=torch.float32, seed=seed) if with_state else None
+    with options(triton_backend, algorithm=algo, **SMALL), fastrwa.use_backend("triton"):
+        y, _ = run(z, a, g, attention, state, reverse=reverse)
+        assert_close(y, reference(z, a, g, attention, state, reverse)[0],
+                     TOL[torch.float32]["y"], "y")
+        compare_gradients(z, a, g, attention, state, reverse, None, torch.float32)
