@@ -192,3 +192,15 @@ def store_state(p, o_s, m_d, rows, b_m, b_n, b_d):
     tl.store(p + o_s, b_m, mask=m_d)
     tl.store(p + rows + o_s, b_n, mask=m_d)
     tl.store(p + 2 * rows + o_s, b_d, mask=m_d)
+
+
+@triton.jit
+def initial_state(h0_ptr, o_s, m_d, rows, HAS_INIT: tl.constexpr, BD: tl.constexpr):
+    """The state a sequence starts from: loaded from ``h0`` ``(3, rows, D)``, or empty."""
+    if HAS_INIT:
+        b_m, b_n, b_d = load_state(h0_ptr, o_s, m_d, rows)                     # [BD] x3
+    else:
+        b_m = tl.full([BD], NEG_INF, tl.float32)                               # [BD]
+        b_n = tl.zeros([BD], tl.float32)                                       # [BD]
+        b_d = tl.zeros([BD], tl.float32)                                       # [BD]
+    return b_m, b_n, b_d

@@ -14,8 +14,8 @@ State buffers are float32 ``(3, rows, D)``: ``m``, ``n~``, ``d~``; chunk summari
 import triton
 import triton.language as tl
 
-from .common import (NEG_INF, average, chunk_rows, combine, load_chunk, load_state, row,
-                     scan_chunk, store_state)
+from .common import (NEG_INF, average, chunk_rows, combine, initial_state, load_chunk,
+                     load_state, row, scan_chunk, store_state)
 from .sequence import chunk_owner, first_chunk, sequence
 
 
@@ -39,12 +39,7 @@ def fwd_looped_kernel(
     bos, T_i = sequence(i, cu_ptr, T, IS_VARLEN)
     c0 = first_chunk(i, co_ptr, T, BT, IS_VARLEN)
     o_s = i.to(tl.int64) * D + o_d                                             # [BD]
-    if HAS_INIT:
-        b_hm, b_hn, b_hd = load_state(h0_ptr, o_s, m_d, NS * D)              # [BD] x3
-    else:
-        b_hm = tl.full([BD], NEG_INF, tl.float32)
-        b_hn = tl.zeros([BD], tl.float32)
-        b_hd = tl.zeros([BD], tl.float32)
+    b_hm, b_hn, b_hd = initial_state(h0_ptr, o_s, m_d, NS * D, HAS_INIT, BD)
     o_r = tl.arange(0, BT)
     if REVERSE:
         LAST = 0
@@ -109,12 +104,7 @@ def fwd_carry_kernel(
     bos, T_i = sequence(i, cu_ptr, T, IS_VARLEN)
     c0 = first_chunk(i, co_ptr, T, BT, IS_VARLEN)
     o_s = i.to(tl.int64) * D + o_d                                             # [BD]
-    if HAS_INIT:
-        b_hm, b_hn, b_hd = load_state(h0_ptr, o_s, m_d, NS * D)              # [BD] x3
-    else:
-        b_hm = tl.full([BD], NEG_INF, tl.float32)
-        b_hn = tl.zeros([BD], tl.float32)
-        b_hd = tl.zeros([BD], tl.float32)
+    b_hm, b_hn, b_hd = initial_state(h0_ptr, o_s, m_d, NS * D, HAS_INIT, BD)
     for c in range(0, tl.cdiv(T_i, BT)):
         o_c = (c0 + c) * D + o_d                                               # [BD]
         store_state(hc_ptr, o_c, m_d, NCT * D, b_hm, b_hn, b_hd)

@@ -5,7 +5,7 @@ state before it writes it)."""
 import triton
 import triton.language as tl
 
-from .common import (NEG_INF, average, combine, load_state, log_decay, log_weight,
+from .common import (NEG_INF, average, combine, initial_state, log_decay, log_weight,
                      store_state)
 
 
@@ -19,12 +19,7 @@ def step_kernel(
     o_d = tl.program_id(1) * BD + tl.arange(0, BD)                             # [BD]
     m_d = o_d < D
     o = i.to(tl.int64) * D + o_d                                               # [BD]
-    if HAS_INIT:
-        b_hm, b_hn, b_hd = load_state(h0_ptr, o, m_d, NS * D)                 # [BD] x3
-    else:
-        b_hm = tl.full([BD], NEG_INF, tl.float32)
-        b_hn = tl.zeros([BD], tl.float32)
-        b_hd = tl.zeros([BD], tl.float32)
+    b_hm, b_hn, b_hd = initial_state(h0_ptr, o, m_d, NS * D, HAS_INIT, BD)
     b_z = tl.load(z_ptr + o, mask=m_d, other=0.0).to(tl.float32)              # [BD]
     b_a = tl.load(a_ptr + o, mask=m_d, other=0.0).to(tl.float32)              # [BD]
     b_l = tl.where(m_d, log_weight(b_a, ATTN), NEG_INF)                        # [BD]

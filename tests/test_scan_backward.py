@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from fastrwa.state import ScanState
-from helpers import (ATTENTIONS, assert_close, compare_gradients, leaf, loss_and_grads,
+from helpers import (ATTENTIONS, compare_gradients, leaf, loss_and_grads,
                      make_inputs, make_state, run)
 
 
