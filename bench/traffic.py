@@ -78,10 +78,10 @@ def measure(op: str, algorithm: str, dtype: torch.dtype, B: int, T: int, D: int)
         triton_backend.forward(*args, False, False, None, False)
         rows.append(("fwd", c["bytes"], (n_in + 1) * elems * size, c["launches"]))
     with counted() as c:
-        _, _, saved = triton_backend.forward(*args, False, False, None, True)
+        _, final, saved = triton_backend.forward(*args, True, False, None, True)
         rows.append(("fwd+save", c["bytes"], (n_in + 1) * elems * size, c["launches"]))
     with counted() as c:
-        triton_backend.backward(*args, False, None, saved, gy, None)
+        triton_backend.backward(*args, False, None, saved, final[0], gy, None)
         rows.append(("bwd", c["bytes"], (2 * n_in + 1) * elems * size, c["launches"]))
     return rows
 

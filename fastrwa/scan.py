@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from . import backend as _backend
-from .autograd import WeightedScanFunction
+from .autograd import weighted_scan_op
 from .checks import (check_attention, check_cu_seqlens, check_flag, check_inputs, check_state,
                      state_dtype)
 from .state import ScanState
@@ -30,14 +30,9 @@ def _run(named, attention, discount, initial_state, output_final_state, reverse,
         if state is None:
             state = ScanState.empty(n_states, D, dtype=state_dtype(z.dtype), device=z.device)
         return y, state
-    impl = _backend.resolve(z.device, z.dtype)
-    m0, n0, d0 = (None, None, None) if state is None else state
-    out = WeightedScanFunction.apply(z, a, g, m0, n0, d0, cu_seqlens, attention, discount,
-                                     output_final_state, reverse, impl)
-    if output_final_state:
-        y, m, n, d = out
-        return y, ScanState(m, n, d)
-    return out, None
+    _backend.resolve(z.device, z.dtype)   # fail here, before the op, on an unusable backend
+    y, final = weighted_scan_op(z, a, g, state, cu_seqlens, attention, discount, reverse)
+    return y, (ScanState(*final) if output_final_state else None)
 
 
 def weighted_scan(

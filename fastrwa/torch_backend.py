@@ -100,7 +100,13 @@ def _shift_decay(lam: torch.Tensor, reverse: bool) -> torch.Tensor:
     return out
 
 
-def backward(z, a, g, attention, discount, init, reverse, cu_seqlens, saved, gy, g_final):
+def fake_saved(z, cu_seqlens) -> list:
+    """What :func:`forward` saves, as shapes for ``torch.compile`` (nothing: it recomputes)."""
+    return []
+
+
+def backward(z, a, g, attention, discount, init, reverse, cu_seqlens, saved, m_final, gy,
+             g_final):
     """Gradients ``(gz, ga, gg, (gm0, gn0, gd0))`` of the weighted scan (DESIGN.md §2).
 
     ``gy`` is ``(B, T, D)`` or ``None``; ``g_final`` is ``(gm, gn, gd)`` for the final state
@@ -115,7 +121,7 @@ def backward(z, a, g, attention, discount, init, reverse, cu_seqlens, saved, gy,
             part = lambda x: None if x is None else x[:, sl]
             gz_i, ga_i, gg_i, g_init_i = backward(
                 z[:, sl], a[:, sl], part(g), attention, discount, _rows(init, i), reverse, None,
-                saved, part(gy), _rows(g_final, i))
+                saved, None, part(gy), _rows(g_final, i))
             gz[:, sl], ga[:, sl] = gz_i, ga_i
             if gg is not None:
                 gg[:, sl] = gg_i
@@ -131,9 +137,12 @@ def backward(z, a, g, attention, discount, init, reverse, cu_seqlens, saved, gy,
         gg = None if g is None else _empty(g.shape, g.dtype, dev)
         if init is None:
             return gz, ga, gg, None
-        g_final = g_final or (None, None, None)
-        return gz, ga, gg, tuple(torch.zeros_like(s) if x is None else x.to(s.dtype)
-                                 for s, x in zip(init, g_final))
+        m0, n0, d0 = init
+        _, gn, gd = g_final or (None, None, None)
+        gn = torch.zeros_like(n0) if gn is None else gn.to(n0.dtype)
+        gd = torch.zeros_like(d0) if gd is None else gd.to(d0.dtype)
+        # Same convention as every other state gradient (docs/math.md §4): gm0 = n gn + d gd.
+        return gz, ga, gg, (n0 * gn + d0 * gd, gn.clone(), gd.clone())
     l = log_weight(a.to(cdt), attention)
     lam = log_decay(None if g is None else g.to(cdt), discount)
 

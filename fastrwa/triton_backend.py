@@ -157,17 +157,29 @@ def forward(z, a, g, attention, discount, init, output_final_state, reverse, cu_
         scan_fwd.fwd_output_kernel[(lay.n_chunks, n_d)](
             z, a, g, y, hc, cu, co, cs, lay.T, D, lay.n_chunks,
             ATTN=ATTN, DISCOUNT=DISCOUNT, REVERSE=reverse, num_warps=FWD_WARPS, **flags)
-    final = tuple(ht.unbind(0)) if output_final_state else None
-    saved = (hc, ht[0]) if save_for_backward else ()
+    final = tuple(x.clone() for x in ht.unbind(0)) if output_final_state else None
+    saved = (hc,) if save_for_backward else ()
     return y, final, saved
 
 
-def backward(z, a, g, attention, discount, init, reverse, cu_seqlens, saved, gy, g_final):
+def fake_saved(z, cu_seqlens) -> list:
+    """What :func:`forward` saves, as empty tensors of the right shapes (for ``torch.compile``)."""
+    f32 = torch.float64 if z.dtype == torch.float64 else torch.float32
+    B, T, D = z.shape
+    if cu_seqlens is None:
+        n_chunks = B * triton.cdiv(T, _options.block_t)
+    else:
+        n_chunks = torch.library.get_ctx().new_dynamic_size()
+    return [z.new_empty((3, n_chunks, D), dtype=f32)]
+
+
+def backward(z, a, g, attention, discount, init, reverse, cu_seqlens, saved, m_final, gy,
+             g_final):
     """Gradients ``(gz, ga, gg, (gm0, gn0, gd0) or None)``; see :mod:`fastrwa.torch_backend`."""
     opts = _options
     BT, BD = opts.block_t, opts.block_d_backward
     B, T, D = z.shape
-    hc, m_final = saved
+    (hc,) = saved
     lay = _layout(z, cu_seqlens, BT)
     ATTN, DISCOUNT = _codes(attention, discount, g)
     has_g = g is not None
@@ -211,5 +223,5 @@ def backward(z, a, g, attention, discount, init, reverse, cu_seqlens, saved, gy,
         scan_bwd.bwd_grads_kernel[(lay.n_chunks, n_d)](
             z, a, g, gy, gz, ga, gg, hc, ac, cu, co, cs, lay.T, D, lay.n_chunks,
             ATTN=ATTN, DISCOUNT=DISCOUNT, num_warps=BWD_WARPS, **flags)
-    g_init = tuple(dh0.unbind(0)) if init is not None else None
+    g_init = tuple(x.clone() for x in dh0.unbind(0)) if init is not None else None
     return gz, ga, (gg if has_g else None), g_init
