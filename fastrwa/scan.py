@@ -30,7 +30,8 @@ def _run(named, attention, discount, initial_state, output_final_state, reverse,
         if state is None:
             state = ScanState.empty(n_states, D, dtype=state_dtype(z.dtype), device=z.device)
         return y, state
-    _backend.resolve(z.device, z.dtype)   # fail here, before the op, on an unusable backend
+    if not torch.compiler.is_compiling():
+        _backend.resolve(z.device, z.dtype)   # fail here, before the op, on an unusable backend
     y, final = weighted_scan_op(z, a, g, state, cu_seqlens, attention, discount, reverse)
     return y, (ScanState(*final) if output_final_state else None)
 
