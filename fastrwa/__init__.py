@@ -16,9 +16,12 @@ from .backend import get_backend, use_backend
 from .scan import rda_scan, rda_step, rwa_scan, rwa_step, weighted_scan
 from .state import ScanState
 
+from . import nn  # noqa: E402  (layers and cells: fastrwa.nn.RWA, fastrwa.nn.RDA, ...)
+
 __all__ = [
     "ScanState",
     "get_backend",
+    "nn",
     "rda_scan",
     "rda_step",
     "rwa_scan",

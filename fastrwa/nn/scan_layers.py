@@ -1,0 +1,296 @@
+"""Scan layers: RWA and RDA whose gates see the input only, so they run on the parallel scan.
+
+``output, state = layer(x, state=None)`` like ``torch.nn.GRU``; ``layer.step(x_t, state)``
+advances one token with O(1) state. DESIGN.md §1 ("Scan layers").
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import torch
+from einops import rearrange
+from torch import Tensor, nn
+
+from .. import scan as _scan
+from ..checks import check_attention
+from ..state import ScanState
+from .functional import RDA_PRESETS, activation
+
+
+class LayerState(NamedTuple):
+    """The streaming state of a scan layer.
+
+    Attributes:
+        scan: :class:`fastrwa.ScanState` with tensors ``(B, directions * hidden_size)``
+            (a bidirectional layer keeps the forward direction's channels first).
+        last_input: ``(B, input_size)``, the previous token's input when the layer mixes in
+            the previous token (``token_shift=True``), else ``None``.
+    """
+
+    scan: ScanState
+    last_input: Optional[Tensor] = None
+
+
+class _ScanLayer(nn.Module):
+    """Shared machinery of :class:`RWA` and :class:`RDA`."""
+
+    _discounted: bool = False
+
+    def __init__(self, input_size: int, hidden_size: int, *, batch_first: bool,
+                 bidirectional: bool, token_shift: bool, learn_initial_state: bool,
+                 device=None, dtype=None):
+        super().__init__()
+        for name, value in (("input_size", input_size), ("hidden_size", hidden_size)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        self.input_size, self.hidden_size = input_size, hidden_size
+        self.batch_first, self.bidirectional = batch_first, bidirectional
+        self.token_shift, self.learn_initial_state = token_shift, learn_initial_state
+        self.num_directions = 2 if bidirectional else 1
+        self.num_gates = 4 if self._discounted else 3            # u, g, a (, gamma)
+        features = input_size * (2 if token_shift else 1)
+        out = self.num_directions * self.num_gates * hidden_size
+        factory = dict(device=device, dtype=dtype)
+        self.proj = nn.Linear(features, out, **factory)          # one fused projection
+        width = self.num_directions * hidden_size
+        # The learned initial state (the RWA paper's s_0): a pseudo-step with value s_0 and
+        # log-weight a_0 before the first token, discounted like any other step.
+        self.initial_value = nn.Parameter(torch.empty(width, **factory),
+                                          requires_grad=learn_initial_state)
+        self.initial_logit = nn.Parameter(torch.empty(width, **factory),
+                                          requires_grad=learn_initial_state)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Xavier-uniform weights per gate, zero biases, discount bias 1, s_0 ~ N(0, 1), a_0 = 0."""
+        H = self.hidden_size
+        weight = self.proj.weight.view(self.num_directions, self.num_gates, H, -1)
+        with torch.no_grad():
+            for d in range(self.num_directions):
+                for gate in range(self.num_gates):
+                    nn.init.xavier_uniform_(weight[d, gate])
+            bias = self.proj.bias.view(self.num_directions, self.num_gates, H)
+            bias.zero_()
+            if self._discounted:
+                bias[:, 3].fill_(1.0)
+            nn.init.normal_(self.initial_value)
+            self.initial_value.mul_(1.0 if self.learn_initial_state else 0.0)
+            if self.learn_initial_state:
+                self.initial_logit.zero_()
+            else:
+                self.initial_logit.fill_(float("-inf"))
+
+    # -- state -------------------------------------------------------------------------
+    def initial_state(self, batch: int) -> LayerState:
+        """The state before the first token: the learned prior (or empty), shapes ``(B, ...)``."""
+        width = self.num_directions * self.hidden_size
+        sdt = torch.float64 if self.proj.weight.dtype == torch.float64 else torch.float32
+        m = self.initial_logit.to(sdt).expand(batch, width)
+        n = self.initial_value.to(sdt).expand(batch, width)
+        seen = (m > float("-inf")).to(sdt)
+        last = None
+        if self.token_shift:
+            last = self.proj.weight.new_zeros(batch, self.input_size)
+        return LayerState(ScanState(m, n * seen, seen), last)
+
+    def _check_state(self, state, batch: int) -> LayerState:
+        if state is None:
+            return self.initial_state(batch)
+        if not isinstance(state, LayerState):
+            raise TypeError(f"state must be a fastrwa.nn.LayerState (as returned by this layer) "
+                            f"or None, got {type(state).__name__}")
+        width = self.num_directions * self.hidden_size
+        if tuple(state.scan.m.shape) != (batch, width):
+            raise ValueError(f"state.scan tensors must have shape (B, directions * hidden_size)"
+                             f" = {(batch, width)}, got {tuple(state.scan.m.shape)}")
+        if self.token_shift and (state.last_input is None
+                                 or tuple(state.last_input.shape) != (batch, self.input_size)):
+            got = None if state.last_input is None else tuple(state.last_input.shape)
+            raise ValueError(f"state.last_input must have shape (B, input_size) = "
+                             f"{(batch, self.input_size)} for a token_shift layer, got {got}")
+        return state
+
+    def _check_input(self, x, rank: int) -> None:
+        layout = ("(B, T, input_size)" if self.batch_first else "(T, B, input_size)") \
+            if rank == 3 else "(B, input_size)"
+        if not isinstance(x, Tensor):
+            raise TypeError(f"x must be a torch.Tensor of shape {layout}, got {type(x).__name__}")
+        if x.dim() != rank or x.shape[-1] != self.input_size:
+            raise ValueError(f"x must have shape {layout} with input_size = {self.input_size}, "
+                             f"got {tuple(x.shape)}")
+
+    # -- the computation -----------------------------------------------------------------
+    def _gates(self, x: Tensor, previous: Optional[Tensor]) -> Tensor:
+        """``(directions, gates, B, T, H)`` pre-activations from ``x`` ``(B, T, input)``."""
+        if self.token_shift:
+            shifted = torch.cat([previous[:, None].to(x.dtype), x], dim=1)[:, :x.shape[1]]
+            x = torch.cat([x, shifted], dim=-1)
+        p = self.proj(x)
+        return rearrange(p, "b t (dir gate h) -> dir gate b t h", dir=self.num_directions,
+                         gate=self.num_gates)
+
+    def _scan(self, gates: Tensor, state: ScanState, reverse: bool, step: bool):
+        raise NotImplementedError
+
+    def _output(self, y: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def forward(self, x: Tensor, state: Optional[LayerState] = None) -> tuple[Tensor, LayerState]:
+        """Run the layer over a whole sequence.
+
+        Args:
+            x: ``(B, T, input_size)`` (``(T, B, input_size)`` if ``batch_first=False``).
+            state: a :class:`LayerState` to continue from, or ``None`` for the initial state.
+
+        Returns:
+            ``(output, state)``: output ``(B, T, directions * hidden_size)`` (time first if
+            ``batch_first=False``) and the :class:`LayerState` after the last token.
+        """
+        self._check_input(x, 3)
+        if not self.batch_first:
+            x = x.transpose(0, 1)
+        B = x.shape[0]
+        state = self._check_state(state, B)
+        gates = self._gates(x, state.last_input)
+        H = self.hidden_size
+        outs, finals = [], []
+        for d in range(self.num_directions):
+            part = ScanState(*(s[:, d * H:(d + 1) * H] for s in state.scan))
+            y, final = self._scan(gates[d], part, reverse=d == 1, step=False)
+            outs.append(self._output(y))
+            finals.append(final)
+        out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
+        final = finals[0] if len(finals) == 1 else ScanState(
+            *(torch.cat(parts, dim=-1) for parts in zip(*finals)))
+        last = x[:, -1] if self.token_shift and x.shape[1] else state.last_input
+        if not self.batch_first:
+            out = out.transpose(0, 1)
+        return out, LayerState(final, last)
+
+    def step(self, x_t: Tensor, state: Optional[LayerState] = None) -> tuple[Tensor, LayerState]:
+        """Advance one token: ``x_t`` ``(B, input_size)`` -> ``(output_t (B, H), new state)``.
+
+        Equals ``forward`` on the whole sequence, token by token. Not available for
+        bidirectional layers (the reverse direction needs the future).
+        """
+        if self.bidirectional:
+            raise RuntimeError("step() is not defined for a bidirectional layer: its reverse "
+                               "direction needs the whole sequence; call the layer on it")
+        self._check_input(x_t, 2)
+        state = self._check_state(state, x_t.shape[0])
+        gates = self._gates(x_t[:, None], state.last_input)[0]
+        y, final = self._scan(gates, state.scan, reverse=False, step=True)
+        last = x_t if self.token_shift else None
+        return self._output(y)[:, 0], LayerState(final, last)
+
+    def extra_repr(self) -> str:
+        return (f"{self.input_size}, {self.hidden_size}, batch_first={self.batch_first}, "
+                f"bidirectional={self.bidirectional}, token_shift={self.token_shift}")
+
+
+class RWA(_ScanLayer):
+    """Recurrent Weighted Average as a scan layer.
+
+    ``u, g, a = W [x_t] + b`` (one fused projection of the input, optionally of
+    ``[x_t, x_{t-1}]``), ``z = u * tanh(g)``, ``h_t = tanh(sum_i exp(a_i) z_i / sum_i exp(a_i))``
+    over the learned prior and all tokens so far.
+
+    Args:
+        input_size: features of ``x``.
+        hidden_size: channels ``H`` of the state and output.
+        batch_first: ``x`` is ``(B, T, input_size)`` (default) or ``(T, B, input_size)``.
+        bidirectional: also scan from the end; the output has ``2 * H`` features.
+        token_shift: gates see ``[x_t, x_{t-1}]`` (twice the projection's input features and
+            FLOPs; local context that the input-only gates otherwise lack).
+        learn_initial_state: the prior pseudo-step ``(s_0, a_0)`` is learned; if ``False``,
+            the state starts empty.
+
+    Example:
+        >>> import torch, fastrwa
+        >>> layer = fastrwa.nn.RWA(8, 16)
+        >>> out, state = layer(torch.randn(2, 10, 8))
+        >>> out.shape
+        torch.Size([2, 10, 16])
+        >>> out_t, state = layer.step(torch.randn(2, 8), state)
+    """
+
+    _discounted = False
+
+    def __init__(self, input_size: int, hidden_size: int, batch_first: bool = True,
+                 bidirectional: bool = False, token_shift: bool = False,
+                 learn_initial_state: bool = True, device=None, dtype=None):
+        super().__init__(input_size, hidden_size, batch_first=batch_first,
+                         bidirectional=bidirectional, token_shift=token_shift,
+                         learn_initial_state=learn_initial_state, device=device, dtype=dtype)
+
+    def _scan(self, gates, state, reverse, step):
+        u, g, a = gates
+        z = u * torch.tanh(g)
+        if step:
+            y, final = _scan.rwa_step(z[:, 0], a[:, 0], state)
+            return y[:, None], final
+        return _scan.rwa_scan(z, a, state, output_final_state=True, reverse=reverse)
+
+    def _output(self, y):
+        return torch.tanh(y)
+
+
+class RDA(_ScanLayer):
+    """Recurrent Discounted Attention as a scan layer.
+
+    ``u, g, a, c = W [x_t] + b``, ``z = u * tanh(g)``, ``gamma = sigmoid(c)``,
+    ``n_t = gamma_t n_{t-1} + f_a(a_t) z_t``, ``d_t`` alike, output ``f_o(f_h(n_t / d_t))``.
+
+    Args:
+        input_size, hidden_size, batch_first, bidirectional, token_shift, learn_initial_state:
+            as for :class:`RWA`.
+        attention: ``f_a``: "exp", "sigmoid", "softplus" or "relu".
+        f_h, f_o: "tanh", "identity", "sigmoid" or "relu".
+        preset: a published variant by name, "exp-tanh" (f_a = exp, f_o = tanh) or
+            "sigmoid-id" (f_a = sigmoid, f_h = f_o = identity); overrides the three above.
+
+    The discount gate's bias starts at 1 (gamma ~ 0.73), as the RDA paper initialises it.
+
+    Example:
+        >>> import torch, fastrwa
+        >>> layer = fastrwa.nn.RDA(8, 16, preset="sigmoid-id")
+        >>> out, state = layer(torch.randn(2, 10, 8))
+        >>> out.shape
+        torch.Size([2, 10, 16])
+    """
+
+    _discounted = True
+
+    def __init__(self, input_size: int, hidden_size: int, attention: str = "exp",
+                 f_h: str = "tanh", f_o: str = "identity", preset: Optional[str] = None,
+                 batch_first: bool = True, bidirectional: bool = False,
+                 token_shift: bool = False, learn_initial_state: bool = True,
+                 device=None, dtype=None):
+        if preset is not None:
+            if preset not in RDA_PRESETS:
+                raise ValueError(f"preset must be one of {sorted(RDA_PRESETS)}, got {preset!r}")
+            attention, f_h, f_o = (RDA_PRESETS[preset][k] for k in ("attention", "f_h", "f_o"))
+        f_h_fn, f_o_fn = activation(f_h, "f_h"), activation(f_o, "f_o")
+        super().__init__(input_size, hidden_size, batch_first=batch_first,
+                         bidirectional=bidirectional, token_shift=token_shift,
+                         learn_initial_state=learn_initial_state, device=device, dtype=dtype)
+        self.attention = check_attention(attention)
+        self.f_h_name, self.f_o_name = f_h, f_o
+        self._f_h, self._f_o = f_h_fn, f_o_fn
+
+    def _scan(self, gates, state, reverse, step):
+        u, g, a, c = gates
+        z = u * torch.tanh(g)
+        if step:
+            y, final = _scan.rda_step(z[:, 0], a[:, 0], c[:, 0], state, self.attention)
+            return y[:, None], final
+        return _scan.rda_scan(z, a, c, self.attention, state, output_final_state=True,
+                              reverse=reverse)
+
+    def _output(self, y):
+        return self._f_o(self._f_h(y))
+
+    def extra_repr(self) -> str:
+        return (super().extra_repr() + f", attention={self.attention!r}, "
+                f"f_h={self.f_h_name!r}, f_o={self.f_o_name!r}")

@@ -1,0 +1,135 @@
+"""Scan layers (fastrwa.nn.RWA / RDA): streaming equals parallel, directions, init, training, errors."""
+
+import math
+
+import pytest
+import torch
+
+import fastrwa
+from fastrwa.nn import RDA, RWA, LayerState
+from helpers import ATTENTIONS
+
+LAYERS = [("rwa", None)] + [("rda", attention) for attention in ATTENTIONS]
+TOL_FP32 = 1e-5   # layer outputs, streaming vs parallel, float32 state
+
+
+def make_layer(kind, attention, **kw):
+    torch.manual_seed(0)
+    if kind == "rwa":
+        return RWA(6, 5, **kw)
+    return RDA(6, 5, attention=attention, **kw)
+
+
+@pytest.mark.parametrize("kind,attention", LAYERS)
+@pytest.mark.parametrize("token_shift", [False, True])
+def test_prefix_then_steps_equals_parallel_at_every_split(kind, attention, token_shift):
+    layer = make_layer(kind, attention, token_shift=token_shift)
+    x = torch.randn(3, 9, 6)
+    with torch.no_grad():
+        full, final = layer(x)
+        for k in range(10):
+            out, state = layer(x[:, :k])
+            outs = [out]
+            for t in range(k, 9):
+                o, state = layer.step(x[:, t], state)
+                outs.append(o[:, None])
+            err = (torch.cat(outs, dim=1) - full).abs().max().item()
+            assert err <= TOL_FP32, (k, err)
+            torch.testing.assert_close(state.scan.average(), final.scan.average())
+
+
+def test_bidirectional_halves_are_a_forward_and_a_reversed_layer():
+    torch.manual_seed(1)
+    bi = RDA(6, 5, attention="softplus", bidirectional=True)
+    x = torch.randn(2, 7, 6)
+    out, state = bi(x)
+    assert out.shape == (2, 7, 10) and state.scan.m.shape == (2, 10)
+    for direction in (0, 1):
+        uni = RDA(6, 5, attention="softplus")
+        with torch.no_grad():
+            uni.proj.weight.copy_(bi.proj.weight.view(2, -1, 6)[direction])
+            uni.proj.bias.copy_(bi.proj.bias.view(2, -1)[direction])
+            uni.initial_value.copy_(bi.initial_value.view(2, -1)[direction])
+            uni.initial_logit.copy_(bi.initial_logit.view(2, -1)[direction])
+        half = out[..., direction * 5:(direction + 1) * 5]
+        if direction == 0:
+            torch.testing.assert_close(half, uni(x)[0])
+        else:
+            torch.testing.assert_close(half, uni(x.flip(1))[0].flip(1))
+    with pytest.raises(RuntimeError, match="bidirectional"):
+        bi.step(x[:, 0], state)
+
+
+def test_batch_first_false_is_a_transpose():
+    layer = make_layer("rda", "exp")
+    x = torch.randn(2, 7, 6)
+    out, _ = layer(x)
+    layer.batch_first = False
+    out_t, _ = layer(x.transpose(0, 1))
+    torch.testing.assert_close(out_t.transpose(0, 1), out)
+
+
+def test_initialisation_follows_the_papers():
+    layer = RDA(40, 30)
+    w = layer.proj.weight.view(4, 30, 40)
+    bound = math.sqrt(6 / (40 + 30))
+    assert w.abs().max() <= bound and w.abs().max() > 0.9 * bound   # Xavier-uniform per gate
+    b = layer.proj.bias.view(4, 30)
+    assert torch.equal(b[:3], torch.zeros(3, 30)) and torch.equal(b[3], torch.ones(30))
+    assert layer.initial_logit.eq(0).all() and layer.initial_value.std() > 0.5
+    empty = RWA(4, 3, learn_initial_state=False)
+    st = empty.initial_state(2)
+    assert torch.isneginf(st.scan.m).all() and st.scan.d.eq(0).all()
+    assert not empty.initial_value.requires_grad
+
+
+def test_presets():
+    assert RDA(4, 3, preset="exp-tanh").attention == "exp"
+    layer = RDA(4, 3, preset="sigmoid-id")
+    assert (layer.attention, layer.f_h_name, layer.f_o_name) == ("sigmoid", "identity", "identity")
+    with pytest.raises(ValueError, match="preset.*'exp-id'"):
+        RDA(4, 3, preset="exp-id")
+
+
+@pytest.mark.parametrize("kind,attention", LAYERS)
+def test_gradients_reach_every_parameter_and_training_reduces_loss(kind, attention):
+    layer = make_layer(kind, attention, token_shift=True)
+    head = torch.nn.Linear(5, 1)
+    torch.manual_seed(3)
+    x, target = torch.randn(8, 12, 6), torch.randn(8, 12, 1)
+    params = list(layer.parameters()) + list(head.parameters())
+    opt = torch.optim.Adam(params, lr=1e-2)
+    losses = []
+    for _ in range(25):
+        opt.zero_grad()
+        loss = ((head(layer(x)[0]) - target) ** 2).mean()
+        loss.backward()
+        for name, p in layer.named_parameters():
+            assert p.grad is not None and torch.isfinite(p.grad).all(), name
+            assert p.grad.abs().sum() > 0, name
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.8 * losses[0], losses
+
+
+def test_bad_input_messages():
+    layer = RDA(6, 5, token_shift=True)
+    with pytest.raises(ValueError, match=r"x must have shape \(B, T, input_size\).*6.*\(2, 3, 4\)"):
+        layer(torch.randn(2, 3, 4))
+    with pytest.raises(TypeError, match="x must be a torch.Tensor"):
+        layer([[0.0]])
+    with pytest.raises(TypeError, match="state must be a fastrwa.nn.LayerState.*ScanState"):
+        layer(torch.randn(2, 3, 6), fastrwa.ScanState.empty(2, 5))
+    _, state = layer(torch.randn(2, 3, 6))
+    with pytest.raises(ValueError, match=r"state.scan.*\(3, 5\).*\(2, 5\)"):
+        layer(torch.randn(3, 3, 6), state)
+    with pytest.raises(ValueError, match="state.last_input"):
+        layer(torch.randn(2, 3, 6), LayerState(state.scan, None))
+    with pytest.raises(ValueError, match=r"x must have shape \(B, input_size\)"):
+        layer.step(torch.randn(2, 3, 6), state)
+    with pytest.raises(ValueError, match="attention"):
+        RDA(6, 5, attention="tanh")
+    with pytest.raises(ValueError, match="f_o must be one of"):
+        RDA(6, 5, f_o="gelu")
+    with pytest.raises(ValueError, match="hidden_size must be a positive int"):
+        RWA(6, 0)
