@@ -1,0 +1,78 @@
+"""Configuration of the byte-level language model."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from ..nn.functional import ACTIVATIONS, RDA_PRESETS
+from ..transforms import ATTENTIONS
+
+BYTE_VOCAB = 256
+
+
+@dataclasses.dataclass
+class LMConfig:
+    """Hyper-parameters of :class:`fastrwa.models.ByteLM`.
+
+    Attributes:
+        vocab_size: 256 byte values plus a beginning-of-sequence token (id 256), which
+            starts generation from an empty prompt. enwik8 and any byte file need no more.
+        d_model: width of the residual stream and of every scan layer.
+        n_layers: number of blocks (pre-norm -> scan layer -> residual -> MLP -> residual).
+        layer: "rda" or "rwa".
+        attention, f_h, f_o: the RDA layer's ``f_a`` and output functions (ignored for "rwa").
+        preset: an RDA preset ("exp-tanh", "sigmoid-id") that overrides the three above.
+        token_shift: scan-layer gates also see the previous token's input.
+        mlp_ratio: hidden width of each MLP over ``d_model``.
+        tie_embeddings: the output head reuses the input embedding matrix.
+    """
+
+    vocab_size: int = BYTE_VOCAB + 1
+    d_model: int = 256
+    n_layers: int = 4
+    layer: str = "rda"
+    attention: str = "sigmoid"
+    f_h: str = "identity"
+    f_o: str = "identity"
+    preset: str | None = None
+    token_shift: bool = True
+    mlp_ratio: int = 4
+    tie_embeddings: bool = True
+
+    @property
+    def bos_token(self) -> int:
+        return BYTE_VOCAB
+
+    def __post_init__(self) -> None:
+        positive = ("vocab_size", "d_model", "n_layers", "mlp_ratio")
+        for name in positive:
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"LMConfig.{name} must be a positive int, got {value!r}")
+        if self.vocab_size <= BYTE_VOCAB:
+            raise ValueError(f"LMConfig.vocab_size must be > {BYTE_VOCAB} (bytes plus BOS), "
+                             f"got {self.vocab_size}")
+        if self.layer not in ("rda", "rwa"):
+            raise ValueError(f"LMConfig.layer must be 'rda' or 'rwa', got {self.layer!r}")
+        if self.attention not in ATTENTIONS:
+            raise ValueError(f"LMConfig.attention must be one of {ATTENTIONS}, "
+                             f"got {self.attention!r}")
+        for name in ("f_h", "f_o"):
+            if getattr(self, name) not in ACTIVATIONS:
+                raise ValueError(f"LMConfig.{name} must be one of {sorted(ACTIVATIONS)}, "
+                                 f"got {getattr(self, name)!r}")
+        if self.preset is not None and self.preset not in RDA_PRESETS:
+            raise ValueError(f"LMConfig.preset must be one of {sorted(RDA_PRESETS)} or None, "
+                             f"got {self.preset!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "LMConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown LMConfig fields {unknown}; known: {sorted(known)}")
+        return cls(**data)

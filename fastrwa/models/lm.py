@@ -1,0 +1,310 @@
+"""A byte-level language model of stacked scan layers, with O(1)-state generation."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import NamedTuple, Optional
+
+import torch
+from torch import Tensor, nn
+
+from ..nn import RDA, RWA, LayerState
+from ..state import ScanState
+from .config import LMConfig
+
+_WEIGHTS, _CONFIG = "model.pt", "config.json"
+
+
+class LMState(NamedTuple):
+    """The model's streaming state: one :class:`fastrwa.nn.LayerState` per block."""
+
+    layers: tuple
+
+
+class Block(nn.Module):
+    """Pre-norm -> scan layer -> residual -> pre-norm -> MLP -> residual."""
+
+    def __init__(self, config: LMConfig):
+        super().__init__()
+        d = config.d_model
+        self.norm1 = nn.RMSNorm(d)
+        if config.layer == "rwa":
+            self.mix = RWA(d, d, token_shift=config.token_shift)
+        else:
+            self.mix = RDA(d, d, attention=config.attention, f_h=config.f_h, f_o=config.f_o,
+                           preset=config.preset, token_shift=config.token_shift)
+        self.norm2 = nn.RMSNorm(d)
+        self.mlp = nn.Sequential(nn.Linear(d, config.mlp_ratio * d), nn.GELU(),
+                                 nn.Linear(config.mlp_ratio * d, d))
+
+    def forward(self, x: Tensor, state: Optional[LayerState]) -> tuple[Tensor, LayerState]:
+        h, state = self.mix(self.norm1(x), state)
+        x = x + h
+        return x + self.mlp(self.norm2(x)), state
+
+    def step(self, x: Tensor, state: LayerState) -> tuple[Tensor, LayerState]:
+        h, state = self.mix.step(self.norm1(x), state)
+        x = x + h
+        return x + self.mlp(self.norm2(x)), state
+
+
+class InferenceCache:
+    """Streaming state allocated once and updated in place (in the style of mamba's cache).
+
+    Holds, per block, the scan state ``m, n, d`` ``(B, d_model)`` and the previous token's
+    input ``(B, d_model)``: ``layers * (3 + 1) * B * d_model`` floats, whatever the length.
+    ``load_`` copies a state in (after a prefill), ``reorder_`` permutes the batch (beam
+    search); :meth:`ByteLM.step_` updates it in place. The next prefill can reuse it.
+    """
+
+    def __init__(self, model: "ByteLM", batch: int):
+        d, dev = model.config.d_model, model.embed.weight.device
+        sdt = torch.float64 if model.embed.weight.dtype == torch.float64 else torch.float32
+        self.batch = batch
+        self.scan = [tuple(torch.zeros(batch, d, dtype=sdt, device=dev) for _ in range(3))
+                     for _ in model.blocks]
+        self.last = [torch.zeros(batch, d, dtype=model.embed.weight.dtype, device=dev)
+                     if model.config.token_shift else None for _ in model.blocks]
+
+    @property
+    def state(self) -> LMState:
+        """The cached state as an :class:`LMState` of views of the buffers."""
+        return LMState(tuple(LayerState(ScanState(*s), last)
+                             for s, last in zip(self.scan, self.last)))
+
+    def load_(self, state: LMState) -> None:
+        """Copy ``state`` into the buffers."""
+        for bufs, last, layer in zip(self.scan, self.last, state.layers):
+            for buf, value in zip(bufs, layer.scan):
+                buf.copy_(value)
+            if last is not None:
+                last.copy_(layer.last_input)
+
+    def reorder_(self, index: Tensor) -> None:
+        """``buffer <- buffer[index]`` along the batch, in place."""
+        for bufs, last in zip(self.scan, self.last):
+            for buf in (*bufs, *([] if last is None else [last])):
+                buf.copy_(buf.index_select(0, index))
+
+    @property
+    def nbytes(self) -> int:
+        tensors = [t for bufs in self.scan for t in bufs] + [t for t in self.last if t is not None]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+
+class ByteLM(nn.Module):
+    """Byte-level language model: embedding -> ``n_layers`` :class:`Block` -> norm -> head.
+
+    ``logits, state = model(tokens, state=None)`` with ``tokens`` ``(B, T)`` integer ids in
+    ``[0, vocab_size)``; ``logits`` ``(B, T, vocab_size)``. ``model.generate(prompt, ...)``
+    prefills in parallel, then steps with O(1) state per layer.
+
+    Example:
+        >>> import torch
+        >>> from fastrwa.models import ByteLM, LMConfig
+        >>> model = ByteLM(LMConfig(d_model=32, n_layers=2))
+        >>> logits, state = model(torch.randint(0, 256, (2, 16)))
+        >>> logits.shape
+        torch.Size([2, 16, 257])
+        >>> out = model.generate(torch.tensor([104, 105]), max_new_tokens=5, top_k=10)
+        >>> out.shape
+        torch.Size([1, 7])
+    """
+
+    def __init__(self, config: LMConfig):
+        super().__init__()
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.d_model)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
+        self.norm = nn.RMSNorm(config.d_model)
+        self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        nn.init.normal_(self.embed.weight, std=config.d_model ** -0.5)
+        if config.tie_embeddings:
+            self.head.weight = self.embed.weight
+
+    @classmethod
+    def from_config(cls, config: LMConfig | dict) -> "ByteLM":
+        """Build a model from an :class:`LMConfig` or its ``to_dict()``."""
+        return cls(config if isinstance(config, LMConfig) else LMConfig.from_dict(config))
+
+    # -- input checks -------------------------------------------------------------------
+    def _check_tokens(self, tokens, rank: int, name: str = "tokens") -> Tensor:
+        layout = "(B, T)" if rank == 2 else "(B,)"
+        if not isinstance(tokens, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor of integer ids {layout}, "
+                            f"got {type(tokens).__name__}")
+        if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
+            raise TypeError(f"{name} must hold integer token ids, got dtype {tokens.dtype}")
+        if tokens.dim() != rank:
+            raise ValueError(f"{name} must have shape {layout}, got {tuple(tokens.shape)}")
+        if not torch.compiler.is_compiling() and tokens.numel():
+            low, high = int(tokens.min()), int(tokens.max())
+            if low < 0 or high >= self.config.vocab_size:
+                raise ValueError(f"{name} must be ids in [0, {self.config.vocab_size}), "
+                                 f"got values in [{low}, {high}]")
+        return tokens.long()
+
+    def _check_state(self, state) -> tuple:
+        if state is None:
+            return (None,) * len(self.blocks)
+        if not isinstance(state, LMState) or len(state.layers) != len(self.blocks):
+            raise TypeError(f"state must be a fastrwa.models.LMState with {len(self.blocks)} "
+                            f"layer states (as returned by the model) or None, "
+                            f"got {type(state).__name__}")
+        return state.layers
+
+    # -- parallel and streaming ---------------------------------------------------------
+    def forward(self, tokens: Tensor, state: Optional[LMState] = None) -> tuple[Tensor, LMState]:
+        """Logits ``(B, T, vocab_size)`` for every position and the state after the last."""
+        tokens = self._check_tokens(tokens, 2)
+        x = self.embed(tokens)
+        new = []
+        for block, layer_state in zip(self.blocks, self._check_state(state)):
+            x, layer_state = block(x, layer_state)
+            new.append(layer_state)
+        return self.head(self.norm(x)), LMState(tuple(new))
+
+    def step(self, token: Tensor, state: LMState) -> tuple[Tensor, LMState]:
+        """One token ``(B,)`` -> logits ``(B, vocab_size)`` and the new state (functional)."""
+        token = self._check_tokens(token, 1, "token")
+        x = self.embed(token)
+        new = []
+        for block, layer_state in zip(self.blocks, self._check_state(state)):
+            x, layer_state = block.step(x, layer_state)
+            new.append(layer_state)
+        return self.head(self.norm(x)), LMState(tuple(new))
+
+    def allocate_cache(self, batch: int) -> InferenceCache:
+        """An :class:`InferenceCache` for ``batch`` sequences."""
+        return InferenceCache(self, batch)
+
+    def prefill(self, tokens: Tensor, cache: InferenceCache) -> Tensor:
+        """Run ``tokens`` ``(B, T)`` in parallel from the initial state, leave the final state
+        in ``cache``, and return the last position's logits ``(B, vocab_size)``."""
+        logits, state = self(tokens)
+        cache.load_(state)
+        return logits[:, -1]
+
+    def step_(self, token: Tensor, cache: InferenceCache) -> Tensor:
+        """One token ``(B,)`` with the state in ``cache``, updated in place; returns logits."""
+        logits, state = self.step(token, cache.state)
+        cache.load_(state)
+        return logits
+
+    # -- generation -----------------------------------------------------------------------
+    @torch.no_grad()
+    def generate(self, prompt: Tensor, max_new_tokens: int, temperature: float = 1.0,
+                 top_k: Optional[int] = None, top_p: Optional[float] = None,
+                 beam_size: int = 1, generator: Optional[torch.Generator] = None) -> Tensor:
+        """Continue ``prompt`` by ``max_new_tokens`` tokens.
+
+        Args:
+            prompt: ``(B, P)`` or ``(P,)`` integer ids; an empty prompt starts from the BOS token.
+            max_new_tokens: tokens to add.
+            temperature: softmax temperature (> 0) for sampling; ignored by beam search.
+            top_k: sample among the ``k`` most likely tokens only.
+            top_p: sample from the smallest set of tokens whose probability reaches ``p``.
+            beam_size: 1 samples; ``> 1`` runs beam search (deterministic, highest total
+                log-probability) and returns the best beam per prompt.
+            generator: a ``torch.Generator`` for reproducible sampling.
+
+        Returns:
+            ``(B, P + max_new_tokens)`` ids (the prompt, then the new tokens). Memory does not
+            grow with ``max_new_tokens`` beyond this output: the state is fixed-size per layer.
+        """
+        if prompt.dim() == 1:
+            prompt = prompt[None]
+        prompt = self._check_tokens(prompt, 2, "prompt")
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+        if not temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {temperature!r}")
+        if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
+            raise ValueError(f"top_k must be a positive int or None, got {top_k!r}")
+        if top_p is not None and not 0 < top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1] or None, got {top_p!r}")
+        if not isinstance(beam_size, int) or beam_size < 1:
+            raise ValueError(f"beam_size must be a positive int, got {beam_size!r}")
+        B, P = prompt.shape
+        context = prompt if P else prompt.new_full((B, 1), self.config.bos_token)
+        if beam_size > 1:
+            return self._beam_search(prompt, context, max_new_tokens, beam_size)
+        out = prompt.new_empty((B, P + max_new_tokens))
+        out[:, :P] = prompt
+        if max_new_tokens == 0:
+            return out
+        cache = self.allocate_cache(B)
+        logits = self.prefill(context, cache)
+        for i in range(max_new_tokens):
+            token = _sample(logits, temperature, top_k, top_p, generator)
+            out[:, P + i] = token
+            if i + 1 < max_new_tokens:
+                logits = self.step_(token, cache)
+        return out
+
+    def _beam_search(self, prompt: Tensor, context: Tensor, max_new: int, K: int) -> Tensor:
+        B, P = prompt.shape
+        V = self.config.vocab_size
+        out = prompt.new_empty((B * K, P + max_new))
+        out[:, :P] = prompt.repeat_interleave(K, dim=0)
+        cache = self.allocate_cache(B * K)
+        logits = self.prefill(context.repeat_interleave(K, dim=0), cache)
+        scores = torch.full((B, K), float("-inf"), device=prompt.device)
+        scores[:, 0] = 0.0                            # the K copies start as one beam
+        base = torch.arange(B, device=prompt.device)[:, None] * K
+        for i in range(max_new):
+            logp = torch.log_softmax(logits.float(), dim=-1).view(B, K, V)
+            total = (scores[..., None] + logp).view(B, K * V)
+            scores, flat = total.topk(K, dim=-1)                          # (B, K)
+            origin = (base + flat // V).view(-1)
+            token = (flat % V).view(-1)
+            out.copy_(out.index_select(0, origin))
+            out[:, P + i] = token
+            cache.reorder_(origin)
+            if i + 1 < max_new:
+                logits = self.step_(token, cache)
+        best = scores.argmax(dim=-1)
+        return out.view(B, K, -1)[torch.arange(B, device=prompt.device), best]
+
+    # -- persistence ----------------------------------------------------------------------
+    def save_pretrained(self, directory: str | os.PathLike) -> None:
+        """Write ``config.json`` and ``model.pt`` (tensors only) into ``directory``."""
+        path = Path(directory)
+        path.mkdir(parents=True, exist_ok=True)
+        (path / _CONFIG).write_text(json.dumps(self.config.to_dict(), indent=2))
+        torch.save(self.state_dict(), path / _WEIGHTS)
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike, map_location=None) -> "ByteLM":
+        """Load a model written by :meth:`save_pretrained`.
+
+        Safe: the weights are read with ``torch.load(weights_only=True)``, which unpickles
+        tensors and plain containers only, never arbitrary objects.
+        """
+        path = Path(directory)
+        if not (path / _CONFIG).is_file() or not (path / _WEIGHTS).is_file():
+            raise FileNotFoundError(f"{path} must hold {_CONFIG} and {_WEIGHTS} "
+                                    f"(written by ByteLM.save_pretrained)")
+        model = cls(LMConfig.from_dict(json.loads((path / _CONFIG).read_text())))
+        weights = torch.load(path / _WEIGHTS, map_location=map_location, weights_only=True)
+        model.load_state_dict(weights)
+        return model
+
+
+def _sample(logits: Tensor, temperature: float, top_k: Optional[int], top_p: Optional[float],
+            generator: Optional[torch.Generator]) -> Tensor:
+    """One token per row of ``logits`` ``(B, V)``."""
+    logits = logits.float() / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = logits.topk(top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        cum = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
+        drop = cum - torch.softmax(sorted_logits, dim=-1) >= top_p   # keep the first to reach p
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+        logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+    probs = torch.softmax(logits, dim=-1)
+    return torch.multinomial(probs, 1, generator=generator)[:, 0]

@@ -1,0 +1,140 @@
+"""The byte-level language model: streaming equals parallel, flat generation memory, beam
+search, sampling, persistence, training, errors."""
+
+import pytest
+import torch
+
+from fastrwa.models import ByteLM, LMConfig, LMState
+from helpers import ATTENTIONS
+from memory_meter import LiveTensorMeter
+
+VARIANTS = [dict(layer="rwa")] + [dict(layer="rda", attention=a) for a in ATTENTIONS]
+TOL_FP32 = 2e-5  # logits, streaming vs parallel
+
+
+def tiny(**kw):
+    torch.manual_seed(0)
+    return ByteLM(LMConfig(d_model=16, n_layers=2, mlp_ratio=2, **kw)).eval()
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "-".join(v.values()))
+def test_prefill_then_steps_equals_full_logits_at_every_split(variant):
+    model = tiny(**variant)
+    tokens = torch.randint(0, 256, (2, 10), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        full, _ = model(tokens)
+        for k in range(1, 11):
+            cache = model.allocate_cache(2)
+            logits = [model(tokens[:, :k])[0]]
+            model.prefill(tokens[:, :k], cache)
+            for t in range(k, 10):
+                logits.append(model.step_(tokens[:, t], cache)[:, None])
+            err = (torch.cat(logits, dim=1) - full).abs().max().item()
+            assert err <= TOL_FP32, (k, err)
+
+
+def _peak_live_bytes(model, n_tokens):
+    prompt = torch.randint(0, 256, (1, 8), generator=torch.Generator().manual_seed(2))
+    with LiveTensorMeter() as meter:
+        model.generate(prompt, n_tokens, top_k=5, generator=torch.Generator().manual_seed(3))
+    return meter.peak
+
+
+def test_generate_memory_does_not_grow_with_tokens():
+    model = tiny()
+    short, long = _peak_live_bytes(model, 10), _peak_live_bytes(model, 2000)
+    output_growth = (2000 - 10) * 8          # the returned int64 ids, 1 sequence
+    assert long - short <= output_growth + 1024, (short, long)
+    assert short > 0
+
+
+def test_beam_search_finds_the_best_two_token_continuation():
+    model = tiny(layer="rda", attention="softplus")
+    prompt = torch.tensor([[5, 6, 7]])
+    V = model.config.vocab_size
+    with torch.no_grad():
+        logits, state = model(prompt)
+        first = torch.log_softmax(logits[0, -1], -1)                         # [V]
+        expanded = type(state)(tuple(type(s)(type(s.scan)(*(x.expand(V, -1) for x in s.scan)),
+                                             s.last_input.expand(V, -1)) for s in state.layers))
+        second = torch.log_softmax(model.step(torch.arange(V), expanded)[0], -1)   # [V, V]
+        total = first[:, None] + second
+        best = divmod(int(total.argmax()), V)
+        beam = model.generate(prompt, 2, beam_size=V)
+    assert beam[0, 3:].tolist() == list(best)
+    assert model.generate(prompt, 1, beam_size=4)[0, 3].item() == int(first.argmax())
+
+
+def test_sampling_options():
+    model = tiny()
+    prompt = torch.tensor([1, 2, 3])
+    with torch.no_grad():
+        greedy = int(model(prompt[None])[0][0, -1].argmax())
+    assert model.generate(prompt, 1, top_k=1)[0, -1].item() == greedy
+    assert model.generate(prompt, 1, top_p=1e-6)[0, -1].item() == greedy
+    a = model.generate(prompt, 20, generator=torch.Generator().manual_seed(7))
+    b = model.generate(prompt, 20, generator=torch.Generator().manual_seed(7))
+    assert torch.equal(a, b) and a.shape == (1, 23) and torch.equal(a[0, :3], prompt)
+    assert model.generate(torch.zeros(2, 0, dtype=torch.long), 4).shape == (2, 4)
+
+
+def test_save_and_load_round_trip(tmp_path):
+    model = tiny(layer="rwa", tie_embeddings=False)
+    model.save_pretrained(tmp_path / "m")
+    loaded = ByteLM.load(tmp_path / "m")
+    tokens = torch.randint(0, 256, (2, 9))
+    torch.testing.assert_close(loaded(tokens)[0], model(tokens)[0], rtol=0, atol=0)
+    assert loaded.config == model.config
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        ByteLM.load(tmp_path / "missing")
+
+
+def test_tied_embeddings_survive_loading(tmp_path):
+    model = tiny()
+    model.save_pretrained(tmp_path)
+    loaded = ByteLM.load(tmp_path)
+    assert loaded.head.weight is loaded.embed.weight
+
+
+def test_training_reaches_every_parameter_and_reduces_loss():
+    torch.manual_seed(4)
+    model = tiny(layer="rda", attention="exp").train()
+    data = torch.randint(0, 256, (4, 33))
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(30):
+        opt.zero_grad()
+        logits, _ = model(data[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                 data[:, 1:].reshape(-1))
+        loss.backward()
+        for name, p in model.named_parameters():
+            assert p.grad is not None and torch.isfinite(p.grad).all(), name
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0] - 0.5, losses
+
+
+def test_bad_input():
+    model = tiny()
+    with pytest.raises(TypeError, match="integer token ids.*float32"):
+        model(torch.zeros(2, 3))
+    with pytest.raises(ValueError, match=r"ids in \[0, 257\).*\[0, 300\]"):
+        model(torch.tensor([[0, 300]]))
+    with pytest.raises(ValueError, match=r"ids in \[0, 257\)"):
+        model(torch.tensor([[-1, 3]]))
+    with pytest.raises(ValueError, match=r"tokens must have shape \(B, T\)"):
+        model(torch.zeros(2, 3, 4, dtype=torch.long))
+    _, state = model(torch.zeros(2, 3, dtype=torch.long))
+    with pytest.raises(TypeError, match="LMState with 2 layer states"):
+        model(torch.zeros(2, 3, dtype=torch.long), LMState(state.layers[:1]))
+    with pytest.raises(TypeError, match="LMState"):
+        model.step(torch.zeros(2, dtype=torch.long), state.layers)
+    with pytest.raises(ValueError, match="beam_size"):
+        model.generate(torch.tensor([1]), 3, beam_size=0)
+    with pytest.raises(ValueError, match="temperature"):
+        model.generate(torch.tensor([1]), 3, temperature=0.0)
+    with pytest.raises(ValueError, match="LMConfig.layer"):
+        LMConfig(layer="lstm")
+    with pytest.raises(ValueError, match="unknown LMConfig fields"):
+        LMConfig.from_dict({"d_model": 8, "heads": 2})
