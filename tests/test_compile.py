@@ -36,3 +36,47 @@ def test_step_compiles_fullgraph():
     y_e, st_e = fastrwa.rwa_step(z, a, state)
     torch.testing.assert_close(y_c, y_e)
     torch.testing.assert_close(st_c.average(), st_e.average())
+
+
+def _tiny_lm():
+    from fastrwa.models import ByteLM, LMConfig
+
+    torch.manual_seed(0)
+    return ByteLM(LMConfig(d_model=16, n_layers=2, mlp_ratio=2))
+
+
+def test_language_model_training_step_compiles_without_graph_breaks():
+    model = _tiny_lm()
+    data = torch.randint(0, 256, (2, 17))
+
+    def loss_fn(tokens):
+        logits, _ = model(tokens[:, :-1])
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                 tokens[:, 1:].reshape(-1))
+
+    explained = torch._dynamo.explain(loss_fn)(data)
+    assert explained.graph_break_count == 0, explained.break_reasons
+    compiled = torch.compile(loss_fn, fullgraph=True)
+    loss_c = compiled(data)
+    loss_c.backward()
+    grads_c = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    loss_e = loss_fn(data)
+    loss_e.backward()
+    torch.testing.assert_close(loss_c, loss_e, rtol=1e-5, atol=1e-6)
+    for gc, p in zip(grads_c, model.parameters()):
+        torch.testing.assert_close(gc, p.grad, rtol=1e-4, atol=1e-6)
+
+
+def test_language_model_generate_step_compiles_without_graph_breaks():
+    model = _tiny_lm().eval()
+    prompt = torch.randint(0, 256, (2, 5))
+    with torch.no_grad():
+        _, state = model(prompt)
+        token = torch.tensor([3, 4])
+        explained = torch._dynamo.explain(model.step)(token, state)
+        assert explained.graph_break_count == 0, explained.break_reasons
+        step = torch.compile(model.step, fullgraph=True)
+        logits_c, _ = step(token, state)
+        logits_e, _ = model.step(token, state)
+    torch.testing.assert_close(logits_c, logits_e, rtol=1e-5, atol=1e-6)
