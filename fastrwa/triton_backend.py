@@ -95,6 +95,12 @@ class _Layout:
     chunk_offsets: torch.Tensor | None   # int64 (n_seq,): first chunk of each sequence
     chunk_seq: torch.Tensor | None       # int64 (n_chunks,): sequence of each chunk
 
+    def pointers(self, like: torch.Tensor) -> tuple:
+        """``(cu, chunk_offsets, chunk_seq)`` for a launch; an empty tensor where dense."""
+        dummy = like.new_empty(0, dtype=torch.int64)
+        return tuple(dummy if x is None else x for x in (self.cu, self.chunk_offsets,
+                                                         self.chunk_seq))
+
 
 def _layout(z: torch.Tensor, cu_seqlens: torch.Tensor | None, BT: int) -> _Layout:
     B, T, _ = z.shape
@@ -130,10 +136,7 @@ def forward(z, a, g, attention, discount, init, output_final_state, reverse, cu_
     need_final = output_final_state or save_for_backward or (T == 1 and cu_seqlens is None)
     ht = empty((3, lay.n_seq, D), f32, z.device) if need_final else h0
     hc = empty((3, lay.n_chunks, D), f32, z.device)
-    dummy = z.new_empty(0, dtype=torch.int64)
-    cu = lay.cu if lay.cu is not None else dummy
-    co = lay.chunk_offsets if lay.chunk_offsets is not None else dummy
-    cs = lay.chunk_seq if lay.chunk_seq is not None else dummy
+    cu, co, cs = lay.pointers(z)
     algorithm = choose_algorithm(lay.n_seq, D, lay.max_len, opts, z.device)
     flags = dict(IS_VARLEN=cu_seqlens is not None, BT=BT, BD=BD)
     n_d = triton.cdiv(D, BD)
@@ -198,10 +201,7 @@ def backward(z, a, g, attention, discount, init, reverse, cu_seqlens, saved, m_f
         ht = m_final.contiguous()
     else:
         dht = ht = h0
-    dummy = z.new_empty(0, dtype=torch.int64)
-    cu = lay.cu if lay.cu is not None else dummy
-    co = lay.chunk_offsets if lay.chunk_offsets is not None else dummy
-    cs = lay.chunk_seq if lay.chunk_seq is not None else dummy
+    cu, co, cs = lay.pointers(z)
     algorithm = choose_algorithm(lay.n_seq, D, lay.max_len, opts, z.device)
     flags = dict(IS_VARLEN=cu_seqlens is not None, REVERSE=reverse, BT=BT, BD=BD)
     n_d = triton.cdiv(D, BD)

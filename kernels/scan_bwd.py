@@ -21,7 +21,7 @@ import triton.language as tl
 
 from .common import (NEG_INF, attention_grad, average, chunk_rows, combine, decay_grad,
                      load_chunk, load_state, log_decay, log_total, row, scan_chunk, store_state)
-from .sequence import chunk_owner, first_chunk, sequence
+from .sequence import chunk_program, first_chunk, sequence
 
 
 @triton.jit
@@ -163,20 +163,16 @@ def bwd_summary_kernel(
     REVERSE: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
 ):
     """Phase 1: every chunk's adjoint ``(M, rho, sigma, G)`` from an empty adjoint state."""
-    pid = tl.program_id(0)
-    o_d = tl.program_id(1) * BD + tl.arange(0, BD)                             # [BD]
-    m_d = o_d < D
-    i, c = chunk_owner(pid, co_ptr, cs_ptr, T, BT, IS_VARLEN)
-    bos, T_i = sequence(i, cu_ptr, T, IS_VARLEN)
+    pid, o_d, m_d, bos, T_i, c = chunk_program(cu_ptr, co_ptr, cs_ptr, T, D, BT, BD, IS_VARLEN)
     _, _, _, _, _, _, _, _, b_AM, b_AR, b_AS, b_AG = _chunk_adjoint(
-        z_ptr, a_ptr, g_ptr, gy_ptr, hc_ptr, bos, T_i, c, pid.to(tl.int64), o_d, m_d, D, NCT,
+        z_ptr, a_ptr, g_ptr, gy_ptr, hc_ptr, bos, T_i, c, pid, o_d, m_d, D, NCT,
         ATTN, DISCOUNT, REVERSE, BT, BD)
     o_r = tl.arange(0, BT)
     if REVERSE:
         FIRST = BT - 1
     else:
         FIRST = 0
-    o_s = pid.to(tl.int64) * D + o_d                                           # [BD]
+    o_s = pid * D + o_d                                           # [BD]
     store_state(s_ptr, o_s, m_d, NCT * D, row(b_AM, o_r, FIRST, NEG_INF),
                 row(b_AR, o_r, FIRST, 0.0), row(b_AS, o_r, FIRST, 0.0))
     tl.store(s_ptr + 3 * NCT * D + o_s, row(b_AG, o_r, FIRST, 0.0), mask=m_d)
@@ -216,15 +212,11 @@ def bwd_grads_kernel(
     REVERSE: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
 ):
     """Phase 3: every chunk from its incoming adjoint writes its gradients."""
-    pid = tl.program_id(0)
-    o_d = tl.program_id(1) * BD + tl.arange(0, BD)                             # [BD]
-    m_d = o_d < D
-    i, c = chunk_owner(pid, co_ptr, cs_ptr, T, BT, IS_VARLEN)
-    bos, T_i = sequence(i, cu_ptr, T, IS_VARLEN)
+    pid, o_d, m_d, bos, T_i, c = chunk_program(cu_ptr, co_ptr, cs_ptr, T, D, BT, BD, IS_VARLEN)
     o_t, m_2, b_z, b_a, b_g, b_l, b_y, b_L, b_AM, b_AR, b_AS, b_AG = _chunk_adjoint(
-        z_ptr, a_ptr, g_ptr, gy_ptr, hc_ptr, bos, T_i, c, pid.to(tl.int64), o_d, m_d, D, NCT,
+        z_ptr, a_ptr, g_ptr, gy_ptr, hc_ptr, bos, T_i, c, pid, o_d, m_d, D, NCT,
         ATTN, DISCOUNT, REVERSE, BT, BD)
-    b_M, b_R, b_S = load_state(ac_ptr, pid.to(tl.int64) * D + o_d, m_d, NCT * D)  # [BD] x3
+    b_M, b_R, b_S = load_state(ac_ptr, pid * D + o_d, m_d, NCT * D)  # [BD] x3
     b_AM, b_AR, b_AS, _ = combine(b_M[None, :], b_R[None, :], b_S[None, :], 0.0,
                                   b_AM, b_AR, b_AS, b_AG)                      # [BT, BD] x3
     _store_grads(gz_ptr, ga_ptr, gg_ptr, bos, o_t, m_2, o_d, D, b_z, b_a, b_g, b_l, b_y, b_L,

@@ -16,7 +16,7 @@ import triton.language as tl
 
 from .common import (NEG_INF, average, chunk_rows, combine, initial_state, load_chunk,
                      load_state, row, scan_chunk, store_state)
-from .sequence import chunk_owner, first_chunk, sequence
+from .sequence import chunk_program, first_chunk, sequence
 
 
 @triton.jit
@@ -68,11 +68,7 @@ def fwd_summary_kernel(
     REVERSE: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
 ):
     """Phase 1: every chunk's ``(m, n~, d~, G)`` from an empty state, into ``(4, NCT, D)``."""
-    pid = tl.program_id(0)
-    o_d = tl.program_id(1) * BD + tl.arange(0, BD)                             # [BD]
-    m_d = o_d < D
-    i, c = chunk_owner(pid, co_ptr, cs_ptr, T, BT, IS_VARLEN)
-    bos, T_i = sequence(i, cu_ptr, T, IS_VARLEN)
+    pid, o_d, m_d, bos, T_i, c = chunk_program(cu_ptr, co_ptr, cs_ptr, T, D, BT, BD, IS_VARLEN)
     o_t, m_t = chunk_rows(c, T_i, BT, REVERSE)
     b_z, _, _, b_l, b_lam = load_chunk(z_ptr, a_ptr, g_ptr, bos, o_t, m_t, o_d, m_d, D,
                                       ATTN, DISCOUNT)                          # [BT, BD] x3
@@ -84,7 +80,7 @@ def fwd_summary_kernel(
         LAST = 0
     else:
         LAST = BT - 1
-    o_s = pid.to(tl.int64) * D + o_d                                           # [BD]
+    o_s = pid * D + o_d                                           # [BD]
     store_state(s_ptr, o_s, m_d, NCT * D, row(b_m, o_r, LAST, NEG_INF),
                  row(b_n, o_r, LAST, 0.0), row(b_d, o_r, LAST, 0.0))
     tl.store(s_ptr + 3 * NCT * D + o_s, row(b_G, o_r, LAST, 0.0), mask=m_d)
@@ -123,13 +119,9 @@ def fwd_output_kernel(
     REVERSE: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
 ):
     """Phase 3: every chunk re-runs from its incoming state and writes ``y``."""
-    pid = tl.program_id(0)
-    o_d = tl.program_id(1) * BD + tl.arange(0, BD)                             # [BD]
-    m_d = o_d < D
-    i, c = chunk_owner(pid, co_ptr, cs_ptr, T, BT, IS_VARLEN)
-    bos, T_i = sequence(i, cu_ptr, T, IS_VARLEN)
+    pid, o_d, m_d, bos, T_i, c = chunk_program(cu_ptr, co_ptr, cs_ptr, T, D, BT, BD, IS_VARLEN)
     o_t, m_t = chunk_rows(c, T_i, BT, REVERSE)
-    b_hm, b_hn, b_hd = load_state(hc_ptr, pid.to(tl.int64) * D + o_d, m_d, NCT * D)
+    b_hm, b_hn, b_hd = load_state(hc_ptr, pid * D + o_d, m_d, NCT * D)
     b_z, _, _, b_l, b_lam = load_chunk(z_ptr, a_ptr, g_ptr, bos, o_t, m_t, o_d, m_d, D,
                                       ATTN, DISCOUNT)                          # [BT, BD] x3
     b_m, b_n, b_d = scan_chunk(b_l, b_z, b_lam, b_hm, b_hn, b_hd, REVERSE)      # [BT, BD] x3

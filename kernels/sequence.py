@@ -37,3 +37,19 @@ def chunk_owner(pid, co_ptr, cs_ptr, T, BT: tl.constexpr, IS_VARLEN: tl.constexp
         i = (pid // nc).to(tl.int64)
         c = (pid % nc).to(tl.int64)
     return i, c
+
+
+@triton.jit
+def chunk_program(cu_ptr, co_ptr, cs_ptr, T, D, BT: tl.constexpr, BD: tl.constexpr,
+                  IS_VARLEN: tl.constexpr):
+    """Prologue of a program over (global chunk, channel block): what it covers.
+
+    Returns ``pid`` (global chunk), ``o_d``/``m_d`` (channels ``[BD]`` and mask), the
+    sequence's ``bos`` and length, and ``c``, the chunk's index in scan order there.
+    """
+    pid = tl.program_id(0)
+    o_d = tl.program_id(1) * BD + tl.arange(0, BD)                             # [BD]
+    m_d = o_d < D
+    i, c = chunk_owner(pid, co_ptr, cs_ptr, T, BT, IS_VARLEN)
+    bos, T_i = sequence(i, cu_ptr, T, IS_VARLEN)
+    return pid.to(tl.int64), o_d, m_d, bos, T_i, c

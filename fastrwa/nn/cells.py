@@ -13,9 +13,8 @@ import torch
 from torch import Tensor, nn
 
 from .. import scan as _scan
-from ..checks import check_attention
 from ..state import ScanState
-from .functional import RDA_PRESETS, activation
+from .functional import rda_functions
 
 
 class CellState(NamedTuple):
@@ -136,14 +135,9 @@ class RDACell(_AttentionCell):
     def __init__(self, input_size: int, hidden_size: int, attention: str = "exp",
                  f_h: str = "tanh", f_o: str = "identity", preset: Optional[str] = None,
                  device=None, dtype=None):
-        if preset is not None:
-            if preset not in RDA_PRESETS:
-                raise ValueError(f"preset must be one of {sorted(RDA_PRESETS)}, got {preset!r}")
-            attention, f_h, f_o = (RDA_PRESETS[preset][k] for k in ("attention", "f_h", "f_o"))
-        f_h_fn, f_o_fn = activation(f_h, "f_h"), activation(f_o, "f_o")
+        attention, _, _, f_h_fn, f_o_fn = rda_functions(attention, f_h, f_o, preset)
         super().__init__(input_size, hidden_size, 3, device=device, dtype=dtype)
-        self.attention = check_attention(attention)
-        self._f_h, self._f_o = f_h_fn, f_o_fn
+        self.attention, self._f_h, self._f_o = attention, f_h_fn, f_o_fn
         with torch.no_grad():
             self.gates[2].bias.fill_(1.0)
 

@@ -24,3 +24,17 @@ def activation(name: str, argument: str) -> Callable[[torch.Tensor], torch.Tenso
     if name not in ACTIVATIONS:
         raise ValueError(f"{argument} must be one of {sorted(ACTIVATIONS)}, got {name!r}")
     return ACTIVATIONS[name]
+
+
+def rda_functions(attention: str, f_h: str, f_o: str, preset: str | None):
+    """Resolve an RDA configuration: a preset overrides ``attention, f_h, f_o``.
+
+    Returns ``(attention, f_h, f_o)`` names, checked, and the ``f_h``, ``f_o`` callables.
+    """
+    from ..checks import check_attention
+
+    if preset is not None:
+        if preset not in RDA_PRESETS:
+            raise ValueError(f"preset must be one of {sorted(RDA_PRESETS)}, got {preset!r}")
+        attention, f_h, f_o = (RDA_PRESETS[preset][k] for k in ("attention", "f_h", "f_o"))
+    return check_attention(attention), f_h, f_o, activation(f_h, "f_h"), activation(f_o, "f_o")

@@ -13,9 +13,8 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from .. import scan as _scan
-from ..checks import check_attention
 from ..state import ScanState
-from .functional import RDA_PRESETS, activation
+from .functional import rda_functions
 
 
 class LayerState(NamedTuple):
@@ -267,16 +266,11 @@ class RDA(_ScanLayer):
                  batch_first: bool = True, bidirectional: bool = False,
                  token_shift: bool = False, learn_initial_state: bool = True,
                  device=None, dtype=None):
-        if preset is not None:
-            if preset not in RDA_PRESETS:
-                raise ValueError(f"preset must be one of {sorted(RDA_PRESETS)}, got {preset!r}")
-            attention, f_h, f_o = (RDA_PRESETS[preset][k] for k in ("attention", "f_h", "f_o"))
-        f_h_fn, f_o_fn = activation(f_h, "f_h"), activation(f_o, "f_o")
+        attention, f_h, f_o, f_h_fn, f_o_fn = rda_functions(attention, f_h, f_o, preset)
         super().__init__(input_size, hidden_size, batch_first=batch_first,
                          bidirectional=bidirectional, token_shift=token_shift,
                          learn_initial_state=learn_initial_state, device=device, dtype=dtype)
-        self.attention = check_attention(attention)
-        self.f_h_name, self.f_o_name = f_h, f_o
+        self.attention, self.f_h_name, self.f_o_name = attention, f_h, f_o
         self._f_h, self._f_o = f_h_fn, f_o_fn
 
     def _scan(self, gates, state, reverse, step):
