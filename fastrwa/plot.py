@@ -1,0 +1,66 @@
+"""``python -m fastrwa.plot RUN_DIR [RUN_DIR ...] [--out FILE]``: learning curves from
+``metrics.jsonl``, several runs overlaid (e.g. RWA against LSTM, as in the papers' figures)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"{run_dir}: no metrics.jsonl (not a fastrwa.train run directory)")
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def plot_runs(run_dirs: list[Path], out: Path) -> Path:
+    """Plot each run's train and valid metric against the step into ``out`` (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    metric = None
+    for run_dir in run_dirs:
+        records = read_metrics(run_dir)
+        config = json.loads((Path(run_dir) / "config.json").read_text())
+        name = f"{config.get('model')} ({Path(run_dir).name})"
+        keys = [k for k in (records[0] if records else {}) if k not in ("step", "split", "loss")]
+        metric = metric or (keys[0] if keys else "loss")
+        for split, style in (("train", "-"), ("valid", "o--")):
+            pts = [(r["step"], r[metric]) for r in records if r["split"] == split and metric in r]
+            if pts:
+                ax.plot(*zip(*pts), style, label=f"{name} {split}", markersize=3)
+    ax.set_xlabel("step")
+    ax.set_ylabel(metric or "metric")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    out = Path(out)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m fastrwa.plot", description=__doc__)
+    p.add_argument("run_dirs", nargs="+", type=Path)
+    p.add_argument("--out", type=Path, help="default: learning_curve.png in the single run "
+                                            "directory, or curves.png here for several")
+    args = p.parse_args(argv)
+    out = args.out or (args.run_dirs[0] / "learning_curve.png" if len(args.run_dirs) == 1
+                       else Path("curves.png"))
+    try:
+        print(plot_runs(args.run_dirs, out))
+    except FileNotFoundError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

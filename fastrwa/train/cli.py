@@ -1,0 +1,130 @@
+"""``python -m fastrwa.train``: train a task on one machine or many (torchrun).
+
+With no arguments: the adding problem (T=100) with an RDA scan layer, a few minutes on a
+laptop CPU, into ``runs/adding-rda-scan-<time>``, with a progress bar, ``metrics.jsonl``, a
+checkpoint and ``learning_curve.png``. ``--resume RUN_DIR`` continues a run (killed or
+finished) exactly where its last checkpoint left it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from ..tasks import TASKS
+from .config import RESUMABLE_CHANGES, RunConfig
+from .loop import CONFIG, METRICS, RunDirError, prepare_run_dir, train
+from .models import MODELS
+from .problems import ALL_TASKS, make_problem
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m fastrwa.train", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    defaults = RunConfig()
+    add = lambda flag, **kw: p.add_argument(flag, default=None, **kw)
+    add("--task", choices=ALL_TASKS, help=f"default {defaults.task}; synthetic: {sorted(TASKS)}")
+    add("--model", choices=MODELS, help=f"default {defaults.model}")
+    add("--seq-len", type=int, help=f"synthetic tasks' T (default {defaults.seq_len})")
+    add("--hidden", type=int, help=f"units per layer (default {defaults.hidden})")
+    add("--layers", type=int, help=f"stacked layers (default {defaults.layers})")
+    add("--attention", choices=("exp", "sigmoid", "softplus", "relu"),
+        help=f"f_a of RDA models (default {defaults.attention})")
+    add("--batch-size", type=int, help=f"per process (default {defaults.batch_size})")
+    add("--lr", type=float, help=f"Adam learning rate (default {defaults.lr})")
+    add("--clip", type=float, help=f"gradient-norm clipping, 0 = off (default {defaults.clip})")
+    add("--steps", type=int, help=f"optimizer steps (default {defaults.steps})")
+    add("--seed", type=int, help=f"default {defaults.seed}")
+    add("--bptt", type=int, help=f"byte corpora: segment length (default {defaults.bptt})")
+    add("--data", help="enwik8 (raw or .zip) / text: a file; mnist, pmnist: the IDX directory")
+    add("--eval-every", type=int, help=f"default {defaults.eval_every}")
+    add("--eval-batches", type=int, help=f"default {defaults.eval_batches}")
+    add("--eval-bytes", type=int, help=f"byte corpora: validation bytes, 0 = all "
+                                       f"(default {defaults.eval_bytes})")
+    add("--log-every", type=int, help=f"default {defaults.log_every}")
+    add("--checkpoint-every", type=int, help=f"default {defaults.checkpoint_every}")
+    p.add_argument("--compile", action="store_true", default=None, help="torch.compile the model")
+    p.add_argument("--no-progress", dest="progress", action="store_false", default=None,
+                   help="no progress bar")
+    p.add_argument("--run-dir", type=Path, help="default runs/<task>-<model>-<time>")
+    p.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue this run")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --run-dir")
+    return p
+
+
+def _config(args: argparse.Namespace) -> tuple[RunConfig, dict]:
+    fields = {f.name for f in dataclasses.fields(RunConfig)}
+    given = {k: v for k, v in vars(args).items() if k in fields and v is not None}
+    return RunConfig(**given), given
+
+
+def _resolve_run(args, cfg: RunConfig, given: dict) -> tuple[Path, RunConfig]:
+    if args.resume is not None:
+        if args.run_dir is not None and args.run_dir != args.resume:
+            raise RunDirError("--resume RUN_DIR and --run-dir name different directories")
+        saved = prepare_run_dir(args.resume, cfg, resume=True, overwrite=False)
+        clash = RunConfig(**{**saved.to_dict(), **given}).incompatible_with(saved)
+        if clash:
+            raise RunDirError(f"--resume {args.resume}: flags that cannot change on resume: "
+                              + "; ".join(clash))
+        changes = {k: v for k, v in given.items() if k in RESUMABLE_CHANGES}
+        return args.resume, dataclasses.replace(saved, **changes)
+    run_dir = args.run_dir or Path("runs") / f"{cfg.task}-{cfg.model}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return run_dir, prepare_run_dir(run_dir, cfg, resume=False, overwrite=args.overwrite)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    cfg, given = _config(args)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    rank = dist.get_rank() if world > 1 else 0
+    try:
+        answer = [None, None, None]
+        if rank == 0:
+            try:
+                answer[:2] = _resolve_run(args, cfg, given)
+            except (RunDirError, ValueError, FileNotFoundError) as exc:
+                answer[2] = str(exc)
+        if world > 1:
+            dist.broadcast_object_list(answer, src=0)
+        run_dir, cfg, error = answer
+        if error:
+            raise RunDirError(error)
+        if rank == 0:
+            print(f"run directory: {run_dir}", file=sys.stderr)
+        record = train(cfg, run_dir, resume=args.resume is not None)
+        if rank == 0:
+            _report(cfg, run_dir, record)
+        return 0
+    except (RunDirError, ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        if world > 1 and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _report(cfg: RunConfig, run_dir: Path, record: dict) -> None:
+    from ..plot import plot_runs
+
+    problem = make_problem(cfg, 1) if cfg.task in TASKS else None
+    png = plot_runs([run_dir], run_dir / "learning_curve.png")
+    if record and problem is not None:
+        value = record.get(problem.metric)
+        better = (value > problem.baseline) if problem.higher_is_better else \
+            (value < problem.baseline)
+        print(f"{cfg.task}: {record['split']} {problem.metric} {value:.4g} vs naive baseline "
+              f"{problem.baseline:.4g} ({'beats' if better else 'does not beat'} it); "
+              f"curve: {png}")
+    elif record:
+        print(f"{cfg.task}: {json.dumps(record)}; curve: {png}")

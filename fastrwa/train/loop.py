@@ -1,0 +1,164 @@
+"""The training loop: one process or many (torchrun), atomic checkpoints, exact resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from tqdm import tqdm
+
+from ..nn import CellState, LayerState, RRAState
+from ..state import ScanState
+from .config import RunConfig
+from .models import SequenceNet, detach_state
+from .problems import make_problem
+
+CHECKPOINT, CONFIG, METRICS = "checkpoint.pt", "config.json", "metrics.jsonl"
+# NamedTuples that a carried recurrent state may contain: allowed by weights-only loading.
+torch.serialization.add_safe_globals([ScanState, LayerState, CellState, RRAState])
+
+
+class RunDirError(RuntimeError):
+    """A run directory that cannot be used as asked (exists, missing, incompatible)."""
+
+
+def _world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def prepare_run_dir(run_dir: Path, cfg: RunConfig, resume: bool, overwrite: bool) -> RunConfig:
+    """Create, reuse (``--overwrite``) or reopen (``--resume``) ``run_dir``; return the config
+    to run with (on resume, the saved one with the allowed changes applied)."""
+    if resume:
+        if not (run_dir / CONFIG).is_file():
+            raise RunDirError(f"--resume {run_dir}: no {CONFIG} there (not a run directory)")
+        saved = RunConfig.from_dict(json.loads((run_dir / CONFIG).read_text()))
+        return saved
+    if run_dir.exists() and any(run_dir.iterdir()):
+        if not overwrite:
+            raise RunDirError(f"run directory {run_dir} exists and is not empty; pass "
+                              f"--overwrite to replace it or --resume {run_dir} to continue it")
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / CONFIG).write_text(json.dumps(cfg.to_dict(), indent=2))
+    return cfg
+
+
+def save_checkpoint(path: Path, payload: dict) -> None:
+    """Write atomically: a temporary file in the same directory, then ``os.replace``."""
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(payload, tmp)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path: Path) -> dict:
+    """Read a checkpoint with ``weights_only=True`` (tensors and plain data only)."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # any unreadable file is reported the same way
+        raise RunDirError(f"checkpoint {path} is corrupt or unreadable ({type(exc).__name__}: "
+                          f"{exc}); remove it to restart the run or restore a good copy") from exc
+
+
+def _truncate_metrics(path: Path, step: int) -> None:
+    """Drop metric lines logged after ``step`` (by a run killed after its last checkpoint)."""
+    if not path.is_file():
+        return
+    keep = [line for line in path.read_text().splitlines()
+            if line.strip() and json.loads(line)["step"] <= step]
+    path.write_text("".join(line + "\n" for line in keep))
+
+
+def _rows(batch, rank: int, world: int):
+    """This rank's share of a global batch (rows ``rank::world`` blocks)."""
+    if world == 1:
+        return batch
+    size = batch.x.shape[0] // world
+    sl = slice(rank * size, (rank + 1) * size)
+    out = type(batch)(batch.x[sl], batch.target[sl], batch.mask[sl])
+    if hasattr(batch, "new_pass"):
+        out.new_pass = batch.new_pass
+    return out
+
+
+def _mean_over_ranks(value: float, world: int) -> float:
+    if world == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(t)
+    return float(t) / world
+
+
+def train(cfg: RunConfig, run_dir: Path, resume: bool = False) -> dict:
+    """Train as configured; return the last logged record. Rank 0 writes the run directory."""
+    rank, world = _world()
+    torch.manual_seed(cfg.seed)
+    problem = make_problem(cfg, cfg.batch_size * world)
+    model = SequenceNet(cfg.model, problem.input_size, cfg.hidden, cfg.layers,
+                        problem.output_size, vocab=problem.vocab, attention=cfg.attention)
+    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    start, carried = 0, None
+    if resume and (run_dir / CHECKPOINT).is_file():
+        ckpt = load_checkpoint(run_dir / CHECKPOINT)
+        model.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        start, carried = ckpt["step"], ckpt["carried"][rank] if ckpt["carried"] else None
+        torch.set_rng_state(ckpt["rng"])
+    if rank == 0:
+        _truncate_metrics(run_dir / METRICS, start)
+    net = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
+    forward = torch.compile(net) if cfg.compile else net
+    record = {}
+    bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, dynamic_ncols=True,
+               disable=rank != 0 or not cfg.progress, desc=f"{cfg.task} {cfg.model}")
+    for step in bar:
+        model.train()
+        batch = _rows(problem.batch(step, cfg.batch_size * world), rank, world)
+        if problem.stateful and getattr(batch, "new_pass", False):
+            carried = None
+        output, state = forward(batch.x, carried)
+        loss, metric = problem.score(output, batch)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
+        optimizer.step()
+        carried = detach_state(state) if problem.stateful else None
+        done = step + 1
+        records = []
+        if done % cfg.log_every == 0 or done == cfg.steps:
+            records.append({"step": done, "split": "train",
+                            "loss": _mean_over_ranks(float(loss.detach()), world),
+                            problem.metric: _mean_over_ranks(metric, world)})
+        if done % cfg.eval_every == 0 or done == cfg.steps:
+            model.eval()
+            result = problem.evaluate(model, cfg.batch_size)
+            records.append({"step": done, "split": "valid",
+                            **{k: _mean_over_ranks(v, world) for k, v in result.items()}})
+        if records:
+            record = records[-1]
+            bar.set_postfix({k: f"{v:.4g}" for k, v in records[0].items()
+                             if k not in ("step", "split")})
+            if rank == 0:
+                with open(run_dir / METRICS, "a") as f:
+                    for r in records:
+                        f.write(json.dumps(r) + "\n")
+        if done % cfg.checkpoint_every == 0 or done == cfg.steps:
+            states = [None] * world
+            if world > 1:
+                dist.all_gather_object(states, carried)
+            else:
+                states = [carried]
+            if rank == 0:
+                save_checkpoint(run_dir / CHECKPOINT, {
+                    "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                    "step": done, "rng": torch.get_rng_state(),
+                    "carried": states if problem.stateful else None})
+    bar.close()
+    return record

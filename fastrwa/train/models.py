@@ -1,0 +1,73 @@
+"""The networks ``--model`` names: one class for every recurrent core, for vector inputs
+(the synthetic tasks, pixels) and for byte tokens (enwik8, text)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor, nn
+
+from ..nn import RDA, RWA, RDACell, Recurrent, RRACell, RWACell
+
+MODELS = ("rda-scan", "rwa-scan", "rwa-cell", "rda-cell", "rra-cell", "lstm", "gru", "rnn")
+
+
+class SequenceNet(nn.Module):
+    """``[embedding] -> layers x recurrent core -> linear head``, outputs at every step.
+
+    Args:
+        kind: one of :data:`MODELS`.
+        input_size: features per step (ignored when ``vocab`` is given).
+        hidden: units per layer (the papers use 250).
+        layers: stacked recurrent layers.
+        output_size: head outputs per step.
+        vocab: if set, inputs are token ids embedded into ``hidden`` features.
+        attention: ``f_a`` of the RDA layers and cells.
+
+    ``out, state = net(x, state=None)``; ``state`` can be carried to the next call (TBPTT).
+    """
+
+    def __init__(self, kind: str, input_size: int, hidden: int, layers: int, output_size: int,
+                 vocab: Optional[int] = None, attention: str = "exp"):
+        super().__init__()
+        if kind not in MODELS:
+            raise ValueError(f"--model must be one of {MODELS}, got {kind!r}")
+        for name, value in (("--hidden", hidden), ("--layers", layers)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        self.kind = kind
+        self.embed = nn.Embedding(vocab, hidden) if vocab else None
+        features = hidden if vocab else input_size
+        sizes = [features] + [hidden] * layers
+        if kind in ("lstm", "gru", "rnn"):
+            self.core = getattr(nn, kind.upper())(features, hidden, layers, batch_first=True)
+        elif kind == "rwa-scan":
+            self.core = nn.ModuleList(RWA(i, hidden) for i in sizes[:-1])
+        elif kind == "rda-scan":
+            self.core = nn.ModuleList(RDA(i, hidden, attention=attention) for i in sizes[:-1])
+        else:
+            make = {"rwa-cell": lambda i: RWACell(i, hidden),
+                    "rda-cell": lambda i: RDACell(i, hidden, attention=attention),
+                    "rra-cell": lambda i: RRACell(i, hidden)}[kind]
+            self.core = nn.ModuleList(Recurrent(make(i)) for i in sizes[:-1])
+        self.head = nn.Linear(hidden, output_size)
+
+    def forward(self, x: Tensor, state=None) -> tuple[Tensor, object]:
+        if self.embed is not None:
+            x = self.embed(x)
+        if isinstance(self.core, nn.RNNBase):
+            h, state = self.core(x, state)
+            return self.head(h), state
+        states = state if state is not None else (None,) * len(self.core)
+        new = []
+        for layer, layer_state in zip(self.core, states):
+            x, layer_state = layer(x, layer_state)
+            new.append(layer_state)
+        return self.head(x), tuple(new)
+
+
+def detach_state(state):
+    """The state with every tensor detached (truncated backpropagation through time)."""
+    return torch.utils._pytree.tree_map(
+        lambda t: t.detach() if isinstance(t, Tensor) else t, state)

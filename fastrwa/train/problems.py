@@ -1,0 +1,150 @@
+"""What ``--task`` names, behind one interface for the trainer.
+
+A problem gives batches as a pure function of the step (``batch(step, size)``), scores model
+outputs, evaluates, and says whether the recurrent state is carried from step to step
+(truncated backpropagation through time on byte corpora).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .. import data as _data
+from ..tasks import TASKS, Batch, Task, make_task
+
+LM_TASKS = ("enwik8", "text")
+IMAGE_TASKS = ("mnist", "pmnist")
+ALL_TASKS = tuple(TASKS) + LM_TASKS + IMAGE_TASKS
+
+
+class SyntheticProblem:
+    """A :class:`fastrwa.tasks.Task`; validation batches come from their own seeds."""
+
+    stateful = False
+    vocab = None
+
+    def __init__(self, task: Task, eval_batches: int):
+        self.task, self.eval_batches = task, eval_batches
+        self.input_size, self.output_size = task.input_size, task.output_size
+        self.metric, self.baseline = task.metric, task.baseline
+        self.higher_is_better = task.higher_is_better
+
+    def batch(self, step: int, size: int) -> Batch:
+        return self.task.batch(step, size)
+
+    def score(self, output: Tensor, batch: Batch) -> tuple[Tensor, float]:
+        return self.task.score(output, batch)
+
+    @torch.no_grad()
+    def evaluate(self, model, size: int) -> dict:
+        losses, metrics = [], []
+        for k in range(self.eval_batches):
+            batch = self.task.batch(k, size, "valid")
+            loss, metric = self.score(model(batch.x)[0], batch)
+            losses.append(float(loss))
+            metrics.append(metric)
+        return {"loss": sum(losses) / len(losses), self.metric: sum(metrics) / len(metrics)}
+
+
+class ByteLMProblem:
+    """Next-byte prediction on a corpus split 90/5/5; bits per character; TBPTT segments of
+    ``bptt`` bytes with the state carried across consecutive segments (detached)."""
+
+    stateful = True
+    vocab, input_size, output_size = 256, 0, 256
+    metric, higher_is_better = "bpc", False
+    baseline = 8.0          # a uniform guess over 256 byte values
+
+    def __init__(self, path: str, streams: int, bptt: int, eval_bytes: int):
+        splits = _data.split_corpus(_data.read_corpus(path))
+        self.train = _data.ByteStreams(splits["train"], streams, bptt)
+        self.valid_data, self.bptt, self.eval_bytes = splits["valid"], bptt, eval_bytes
+
+    def batch(self, step: int, size: int) -> Batch:
+        x, y, new_pass = self.train.get(step)
+        batch = Batch(x, y, torch.ones_like(y, dtype=torch.bool))
+        batch.new_pass = new_pass
+        return batch
+
+    def score(self, output: Tensor, batch: Batch) -> tuple[Tensor, float]:
+        loss = torch.nn.functional.cross_entropy(output.reshape(-1, output.shape[-1]),
+                                                 batch.target.reshape(-1))
+        return loss, _data.bits_per_byte(float(loss.detach()))
+
+    @torch.no_grad()
+    def evaluate(self, model, size: int) -> dict:
+        """bpc over (up to ``eval_bytes`` of) the validation split, state carried through."""
+        data = self.valid_data[:self.eval_bytes] if self.eval_bytes else self.valid_data
+        streams = _data.ByteStreams(data, 1, min(self.bptt, len(data) - 1))
+        total, count, state = 0.0, 0, None
+        for k in range(len(streams)):
+            x, y, _ = streams.get(k)
+            out, state = model(x, state)
+            total += float(torch.nn.functional.cross_entropy(
+                out.reshape(-1, out.shape[-1]), y.reshape(-1), reduction="sum"))
+            count += y.numel()
+        return {"loss": total / count, "bpc": _data.bits_per_byte(total / count)}
+
+
+class ImageProblem:
+    """(Permuted) MNIST pixel by pixel: 784 steps of one pixel, the class at the last step."""
+
+    stateful = False
+    vocab, input_size, output_size = None, 1, 10
+    metric, higher_is_better, baseline = "accuracy", True, 0.1
+
+    def __init__(self, directory: str, permuted: bool, seed: int, eval_batches: int):
+        self.images, self.labels = _data.load_mnist(directory, "train")
+        self.test_images, self.test_labels = _data.load_mnist(directory, "test")
+        self.seed, self.eval_batches = seed, eval_batches
+        pixels = self.images.shape[1] * self.images.shape[2]
+        self.order = (torch.randperm(pixels, generator=torch.Generator().manual_seed(seed))
+                      if permuted else torch.arange(pixels))
+
+    def _make(self, images, labels, index) -> Batch:
+        x = images[index].reshape(len(index), -1)[:, self.order].float().div(255)[..., None]
+        T = x.shape[1]
+        target = torch.zeros(len(index), T, dtype=torch.long)
+        target[:, -1] = labels[index]
+        mask = torch.zeros(len(index), T, dtype=torch.bool)
+        mask[:, -1] = True
+        return Batch(x, target, mask)
+
+    def batch(self, step: int, size: int) -> Batch:
+        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
+        return self._make(self.images, self.labels,
+                          torch.randint(0, len(self.labels), (size,), generator=gen))
+
+    def score(self, output, batch):
+        logits = output[batch.mask]
+        loss = torch.nn.functional.cross_entropy(logits, batch.target[batch.mask])
+        return loss, float((logits.argmax(-1) == batch.target[batch.mask]).float().mean())
+
+    @torch.no_grad()
+    def evaluate(self, model, size: int) -> dict:
+        n = min(len(self.test_labels), self.eval_batches * size)
+        losses, correct = [], 0
+        for lo in range(0, n, size):
+            batch = self._make(self.test_images, self.test_labels,
+                               torch.arange(lo, min(n, lo + size)))
+            out = model(batch.x)[0][batch.mask]
+            losses.append(float(torch.nn.functional.cross_entropy(
+                out, batch.target[batch.mask], reduction="sum")))
+            correct += int((out.argmax(-1) == batch.target[batch.mask]).sum())
+        return {"loss": sum(losses) / n, "accuracy": correct / n}
+
+
+def make_problem(cfg, streams: int):
+    """The problem of a :class:`fastrwa.train.config.RunConfig`; ``streams`` = global batch."""
+    if cfg.task not in ALL_TASKS:
+        raise ValueError(f"--task must be one of {sorted(ALL_TASKS)}, got {cfg.task!r}")
+    if cfg.task in LM_TASKS or cfg.task in IMAGE_TASKS:
+        if not cfg.data:
+            raise ValueError(f"--task {cfg.task} needs --data PATH "
+                             f"({'a corpus file' if cfg.task in LM_TASKS else 'the MNIST IDX dir'})")
+    if cfg.task in LM_TASKS:
+        return ByteLMProblem(cfg.data, streams, cfg.bptt, cfg.eval_bytes)
+    if cfg.task in IMAGE_TASKS:
+        return ImageProblem(cfg.data, cfg.task == "pmnist", cfg.seed, cfg.eval_batches)
+    return SyntheticProblem(make_task(cfg.task, cfg.seq_len, cfg.seed), cfg.eval_batches)

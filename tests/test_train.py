@@ -1,0 +1,249 @@
+"""Training: tasks, loaders, the CLI, exact resume after SIGKILL, torchrun with 2 processes."""
+
+import gzip
+import json
+import math
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from fastrwa import data as fdata
+from fastrwa.tasks import TASKS, make_task
+from fastrwa.train.cli import main as train_main
+from fastrwa.train.models import MODELS
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+# -- tasks -----------------------------------------------------------------------------------
+def test_adding_targets_and_baseline():
+    task = make_task("adding", 50)
+    b = task.batch(0, 4000)
+    marked = b.x[..., 1].bool()
+    assert marked.sum(1).eq(2).all()
+    torch.testing.assert_close(b.target[:, -1], (b.x[..., 0] * marked).sum(1))
+    naive = ((1.0 - b.target[:, -1]) ** 2).mean().item()       # always predict 1
+    assert abs(naive - task.baseline) < 0.01 and abs(task.baseline - 0.167) < 1e-3
+
+
+def test_copy_tasks_recall_the_symbols_after_the_delimiter():
+    for name in ("copy", "variable-copy", "multicopy"):
+        task = make_task(name, 60)
+        b = task.batch(3, 5)
+        tokens = b.x.argmax(-1)
+        for row in range(5):
+            delims = (tokens[row] == 9).nonzero().flatten().tolist()
+            recalled = b.target[row][b.mask[row]].view(len(delims), -1)
+            S = recalled.shape[1]
+            for k, d in enumerate(delims):
+                # copy: the symbols open the sequence; multicopy: they open each segment
+                start = d - task.GAP - S if name == "multicopy" else 0
+                assert recalled[k].tolist() == tokens[row, start:start + S].tolist()
+        uniform = torch.zeros(5, b.x.shape[1], task.output_size)
+        uniform[..., 8] = -1e9                     # never predict blank: uniform over K=8
+        assert abs(task.score(uniform, b)[0].item() - task.baseline) < 1e-4
+
+
+def test_parity_and_classify_length_targets():
+    b = make_task("parity", 30).batch(1, 8)
+    assert torch.equal(b.target, b.x[..., 0].long().cumsum(1) % 2) and b.mask.all()
+    task = make_task("classify-length", 40)
+    b = task.batch(2, 64)
+    length = b.x[..., 0].sum(1)
+    assert torch.equal(b.target[:, -1], (length > 20).long())
+    assert task.baseline == 0.5 and task.higher_is_better
+
+
+def test_batches_are_a_function_of_the_step():
+    task = make_task("adding", 20, seed=3)
+    assert torch.equal(task.batch(7, 4).x, task.batch(7, 4).x)
+    assert not torch.equal(task.batch(7, 4).x, task.batch(8, 4).x)
+    assert not torch.equal(task.batch(7, 4).x, task.batch(7, 4, "valid").x)
+
+
+# -- loaders ---------------------------------------------------------------------------------
+def _write_idx(path, array: torch.Tensor):
+    header = bytes([0, 0, 8, array.dim()]) + struct.pack(f">{array.dim()}I", *array.shape)
+    body = header + array.to(torch.uint8).numpy().tobytes()
+    (gzip.open(path, "wb") if str(path).endswith(".gz") else open(path, "wb")).write(body)
+
+
+def _tiny_mnist(directory: Path):
+    gen = torch.Generator().manual_seed(0)
+    for split, n in (("train", 40), ("t10k", 12)):
+        images = torch.randint(0, 256, (n, 4, 4), generator=gen)
+        labels = torch.randint(0, 10, (n,), generator=gen)
+        _write_idx(directory / f"{split}-images-idx3-ubyte.gz", images)
+        _write_idx(directory / f"{split}-labels-idx1-ubyte", labels)
+    return images, labels
+
+
+def test_idx_loader(tmp_path):
+    images, labels = _tiny_mnist(tmp_path)
+    got_images, got_labels = fdata.load_mnist(tmp_path, "test")
+    assert torch.equal(got_images, images.to(torch.uint8)) and torch.equal(got_labels, labels)
+    (tmp_path / "bad").write_bytes(b"\x01\x02\x08\x01\x00\x00\x00\x01x")
+    with pytest.raises(ValueError, match="not an IDX file"):
+        fdata.read_idx(tmp_path / "bad")
+    with pytest.raises(FileNotFoundError, match="train-images-idx3-ubyte"):
+        fdata.load_mnist(tmp_path / "nowhere", "train")
+
+
+def test_corpus_split_zip_and_streams(tmp_path):
+    raw = bytes(range(256)) * 8
+    with zipfile.ZipFile(tmp_path / "enwik8.zip", "w") as z:
+        z.writestr("enwik8", raw)
+    assert fdata.read_corpus(tmp_path / "enwik8.zip") == raw
+    parts = fdata.split_corpus(raw)
+    assert [len(parts[k]) for k in ("train", "valid", "test")] == [1844, 102, 102]
+    assert bytes(torch.cat(list(parts.values())).tolist()) == raw
+    n = 100_000_000                      # enwik8: exactly 90M / 5M / 5M
+    assert (n - 2 * (n // 20), n // 20) == (90_000_000, 5_000_000)
+    streams = fdata.ByteStreams(parts["train"], 3, 10)
+    x, y, new_pass = streams.get(0)
+    assert new_pass and x.shape == (3, 10) and torch.equal(x[:, 1:], y[:, :-1])
+    x1, _, again = streams.get(1)
+    assert not again and torch.equal(x1[:, 0], y[:, -1])    # consecutive segments continue
+
+
+# -- the CLI ---------------------------------------------------------------------------------
+def _run(tmp_path, name, *flags):
+    args = ["--run-dir", str(tmp_path / name), "--no-progress", *map(str, flags)]
+    return train_main(args), tmp_path / name
+
+
+def _metrics(run_dir):
+    return [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_every_model_trains_a_few_steps(tmp_path, model):
+    code, run = _run(tmp_path, model, "--model", model, "--task", "adding", "--seq-len", 12,
+                     "--hidden", 8, "--layers", 2, "--batch-size", 4, "--steps", 4,
+                     "--log-every", 2, "--eval-every", 4, "--eval-batches", 1)
+    assert code == 0
+    records = _metrics(run)
+    assert [r["step"] for r in records] == [2, 4, 4] and records[-1]["split"] == "valid"
+    assert all(math.isfinite(r["mse"]) for r in records)
+    assert (run / "checkpoint.pt").is_file() and (run / "learning_curve.png").is_file()
+
+
+@pytest.mark.parametrize("task", sorted(TASKS))
+def test_every_synthetic_task_trains_a_few_steps(tmp_path, task):
+    code, run = _run(tmp_path, task, "--task", task, "--seq-len", 30, "--hidden", 8,
+                     "--batch-size", 4, "--steps", 2, "--log-every", 1, "--eval-batches", 1)
+    assert code == 0 and len(_metrics(run)) == 3
+
+
+def test_mnist_and_text_tasks(tmp_path):
+    _tiny_mnist(tmp_path)
+    code, run = _run(tmp_path, "pm", "--task", "pmnist", "--data", tmp_path, "--hidden", 8,
+                     "--batch-size", 4, "--steps", 2, "--log-every", 1, "--eval-batches", 2)
+    assert code == 0 and "accuracy" in _metrics(run)[-1]
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_bytes(b"the quick brown fox jumps over the lazy dog. " * 200)
+    code, run = _run(tmp_path, "txt", "--task", "text", "--data", corpus, "--hidden", 16,
+                     "--batch-size", 2, "--bptt", 16, "--steps", 3, "--log-every", 1,
+                     "--eval-bytes", 200)
+    assert code == 0 and 0 < _metrics(run)[-1]["bpc"] < 9
+
+
+def test_resume_of_a_finished_run_continues_exactly(tmp_path):
+    flags = ["--task", "adding", "--seq-len", 15, "--hidden", 8, "--batch-size", 4,
+             "--log-every", 2, "--eval-every", 5, "--checkpoint-every", 5]
+    assert _run(tmp_path, "full", *flags, "--steps", 20)[0] == 0
+    assert _run(tmp_path, "part", *flags, "--steps", 10)[0] == 0
+    assert train_main(["--resume", str(tmp_path / "part"), "--steps", "20", "--no-progress"]) == 0
+    assert _metrics(tmp_path / "part") == _metrics(tmp_path / "full")
+
+
+def test_resume_after_sigkill_is_bit_identical(tmp_path):
+    """A real kill -9 mid-run (stateful byte task: the carried TBPTT state is restored too)."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_bytes(bytes((i * 7 + i // 13) % 251 for i in range(60_000)))
+    flags = ["--task", "text", "--data", corpus, "--model", "rda-scan", "--hidden", 48,
+             "--batch-size", 4, "--bptt", 64, "--steps", 300, "--log-every", 5,
+             "--eval-every", 50, "--eval-bytes", 500, "--checkpoint-every", 25, "--no-progress"]
+    cmd = [sys.executable, "-m", "fastrwa.train", *map(str, flags)]
+    subprocess.run(cmd + ["--run-dir", str(tmp_path / "full")], check=True, env=ENV,
+                   capture_output=True, timeout=600)
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen(cmd + ["--run-dir", str(killed)], env=ENV,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        lines = (killed / "metrics.jsonl").read_text().splitlines() \
+            if (killed / "metrics.jsonl").exists() else []
+        if (killed / "checkpoint.pt").exists() and len(lines) >= 12:   # past step 50
+            break
+        time.sleep(0.005)
+    assert proc.poll() is None, "the run finished before it could be killed"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    logged = len((killed / "metrics.jsonl").read_text().splitlines())
+    subprocess.run([sys.executable, "-m", "fastrwa.train", "--resume", str(killed),
+                    "--no-progress"], check=True, env=ENV, capture_output=True, timeout=600)
+    assert logged < len(_metrics(tmp_path / "full"))
+    assert _metrics(killed) == _metrics(tmp_path / "full")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_torchrun_two_processes_match_one_with_the_doubled_batch(tmp_path):
+    common = ["-m", "fastrwa.train", "--task", "adding", "--seq-len", 20, "--hidden", 16,
+              "--steps", 6, "--log-every", 1, "--eval-every", 6, "--no-progress"]
+    common = list(map(str, common))
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                    "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
+                    *common, "--batch-size", "4", "--run-dir", str(tmp_path / "ddp")],
+                   check=True, env=ENV, capture_output=True, timeout=600)
+    subprocess.run([sys.executable, *common, "--batch-size", "8", "--run-dir",
+                    str(tmp_path / "one")], check=True, env=ENV, capture_output=True,
+                   timeout=600)
+    ddp, one = _metrics(tmp_path / "ddp"), _metrics(tmp_path / "one")
+    assert [r["step"] for r in ddp] == [r["step"] for r in one]
+    for a, b in zip(ddp, one):
+        if a["split"] == "train":
+            assert abs(a["loss"] - b["loss"]) <= 1e-5 * max(1.0, abs(b["loss"])), (a, b)
+
+
+def test_errors(tmp_path, capsys):
+    assert _run(tmp_path, "a", "--task", "enwik8", "--data", tmp_path / "nope")[0] == 2
+    assert "no such file" in capsys.readouterr().err
+    assert _run(tmp_path, "b", "--task", "enwik8")[0] == 2
+    assert "needs --data" in capsys.readouterr().err
+    assert _run(tmp_path, "c", "--seq-len", 10, "--hidden", 4, "--batch-size", 2,
+                "--steps", 2)[0] == 0
+    assert _run(tmp_path, "c", "--steps", 2)[0] == 2
+    assert "--overwrite" in capsys.readouterr().err
+    assert train_main(["--resume", str(tmp_path / "c"), "--model", "lstm"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot change on resume" in err and "model: saved 'rda-scan', given 'lstm'" in err
+    (tmp_path / "c" / "checkpoint.pt").write_bytes(b"not a checkpoint")
+    assert train_main(["--resume", str(tmp_path / "c"), "--steps", "4", "--no-progress"]) == 2
+    assert "corrupt" in capsys.readouterr().err
+    assert train_main(["--resume", str(tmp_path / "missing")]) == 2
+    assert "not a run directory" in capsys.readouterr().err
+
+
+def test_plot_overlays_runs(tmp_path):
+    for name in ("r1", "r2"):
+        _run(tmp_path, name, "--seq-len", 10, "--hidden", 4, "--batch-size", 2, "--steps", 4,
+             "--log-every", 1)
+    from fastrwa.plot import main as plot_main
+    assert plot_main([str(tmp_path / "r1"), str(tmp_path / "r2"), "--out",
+                      str(tmp_path / "both.png")]) == 0
+    assert (tmp_path / "both.png").read_bytes()[:4] == b"\x89PNG"
