@@ -231,7 +231,7 @@ def test_errors(tmp_path, capsys):
     assert "--overwrite" in capsys.readouterr().err
     assert train_main(["--resume", str(tmp_path / "c"), "--model", "lstm"]) == 2
     err = capsys.readouterr().err
-    assert "cannot change on resume" in err and "model: saved 'rda-scan', given 'lstm'" in err
+    assert "cannot change on resume" in err and "model: saved 'rwa-scan', given 'lstm'" in err
     (tmp_path / "c" / "checkpoint.pt").write_bytes(b"not a checkpoint")
     assert train_main(["--resume", str(tmp_path / "c"), "--steps", "4", "--no-progress"]) == 2
     assert "corrupt" in capsys.readouterr().err

@@ -1,7 +1,7 @@
 """``python -m fastrwa.train``: train a task on one machine or many (torchrun).
 
-With no arguments: the adding problem (T=100) with an RDA scan layer, a few minutes on a
-laptop CPU, into ``runs/adding-rda-scan-<time>``, with a progress bar, ``metrics.jsonl``, a
+With no arguments: the adding problem (T=100) with an RWA scan layer, a few minutes on a
+laptop CPU, into ``runs/adding-rwa-scan-<time>``, with a progress bar, ``metrics.jsonl``, a
 checkpoint and ``learning_curve.png``. ``--resume RUN_DIR`` continues a run (killed or
 finished) exactly where its last checkpoint left it.
 """

@@ -15,7 +15,7 @@ class RunConfig:
     gradient clipping at norm 1) and keep the default run (adding, T=100) to minutes on a CPU."""
 
     task: str = "adding"
-    model: str = "rda-scan"
+    model: str = "rwa-scan"
     seq_len: int = 100
     hidden: int = 250
     layers: int = 1
@@ -23,7 +23,7 @@ class RunConfig:
     batch_size: int = 100
     lr: float = 1e-3
     clip: float = 1.0
-    steps: int = 600
+    steps: int = 1000
     seed: int = 0
     bptt: int = 128
     data: Optional[str] = None
