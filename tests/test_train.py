@@ -247,3 +247,12 @@ def test_plot_overlays_runs(tmp_path):
     assert plot_main([str(tmp_path / "r1"), str(tmp_path / "r2"), "--out",
                       str(tmp_path / "both.png")]) == 0
     assert (tmp_path / "both.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_compiled_training_follows_eager_training(tmp_path):
+    flags = ["--task", "parity", "--seq-len", 16, "--hidden", 8, "--batch-size", 4,
+             "--steps", 3, "--log-every", 1, "--eval-every", 3]
+    assert _run(tmp_path, "eager", *flags)[0] == 0
+    assert _run(tmp_path, "compiled", *flags, "--compile")[0] == 0
+    for a, b in zip(_metrics(tmp_path / "compiled"), _metrics(tmp_path / "eager")):
+        assert a["step"] == b["step"] and abs(a["loss"] - b["loss"]) < 1e-5, (a, b)
