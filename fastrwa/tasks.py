@@ -150,11 +150,12 @@ class VariableCopy(Copy):
 
 class MultiCopy(Task):
     """Many consecutive copy tasks in one long sequence (RDA §6.4): segments of ``S = 5``
-    symbols, a blank gap, a delimiter and the recall, repeated to fill ``T`` (1000 gives ~50
-    tasks). The model must forget each finished task. Baseline: ``log K`` per recall step."""
+    symbols, a blank gap of 9, a delimiter and the recall (20 steps), repeated to fill ``T``
+    (1000 gives 50 tasks). The model must forget each finished task. Baseline: ``log K`` per
+    recall step."""
 
     name, input_size, output_size, loss, metric = "multicopy", 10, 9, "ce", "ce"
-    K, S, GAP = 8, 5, 4
+    K, S, GAP = 8, 5, 9
 
     def __init__(self, seq_len, seed=0):
         super().__init__(seq_len, seed)

@@ -132,7 +132,8 @@ def test_every_model_trains_a_few_steps(tmp_path, model):
                      "--log-every", 2, "--eval-every", 4, "--eval-batches", 1)
     assert code == 0
     records = _metrics(run)
-    assert [r["step"] for r in records] == [2, 4, 4] and records[-1]["split"] == "valid"
+    assert [(r["step"], r["split"]) for r in records] == [(2, "train"), (4, "train"),
+                                                          (4, "valid"), (4, "test")]
     assert all(math.isfinite(r["mse"]) for r in records)
     assert (run / "checkpoint.pt").is_file() and (run / "learning_curve.png").is_file()
 
@@ -141,7 +142,8 @@ def test_every_model_trains_a_few_steps(tmp_path, model):
 def test_every_synthetic_task_trains_a_few_steps(tmp_path, task):
     code, run = _run(tmp_path, task, "--task", task, "--seq-len", 30, "--hidden", 8,
                      "--batch-size", 4, "--steps", 2, "--log-every", 1, "--eval-batches", 1)
-    assert code == 0 and len(_metrics(run)) == 3
+    assert code == 0 and [r["split"] for r in _metrics(run)] == ["train", "train", "valid",
+                                                                   "test"]
 
 
 def test_mnist_and_text_tasks(tmp_path):
@@ -155,6 +157,14 @@ def test_mnist_and_text_tasks(tmp_path):
                      "--batch-size", 2, "--bptt", 16, "--steps", 3, "--log-every", 1,
                      "--eval-bytes", 200)
     assert code == 0 and 0 < _metrics(run)[-1]["bpc"] < 9
+    with zipfile.ZipFile(tmp_path / "enwik8.zip", "w") as z:
+        z.writestr("enwik8", corpus.read_bytes())
+    code, run = _run(tmp_path, "enwik8", "--task", "enwik8", "--data", tmp_path / "enwik8.zip",
+                     "--hidden", 8, "--batch-size", 2, "--bptt", 16, "--steps", 2,
+                     "--log-every", 1, "--eval-bytes", 100)
+    records = _metrics(run)
+    assert code == 0 and {r["split"] for r in records} == {"train", "valid", "test"}
+    assert all(0 < r["bpc"] < 9 for r in records)
 
 
 def test_resume_of_a_finished_run_continues_exactly(tmp_path):
@@ -163,7 +173,9 @@ def test_resume_of_a_finished_run_continues_exactly(tmp_path):
     assert _run(tmp_path, "full", *flags, "--steps", 20)[0] == 0
     assert _run(tmp_path, "part", *flags, "--steps", 10)[0] == 0
     assert train_main(["--resume", str(tmp_path / "part"), "--steps", "20", "--no-progress"]) == 0
-    assert _metrics(tmp_path / "part") == _metrics(tmp_path / "full")
+    # The shorter run's final test evaluation (step 10) stays in its history.
+    resumed = [r for r in _metrics(tmp_path / "part") if (r["split"], r["step"]) != ("test", 10)]
+    assert resumed == _metrics(tmp_path / "full")
 
 
 def test_resume_after_sigkill_is_bit_identical(tmp_path):

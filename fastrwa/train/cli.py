@@ -102,9 +102,9 @@ def main(argv: list[str] | None = None) -> int:
             raise RunDirError(error)
         if rank == 0:
             print(f"run directory: {run_dir}", file=sys.stderr)
-        record = train(cfg, run_dir, resume=args.resume is not None)
+        last = train(cfg, run_dir, resume=args.resume is not None)
         if rank == 0:
-            _report(cfg, run_dir, record)
+            _report(cfg, run_dir, last)
         return 0
     except (RunDirError, ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -114,17 +114,22 @@ def main(argv: list[str] | None = None) -> int:
             dist.destroy_process_group()
 
 
-def _report(cfg: RunConfig, run_dir: Path, record: dict) -> None:
+def _report(cfg: RunConfig, run_dir: Path, last: dict) -> None:
     from ..plot import plot_runs
 
     problem = make_problem(cfg, 1) if cfg.task in TASKS else None
     png = plot_runs([run_dir], run_dir / "learning_curve.png")
-    if record and problem is not None:
-        value = record.get(problem.metric)
-        better = (value > problem.baseline) if problem.higher_is_better else \
-            (value < problem.baseline)
-        print(f"{cfg.task}: {record['split']} {problem.metric} {value:.4g} vs naive baseline "
-              f"{problem.baseline:.4g} ({'beats' if better else 'does not beat'} it); "
-              f"curve: {png}")
-    elif record:
-        print(f"{cfg.task}: {json.dumps(record)}; curve: {png}")
+    for split in ("valid", "test"):
+        record = last.get(split)
+        if record is None:
+            continue
+        if problem is not None:
+            value = record[problem.metric]
+            better = (value > problem.baseline) if problem.higher_is_better else \
+                (value < problem.baseline)
+            print(f"{cfg.task}: {split} {problem.metric} {value:.4g} vs naive baseline "
+                  f"{problem.baseline:.4g} ({'beats' if better else 'does not beat'} it)")
+        else:
+            print(f"{cfg.task}: {split} " + ", ".join(f"{k} {v:.4g}" for k, v in record.items()
+                                                      if k not in ("step", "split")))
+    print(f"learning curve: {png}")

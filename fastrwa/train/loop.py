@@ -96,7 +96,8 @@ def _mean_over_ranks(value: float, world: int) -> float:
 
 
 def train(cfg: RunConfig, run_dir: Path, resume: bool = False) -> dict:
-    """Train as configured; return the last logged record. Rank 0 writes the run directory."""
+    """Train as configured; return the latest record per split ("train", "valid", "test").
+    Rank 0 writes the run directory. The test split is evaluated once, after the last step."""
     rank, world = _world()
     torch.manual_seed(cfg.seed)
     problem = make_problem(cfg, cfg.batch_size * world)
@@ -114,7 +115,7 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False) -> dict:
         _truncate_metrics(run_dir / METRICS, start)
     net = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
     forward = torch.compile(net) if cfg.compile else net
-    record = {}
+    last = {}   # the latest record per split
     bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, dynamic_ncols=True,
                disable=rank != 0 or not cfg.progress, desc=f"{cfg.task} {cfg.model}")
     for step in bar:
@@ -136,15 +137,17 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False) -> dict:
             records.append({"step": done, "split": "train",
                             "loss": _mean_over_ranks(float(loss.detach()), world),
                             problem.metric: _mean_over_ranks(metric, world)})
-        if done % cfg.eval_every == 0 or done == cfg.steps:
+        splits = (["valid"] if done % cfg.eval_every == 0 or done == cfg.steps else []) + \
+            (["test"] if done == cfg.steps else [])
+        for split in splits:
             model.eval()
-            result = problem.evaluate(model, cfg.batch_size)
-            records.append({"step": done, "split": "valid",
+            result = problem.evaluate(model, cfg.batch_size, split)
+            records.append({"step": done, "split": split,
                             **{k: _mean_over_ranks(v, world) for k, v in result.items()}})
         if records:
-            record = records[-1]
-            bar.set_postfix({k: f"{v:.4g}" for k, v in records[0].items()
-                             if k not in ("step", "split")})
+            last.update({r["split"]: r for r in records})
+            shown = {k: f"{v:.4g}" for k, v in records[0].items() if k not in ("step", "split")}
+            bar.set_postfix({**shown, "baseline": f"{problem.baseline:.4g}"})
             if rank == 0:
                 with open(run_dir / METRICS, "a") as f:
                     for r in records:
@@ -161,4 +164,4 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False) -> dict:
                     "step": done, "rng": torch.get_rng_state(),
                     "carried": states if problem.stateful else None})
     bar.close()
-    return record
+    return last

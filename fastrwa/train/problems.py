@@ -37,10 +37,10 @@ class SyntheticProblem:
         return self.task.score(output, batch)
 
     @torch.no_grad()
-    def evaluate(self, model, size: int) -> dict:
+    def evaluate(self, model, size: int, split: str = "valid") -> dict:
         losses, metrics = [], []
         for k in range(self.eval_batches):
-            batch = self.task.batch(k, size, "valid")
+            batch = self.task.batch(k, size, split)
             loss, metric = self.score(model(batch.x)[0], batch)
             losses.append(float(loss))
             metrics.append(metric)
@@ -57,9 +57,9 @@ class ByteLMProblem:
     baseline = 8.0          # a uniform guess over 256 byte values
 
     def __init__(self, path: str, streams: int, bptt: int, eval_bytes: int):
-        splits = _data.split_corpus(_data.read_corpus(path))
-        self.train = _data.ByteStreams(splits["train"], streams, bptt)
-        self.valid_data, self.bptt, self.eval_bytes = splits["valid"], bptt, eval_bytes
+        self.splits = _data.split_corpus(_data.read_corpus(path))
+        self.train = _data.ByteStreams(self.splits["train"], streams, bptt)
+        self.bptt, self.eval_bytes = bptt, eval_bytes
 
     def batch(self, step: int, size: int) -> Batch:
         x, y, new_pass = self.train.get(step)
@@ -73,9 +73,10 @@ class ByteLMProblem:
         return loss, _data.bits_per_byte(float(loss.detach()))
 
     @torch.no_grad()
-    def evaluate(self, model, size: int) -> dict:
-        """bpc over (up to ``eval_bytes`` of) the validation split, state carried through."""
-        data = self.valid_data[:self.eval_bytes] if self.eval_bytes else self.valid_data
+    def evaluate(self, model, size: int, split: str = "valid") -> dict:
+        """bpc over (up to ``eval_bytes`` of) a held-out split, state carried through."""
+        data = self.splits[split]
+        data = data[:self.eval_bytes] if self.eval_bytes else data
         streams = _data.ByteStreams(data, 1, min(self.bptt, len(data) - 1))
         total, count, state = 0.0, 0, None
         for k in range(len(streams)):
@@ -88,7 +89,8 @@ class ByteLMProblem:
 
 
 class ImageProblem:
-    """(Permuted) MNIST pixel by pixel: 784 steps of one pixel, the class at the last step."""
+    """(Permuted) MNIST pixel by pixel: 784 steps of one pixel, the class at the last step.
+    Validation and test both read the standard test set (MNIST has no separate validation)."""
 
     stateful = False
     vocab, input_size, output_size = None, 1, 10
@@ -122,7 +124,7 @@ class ImageProblem:
         return loss, float((logits.argmax(-1) == batch.target[batch.mask]).float().mean())
 
     @torch.no_grad()
-    def evaluate(self, model, size: int) -> dict:
+    def evaluate(self, model, size: int, split: str = "valid") -> dict:
         n = min(len(self.test_labels), self.eval_batches * size)
         losses, correct = [], 0
         for lo in range(0, n, size):
