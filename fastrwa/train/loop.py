@@ -107,6 +107,10 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False) -> dict:
     start, carried = 0, None
     if resume and (run_dir / CHECKPOINT).is_file():
         ckpt = load_checkpoint(run_dir / CHECKPOINT)
+        if ckpt.get("world_size", 1) != world:
+            raise RunDirError(f"--resume {run_dir}: the run used {ckpt.get('world_size', 1)} "
+                              f"process(es), this resume has {world}; the global batch and the "
+                              f"carried states are per process, so use the same count")
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
         start, carried = ckpt["step"], ckpt["carried"][rank] if ckpt["carried"] else None
@@ -161,7 +165,7 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False) -> dict:
             if rank == 0:
                 save_checkpoint(run_dir / CHECKPOINT, {
                     "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                    "step": done, "rng": torch.get_rng_state(),
+                    "step": done, "rng": torch.get_rng_state(), "world_size": world,
                     "carried": states if problem.stateful else None})
     bar.close()
     return last
