@@ -21,7 +21,7 @@ import triton.language as tl
 
 from .common import (NEG_INF, attention_grad, average, chunk_rows, combine, decay_grad,
                      load_chunk, load_state, log_decay, log_total, row, scan_chunk, store_state)
-from .sequence import chunk_program, first_chunk, sequence
+from .sequence import chunk_program, sequence_program
 
 
 @triton.jit
@@ -126,11 +126,7 @@ def bwd_looped_kernel(
     HAS_FINAL_GRAD: tl.constexpr, IS_VARLEN: tl.constexpr, REVERSE: tl.constexpr,
     BT: tl.constexpr, BD: tl.constexpr,
 ):
-    i = tl.program_id(0)
-    o_d = tl.program_id(1) * BD + tl.arange(0, BD)                             # [BD]
-    m_d = o_d < D
-    bos, T_i = sequence(i, cu_ptr, T, IS_VARLEN)
-    c0 = first_chunk(i, co_ptr, T, BT, IS_VARLEN)
+    i, o_d, m_d, bos, T_i, c0 = sequence_program(cu_ptr, co_ptr, T, D, BT, BD, IS_VARLEN)
     b_M, b_R, b_S = _final_adjoint(i, ht_ptr, dht_ptr, o_d, m_d, D, NS, HAS_FINAL_GRAD, BD)
     o_r = tl.arange(0, BT)
     if REVERSE:
@@ -186,11 +182,7 @@ def bwd_carry_kernel(
     IS_VARLEN: tl.constexpr, REVERSE: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
 ):
     """Phase 2: every chunk's incoming adjoint (into ``ac``), then the initial-state gradients."""
-    i = tl.program_id(0)
-    o_d = tl.program_id(1) * BD + tl.arange(0, BD)                             # [BD]
-    m_d = o_d < D
-    bos, T_i = sequence(i, cu_ptr, T, IS_VARLEN)
-    c0 = first_chunk(i, co_ptr, T, BT, IS_VARLEN)
+    i, o_d, m_d, bos, T_i, c0 = sequence_program(cu_ptr, co_ptr, T, D, BT, BD, IS_VARLEN)
     b_M, b_R, b_S = _final_adjoint(i, ht_ptr, dht_ptr, o_d, m_d, D, NS, HAS_FINAL_GRAD, BD)
     nc = tl.cdiv(T_i, BT)
     for k in range(0, nc):

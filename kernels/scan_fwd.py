@@ -16,7 +16,7 @@ import triton.language as tl
 
 from .common import (NEG_INF, average, chunk_rows, combine, initial_state, load_chunk,
                      load_state, row, scan_chunk, store_state)
-from .sequence import chunk_program, first_chunk, sequence
+from .sequence import chunk_program, sequence_program
 
 
 @triton.jit
@@ -33,11 +33,7 @@ def fwd_looped_kernel(
     STORE_FINAL: tl.constexpr, SAVE_CHUNKS: tl.constexpr, IS_VARLEN: tl.constexpr,
     REVERSE: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
 ):
-    i = tl.program_id(0)
-    o_d = tl.program_id(1) * BD + tl.arange(0, BD)                             # [BD]
-    m_d = o_d < D
-    bos, T_i = sequence(i, cu_ptr, T, IS_VARLEN)
-    c0 = first_chunk(i, co_ptr, T, BT, IS_VARLEN)
+    i, o_d, m_d, bos, T_i, c0 = sequence_program(cu_ptr, co_ptr, T, D, BT, BD, IS_VARLEN)
     o_s = i.to(tl.int64) * D + o_d                                             # [BD]
     b_hm, b_hn, b_hd = initial_state(h0_ptr, o_s, m_d, NS * D, HAS_INIT, BD)
     o_r = tl.arange(0, BT)
@@ -94,11 +90,7 @@ def fwd_carry_kernel(
     BT: tl.constexpr, BD: tl.constexpr,
 ):
     """Phase 2: per sequence, every chunk's incoming state (into ``hc``) and the final state."""
-    i = tl.program_id(0)
-    o_d = tl.program_id(1) * BD + tl.arange(0, BD)                             # [BD]
-    m_d = o_d < D
-    bos, T_i = sequence(i, cu_ptr, T, IS_VARLEN)
-    c0 = first_chunk(i, co_ptr, T, BT, IS_VARLEN)
+    i, o_d, m_d, bos, T_i, c0 = sequence_program(cu_ptr, co_ptr, T, D, BT, BD, IS_VARLEN)
     o_s = i.to(tl.int64) * D + o_d                                             # [BD]
     b_hm, b_hn, b_hd = initial_state(h0_ptr, o_s, m_d, NS * D, HAS_INIT, BD)
     for c in range(0, tl.cdiv(T_i, BT)):
