@@ -268,3 +268,15 @@ def test_compiled_training_follows_eager_training(tmp_path):
     assert _run(tmp_path, "compiled", *flags, "--compile")[0] == 0
     for a, b in zip(_metrics(tmp_path / "compiled"), _metrics(tmp_path / "eager")):
         assert a["step"] == b["step"] and abs(a["loss"] - b["loss"]) < 1e-5, (a, b)
+
+
+def test_resume_drops_a_metrics_line_cut_short_by_the_kill(tmp_path):
+    flags = ["--seq-len", 10, "--hidden", 4, "--batch-size", 2, "--log-every", 1,
+             "--checkpoint-every", 2, "--eval-every", 2]
+    assert _run(tmp_path, "full", *flags, "--steps", 4)[0] == 0
+    assert _run(tmp_path, "cut", *flags, "--steps", 2)[0] == 0
+    with open(tmp_path / "cut" / "metrics.jsonl", "a") as f:
+        f.write('{"step": 3, "split": "tr')             # the kill hit mid-line
+    assert train_main(["--resume", str(tmp_path / "cut"), "--steps", "4", "--no-progress"]) == 0
+    resumed = [r for r in _metrics(tmp_path / "cut") if (r["split"], r["step"]) != ("test", 2)]
+    assert resumed == _metrics(tmp_path / "full")

@@ -67,11 +67,21 @@ def load_checkpoint(path: Path) -> dict:
 
 
 def _truncate_metrics(path: Path, step: int) -> None:
-    """Drop metric lines logged after ``step`` (by a run killed after its last checkpoint)."""
+    """Drop metric lines logged after ``step`` (by a run killed after its last checkpoint),
+    and a last line cut short by the kill."""
     if not path.is_file():
         return
-    keep = [line for line in path.read_text().splitlines()
-            if line.strip() and json.loads(line)["step"] <= step]
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    keep = []
+    for k, line in enumerate(lines):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            if k == len(lines) - 1:
+                break
+            raise RunDirError(f"{path}: line {k + 1} is not JSON; the metrics file is corrupt")
+        if record["step"] <= step:
+            keep.append(line)
     path.write_text("".join(line + "\n" for line in keep))
 
 
