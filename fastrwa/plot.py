@@ -23,18 +23,27 @@ def plot_runs(run_dirs: list[Path], out: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from .tasks import TASKS, make_task
+
     fig, ax = plt.subplots(figsize=(7, 4.5))
     metric = None
+    baselines = set()
     for run_dir in run_dirs:
         records = read_metrics(run_dir)
         config = json.loads((Path(run_dir) / "config.json").read_text())
         name = f"{config.get('model')} ({Path(run_dir).name})"
         keys = [k for k in (records[0] if records else {}) if k not in ("step", "split", "loss")]
         metric = metric or (keys[0] if keys else "loss")
+        if config.get("task") in TASKS:
+            task = make_task(config["task"], max(int(config.get("seq_len", 100)), 20))
+            if task.metric == metric:
+                baselines.add((task.name, task.baseline))
         for split, style in (("train", "-"), ("valid", "o--")):
             pts = [(r["step"], r[metric]) for r in records if r["split"] == split and metric in r]
             if pts:
                 ax.plot(*zip(*pts), style, label=f"{name} {split}", markersize=3)
+    for name, value in sorted(baselines):
+        ax.axhline(value, color="gray", linestyle=":", label=f"{name} naive baseline")
     ax.set_xlabel("step")
     ax.set_ylabel(metric or "metric")
     ax.grid(alpha=0.3)
