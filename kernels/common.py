@@ -204,3 +204,26 @@ def initial_state(h0_ptr, o_s, m_d, rows, HAS_INIT: tl.constexpr, BD: tl.constex
         b_n = tl.zeros([BD], tl.float32)                                       # [BD]
         b_d = tl.zeros([BD], tl.float32)                                       # [BD]
     return b_m, b_n, b_d
+
+
+@triton.jit
+def state_row(b_m, b_n, b_d, r, BT: tl.constexpr):
+    """Row ``r`` of a ``[BT, BD]`` state ``(m, n~, d~)`` (or adjoint) as three ``[BD]``."""
+    o_r = tl.arange(0, BT)
+    return row(b_m, o_r, r, NEG_INF), row(b_n, o_r, r, 0.0), row(b_d, o_r, r, 0.0)
+
+
+@triton.jit
+def store_summary(p, o_s, m_d, rows, b_m, b_n, b_d, b_G, r, BT: tl.constexpr):
+    """Store row ``r`` of a scanned chunk as its summary ``(m, n~, d~, G)`` in ``(4, rows, D)``."""
+    s_m, s_n, s_d = state_row(b_m, b_n, b_d, r, BT)                            # [BD] x3
+    store_state(p, o_s, m_d, rows, s_m, s_n, s_d)
+    tl.store(p + 3 * rows + o_s, row(b_G, tl.arange(0, BT), r, 0.0), mask=m_d)
+
+
+@triton.jit
+def load_summary(p, o_s, m_d, rows):
+    """A chunk summary ``(m, n~, d~, G)`` ``[BD]`` from ``(4, rows, D)``."""
+    b_m, b_n, b_d = load_state(p, o_s, m_d, rows)                              # [BD] x3
+    b_G = tl.load(p + 3 * rows + o_s, mask=m_d, other=0.0)                     # [BD]
+    return b_m, b_n, b_d, b_G

@@ -20,7 +20,8 @@ import triton
 import triton.language as tl
 
 from .common import (NEG_INF, attention_grad, average, chunk_rows, combine, decay_grad,
-                     load_chunk, load_state, log_decay, log_total, row, scan_chunk, store_state)
+                     load_chunk, load_state, load_summary, log_decay, log_total, scan_chunk,
+                     state_row, store_state, store_summary)
 from .sequence import chunk_program, sequence_program
 
 
@@ -128,7 +129,6 @@ def bwd_looped_kernel(
 ):
     i, o_d, m_d, bos, T_i, c0 = sequence_program(cu_ptr, co_ptr, T, D, BT, BD, IS_VARLEN)
     b_M, b_R, b_S = _final_adjoint(i, ht_ptr, dht_ptr, o_d, m_d, D, NS, HAS_FINAL_GRAD, BD)
-    o_r = tl.arange(0, BT)
     if REVERSE:
         FIRST = BT - 1
     else:
@@ -143,9 +143,7 @@ def bwd_looped_kernel(
                                       b_AM, b_AR, b_AS, b_AG)                  # [BT, BD] x3
         _store_grads(gz_ptr, ga_ptr, gg_ptr, bos, o_t, m_2, o_d, D, b_z, b_a, b_g, b_l, b_y,
                      b_L, b_AM, b_AR, b_AS, ATTN, DISCOUNT)
-        b_M = row(b_AM, o_r, FIRST, NEG_INF)                                   # [BD]
-        b_R = row(b_AR, o_r, FIRST, 0.0)                                       # [BD]
-        b_S = row(b_AS, o_r, FIRST, 0.0)                                       # [BD]
+        b_M, b_R, b_S = state_row(b_AM, b_AR, b_AS, FIRST, BT)                 # [BD] x3
     if HAS_INIT:
         _initial_state_grads(i, g_ptr, h0_ptr, dh0_ptr, bos, T_i, o_d, m_d, D, NS, b_M, b_R,
                              b_S, DISCOUNT, REVERSE)
@@ -163,15 +161,11 @@ def bwd_summary_kernel(
     _, _, _, _, _, _, _, _, b_AM, b_AR, b_AS, b_AG = _chunk_adjoint(
         z_ptr, a_ptr, g_ptr, gy_ptr, hc_ptr, bos, T_i, c, pid, o_d, m_d, D, NCT,
         ATTN, DISCOUNT, REVERSE, BT, BD)
-    o_r = tl.arange(0, BT)
     if REVERSE:
         FIRST = BT - 1
     else:
         FIRST = 0
-    o_s = pid * D + o_d                                           # [BD]
-    store_state(s_ptr, o_s, m_d, NCT * D, row(b_AM, o_r, FIRST, NEG_INF),
-                row(b_AR, o_r, FIRST, 0.0), row(b_AS, o_r, FIRST, 0.0))
-    tl.store(s_ptr + 3 * NCT * D + o_s, row(b_AG, o_r, FIRST, 0.0), mask=m_d)
+    store_summary(s_ptr, pid * D + o_d, m_d, NCT * D, b_AM, b_AR, b_AS, b_AG, FIRST, BT)
 
 
 @triton.jit
@@ -188,8 +182,7 @@ def bwd_carry_kernel(
     for k in range(0, nc):
         o_c = (c0 + nc - 1 - k) * D + o_d                                      # [BD]
         store_state(ac_ptr, o_c, m_d, NCT * D, b_M, b_R, b_S)
-        b_sM, b_sR, b_sS = load_state(s_ptr, o_c, m_d, NCT * D)               # [BD] x3
-        b_sG = tl.load(s_ptr + 3 * NCT * D + o_c, mask=m_d, other=0.0)        # [BD]
+        b_sM, b_sR, b_sS, b_sG = load_summary(s_ptr, o_c, m_d, NCT * D)       # [BD] x4
         b_M, b_R, b_S, _ = combine(b_M, b_R, b_S, 0.0, b_sM, b_sR, b_sS, b_sG)
     if HAS_INIT:
         _initial_state_grads(i, g_ptr, h0_ptr, dh0_ptr, bos, T_i, o_d, m_d, D, NS, b_M, b_R,

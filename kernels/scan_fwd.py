@@ -14,8 +14,8 @@ State buffers are float32 ``(3, rows, D)``: ``m``, ``n~``, ``d~``; chunk summari
 import triton
 import triton.language as tl
 
-from .common import (NEG_INF, average, chunk_rows, combine, initial_state, load_chunk,
-                     load_state, row, scan_chunk, store_state)
+from .common import (average, chunk_rows, combine, initial_state, load_chunk, load_state,
+                     load_summary, scan_chunk, state_row, store_state, store_summary)
 from .sequence import chunk_program, sequence_program
 
 
@@ -36,7 +36,6 @@ def fwd_looped_kernel(
     i, o_d, m_d, bos, T_i, c0 = sequence_program(cu_ptr, co_ptr, T, D, BT, BD, IS_VARLEN)
     o_s = i.to(tl.int64) * D + o_d                                             # [BD]
     b_hm, b_hn, b_hd = initial_state(h0_ptr, o_s, m_d, NS * D, HAS_INIT, BD)
-    o_r = tl.arange(0, BT)
     if REVERSE:
         LAST = 0
     else:
@@ -49,9 +48,7 @@ def fwd_looped_kernel(
                                           ATTN, DISCOUNT)                      # [BT, BD] x3
         b_m, b_n, b_d = scan_chunk(b_l, b_z, b_lam, b_hm, b_hn, b_hd, REVERSE)  # [BT, BD] x3
         _store_y(y_ptr, bos, o_t, m_t, o_d, m_d, D, average(b_n, b_d))
-        b_hm = row(b_m, o_r, LAST, NEG_INF)                                    # [BD]
-        b_hn = row(b_n, o_r, LAST, 0.0)                                        # [BD]
-        b_hd = row(b_d, o_r, LAST, 0.0)                                        # [BD]
+        b_hm, b_hn, b_hd = state_row(b_m, b_n, b_d, LAST, BT)                  # [BD] x3
     if STORE_FINAL:
         store_state(ht_ptr, o_s, m_d, NS * D, b_hm, b_hn, b_hd)
 
@@ -71,15 +68,11 @@ def fwd_summary_kernel(
     b_one = tl.full([BT, BD], 1.0, tl.float32)                                 # [BT, BD]
     b_m, b_n, b_d, b_G = tl.associative_scan((b_l, b_z, b_one, b_lam), 0, combine,
                                              reverse=REVERSE)                  # [BT, BD] x4
-    o_r = tl.arange(0, BT)
     if REVERSE:
         LAST = 0
     else:
         LAST = BT - 1
-    o_s = pid * D + o_d                                           # [BD]
-    store_state(s_ptr, o_s, m_d, NCT * D, row(b_m, o_r, LAST, NEG_INF),
-                 row(b_n, o_r, LAST, 0.0), row(b_d, o_r, LAST, 0.0))
-    tl.store(s_ptr + 3 * NCT * D + o_s, row(b_G, o_r, LAST, 0.0), mask=m_d)
+    store_summary(s_ptr, pid * D + o_d, m_d, NCT * D, b_m, b_n, b_d, b_G, LAST, BT)
 
 
 @triton.jit
@@ -96,8 +89,7 @@ def fwd_carry_kernel(
     for c in range(0, tl.cdiv(T_i, BT)):
         o_c = (c0 + c) * D + o_d                                               # [BD]
         store_state(hc_ptr, o_c, m_d, NCT * D, b_hm, b_hn, b_hd)
-        b_sm, b_sn, b_sd = load_state(s_ptr, o_c, m_d, NCT * D)              # [BD] x3
-        b_sG = tl.load(s_ptr + 3 * NCT * D + o_c, mask=m_d, other=0.0)        # [BD]
+        b_sm, b_sn, b_sd, b_sG = load_summary(s_ptr, o_c, m_d, NCT * D)       # [BD] x4
         b_hm, b_hn, b_hd, _ = combine(b_hm, b_hn, b_hd, 0.0, b_sm, b_sn, b_sd, b_sG)
     if STORE_FINAL:
         store_state(ht_ptr, o_s, m_d, NS * D, b_hm, b_hn, b_hd)
