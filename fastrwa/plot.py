@@ -35,7 +35,7 @@ def plot_runs(run_dirs: list[Path], out: Path) -> Path:
         keys = [k for k in (records[0] if records else {}) if k not in ("step", "split", "loss")]
         metric = metric or (keys[0] if keys else "loss")
         if config.get("task") in TASKS:
-            task = make_task(config["task"], max(int(config.get("seq_len", 100)), 20))
+            task = make_task(config["task"], int(config["seq_len"]))
             if task.metric == metric:
                 baselines.add((task.name, task.baseline))
         for split, style in (("train", "-"), ("valid", "o--")):

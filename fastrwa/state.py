@@ -7,6 +7,12 @@ from typing import NamedTuple
 import torch
 
 
+def safe_average(n: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """``n / d``, and ``0`` where ``d = 0`` (nothing seen); finite under autograd too."""
+    seen = d > 0
+    return torch.where(seen, n / torch.where(seen, d, 1), 0)
+
+
 class ScanState(NamedTuple):
     """Stabilised per-channel state of a weighted scan (DESIGN.md §2).
 
@@ -50,4 +56,4 @@ class ScanState(NamedTuple):
 
     def average(self) -> torch.Tensor:
         """``n / d``, the weighted average the state holds (``0`` where the state is empty)."""
-        return torch.where(self.d > 0, self.n / torch.where(self.d > 0, self.d, 1), 0)
+        return safe_average(self.n, self.d)

@@ -17,6 +17,7 @@ import torch
 
 from . import chunked
 from .buffers import empty as _empty
+from .state import safe_average
 from .chunked import exp_nonpositive_
 from .transforms import attention_grad, decay_grad, log_decay, log_weight
 
@@ -42,10 +43,6 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """float64 stays float64; everything else computes in float32."""
     return torch.float64 if dtype == torch.float64 else torch.float32
 
-
-def _average(n: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
-    seen = d > 0
-    return torch.where(seen, n / torch.where(seen, d, 1), 0)
 
 
 def _log_total(m: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
@@ -82,7 +79,7 @@ def forward(z, a, g, attention, discount, init, output_final_state, reverse, cu_
     y = _empty(z.shape, z.dtype, z.device)
 
     def emit(sel, m, vals, d):
-        y[:, sel] = _average(vals[0], d)
+        y[:, sel] = safe_average(vals[0], d)
 
     init_state = None if init is None else (init[0], [init[1]], init[2])
     m, (n,), d = chunked.scan(l, lam, [z], init_state, True, reverse, emit, chunk_size)
@@ -161,11 +158,11 @@ def backward(z, a, g, attention, discount, init, reverse, cu_seqlens, saved, m_f
     else:
         m0, n0, d0 = init
         L_buf[:, slot0] = _log_total(m0, d0)
-        y_buf[:, slot0] = _average(n0, d0)
+        y_buf[:, slot0] = safe_average(n0, d0)
 
     def emit_forward(sel, m, vals, d):
         L_now[:, sel] = _log_total(m, d)
-        y_now[:, sel] = _average(vals[0], d)
+        y_now[:, sel] = safe_average(vals[0], d)
 
     init_state = None if init is None else (init[0], [init[1]], init[2])
     m_T, _, _ = chunked.scan(l, lam, [z], init_state, True, reverse, emit_forward, chunk_size)
