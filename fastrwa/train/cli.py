@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import sys
 import time
@@ -21,7 +20,7 @@ import torch.distributed as dist
 
 from ..tasks import TASKS
 from .config import RESUMABLE_CHANGES, RunConfig
-from .loop import CONFIG, METRICS, RunDirError, prepare_run_dir, train
+from .loop import RunDirError, prepare_run_dir, train
 from .models import MODELS
 from .problems import ALL_TASKS, make_problem
 
