@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import os
 from types import ModuleType
 from typing import Iterator
 
 import torch
 
-BACKENDS = ("torch", "triton", "auto")
+BACKENDS = ("torch", "triton", "numba", "auto")
 _ENV = "FASTRWA_BACKEND"
 _chosen: contextvars.ContextVar[str | None] = contextvars.ContextVar("fastrwa_backend", default=None)
 
@@ -23,10 +24,11 @@ def _check(name: object, where: str) -> str:
 
 @contextlib.contextmanager
 def use_backend(name: str) -> Iterator[None]:
-    """Run the enclosed fastrwa ops on backend ``name``: "torch", "triton" or "auto".
+    """Run the enclosed fastrwa ops on backend ``name``: "torch", "triton", "numba" or "auto".
 
-    "auto" (the default) picks Triton for CUDA tensors when the Triton backend is available
-    and the PyTorch implementation otherwise. Overrides ``FASTRWA_BACKEND`` inside the block.
+    "auto" (the default) picks Triton for CUDA tensors, the compiled "numba" CPU kernels for
+    CPU tensors (when numba imports), and the PyTorch implementation otherwise ("torch" runs
+    on any device). Overrides ``FASTRWA_BACKEND`` inside the block.
 
     Example:
         >>> import torch, fastrwa
@@ -55,6 +57,16 @@ def _triton_usable(device: torch.device) -> bool:
     return device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"
 
 
+@functools.lru_cache(maxsize=None)
+def _numba_usable() -> bool:
+    """Whether the numba kernels import (numba is a dependency; this guards odd platforms)."""
+    try:
+        from . import cpu_backend  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def resolve(device: torch.device, dtype: torch.dtype) -> ModuleType:
     """The backend module that runs an op on ``dtype`` tensors on ``device``."""
     name = get_backend()
@@ -71,6 +83,13 @@ def resolve(device: torch.device, dtype: torch.dtype) -> ModuleType:
         from . import triton_backend
 
         return triton_backend
+    if name == "numba" and device.type != "cpu":
+        raise RuntimeError(f"fastrwa backend 'numba' runs on CPU tensors, got tensors on {device}; "
+                           f"use fastrwa.use_backend('triton'), 'torch' or 'auto'")
+    if name == "numba" or (name == "auto" and device.type == "cpu" and _numba_usable()):
+        from . import cpu_backend
+
+        return cpu_backend
     from . import torch_backend
 
     return torch_backend

@@ -1,0 +1,183 @@
+"""The "numba" backend: host launchers for the compiled CPU kernels in ``fastrwa.kernels``.
+
+Same interface as :mod:`fastrwa.torch_backend`. Runs on CPU tensors: one compiled loop over
+time per (sequence, channel block), vectorised across channels, in parallel over the tasks
+with ``torch.get_num_threads()`` threads. It reads every input once and writes every output
+once; the forward also saves the state entering each chunk of ``Options.chunk`` steps
+(``3 * D`` floats), from which the backward recomputes everything else (DESIGN.md §2).
+
+Why numba (docs/benchmarks.md has the long form): it is a wheel on PyPI for every platform
+PyTorch's CPU wheels cover, it compiles on first use with its own bundled LLVM (no C
+compiler on the user's machine), and compiled kernels are cached on disk next to the
+package. dtypes: float32 and bfloat16 compute in float32 (bfloat16 is widened and rounded
+inside the kernel, no extra pass); float64 computes in float64; float16 is converted to
+float32 around the kernels (one extra pass each way: numba has no float16 arithmetic).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numba
+import numpy as np
+import torch
+
+from .buffers import empty as _empty
+from .kernels import cpu_scan, cpu_scan_bwd
+
+ATTN_CODE = {"exp": 0, "sigmoid": 1, "softplus": 2, "relu": 3}
+DISCOUNT_CODE = {None: 0, "log": 1, "sigmoid": 2}
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """Knobs of the numba backend; tests force them, users keep the defaults."""
+
+    chunk: int = 32               # steps between saved states (the backward's recompute unit)
+    block: int | None = None      # channels per task; None: all of D, halved until every
+                                  # thread has two tasks (but not below 32)
+
+
+_options = Options()
+
+
+def set_options(**changes) -> Options:
+    """Change the knobs; returns the previous :class:`Options`."""
+    global _options
+    previous = _options
+    _options = dataclasses.replace(_options, **changes)
+    return previous
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _consts(cdt: torch.dtype) -> np.ndarray:
+    """``[floor, 0, 1, -inf]``: ``floor`` stands for ``-inf`` inside the kernels."""
+    npt = np.float64 if cdt == torch.float64 else np.float32
+    floor = -1e307 if cdt == torch.float64 else -3e38
+    return np.array([floor, 0.0, 1.0, -np.inf], dtype=npt)
+
+
+def _flat(x: torch.Tensor) -> np.ndarray:
+    """A flat NumPy view of a contiguous CPU tensor; bfloat16 as its uint16 bits."""
+    if x.dtype == torch.bfloat16:
+        return x.view(torch.int16).numpy().reshape(-1).view(np.uint16)
+    return x.numpy().reshape(-1)
+
+
+def _block(n_seq: int, D: int) -> int:
+    if _options.block is not None:
+        return _options.block
+    block = D
+    while block > 32 and n_seq * -(-D // block) < 2 * numba.get_num_threads():
+        block = max(32, -(-block // 2))
+    return block
+
+
+def _layout(z: torch.Tensor, cu_seqlens: torch.Tensor | None):
+    """Sequences ``(batch row, start, end)`` and each one's first saved-state row."""
+    B, T, _ = z.shape
+    C = _options.chunk
+    if cu_seqlens is None:
+        seq_b = np.arange(B, dtype=np.int64)
+        lo, hi = np.zeros(B, np.int64), np.full(B, T, np.int64)
+    else:
+        bounds = cu_seqlens.to(torch.int64).numpy()
+        lo, hi = bounds[:-1].copy(), bounds[1:].copy()
+        seq_b = np.zeros(len(lo), np.int64)
+    n_ck = -(-(hi - lo) // C)
+    ck_off = np.concatenate([[0], np.cumsum(n_ck)[:-1]]).astype(np.int64)
+    return seq_b, lo, hi, ck_off, int(n_ck.sum())
+
+
+def _threads() -> None:
+    numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
+
+
+def _prepare(z, a, g):
+    """Contiguous inputs in a dtype the kernels read (float16 goes through float32)."""
+    def fix(x):
+        if x is None:
+            return None
+        x = x.contiguous()
+        return x.float() if x.dtype == torch.float16 else x
+    return fix(z), fix(a), fix(g)
+
+
+def _state(init, n_seq, D, cdt):
+    if init is None:
+        return torch.empty(0, dtype=cdt), False
+    return torch.stack([s.to(cdt) for s in init]).reshape(3, n_seq, D).contiguous(), True
+
+
+def forward(z, a, g, attention, discount, init, output_final_state, reverse, cu_seqlens=None,
+            save_for_backward=False):
+    """``(y, final, saved)``: ``y`` in the input dtype, the final ``(m, n~, d~)`` (or ``None``)
+    and ``saved = [states]``, the ``(3, chunks, D)`` states entering every chunk (or ``[]``)."""
+    _threads()
+    dtype = z.dtype
+    z, a, g = _prepare(z, a, g)
+    B, T, D = z.shape
+    cdt = _compute_dtype(dtype)
+    seq_b, lo, hi, ck_off, n_ck = _layout(z, cu_seqlens)
+    n_seq = len(seq_b)
+    state0, has_init = _state(init, n_seq, D, cdt)
+    y = _empty(z.shape, z.dtype, z.device)
+    final = torch.empty((3, n_seq, D), dtype=cdt)
+    ck = torch.empty((3, n_ck if save_for_backward else 0, D), dtype=cdt)
+    cpu_scan.forward(_flat(z), _flat(a), _flat(a if g is None else g), _flat(y), T, D, seq_b, lo, hi,
+                     _flat(state0), has_init, _flat(final), _flat(ck), ck_off, _options.chunk,
+                     save_for_backward, ATTN_CODE[attention], DISCOUNT_CODE[discount], reverse,
+                     _block(n_seq, D), _consts(cdt))
+    # separate tensors: a custom op's outputs may not alias one another
+    out_final = tuple(x.clone() for x in final.unbind(0)) if output_final_state else None
+    return y.to(dtype), out_final, ([ck] if save_for_backward else [])
+
+
+def fake_saved(z, cu_seqlens) -> list:
+    """What :func:`forward` saves, as empty tensors of the right shapes (for ``torch.compile``)."""
+    B, T, D = z.shape
+    if cu_seqlens is None:
+        n_ck = B * -(-T // _options.chunk)
+    else:
+        n_ck = torch.library.get_ctx().new_dynamic_size()
+    return [z.new_empty((3, n_ck, D), dtype=_compute_dtype(z.dtype))]
+
+
+def backward(z, a, g, attention, discount, init, reverse, cu_seqlens, saved, m_final, gy,
+             g_final):
+    """Gradients ``(gz, ga, gg, g_init)`` as :func:`fastrwa.torch_backend.backward` returns them."""
+    dtypes = (z.dtype, a.dtype, None if g is None else g.dtype)
+    if not saved:   # the forward ran without saving: get the chunk states (and m_final) now
+        _, final, saved = forward(z, a, g, attention, discount, init, True, reverse, cu_seqlens,
+                                  True)
+        m_final = final[0]
+    _threads()
+    z, a, g = _prepare(z, a, g)
+    gy = gy.to(z.dtype).contiguous()
+    B, T, D = z.shape
+    cdt = _compute_dtype(dtypes[0])
+    seq_b, lo, hi, ck_off, _ = _layout(z, cu_seqlens)
+    n_seq = len(seq_b)
+    state0, has_init = _state(init, n_seq, D, cdt)
+    gn, gd = (None, None) if g_final is None else g_final[1:]
+    has_g_final = gn is not None or gd is not None
+    g_fin = torch.zeros((2, n_seq, D), dtype=cdt)
+    if gn is not None:
+        g_fin[0] = gn
+    if gd is not None:
+        g_fin[1] = gd
+    gz, ga = _empty(z.shape, z.dtype, z.device), _empty(a.shape, a.dtype, a.device)
+    gg = None if g is None else _empty(g.shape, g.dtype, g.device)
+    g_init = torch.zeros((3, n_seq, D), dtype=cdt)
+    cpu_scan_bwd.backward(
+        _flat(z), _flat(a), _flat(a if g is None else g), _flat(gy), _flat(gz), _flat(ga),
+        _flat(ga if gg is None else gg), T, D, seq_b,
+        lo, hi, _flat(state0), has_init, _flat(m_final.to(cdt).contiguous()), _flat(g_fin),
+        has_g_final, _flat(g_init), _flat(saved[0].contiguous()), ck_off, _options.chunk,
+        ATTN_CODE[attention], DISCOUNT_CODE[discount], reverse, _block(n_seq, D), _consts(cdt))
+    gz, ga = gz.to(dtypes[0]), ga.to(dtypes[1])
+    gg = None if gg is None else gg.to(dtypes[2])
+    return gz, ga, gg, (tuple(x.clone() for x in g_init.unbind(0)) if has_init else None)
