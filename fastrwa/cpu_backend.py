@@ -76,10 +76,9 @@ def _block(n_seq: int, D: int) -> int:
     return block
 
 
-def _layout(z: torch.Tensor, cu_seqlens: torch.Tensor | None):
+def _layout(z: torch.Tensor, cu_seqlens: torch.Tensor | None, C: int):
     """Sequences ``(batch row, start, end)`` and each one's first saved-state row."""
     B, T, _ = z.shape
-    C = _options.chunk
     if cu_seqlens is None:
         seq_b = np.arange(B, dtype=np.int64)
         lo, hi = np.zeros(B, np.int64), np.full(B, T, np.int64)
@@ -115,25 +114,28 @@ def _state(init, n_seq, D, cdt):
 def forward(z, a, g, attention, discount, init, output_final_state, reverse, cu_seqlens=None,
             save_for_backward=False):
     """``(y, final, saved)``: ``y`` in the input dtype, the final ``(m, n~, d~)`` (or ``None``)
-    and ``saved = [states]``, the ``(3, chunks, D)`` states entering every chunk (or ``[]``)."""
+    and ``saved = [states, chunk]``: the ``(3, chunks, D)`` states entering every chunk and
+    the chunk length as a 1-element int64 tensor (so a later change of ``Options`` cannot
+    make the backward misread them), or ``[]``."""
     _threads()
     dtype = z.dtype
     z, a, g = _prepare(z, a, g)
     B, T, D = z.shape
     cdt = _compute_dtype(dtype)
-    seq_b, lo, hi, ck_off, n_ck = _layout(z, cu_seqlens)
+    chunk = _options.chunk
+    seq_b, lo, hi, ck_off, n_ck = _layout(z, cu_seqlens, chunk)
     n_seq = len(seq_b)
     state0, has_init = _state(init, n_seq, D, cdt)
     y = _empty(z.shape, z.dtype, z.device)
     final = torch.empty((3, n_seq, D), dtype=cdt)
     ck = torch.empty((3, n_ck if save_for_backward else 0, D), dtype=cdt)
     cpu_scan.forward(_flat(z), _flat(a), _flat(a if g is None else g), _flat(y), T, D, seq_b, lo, hi,
-                     _flat(state0), has_init, _flat(final), _flat(ck), ck_off, _options.chunk,
-                     save_for_backward, ATTN_CODE[attention], DISCOUNT_CODE[discount], reverse,
+                     _flat(state0), has_init, _flat(final), _flat(ck), ck_off, chunk, save_for_backward, ATTN_CODE[attention], DISCOUNT_CODE[discount], reverse,
                      _block(n_seq, D), _consts(cdt))
     # separate tensors: a custom op's outputs may not alias one another
     out_final = tuple(x.clone() for x in final.unbind(0)) if output_final_state else None
-    return y.to(dtype), out_final, ([ck] if save_for_backward else [])
+    saved = [ck, torch.tensor([chunk], dtype=torch.int64)] if save_for_backward else []
+    return y.to(dtype), out_final, saved
 
 
 def fake_saved(z, cu_seqlens) -> list:
@@ -143,7 +145,8 @@ def fake_saved(z, cu_seqlens) -> list:
         n_ck = B * -(-T // _options.chunk)
     else:
         n_ck = torch.library.get_ctx().new_dynamic_size()
-    return [z.new_empty((3, n_ck, D), dtype=_compute_dtype(z.dtype))]
+    return [z.new_empty((3, n_ck, D), dtype=_compute_dtype(z.dtype)),
+            z.new_empty((1,), dtype=torch.int64)]
 
 
 def backward(z, a, g, attention, discount, init, reverse, cu_seqlens, saved, m_final, gy,
@@ -159,7 +162,8 @@ def backward(z, a, g, attention, discount, init, reverse, cu_seqlens, saved, m_f
     gy = gy.to(z.dtype).contiguous()
     B, T, D = z.shape
     cdt = _compute_dtype(dtypes[0])
-    seq_b, lo, hi, ck_off, _ = _layout(z, cu_seqlens)
+    ck, chunk = saved[0].contiguous(), int(saved[1].item())
+    seq_b, lo, hi, ck_off, _ = _layout(z, cu_seqlens, chunk)
     n_seq = len(seq_b)
     state0, has_init = _state(init, n_seq, D, cdt)
     gn, gd = (None, None) if g_final is None else g_final[1:]
@@ -176,7 +180,7 @@ def backward(z, a, g, attention, discount, init, reverse, cu_seqlens, saved, m_f
         _flat(z), _flat(a), _flat(a if g is None else g), _flat(gy), _flat(gz), _flat(ga),
         _flat(ga if gg is None else gg), T, D, seq_b,
         lo, hi, _flat(state0), has_init, _flat(m_final.to(cdt).contiguous()), _flat(g_fin),
-        has_g_final, _flat(g_init), _flat(saved[0].contiguous()), ck_off, _options.chunk,
+        has_g_final, _flat(g_init), _flat(ck), ck_off, chunk,
         ATTN_CODE[attention], DISCOUNT_CODE[discount], reverse, _block(n_seq, D), _consts(cdt))
     gz, ga = gz.to(dtypes[0]), ga.to(dtypes[1])
     gg = None if gg is None else gg.to(dtypes[2])

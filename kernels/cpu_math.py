@@ -138,9 +138,9 @@ def sigmoid_neg(x):
     raise NotImplementedError
 
 
-@overload(log_sigmoid, inline="always")   # LLVM would not inline exp+log
+@overload(log_sigmoid, inline="always")   # inlined in numba IR: LLVM would not inline it
 def _log_sigmoid(x):
-    zero, one = as_dtype(x).type(0.0), as_dtype(x).type(1.0)
+    zero = as_dtype(x).type(0.0)
     if x == types.float32:
         q0, q1, q2, q3, q4, q5, q6, q7, q8 = _LOG1P_Q
 

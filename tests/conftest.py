@@ -12,7 +12,17 @@ if not torch.cuda.is_available():
 
 import pytest  # noqa: E402
 
+import fastrwa  # noqa: E402
 from fastrwa import buffers  # noqa: E402
+
+CPU_BACKENDS = ("torch", "numba")
+
+
+@pytest.fixture(params=CPU_BACKENDS)
+def op_backend(request):
+    """Run the test once per CPU backend (modules opt in with ``usefixtures``)."""
+    with fastrwa.use_backend(request.param):
+        yield request.param
 
 
 @pytest.fixture(autouse=True)

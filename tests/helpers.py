@@ -7,7 +7,7 @@ import dataclasses
 
 import torch
 
-from fastrwa import torch_backend
+from fastrwa import cpu_backend, torch_backend
 from fastrwa.reference import rda_scan_reference, weighted_scan_reference
 from fastrwa.scan import _run
 from fastrwa.state import ScanState
@@ -57,9 +57,15 @@ def options(module, **changes):
 
 def run(z, a, g=None, attention="exp", state=None, final=False, reverse=False, chunk=None,
         cu_seqlens=None):
-    """The op through its autograd Function (``g=None``: RWA), with a forced chunk size."""
+    """The op through its autograd Function (``g=None``: RWA), with a forced chunk size.
+
+    ``chunk`` sets the torch backend's chunk and the numba backend's saved-state spacing;
+    with a ``chunk`` the numba backend also splits channels into blocks of 2 (a partial
+    block whenever ``D`` is odd).
+    """
     named = [("z", z), ("a", a)] + ([] if g is None else [("g", g)])
-    with options(torch_backend, chunk_size=chunk):
+    numba_opts = {} if chunk is None else dict(chunk=chunk, block=2)
+    with options(torch_backend, chunk_size=chunk), options(cpu_backend, **numba_opts):
         return _run(named, attention, None if g is None else "sigmoid", state, final, reverse,
                     cu_seqlens)
 

@@ -4,17 +4,28 @@ import pytest
 import torch
 
 import fastrwa
-from fastrwa import backend, torch_backend
+from fastrwa import backend, cpu_backend, torch_backend
 
 
 def _inputs():
     return torch.randn(1, 4, 2), torch.randn(1, 4, 2)
 
 
-def test_default_is_auto_and_picks_torch_on_cpu(monkeypatch):
+def test_default_is_auto_and_picks_the_compiled_cpu_kernels_on_cpu(monkeypatch):
     monkeypatch.delenv("FASTRWA_BACKEND", raising=False)
     assert fastrwa.get_backend() == "auto"
+    for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
+        assert backend.resolve(torch.device("cpu"), dtype) is cpu_backend
+
+
+def test_auto_falls_back_to_torch_when_numba_does_not_import(monkeypatch):
+    monkeypatch.setattr(backend, "_numba_usable", lambda: False)
     assert backend.resolve(torch.device("cpu"), torch.float32) is torch_backend
+
+
+def test_numba_backend_refuses_non_cpu_tensors():
+    with fastrwa.use_backend("numba"), pytest.raises(RuntimeError, match="numba.*CPU.*meta"):
+        backend.resolve(torch.device("meta"), torch.float32)
 
 
 def test_use_backend_nests_and_restores(monkeypatch):
@@ -52,9 +63,9 @@ def test_triton_backend_refuses_float64():
         fastrwa.rwa_scan(z, a)
 
 
-def test_auto_keeps_cpu_tensors_on_torch_even_under_the_interpreter(monkeypatch):
+def test_auto_keeps_cpu_tensors_off_triton_even_under_the_interpreter(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert backend.resolve(torch.device("cpu"), torch.float32) is torch_backend
+    assert backend.resolve(torch.device("cpu"), torch.float32) is cpu_backend
 
 
 def test_unknown_backend_name():
@@ -76,5 +87,6 @@ def test_poisoned_buffers_catch_unwritten_entries(monkeypatch):
         return real_scan(l, lam, xs, init, with_sum, reverse, partial_emit, chunk_size)
 
     monkeypatch.setattr(chunked, "scan", scan_that_skips_the_last_step)
-    y, _ = fastrwa.rwa_scan(torch.randn(1, 5, 2), torch.randn(1, 5, 2))
+    with fastrwa.use_backend("torch"):
+        y, _ = fastrwa.rwa_scan(torch.randn(1, 5, 2), torch.randn(1, 5, 2))
     assert torch.isnan(y[:, -1]).all() and torch.isfinite(y[:, :-1]).all()

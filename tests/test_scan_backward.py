@@ -9,6 +9,9 @@ from fastrwa.state import ScanState
 from helpers import (ATTENTIONS, compare_gradients, leaf, loss_and_grads,
                      make_inputs, make_state, run)
 
+# Every test here runs once per CPU backend (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("op_backend")
+
 
 def _gauge_free(y, state):
     return y, state.m + torch.log(state.d), state.n / state.d

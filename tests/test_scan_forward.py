@@ -6,6 +6,9 @@ from hypothesis import given, settings, strategies as st
 
 from helpers import ATTENTIONS, TOL, assert_close, make_inputs, make_state, reference, run
 
+# Every test here runs once per CPU backend (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("op_backend")
+
 LENGTHS = [1, 2, 3, 5, 7, 13, 16, 17, 64, 65, 97]
 CHUNKS = [None, 1, 2, 3, 4, 8]
 

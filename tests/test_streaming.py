@@ -7,6 +7,9 @@ import fastrwa
 from fastrwa.state import ScanState
 from helpers import ATTENTIONS, assert_close, leaf, make_inputs, make_state, run
 
+# Every test here runs once per CPU backend (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("op_backend")
+
 T = 9
 
 

@@ -87,7 +87,7 @@ def test_extremes(algorithm):
                           torch.float32)
 
 
-@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("backend", ["triton", "torch", "numba"])
 @pytest.mark.parametrize("reverse", [False, True])
 def test_varlen(backend, reverse):
     """Packed sequences (lengths 0, 1, 5, 9, 4) each scan on their own, with states per sequence."""

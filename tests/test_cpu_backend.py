@@ -1,0 +1,188 @@
+"""The compiled CPU backend ("numba") beyond the shared op tests: its float32 math functions,
+bfloat16 conversion, many chunks and channel blocks, packed sequences, threads, and the
+paths the autograd op does not take by default."""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+from numba import njit
+
+import fastrwa
+from fastrwa import cpu_backend
+from fastrwa.kernels.cpu_math import fexp, flog, flog1p, load, log_sigmoid, store
+from helpers import (ATTENTIONS, TOL, assert_close, compare_gradients, make_inputs, make_state,
+                     options, reference, run)
+
+pytestmark = pytest.mark.usefixtures("numba_backend")
+
+
+@pytest.fixture
+def numba_backend():
+    with fastrwa.use_backend("numba"):
+        yield
+
+
+@njit
+def _apply(which, x, out):
+    for i in range(x.size):
+        if which == 0:
+            out[i] = fexp(x[i])
+        elif which == 1:
+            out[i] = flog(x[i])
+        elif which == 2:
+            out[i] = flog1p(x[i])
+        else:
+            out[i] = log_sigmoid(x[i])
+
+
+def _log_sigmoid64(x):
+    return np.minimum(x, 0) - np.log1p(np.exp(-np.abs(x)))
+
+
+@pytest.mark.parametrize("which,sample,exact,tol", [
+    (0, lambda r: r.uniform(-87, 0, 200_000), np.exp, 3e-7),
+    (1, lambda r: np.exp(r.uniform(-100, 88, 200_000)), np.log, 3e-7),
+    (2, lambda r: np.exp(r.uniform(-40, 0, 200_000)), np.log1p, 4e-7),
+    (3, lambda r: r.uniform(-100, 100, 200_000), _log_sigmoid64, None),
+])
+def test_float32_math_matches_float64(which, sample, exact, tol):
+    """Relative error of exp/log/log1p; log_sigmoid's error is absolute (it is a log-weight)."""
+    x = sample(np.random.default_rng(which)).astype(np.float32)
+    out = np.empty_like(x)
+    _apply(which, x, out)
+    want = exact(x.astype(np.float64))
+    err = np.abs(out - want)
+    if tol is None:     # 1.6e-7 of the polynomial, plus float32 rounding of the result
+        assert (err - 1.2e-7 * np.abs(want)).max() < 2e-7
+    else:
+        keep = np.abs(want) > 1e-37
+        assert (err[keep] / np.abs(want[keep])).max() < tol
+
+
+def test_float32_math_special_values():
+    x = np.array([-np.inf, np.inf, np.nan, 0.0, -1.0, -87.2, -88.0, 1e-45], np.float32)
+    out = np.empty_like(x)
+    _apply(0, x, out)
+    np.testing.assert_array_equal(out[[0, 1, 3, 6]], [0.0, np.inf, 1.0, 0.0])
+    assert np.isnan(out[2]) and out[5] > 0
+    _apply(1, x, out)
+    np.testing.assert_array_equal(out[[1, 3]], [np.inf, -np.inf])
+    assert np.isnan(out[[0, 2, 4]]).all()
+    assert abs(out[7] - np.log(np.float64(x[7]))) < 1e-4   # subnormal input
+
+
+@njit
+def _round_trip(src, dst, tmp):
+    for i in range(src.size):
+        tmp[i] = load(src, np.uint64(i), np.float32(0))
+    for i in range(src.size):
+        store(dst, np.uint64(i), tmp[i])
+
+
+def test_bfloat16_widen_and_round_to_nearest_even():
+    f = torch.cat([torch.randn(5000) * 1e3, torch.tensor([1e38, -1e-40, 0.0, float("inf"),
+                                                        float("-inf"), float("nan")])])
+    f = torch.cat([f, f.bfloat16().float() + 2.0 ** -9])   # ties and near-ties
+    dst = np.empty(f.numel(), np.uint16)
+    widened = np.empty(f.numel(), np.float32)
+    bits = lambda t: t.view(torch.int16).numpy().view(np.uint16)
+    _round_trip(f.numpy(), dst, widened)     # float32 -> bfloat16
+    got = torch.from_numpy(dst.view(np.int16)).view(torch.bfloat16)
+    want = f.bfloat16()
+    assert torch.equal(got.isnan(), want.isnan())
+    assert torch.equal(got[~want.isnan()], want[~want.isnan()])
+    _round_trip(bits(want), dst, widened)    # bfloat16 -> float32 -> bfloat16
+    assert torch.equal(torch.from_numpy(widened)[~want.isnan()], want.float()[~want.isnan()])
+
+
+@pytest.mark.parametrize("kind,attention", [("rwa", "exp")] + [("rda", a) for a in ATTENTIONS])
+@pytest.mark.parametrize("reverse", [False, True])
+def test_many_chunks_and_ragged_channel_blocks(kind, attention, reverse):
+    z, a, g = make_inputs(3, 101, 11, attention=attention, seed=3)
+    g = None if kind == "rwa" else g
+    state = make_state(3, 11)
+    y, final = run(z, a, g, attention, state, final=True, reverse=reverse, chunk=7)
+    y_ref, final_ref = reference(z, a, g, attention, state, reverse)
+    assert_close(y, y_ref, 1e-12, "y")
+    assert_close(final.average(), final_ref.average(), 1e-12, "state")
+    with options(cpu_backend, block=4):
+        compare_gradients(z, a, g, attention, state, reverse, 7, torch.float64)
+        compare_gradients(z, a, g, attention, state, reverse, 7, torch.float32)
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_packed_sequences_across_chunk_edges(reverse):
+    cu = torch.tensor([0, 0, 1, 9, 30, 31, 47])
+    z, a, g = make_inputs(1, 47, 5, attention="sigmoid", seed=4)
+    state = make_state(6, 5)
+    y, final = run(z, a, g, "sigmoid", state, final=True, reverse=reverse, chunk=4,
+                   cu_seqlens=cu)
+    y_ref, final_ref = reference(z, a, g, "sigmoid", state, reverse, cu)
+    assert_close(y, y_ref, 1e-12, "y")
+    assert_close(final.average(), final_ref.average(), 1e-12, "state")
+    compare_gradients(z, a, g, "sigmoid", state, reverse, 4, torch.float64, cu_seqlens=cu)
+
+
+def test_thread_count_does_not_change_results():
+    z, a, g = make_inputs(4, 50, 64, dtype=torch.float32, seed=8)
+    previous = torch.get_num_threads()
+    outs = []
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            outs.append(fastrwa.rda_scan(z, a, g, "softplus")[0])
+    finally:
+        torch.set_num_threads(previous)
+    assert torch.equal(outs[0], outs[1])
+
+
+def test_backward_without_saved_states_recomputes_them():
+    """``saved = []`` (a forward run without saving) must still give the right gradients."""
+    z, a, g = make_inputs(2, 40, 3, seed=9)
+    gy = torch.randn(2, 40, 3, dtype=torch.float64)
+    with options(cpu_backend, chunk=6):
+        y, final, saved = cpu_backend.forward(z, a, g, "exp", "sigmoid", None, True, False, None,
+                                              True)
+        full = cpu_backend.backward(z, a, g, "exp", "sigmoid", None, False, None, saved,
+                                    final[0], gy, None)
+        again = cpu_backend.backward(z, a, g, "exp", "sigmoid", None, False, None, [], None,
+                                     gy, None)
+    for x, x2 in zip(full[:3], again[:3]):
+        assert torch.equal(x, x2)
+
+
+def test_non_contiguous_inputs():
+    z, a, g = (x.transpose(1, 2) for x in make_inputs(2, 6, 30, dtype=torch.float32, seed=2))
+    assert not z.is_contiguous()
+    y, _ = fastrwa.rda_scan(z, a, g)
+    y_ref, _ = reference(z, a, g)
+    assert_close(y, y_ref, TOL[torch.float32]["y"], "y")
+
+
+def test_masked_prefix_and_zero_discount_give_zero_not_nan():
+    z, a, g = make_inputs(1, 12, 3, dtype=torch.float32, seed=6)
+    a[:, :5] = float("-inf")
+    g[:, 8] = float("-inf")          # gamma = 0: forget everything before step 8
+    y, final = fastrwa.rda_scan(z, a, g, output_final_state=True)
+    y_ref, _ = reference(z, a, g)
+    assert torch.equal(y[:, :5], torch.zeros_like(y[:, :5]))
+    assert_close(y, y_ref, TOL[torch.float32]["y"], "y")
+    y, final = fastrwa.rwa_scan(z[:, :5], a[:, :5], output_final_state=True)
+    assert torch.isneginf(final.m).all() and (final.d == 0).all()
+
+
+@settings(max_examples=25, deadline=None)
+@given(B=st.integers(1, 3), T=st.integers(1, 40), D=st.integers(1, 9),
+       chunk=st.integers(1, 9), block=st.integers(1, 9), attention=st.sampled_from(ATTENTIONS),
+       rda=st.booleans(), reverse=st.booleans(), with_state=st.booleans())
+def test_random_shapes(B, T, D, chunk, block, attention, rda, reverse, with_state):
+    attention = attention if rda else "exp"    # without a discount the op is RWA: exp weights
+    z, a, g = make_inputs(B, T, D, attention=attention, seed=B * 1000 + T * 10 + D)
+    g = g if rda else None
+    state = make_state(B, D) if with_state else None
+    with options(cpu_backend, block=block):
+        y, _ = run(z, a, g, attention, state, reverse=reverse, chunk=chunk)
+        y_ref, _ = reference(z, a, g, attention, state, reverse)
+        assert_close(y, y_ref, 1e-12, "y")
+        compare_gradients(z, a, g, attention, state, reverse, chunk, torch.float64)
