@@ -128,8 +128,6 @@ def log_decay_row(kind, g, out, w):
 
 @overload(log_decay_row)
 def _log_decay_row(kind, g, out, w):
-    zero = _consts(out.dtype)[0]
-
     def impl(kind, g, out, w):
         if kind == LOG:
             for j in range(w):
