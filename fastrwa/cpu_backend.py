@@ -153,10 +153,8 @@ def backward(z, a, g, attention, discount, init, reverse, cu_seqlens, saved, m_f
              g_final):
     """Gradients ``(gz, ga, gg, g_init)`` as :func:`fastrwa.torch_backend.backward` returns them."""
     dtypes = (z.dtype, a.dtype, None if g is None else g.dtype)
-    if not saved:   # the forward ran without saving: get the chunk states (and m_final) now
-        _, final, saved = forward(z, a, g, attention, discount, init, True, reverse, cu_seqlens,
-                                  True)
-        m_final = final[0]
+    if not saved:   # the forward ran without saving: get the chunk states now
+        saved = forward(z, a, g, attention, discount, init, False, reverse, cu_seqlens, True)[2]
     _threads()
     z, a, g = _prepare(z, a, g)
     gy = gy.to(z.dtype).contiguous()
@@ -179,8 +177,7 @@ def backward(z, a, g, attention, discount, init, reverse, cu_seqlens, saved, m_f
     cpu_scan_bwd.backward(
         _flat(z), _flat(a), _flat(a if g is None else g), _flat(gy), _flat(gz), _flat(ga),
         _flat(ga if gg is None else gg), T, D, seq_b,
-        lo, hi, _flat(state0), has_init, _flat(m_final.to(cdt).contiguous()), _flat(g_fin),
-        has_g_final, _flat(g_init), _flat(ck), ck_off, chunk,
+        lo, hi, _flat(state0), has_init, _flat(g_fin), has_g_final, _flat(g_init), _flat(ck), ck_off, chunk,
         ATTN_CODE[attention], DISCOUNT_CODE[discount], reverse, _block(n_seq, D), _consts(cdt))
     gz, ga = gz.to(dtypes[0]), ga.to(dtypes[1])
     gg = None if gg is None else gg.to(dtypes[2])

@@ -138,19 +138,27 @@ def sigmoid_neg(x):
     raise NotImplementedError
 
 
-@overload(log_sigmoid, inline="always")   # inlined in numba IR: LLVM would not inline it
-def _log_sigmoid(x):
-    zero = as_dtype(x).type(0.0)
-    if x == types.float32:
+def log1p_small(e):
+    """``log(1 + e)`` for ``0 <= e <= 1``: a polynomial for float32, ``log1p`` for float64."""
+    raise NotImplementedError
+
+
+@overload(log1p_small, inline="always")   # inlined in numba IR: LLVM would not inline it
+def _log1p_small(e):
+    if e == types.float32:
         q0, q1, q2, q3, q4, q5, q6, q7, q8 = _LOG1P_Q
 
-        def fast(x):   # a polynomial instead of log1p: about half the cost
-            e = fexp(-abs(x))
-            q = (((((((q8 * e + q7) * e + q6) * e + q5) * e + q4) * e + q3) * e + q2) * e
-                 + q1) * e + q0
-            return min(x, zero) - e * q
+        def fast(e):   # a polynomial instead of log1p: about half the cost
+            return e * ((((((((q8 * e + q7) * e + q6) * e + q5) * e + q4) * e + q3) * e + q2)
+                         * e + q1) * e + q0)
         return fast
-    return lambda x: min(x, zero) - flog1p(fexp(-abs(x)))
+    return lambda e: flog1p(e)
+
+
+@overload(log_sigmoid, inline="always")
+def _log_sigmoid(x):
+    zero = as_dtype(x).type(0.0)
+    return lambda x: min(x, zero) - log1p_small(fexp(-abs(x)))
 
 
 @overload(sigmoid_neg, inline="always")

@@ -1,11 +1,16 @@
 """Row operations of the CPU kernels: one loop over a channel block per call, vectorised.
 
-A "row" is ``w`` consecutive channels of one time step, ``src[off:off + w]`` of a flattened
-``(B, T, D)`` array. Each function picks its formula once per row (``kind`` is a run-time
-integer, the same codes as the Triton kernels) and then runs a branch-free loop, so the
-formulas of the four attention and two discount functions cost one compiled kernel, not
-eight. The compute type is that of the ``out``/``like`` buffer: float32 (float32, bfloat16
-inputs) or float64. Formulas are those of ``fastrwa.transforms`` (which documents them).
+A "row" is ``w`` consecutive channels of one time step. Every row argument is a flat array
+and an offset (``x, x_off``): a row of a flattened ``(B, T, D)`` input or output, or a row of
+a kernel's flat scratch buffer. Passing offsets rather than views keeps the hot loops free of
+array-view construction (numba reference-counts every view). Indices are unsigned, so numba
+emits no wrap-around test and LLVM vectorises the loop.
+
+Each function picks its formula once per row (``kind`` is a run-time integer, the same codes
+as the Triton kernels) and then runs a branch-free loop, so the four attention and two
+discount functions cost one compiled kernel, not eight. The compute type is that of the
+scratch buffer: float32 (float32 and bfloat16 inputs) or float64. Formulas are those of
+``fastrwa.transforms``, which documents them.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import numpy as np
 from numba.extending import overload
 from numba.np.numpy_support import as_dtype
 
-from .cpu_math import fexp, flog, flog1p, load, log_sigmoid, sigmoid_neg, store
+from .cpu_math import fexp, flog, load, log1p_small, log_sigmoid, sigmoid_neg, store
 
 EXP, SIGMOID, SOFTPLUS, RELU = 0, 1, 2, 3       # attention codes
 NO_DISCOUNT, LOG, SIGMOID_DISCOUNT = 0, 1, 2    # discount codes
@@ -26,133 +31,124 @@ def _consts(numba_type):
     return ft(0.0), ft(1.0), ft(0.5), ft(_SERIES_BELOW), ft(5.0 / 24.0), ft(-np.inf), ft(3.0)
 
 
-def load_row(src, off, out, w):
-    """``out[:w] = src[off:off + w]`` widened to the compute type."""
+def load_row(src, off, out, out_off, w):
+    """``out[out_off:][:w] = src[off:][:w]`` widened to the compute type."""
     raise NotImplementedError
 
 
 @overload(load_row)
-def _load_row(src, off, out, w):
+def _load_row(src, off, out, out_off, w):
     zero = _consts(out.dtype)[0]
 
-    def impl(src, off, out, w):
-        base = np.uint64(off)           # unsigned indices: no wrap-around test, no view
+    def impl(src, off, out, out_off, w):
+        si, oi = np.uint64(off), np.uint64(out_off)
         for j in range(w):
-            out[j] = load(src, base + np.uint64(j), zero)
+            u = np.uint64(j)
+            out[oi + u] = load(src, si + u, zero)
     return impl
 
 
-def store_row(dst, off, row, w):
-    """``dst[off:off + w] = row[:w]`` narrowed to ``dst``'s type."""
-    raise NotImplementedError
-
-
-@overload(store_row)
-def _store_row(dst, off, row, w):
-    def impl(dst, off, row, w):
-        base = np.uint64(off)
-        for j in range(w):
-            store(dst, base + np.uint64(j), row[j])
-    return impl
-
-
-def log_weight_row(kind, a, out, w):
-    """``out[:w] = log f_a(a[:w])`` for attention code ``kind``."""
+def log_weight_row(kind, a, a_off, out, out_off, w):
+    """``out[out_off:][:w] = log f_a(a[a_off:][:w])`` for attention code ``kind``."""
     raise NotImplementedError
 
 
 @overload(log_weight_row)
-def _log_weight_row(kind, a, out, w):
+def _log_weight_row(kind, a, a_off, out, out_off, w):
     zero, one, half, below, c524, ninf, _ = _consts(out.dtype)
 
-    def impl(kind, a, out, w):
+    def impl(kind, a, a_off, out, out_off, w):
+        ai, oi = np.uint64(a_off), np.uint64(out_off)
         if kind == EXP:
             for j in range(w):
-                out[j] = a[j]
+                out[oi + np.uint64(j)] = a[ai + np.uint64(j)]
         elif kind == SIGMOID:
             for j in range(w):
-                x = a[j]
-                out[j] = log_sigmoid(x)
+                out[oi + np.uint64(j)] = log_sigmoid(a[ai + np.uint64(j)])
         elif kind == SOFTPLUS:
             for j in range(w):
-                x = a[j]
+                x = a[ai + np.uint64(j)]
                 u = fexp(min(x, below))
                 series = x - half * u + c524 * u * u
                 xc = max(x, below)
-                direct = flog(max(xc, zero) + flog1p(fexp(-abs(xc))))
-                out[j] = series if x < below else direct
+                direct = flog(max(xc, zero) + log1p_small(fexp(-abs(xc))))
+                out[oi + np.uint64(j)] = series if x < below else direct
         else:
             for j in range(w):
-                x = a[j]
-                out[j] = flog(x) if x > zero else ninf
+                x = a[ai + np.uint64(j)]
+                out[oi + np.uint64(j)] = flog(x) if x > zero else ninf
     return impl
 
 
-def attention_grad_row(kind, gl, a, out, w):
-    """``out[:w] = gl * dl/da`` for attention code ``kind`` (``l = log f_a(a)``)."""
+def attention_grad_row(kind, gl, gl_off, a, a_off, out, off, w):
+    """``out[off:][:w] = gl * dl/da`` for attention code ``kind``, stored in ``out``'s type."""
     raise NotImplementedError
 
 
 @overload(attention_grad_row)
-def _attention_grad_row(kind, gl, a, out, w):
-    zero, one, half, below, _, _, three = _consts(out.dtype)
+def _attention_grad_row(kind, gl, gl_off, a, a_off, out, off, w):
+    zero, one, half, below, _, _, three = _consts(a.dtype)
 
-    def impl(kind, gl, a, out, w):
+    def impl(kind, gl, gl_off, a, a_off, out, off, w):
+        gi, ai, oi = np.uint64(gl_off), np.uint64(a_off), np.uint64(off)
         if kind == EXP:
             for j in range(w):
-                out[j] = gl[j]
+                store(out, oi + np.uint64(j), gl[gi + np.uint64(j)])
         elif kind == SIGMOID:
             for j in range(w):
-                out[j] = gl[j] * sigmoid_neg(a[j])
+                u = np.uint64(j)
+                store(out, oi + u, gl[gi + u] * sigmoid_neg(a[ai + u]))
         elif kind == SOFTPLUS:
             for j in range(w):
-                x = a[j]
-                u = fexp(min(x, below))
-                series = one / ((one + u) * (one - half * u + u * u / three))
+                u = np.uint64(j)
+                x = a[ai + u]
+                p = fexp(min(x, below))
+                series = one / ((one + p) * (one - half * p + p * p / three))
                 xc = max(x, below)
                 e = fexp(-abs(xc))
                 sig = (one if xc >= zero else e) / (one + e)
-                direct = sig / (max(xc, zero) + flog1p(e))
-                out[j] = gl[j] * (series if x < below else direct)
+                direct = sig / (max(xc, zero) + log1p_small(e))
+                store(out, oi + u, gl[gi + u] * (series if x < below else direct))
         else:
             for j in range(w):
-                x = a[j]
-                out[j] = gl[j] / x if x > zero else zero
+                u = np.uint64(j)
+                x = a[ai + u]
+                store(out, oi + u, gl[gi + u] / x if x > zero else zero)
     return impl
 
 
-def log_decay_row(kind, g, out, w):
-    """``out[:w] = log gamma`` for discount code ``kind`` (LOG: ``g``; SIGMOID: logsigmoid)."""
+def log_decay_row(kind, g, g_off, out, out_off, w):
+    """``out[out_off:][:w] = log gamma`` for discount ``kind`` (LOG: ``g``; SIGMOID: logsigmoid)."""
     raise NotImplementedError
 
 
 @overload(log_decay_row)
-def _log_decay_row(kind, g, out, w):
-    def impl(kind, g, out, w):
+def _log_decay_row(kind, g, g_off, out, out_off, w):
+    def impl(kind, g, g_off, out, out_off, w):
+        gi, oi = np.uint64(g_off), np.uint64(out_off)
         if kind == LOG:
             for j in range(w):
-                out[j] = g[j]
+                out[oi + np.uint64(j)] = g[gi + np.uint64(j)]
         else:
             for j in range(w):
-                x = g[j]
-                out[j] = log_sigmoid(x)
+                out[oi + np.uint64(j)] = log_sigmoid(g[gi + np.uint64(j)])
     return impl
 
 
-def decay_grad_row(kind, glam, g, out, w):
-    """``out[:w] = glam * dlam/dg`` for discount code ``kind``."""
+def decay_grad_row(kind, glam, glam_off, g, g_off, out, off, w):
+    """``out[off:][:w] = glam * dlam/dg`` for discount code ``kind``, in ``out``'s type."""
     raise NotImplementedError
 
 
 @overload(decay_grad_row)
-def _decay_grad_row(kind, glam, g, out, w):
-    zero, one = _consts(out.dtype)[:2]
-
-    def impl(kind, glam, g, out, w):
+def _decay_grad_row(kind, glam, glam_off, g, g_off, out, off, w):
+    def impl(kind, glam, glam_off, g, g_off, out, off, w):
+        li, gi, oi = np.uint64(glam_off), np.uint64(g_off), np.uint64(off)
         if kind == LOG:
             for j in range(w):
-                out[j] = glam[j]
+                store(out, oi + np.uint64(j), glam[li + np.uint64(j)])
         else:
             for j in range(w):
-                out[j] = glam[j] * sigmoid_neg(g[j])
+                u = np.uint64(j)
+                store(out, oi + u, glam[li + u] * sigmoid_neg(g[gi + u]))
     return impl

@@ -1,18 +1,24 @@
 """CPU backward of the weighted scan (DESIGN.md §2), one task per (sequence, channel block).
 
 A task walks its chunks last to first. For each chunk it (1) re-runs the forward from the
-state the forward saved at the chunk's start, keeping every step's inputs, ``m_t``, ``d~_t``
-and ``y_t`` in chunk buffers (``chunk x w`` floats each, cache-resident), then (2) runs the
-adjoint scan backwards through the chunk and writes the gradients. Inputs and ``gy`` are read
-from memory once and each gradient written once.
+state the forward saved at the chunk's start, keeping every step's ``z``, ``a``, ``g``,
+``d~_t``, ``y_t`` and the step's weights ``take_t = exp(l_t - m_t)`` and
+``keep_t = exp(m_{t-1} + lam_t - m_t)`` in chunk buffers (cache-resident), then (2) runs the
+adjoint backwards through the chunk and writes the gradients. Inputs and ``gy`` are read from
+memory once and each gradient written once.
 
-The adjoint state ``(M, rho, sigma)`` stands for ``dLoss/dn_t = exp(M) rho`` and
-``dLoss/dd_t = -exp(M) sigma``. Step ``t`` folds in the log-weight ``-m_t`` with values
-``gy_t / d~_t`` and ``gy_t y_t / d~_t`` (that is ``gy_t exp(-L_t)`` without forming a log),
-after decaying by the next step's ``lam``. Then, with every exponent ``<= 0``:
+The adjoint is back-propagation through the stabilised recurrence itself. With
+``rho_t = dLoss/dn~_t`` and ``sigma_t = -dLoss/dd~_t`` (gradients of the normalised state):
 
-    gz_t = exp(l_t + M) rho        gl_t = exp(l_t + M) (z_t rho - sigma)
-    glam_t = exp(m_{t-1} + lam_t + M) d~_{t-1} (y_{t-1} rho - sigma)
+    rho_t   = keep_{t+1} rho_{t+1}   + gy_t / d~_t
+    sigma_t = keep_{t+1} sigma_{t+1} + gy_t y_t / d~_t
+    gz_t = take_t rho_t     gl_t = take_t (z_t rho_t - sigma_t)
+    glam_t = keep_t d~_{t-1} (y_{t-1} rho_t - sigma_t)
+
+This is the log-space adjoint of DESIGN.md §2 with its scale ``M_t`` equal to ``-m_t``
+(it always is: ``m`` is the running maximum of the decayed log-weights), so every exponential
+it needs was already computed by the forward step: the adjoint needs no ``exp`` at all, and
+every factor is at most 1. ``gm`` of the final state is not used (docs/math.md §4).
 """
 
 from __future__ import annotations
@@ -20,52 +26,57 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .cpu_math import fexp
-from .cpu_rows import (NO_DISCOUNT, attention_grad_row, decay_grad_row, load_row,
-                       store_row)
-from .cpu_scan import OPTS, stage_inputs, step_row, time_index
+from .cpu_math import load, store
+from .cpu_rows import (EXP, NO_DISCOUNT, attention_grad_row, decay_grad_row, load_row,
+                       log_decay_row, log_weight_row)
+from .cpu_scan import D_, M, N, OPTS, step_row, time_index
 
 JIT = dict(nogil=True, cache=True, error_model="numpy", fastmath={"contract"})
+# Scratch of a task (step_row's docstring has the rule behind the split): ``run`` holds the
+# running rows; the chunk buffers are slot-major (slot r = step r of the chunk): ``ib`` the
+# inputs as loaded, ``tb`` their transforms, ``wb`` the step weights, and ``sb`` the state
+# *before* each step (slot r; step r writes slot r + 1, so ``sb`` has C + 1 slots).
+RHO, SIGMA, KEEP_NEXT, GL, GLAM, RUNNING = range(M + 3, M + 9)   # after the M, N, D_ rows
+Z_, A_, G_ = 0, 1, 2        # ib rows
+L_, LAM_ = 0, 1             # tb rows
+D_S, Y_S = 0, 1             # sb rows
+TAKE, KEEP = 0, 1           # wb rows
 
 
-@njit(**JIT)
-def adjoint_row(M, rho, sigma, lam_next, gy, m1, d1, y1, l, z, m0, d0, y0, lam, gz, gl, glam,
-                with_decay, w, floor, zero, one):
-    """One adjoint step for ``w`` channels; ``*1`` is the state after the step, ``*0`` before."""
+@njit(**JIT, inline="always")
+def adjoint_row(run, ib, tb, sb, wb, r, gy, gy_off, gz, gz_off, with_decay, w, zero):
+    """One adjoint step for ``w`` channels at step ``r`` of the chunk."""
+    go, zo = np.uint64(gy_off), np.uint64(gz_off)
+    rh, sg, kn = np.uint64(RHO * w), np.uint64(SIGMA * w), np.uint64(KEEP_NEXT * w)
+    gl, gm = np.uint64(GL * w), np.uint64(GLAM * w)
+    i0, w0, s0, s1 = np.uint64(r * 3 * w), np.uint64(r * 2 * w), np.uint64(r * 2 * w), \
+        np.uint64((r + 1) * 2 * w)
+    zz, tk, kp = i0 + np.uint64(Z_ * w), w0 + np.uint64(TAKE * w), w0 + np.uint64(KEEP * w)
+    d0, y0 = s0 + np.uint64(D_S * w), s0 + np.uint64(Y_S * w)
+    d1, y1 = s1 + np.uint64(D_S * w), s1 + np.uint64(Y_S * w)
     for j in range(w):
-        seen = d1[j] > zero
-        inv = one / d1[j] if seen else zero
-        nl = -m1[j] if seen else floor
-        md = max(M[j] + lam_next[j], floor)
-        diff = nl - md
-        e = fexp(-abs(diff))
-        up = diff > zero
-        keep = e if up else one
-        gi = gy[j] * inv * (one if up else e)
-        mj = nl if up else md
-        M[j] = mj
-        r = rho[j] * keep + gi
-        s = sigma[j] * keep + gi * y1[j]
-        rho[j], sigma[j] = r, s
-        wt = fexp(l[j] + mj)
-        gz[j] = wt * r
-        gl[j] = wt * (z[j] * r - s)
-    if with_decay:
-        for j in range(w):
-            wp = fexp(m0[j] + lam[j] + M[j]) * d0[j]
-            glam[j] = wp * (y0[j] * rho[j] - sigma[j])
-            lam_next[j] = lam[j]
+        u = np.uint64(j)
+        d_j = sb[d1 + u]
+        gi = load(gy, go + u, zero) / d_j if d_j > zero else zero
+        r_j = run[rh + u] * run[kn + u] + gi
+        s_j = run[sg + u] * run[kn + u] + gi * sb[y1 + u]
+        run[rh + u] = r_j
+        run[sg + u] = s_j
+        store(gz, zo + u, wb[tk + u] * r_j)
+        run[gl + u] = wb[tk + u] * (ib[zz + u] * r_j - s_j)
+        if with_decay:
+            run[gm + u] = wb[kp + u] * sb[d0 + u] * (sb[y0 + u] * r_j - s_j)
+        run[kn + u] = wb[kp + u]
 
 
 @njit(**OPTS)
-def backward(z, a, g, gy, gz, ga, gg, T, D, seq_b, seq_lo, seq_hi, state0, has_init, m_final,
+def backward(z, a, g, gy, gz, ga, gg, T, D, seq_b, seq_lo, seq_hi, state0, has_init,
              g_final, has_g_final, g_init, ck, ck_off, chunk, attention, discount, reverse,
              block, consts):
     """Gradients into ``gz, ga, gg`` (flat ``(B, T, D)``) and ``g_init`` (``(3, N, D)``).
 
-    Arguments as :func:`kernels.cpu_scan.forward`; ``m_final`` is the forward's final ``m``
-    ``(N, D)``; ``g_final`` the ``(2, N, D)`` gradients of the final ``n~, d~``; ``ck`` the
-    chunk-start states the forward saved.
+    Arguments as :func:`kernels.cpu_scan.forward`; ``g_final`` holds the ``(2, N, D)``
+    gradients of the final ``n~, d~``; ``ck`` the chunk-start states the forward saved.
     """
     floor, zero, one = consts[0], consts[1], consts[2]
     n_seq = seq_b.shape[0]
@@ -76,18 +87,17 @@ def backward(z, a, g, gy, gz, ga, gg, T, D, seq_b, seq_lo, seq_hi, state0, has_i
     for task in prange(n_seq * n_blk):
         i, lo = task // n_blk, (task % n_blk) * block
         w = min(block, D - lo)
-        ch = np.zeros((5 * chunk, w), consts.dtype)        # [5 C, w] z, a, l, g, lam per step
-        st = np.zeros((3 * (chunk + 1), w), consts.dtype)  # [3 (C+1), w] m, d, y around steps
-        rows = np.zeros((11, w), consts.dtype)             # [11, w] running rows
-        m, n, d = rows[0], rows[1], rows[2]
-        M, rho, sigma, lam_next = rows[3], rows[4], rows[5], rows[6]
-        gyb, gzb, glb, out = rows[7], rows[8], rows[9], rows[10]
+        run = np.zeros(RUNNING * w, consts.dtype)           # [RUNNING * w]
+        ib = np.zeros(chunk * 3 * w, consts.dtype)          # [C, 3, w] z, a, g
+        tb = np.zeros(chunk * 2 * w, consts.dtype)          # [C, 2, w] l, lam
+        wb = np.zeros(chunk * 2 * w, consts.dtype)          # [C, 2, w] take, keep
+        sb = np.zeros((chunk + 1) * 2 * w, consts.dtype)    # [C + 1, 2, w] d~, y before step
+        rho, sigma = run[RHO * w:(RHO + 1) * w], run[SIGMA * w:(SIGMA + 1) * w]
+        keep_next = run[KEEP_NEXT * w:(KEEP_NEXT + 1) * w]
         base = np.int64(i) * D + lo
         for j in range(w):
-            M[j] = floor
+            keep_next[j] = one          # the final state is the state after the last step
             if has_g_final:
-                mt = m_final[base + j]
-                M[j] = -mt if mt > floor else floor
                 rho[j] = g_final[base + j]
                 sigma[j] = -g_final[nd + base + j]
         length = seq_hi[i] - seq_lo[i]
@@ -96,41 +106,41 @@ def backward(z, a, g, gy, gz, ga, gg, T, D, seq_b, seq_lo, seq_hi, state0, has_i
             cl = min(chunk, length - s0)
             row = np.int64(ck_off[i] + k) * D + lo
             for j in range(w):
-                m[j] = ck[row + j]
-                n[j] = ck[n_ck * D + row + j]
-                d[j] = ck[2 * n_ck * D + row + j]
-                st[0, j] = m[j]
-                st[chunk + 1, j] = d[j]
-                st[2 * (chunk + 1), j] = n[j] / d[j] if d[j] > zero else zero
+                n_j, d_j = ck[n_ck * D + row + j], ck[2 * n_ck * D + row + j]
+                run[M * w + j] = ck[row + j]
+                run[N * w + j] = n_j
+                run[D_ * w + j] = d_j
+                sb[D_S * w + j] = d_j
+                sb[Y_S * w + j] = n_j / d_j if d_j > zero else zero
             for r in range(cl):     # (1) recompute the chunk
-                t = time_index(seq_lo[i], seq_hi[i], s0 + r, reverse)
-                off = (np.int64(seq_b[i]) * T + t) * D + lo
-                stage_inputs(z, a, g, off, ch[r], ch[2 * chunk + r], ch[chunk + r],
-                             ch[4 * chunk + r], ch[3 * chunk + r], w, attention, discount)
-                step_row(m, n, d, st[2 * (chunk + 1) + r + 1], ch[r], ch[2 * chunk + r],
-                         ch[4 * chunk + r], w, floor, zero, one)
-                for j in range(w):
-                    st[r + 1, j] = m[j]
-                    st[chunk + 1 + r + 1, j] = d[j]
-            for r in range(cl - 1, -1, -1):     # (2) the adjoint, backwards
-                t = time_index(seq_lo[i], seq_hi[i], s0 + r, reverse)
-                off = (np.int64(seq_b[i]) * T + t) * D + lo
-                load_row(gy, off, gyb, w)
-                adjoint_row(M, rho, sigma, lam_next, gyb, st[r + 1], st[chunk + 1 + r + 1],
-                            st[2 * (chunk + 1) + r + 1], ch[2 * chunk + r], ch[r], st[r],
-                            st[chunk + 1 + r], st[2 * (chunk + 1) + r], ch[4 * chunk + r],
-                            gzb, glb, out, with_decay, w, floor, zero, one)
+                off = (np.int64(seq_b[i]) * T + time_index(seq_lo[i], seq_hi[i], s0 + r,
+                                                             reverse)) * D + lo
+                io, to = r * 3 * w, r * 2 * w
+                load_row(z, off, ib, io + Z_ * w, w)
+                load_row(a, off, ib, io + A_ * w, w)
+                l_buf, l_off = ib, io + A_ * w
+                if attention != EXP:
+                    log_weight_row(attention, ib, io + A_ * w, tb, to + L_ * w, w)
+                    l_buf, l_off = tb, to + L_ * w
                 if with_decay:
-                    decay_grad_row(discount, out, ch[3 * chunk + r], gyb, w)
-                    store_row(gg, off, gyb, w)
-                store_row(gz, off, gzb, w)
-                attention_grad_row(attention, glb, ch[chunk + r], out, w)
-                store_row(ga, off, out, w)
+                    load_row(g, off, ib, io + G_ * w, w)
+                    log_decay_row(discount, ib, io + G_ * w, tb, to + LAM_ * w, w)
+                so = (r + 1) * 2 * w
+                step_row(run, tb, to + LAM_ * w, ib, io + Z_ * w, l_buf, l_off, sb, so + Y_S * w,
+                         sb, so + D_S * w, wb, to + TAKE * w, to + KEEP * w, True, w, floor,
+                         zero, one)
+            for r in range(cl - 1, -1, -1):     # (2) the adjoint, backwards
+                off = (np.int64(seq_b[i]) * T + time_index(seq_lo[i], seq_hi[i], s0 + r,
+                                                             reverse)) * D + lo
+                adjoint_row(run, ib, tb, sb, wb, r, gy, off, gz, off, with_decay, w, zero)
+                attention_grad_row(attention, run, GL * w, ib, r * 3 * w + A_ * w, ga, off, w)
+                if with_decay:
+                    decay_grad_row(discount, run, GLAM * w, ib, r * 3 * w + G_ * w, gg, off, w)
         if has_init:
             for j in range(w):
                 m0, n0, d0 = state0[base + j], state0[nd + base + j], state0[2 * nd + base + j]
-                scale = max(m0, floor) + lam_next[j] + M[j]
-                w0 = one if length == 0 else fexp(scale)
+                # dLoss/dn~_0 = keep_1 rho_1: keep_next now holds keep of the first step.
+                w0 = keep_next[j] if m0 > floor or length == 0 else zero
                 g_init[base + j] = w0 * (n0 * rho[j] - d0 * sigma[j])
                 g_init[nd + base + j] = w0 * rho[j]
                 g_init[2 * nd + base + j] = -w0 * sigma[j]
