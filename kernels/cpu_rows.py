@@ -1,8 +1,9 @@
 """Row operations of the CPU kernels: one loop over a channel block per call, vectorised.
 
 A "row" is ``w`` consecutive channels of one time step. Every row argument is a flat array
-and an offset (``x, x_off``): a row of a flattened ``(B, T, D)`` input or output, or a row of
-a kernel's flat scratch buffer. Passing offsets rather than views keeps the hot loops free of
+and an offset (``x, x_off``): a row of a flattened ``(B, T, D)`` input or output (inputs are
+widened on load, so ``uint16`` bfloat16 bits work too), or a row of a kernel's flat scratch
+buffer. Passing offsets rather than views keeps the hot loops free of
 array-view construction (numba reference-counts every view). Indices are unsigned, so numba
 emits no wrap-around test and LLVM vectorises the loop.
 
@@ -31,21 +32,6 @@ def _consts(numba_type):
     return ft(0.0), ft(1.0), ft(0.5), ft(_SERIES_BELOW), ft(5.0 / 24.0), ft(-np.inf), ft(3.0)
 
 
-def load_row(src, off, out, out_off, w):
-    """``out[out_off:][:w] = src[off:][:w]`` widened to the compute type."""
-    raise NotImplementedError
-
-
-@overload(load_row)
-def _load_row(src, off, out, out_off, w):
-    zero = _consts(out.dtype)[0]
-
-    def impl(src, off, out, out_off, w):
-        si, oi = np.uint64(off), np.uint64(out_off)
-        for j in range(w):
-            u = np.uint64(j)
-            out[oi + u] = load(src, si + u, zero)
-    return impl
 
 
 def log_weight_row(kind, a, a_off, out, out_off, w):
@@ -61,13 +47,13 @@ def _log_weight_row(kind, a, a_off, out, out_off, w):
         ai, oi = np.uint64(a_off), np.uint64(out_off)
         if kind == EXP:
             for j in range(w):
-                out[oi + np.uint64(j)] = a[ai + np.uint64(j)]
+                out[oi + np.uint64(j)] = load(a, ai + np.uint64(j), zero)
         elif kind == SIGMOID:
             for j in range(w):
-                out[oi + np.uint64(j)] = log_sigmoid(a[ai + np.uint64(j)])
+                out[oi + np.uint64(j)] = log_sigmoid(load(a, ai + np.uint64(j), zero))
         elif kind == SOFTPLUS:
             for j in range(w):
-                x = a[ai + np.uint64(j)]
+                x = load(a, ai + np.uint64(j), zero)
                 u = fexp(min(x, below))
                 series = x - half * u + c524 * u * u
                 xc = max(x, below)
@@ -75,7 +61,7 @@ def _log_weight_row(kind, a, a_off, out, out_off, w):
                 out[oi + np.uint64(j)] = series if x < below else direct
         else:
             for j in range(w):
-                x = a[ai + np.uint64(j)]
+                x = load(a, ai + np.uint64(j), zero)
                 out[oi + np.uint64(j)] = flog(x) if x > zero else ninf
     return impl
 
@@ -87,7 +73,7 @@ def attention_grad_row(kind, gl, gl_off, a, a_off, out, off, w):
 
 @overload(attention_grad_row)
 def _attention_grad_row(kind, gl, gl_off, a, a_off, out, off, w):
-    zero, one, half, below, _, _, three = _consts(a.dtype)
+    zero, one, half, below, _, _, three = _consts(gl.dtype)
 
     def impl(kind, gl, gl_off, a, a_off, out, off, w):
         gi, ai, oi = np.uint64(gl_off), np.uint64(a_off), np.uint64(off)
@@ -97,11 +83,11 @@ def _attention_grad_row(kind, gl, gl_off, a, a_off, out, off, w):
         elif kind == SIGMOID:
             for j in range(w):
                 u = np.uint64(j)
-                store(out, oi + u, gl[gi + u] * sigmoid_neg(a[ai + u]))
+                store(out, oi + u, gl[gi + u] * sigmoid_neg(load(a, ai + u, zero)))
         elif kind == SOFTPLUS:
             for j in range(w):
                 u = np.uint64(j)
-                x = a[ai + u]
+                x = load(a, ai + u, zero)
                 p = fexp(min(x, below))
                 series = one / ((one + p) * (one - half * p + p * p / three))
                 xc = max(x, below)
@@ -112,7 +98,7 @@ def _attention_grad_row(kind, gl, gl_off, a, a_off, out, off, w):
         else:
             for j in range(w):
                 u = np.uint64(j)
-                x = a[ai + u]
+                x = load(a, ai + u, zero)
                 store(out, oi + u, gl[gi + u] / x if x > zero else zero)
     return impl
 
@@ -124,14 +110,16 @@ def log_decay_row(kind, g, g_off, out, out_off, w):
 
 @overload(log_decay_row)
 def _log_decay_row(kind, g, g_off, out, out_off, w):
+    zero = _consts(out.dtype)[0]
+
     def impl(kind, g, g_off, out, out_off, w):
         gi, oi = np.uint64(g_off), np.uint64(out_off)
         if kind == LOG:
             for j in range(w):
-                out[oi + np.uint64(j)] = g[gi + np.uint64(j)]
+                out[oi + np.uint64(j)] = load(g, gi + np.uint64(j), zero)
         else:
             for j in range(w):
-                out[oi + np.uint64(j)] = log_sigmoid(g[gi + np.uint64(j)])
+                out[oi + np.uint64(j)] = log_sigmoid(load(g, gi + np.uint64(j), zero))
     return impl
 
 
@@ -142,6 +130,8 @@ def decay_grad_row(kind, glam, glam_off, g, g_off, out, off, w):
 
 @overload(decay_grad_row)
 def _decay_grad_row(kind, glam, glam_off, g, g_off, out, off, w):
+    zero = _consts(glam.dtype)[0]
+
     def impl(kind, glam, glam_off, g, g_off, out, off, w):
         li, gi, oi = np.uint64(glam_off), np.uint64(g_off), np.uint64(off)
         if kind == LOG:
@@ -150,5 +140,5 @@ def _decay_grad_row(kind, glam, glam_off, g, g_off, out, off, w):
         else:
             for j in range(w):
                 u = np.uint64(j)
-                store(out, oi + u, glam[li + u] * sigmoid_neg(g[gi + u]))
+                store(out, oi + u, glam[li + u] * sigmoid_neg(load(g, gi + u, zero)))
     return impl

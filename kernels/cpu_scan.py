@@ -19,49 +19,48 @@ import numpy as np
 from numba import njit, prange
 
 from .cpu_math import fexp, load, store
-from .cpu_rows import EXP, NO_DISCOUNT, load_row, log_decay_row, log_weight_row
+from .cpu_rows import EXP, NO_DISCOUNT, log_decay_row, log_weight_row
 
 OPTS = dict(parallel=True, nogil=True, cache=True, error_model="numpy", fastmath={"contract"})
-M, N, D_ = 0, 1, 2     # rows of the running state (m, n~, d~) at the start of a scratch buffer
 
 
-@njit(nogil=True, cache=True, error_model="numpy", fastmath={"contract"}, inline="always")
-def step_row(st, lam, lam_off, z, z_off, l, l_off, y, y_off, sb, d_off, wb, take_off, keep_off,
-             save, w, floor, zero, one):
-    """One step for ``w`` channels: update the state rows ``M, N, D_`` of ``st`` in place and
-    write ``y = n~ / d~`` at ``y[y_off:]``.
+@njit(nogil=True, cache=True, error_model="numpy", fastmath={"contract"})
+def step_row(m, n, d, lam, lam_off, z, z_off, l, l_off, y, y_off, d_out, d_off, take, take_off,
+             keep, keep_off, save, w, floor, zero, one):
+    """One step for ``w`` channels: update the state rows ``m, n, d`` (``(m, n~, d~)``) in
+    place and write ``y = n~ / d~`` at ``y[y_off:]``.
 
     ``lam``, ``z``, ``l`` are read at their offsets (rows of the ``(B, T, D)`` inputs,
     converted on the fly, or of a buffer). With ``save`` the step also stores ``d~`` at
-    ``sb[d_off:]`` and its weights ``take = exp(l - m)`` and ``keep = exp(m_in + lam - m)``
-    at ``wb[take_off:]``, ``wb[keep_off:]``: all the backward needs.
+    ``d_out[d_off:]`` and its weights ``take = exp(l - m)``, ``keep = exp(m_in + lam - m)``
+    at ``take[take_off:]``, ``keep[keep_off:]``: all the backward needs.
 
-    Vectorisation rule followed by every loop of these kernels: a loop never stores into an
-    array that it also reads at another offset (LLVM cannot prove such rows disjoint and
-    falls back to scalar code, ~20x slower); in-place updates at the same index are fine.
+    Vectorisation rule followed by every loop of these kernels: each array a loop stores
+    into is its own array, indexed the same way by every access in the loop (in place, or
+    store-only). LLVM cannot prove two rows of one array disjoint when their offsets are
+    run-time values; it then emits scalar code, about 20x slower.
     """
     lao, zo, lo, yo = np.uint64(lam_off), np.uint64(z_off), np.uint64(l_off), np.uint64(y_off)
     do, tko, kpo = np.uint64(d_off), np.uint64(take_off), np.uint64(keep_off)
-    mo, no, dd = np.uint64(M * w), np.uint64(N * w), np.uint64(D_ * w)
     for j in range(w):
         u = np.uint64(j)
         l_j = load(l, lo + u, zero)
-        md = max(st[mo + u] + lam[lao + u], floor)    # decayed running max, never -inf
+        md = max(m[j] + lam[lao + u], floor)          # decayed running max, never -inf
         diff = l_j - md
         e = fexp(-abs(diff))
         up = diff > zero
         keep_j = e if up else one
         take_j = one if up else e
-        st[mo + u] = l_j if up else md
-        n_j = st[no + u] * keep_j + load(z, zo + u, zero) * take_j
-        d_j = st[dd + u] * keep_j + take_j
-        st[no + u] = n_j
-        st[dd + u] = d_j
+        m[j] = l_j if up else md
+        n_j = n[j] * keep_j + load(z, zo + u, zero) * take_j
+        d_j = d[j] * keep_j + take_j
+        n[j] = n_j
+        d[j] = d_j
         store(y, yo + u, n_j / d_j if d_j > zero else zero)
         if save:
-            sb[do + u] = d_j
-            wb[tko + u] = take_j
-            wb[kpo + u] = keep_j
+            d_out[do + u] = d_j
+            take[tko + u] = take_j
+            keep[kpo + u] = keep_j
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
@@ -87,10 +86,12 @@ def forward(z, a, g, y, T, D, seq_b, seq_lo, seq_hi, state0, has_init, final, ck
     for task in prange(n_seq * n_blk):
         i, lo = task // n_blk, (task % n_blk) * block
         w = min(block, D - lo)
-        st = np.zeros(3 * w, consts.dtype)      # [3 * w] rows M, N, D_
-        ib = np.zeros(2 * w, consts.dtype)      # [2 * w] a, g as loaded
+        m, n, d = np.zeros(w, consts.dtype), np.zeros(w, consts.dtype), np.zeros(w, consts.dtype)
         tb = np.zeros(2 * w, consts.dtype)      # [2 * w] l, lam (lam = 0 without discount)
-        m, n, d = st[:w], st[N * w:(N + 1) * w], st[D_ * w:(D_ + 1) * w]
+        # What step_row can save for a backward goes to three distinct scratch rows: cheaper
+        # than a branch, which would keep LLVM from vectorising the step (step_row).
+        d1, take1, keep1 = np.zeros(w, consts.dtype), np.zeros(w, consts.dtype), \
+            np.zeros(w, consts.dtype)
         base = np.int64(i) * D + lo
         for j in range(w):
             m[j] = floor
@@ -109,16 +110,14 @@ def forward(z, a, g, y, T, D, seq_b, seq_lo, seq_hi, state0, has_init, final, ck
             t = time_index(seq_lo[i], seq_hi[i], s, reverse)
             off = (np.int64(seq_b[i]) * T + t) * D + lo
             if discount != NO_DISCOUNT:
-                load_row(g, off, ib, w, w)
-                log_decay_row(discount, ib, w, tb, w, w)
+                log_decay_row(discount, g, off, tb, w, w)
             if attention == EXP:        # l = a: read straight from the input
-                step_row(st, tb, w, z, off, a, off, y, off, st, 0, st, 0, 0, False, w, floor,
-                         zero, one)
+                step_row(m, n, d, tb, w, z, off, a, off, y, off, d1, 0, take1, 0, keep1, 0,
+                         True, w, floor, zero, one)
             else:
-                load_row(a, off, ib, 0, w)
-                log_weight_row(attention, ib, 0, tb, 0, w)
-                step_row(st, tb, w, z, off, tb, 0, y, off, st, 0, st, 0, 0, False, w, floor,
-                         zero, one)
+                log_weight_row(attention, a, off, tb, 0, w)
+                step_row(m, n, d, tb, w, z, off, tb, 0, y, off, d1, 0, take1, 0, keep1, 0,
+                         True, w, floor, zero, one)
         for j in range(w):
             final[base + j] = m[j] if m[j] > floor else ninf
             final[n_seq * D + base + j] = n[j]

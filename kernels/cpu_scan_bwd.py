@@ -27,46 +27,38 @@ import numpy as np
 from numba import njit, prange
 
 from .cpu_math import load, store
-from .cpu_rows import (EXP, NO_DISCOUNT, attention_grad_row, decay_grad_row, load_row,
-                       log_decay_row, log_weight_row)
-from .cpu_scan import D_, M, N, OPTS, step_row, time_index
+from .cpu_rows import (EXP, NO_DISCOUNT, attention_grad_row, decay_grad_row, log_decay_row,
+                       log_weight_row)
+from .cpu_scan import OPTS, step_row, time_index
 
 JIT = dict(nogil=True, cache=True, error_model="numpy", fastmath={"contract"})
-# Scratch of a task (step_row's docstring has the rule behind the split): ``run`` holds the
-# running rows; the chunk buffers are slot-major (slot r = step r of the chunk): ``ib`` the
-# inputs as loaded, ``tb`` their transforms, ``wb`` the step weights, and ``sb`` the state
-# *before* each step (slot r; step r writes slot r + 1, so ``sb`` has C + 1 slots).
-RHO, SIGMA, KEEP_NEXT, GL, GLAM, RUNNING = range(M + 3, M + 9)   # after the M, N, D_ rows
-Z_, A_, G_ = 0, 1, 2        # ib rows
+# Scratch of a task (step_row's docstring has the rule behind so many arrays): running rows
+# of w channels, and chunk buffers indexed by the step r in the chunk: ``tb`` [C, 2, w] the
+# transforms of the inputs, ``take`` [C, w] and ``keep`` [C + 1, w]
+# the step weights, ``sd``/``sy`` [C + 1, w] d~ and y *before* step r (step r writes slot r + 1).
 L_, LAM_ = 0, 1             # tb rows
-D_S, Y_S = 0, 1             # sb rows
-TAKE, KEEP = 0, 1           # wb rows
 
 
-@njit(**JIT, inline="always")
-def adjoint_row(run, ib, tb, sb, wb, r, gy, gy_off, gz, gz_off, with_decay, w, zero):
-    """One adjoint step for ``w`` channels at step ``r`` of the chunk."""
-    go, zo = np.uint64(gy_off), np.uint64(gz_off)
-    rh, sg, kn = np.uint64(RHO * w), np.uint64(SIGMA * w), np.uint64(KEEP_NEXT * w)
-    gl, gm = np.uint64(GL * w), np.uint64(GLAM * w)
-    i0, w0, s0, s1 = np.uint64(r * 3 * w), np.uint64(r * 2 * w), np.uint64(r * 2 * w), \
-        np.uint64((r + 1) * 2 * w)
-    zz, tk, kp = i0 + np.uint64(Z_ * w), w0 + np.uint64(TAKE * w), w0 + np.uint64(KEEP * w)
-    d0, y0 = s0 + np.uint64(D_S * w), s0 + np.uint64(Y_S * w)
-    d1, y1 = s1 + np.uint64(D_S * w), s1 + np.uint64(Y_S * w)
+@njit(**JIT)
+def adjoint_row(rho, sigma, gl, glam, z, sd, sy, take, keep, r, gy, off, gz, with_decay, w,
+                zero):
+    """One adjoint step for ``w`` channels at step ``r`` of the chunk (``keep`` slot r + 1
+    holds the next step's weight; the caller fills slot ``C`` across chunk edges). ``z``,
+    ``gy`` are read and ``gz`` written at ``off``: rows of the ``(B, T, D)`` tensors."""
+    go = np.uint64(off)
+    s0, s1 = np.uint64(r * w), np.uint64((r + 1) * w)
     for j in range(w):
         u = np.uint64(j)
-        d_j = sb[d1 + u]
-        gi = load(gy, go + u, zero) / d_j if d_j > zero else zero
-        r_j = run[rh + u] * run[kn + u] + gi
-        s_j = run[sg + u] * run[kn + u] + gi * sb[y1 + u]
-        run[rh + u] = r_j
-        run[sg + u] = s_j
-        store(gz, zo + u, wb[tk + u] * r_j)
-        run[gl + u] = wb[tk + u] * (ib[zz + u] * r_j - s_j)
+        d_j = sd[s1 + u]
+        gi = load(gy, go + u, zero) / d_j if d_j > zero else zero   # (an L2 hit)
+        r_j = rho[j] * keep[s1 + u] + gi
+        s_j = sigma[j] * keep[s1 + u] + gi * sy[s1 + u]
+        rho[j] = r_j
+        sigma[j] = s_j
+        store(gz, go + u, take[s0 + u] * r_j)
+        gl[j] = take[s0 + u] * (load(z, go + u, zero) * r_j - s_j)
         if with_decay:
-            run[gm + u] = wb[kp + u] * sb[d0 + u] * (sb[y0 + u] * r_j - s_j)
-        run[kn + u] = wb[kp + u]
+            glam[j] = keep[s0 + u] * sd[s0 + u] * (sy[s0 + u] * r_j - s_j)
 
 
 @njit(**OPTS)
@@ -84,20 +76,19 @@ def backward(z, a, g, gy, gz, ga, gg, T, D, seq_b, seq_lo, seq_hi, state0, has_i
     n_blk = (D + block - 1) // block
     n_ck = ck.shape[0] // (3 * D)
     with_decay = discount != NO_DISCOUNT
+    dt = consts.dtype
     for task in prange(n_seq * n_blk):
         i, lo = task // n_blk, (task % n_blk) * block
         w = min(block, D - lo)
-        run = np.zeros(RUNNING * w, consts.dtype)           # [RUNNING * w]
-        ib = np.zeros(chunk * 3 * w, consts.dtype)          # [C, 3, w] z, a, g
-        tb = np.zeros(chunk * 2 * w, consts.dtype)          # [C, 2, w] l, lam
-        wb = np.zeros(chunk * 2 * w, consts.dtype)          # [C, 2, w] take, keep
-        sb = np.zeros((chunk + 1) * 2 * w, consts.dtype)    # [C + 1, 2, w] d~, y before step
-        rho, sigma = run[RHO * w:(RHO + 1) * w], run[SIGMA * w:(SIGMA + 1) * w]
-        keep_next = run[KEEP_NEXT * w:(KEEP_NEXT + 1) * w]
+        m, n, d = np.zeros(w, dt), np.zeros(w, dt), np.zeros(w, dt)
+        rho, sigma = np.zeros(w, dt), np.zeros(w, dt)
+        gl, glam = np.zeros(w, dt), np.zeros(w, dt)
+        tb = np.zeros(chunk * 2 * w, dt)
+        take, keep = np.zeros(chunk * w, dt), np.ones((chunk + 1) * w, dt)
+        sd, sy = np.zeros((chunk + 1) * w, dt), np.zeros((chunk + 1) * w, dt)
         base = np.int64(i) * D + lo
-        for j in range(w):
-            keep_next[j] = one          # the final state is the state after the last step
-            if has_g_final:
+        if has_g_final:
+            for j in range(w):
                 rho[j] = g_final[base + j]
                 sigma[j] = -g_final[nd + base + j]
         length = seq_hi[i] - seq_lo[i]
@@ -106,41 +97,42 @@ def backward(z, a, g, gy, gz, ga, gg, T, D, seq_b, seq_lo, seq_hi, state0, has_i
             cl = min(chunk, length - s0)
             row = np.int64(ck_off[i] + k) * D + lo
             for j in range(w):
-                n_j, d_j = ck[n_ck * D + row + j], ck[2 * n_ck * D + row + j]
-                run[M * w + j] = ck[row + j]
-                run[N * w + j] = n_j
-                run[D_ * w + j] = d_j
-                sb[D_S * w + j] = d_j
-                sb[Y_S * w + j] = n_j / d_j if d_j > zero else zero
+                # keep of the step after this chunk: 1 after the last step (the final state
+                # is the state after it), else slot 0 of the chunk done before this one.
+                keep[cl * w + j] = one if k == (length + chunk - 1) // chunk - 1 else keep[j]
+                m[j] = ck[row + j]
+                n[j] = ck[n_ck * D + row + j]
+                d[j] = ck[2 * n_ck * D + row + j]
+                sd[j] = d[j]
+                sy[j] = n[j] / d[j] if d[j] > zero else zero
             for r in range(cl):     # (1) recompute the chunk
                 off = (np.int64(seq_b[i]) * T + time_index(seq_lo[i], seq_hi[i], s0 + r,
                                                              reverse)) * D + lo
-                io, to = r * 3 * w, r * 2 * w
-                load_row(z, off, ib, io + Z_ * w, w)
-                load_row(a, off, ib, io + A_ * w, w)
-                l_buf, l_off = ib, io + A_ * w
-                if attention != EXP:
-                    log_weight_row(attention, ib, io + A_ * w, tb, to + L_ * w, w)
-                    l_buf, l_off = tb, to + L_ * w
+                to = r * 2 * w
                 if with_decay:
-                    load_row(g, off, ib, io + G_ * w, w)
-                    log_decay_row(discount, ib, io + G_ * w, tb, to + LAM_ * w, w)
-                so = (r + 1) * 2 * w
-                step_row(run, tb, to + LAM_ * w, ib, io + Z_ * w, l_buf, l_off, sb, so + Y_S * w,
-                         sb, so + D_S * w, wb, to + TAKE * w, to + KEEP * w, True, w, floor,
-                         zero, one)
-            for r in range(cl - 1, -1, -1):     # (2) the adjoint, backwards
+                    log_decay_row(discount, g, off, tb, to + LAM_ * w, w)
+                if attention == EXP:        # l = a, read from the input
+                    step_row(m, n, d, tb, to + LAM_ * w, z, off, a, off, sy, (r + 1) * w, sd,
+                             (r + 1) * w, take, r * w, keep, r * w, True, w, floor, zero, one)
+                else:
+                    log_weight_row(attention, a, off, tb, to + L_ * w, w)
+                    step_row(m, n, d, tb, to + LAM_ * w, z, off, tb, to + L_ * w, sy,
+                             (r + 1) * w, sd, (r + 1) * w, take, r * w, keep, r * w, True, w,
+                             floor, zero, one)
+            for r in range(cl - 1, -1, -1):     # (2) the adjoint, backwards; the chunk's
+                # inputs are read a second time, from cache (they were read just above)
                 off = (np.int64(seq_b[i]) * T + time_index(seq_lo[i], seq_hi[i], s0 + r,
                                                              reverse)) * D + lo
-                adjoint_row(run, ib, tb, sb, wb, r, gy, off, gz, off, with_decay, w, zero)
-                attention_grad_row(attention, run, GL * w, ib, r * 3 * w + A_ * w, ga, off, w)
+                adjoint_row(rho, sigma, gl, glam, z, sd, sy, take, keep, r, gy, off, gz,
+                            with_decay, w, zero)
+                attention_grad_row(attention, gl, 0, a, off, ga, off, w)
                 if with_decay:
-                    decay_grad_row(discount, run, GLAM * w, ib, r * 3 * w + G_ * w, gg, off, w)
+                    decay_grad_row(discount, glam, 0, g, off, gg, off, w)
         if has_init:
             for j in range(w):
                 m0, n0, d0 = state0[base + j], state0[nd + base + j], state0[2 * nd + base + j]
-                # dLoss/dn~_0 = keep_1 rho_1: keep_next now holds keep of the first step.
-                w0 = keep_next[j] if m0 > floor or length == 0 else zero
+                # dLoss/dn~_0 = keep_1 rho_1; keep slot 0 holds the first step's keep.
+                w0 = one if length == 0 else (keep[j] if m0 > floor else zero)
                 g_init[base + j] = w0 * (n0 * rho[j] - d0 * sigma[j])
                 g_init[nd + base + j] = w0 * rho[j]
                 g_init[2 * nd + base + j] = -w0 * sigma[j]
