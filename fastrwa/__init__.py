@@ -7,13 +7,14 @@ Public API::
     y, state = fastrwa.weighted_scan(z, log_w, log_decay=None, initial_state=None, output_final_state=False)
     y_t, state = fastrwa.rwa_step(z_t, a_t, state=None)
     y_t, state = fastrwa.rda_step(z_t, a_t, g_t, state=None, attention="exp")
+    fastrwa.rwa_step_(z_t, a_t, state, out); fastrwa.rda_step_(z_t, a_t, g_t, state, out)
     with fastrwa.use_backend("torch"): ...
 
 The sequential reference that defines every answer is :mod:`fastrwa.reference`.
 """
 
 from .backend import get_backend, use_backend
-from .scan import rda_scan, rda_step, rwa_scan, rwa_step, weighted_scan
+from .scan import rda_scan, rda_step, rda_step_, rwa_scan, rwa_step, rwa_step_, weighted_scan
 from .state import ScanState
 
 from . import nn  # noqa: E402  (layers and cells: fastrwa.nn.RWA, fastrwa.nn.RDA, ...)
@@ -24,8 +25,10 @@ __all__ = [
     "nn",
     "rda_scan",
     "rda_step",
+    "rda_step_",
     "rwa_scan",
     "rwa_step",
+    "rwa_step_",
     "use_backend",
     "weighted_scan",
 ]

@@ -17,13 +17,15 @@ float32 around the kernels (one extra pass each way: numba has no float16 arithm
 from __future__ import annotations
 
 import dataclasses
+import functools
+import threading
 
 import numba
 import numpy as np
 import torch
 
 from .buffers import empty as _empty
-from .kernels import cpu_scan, cpu_scan_bwd
+from .kernels import cpu_scan, cpu_scan_bwd, cpu_step
 
 ATTN_CODE = {"exp": 0, "sigmoid": 1, "softplus": 2, "relu": 3}
 DISCOUNT_CODE = {None: 0, "log": 1, "sigmoid": 2}
@@ -53,6 +55,7 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+@functools.lru_cache(maxsize=None)
 def _consts(cdt: torch.dtype) -> np.ndarray:
     """``[floor, 0, 1, -inf]``: ``floor`` stands for ``-inf`` inside the kernels."""
     npt = np.float64 if cdt == torch.float64 else np.float32
@@ -182,3 +185,35 @@ def backward(z, a, g, attention, discount, init, reverse, cu_seqlens, saved, m_f
     gz, ga = gz.to(dtypes[0]), ga.to(dtypes[1])
     gg = None if gg is None else gg.to(dtypes[2])
     return gz, ga, gg, (tuple(x.clone() for x in g_init.unbind(0)) if has_init else None)
+
+
+_scratch = threading.local()
+
+
+def _step_scratch(numel: int, dtype: np.dtype) -> np.ndarray:
+    """Per-thread scratch of :func:`step_`, allocated once per size (no allocation per token)."""
+    key = (numel, dtype)
+    cache = getattr(_scratch, "rows", None)
+    if cache is None or cache[0] != key:
+        _scratch.rows = cache = (key, np.zeros((5, numel), dtype))
+    return cache[1]
+
+
+def step_(z, a, g, attention, discount, state, out) -> bool:
+    """One streaming step in place: ``state`` ``(m, n~, d~)`` updated where it lies and ``y``
+    written into ``out``. Returns ``False`` (doing nothing) unless every tensor is a
+    contiguous CPU tensor in a dtype the kernel reads (float32/bfloat16 inputs with a
+    float32 state, or all float64); the caller then takes the allocating path."""
+    m, n, d = state
+    cdt = _compute_dtype(z.dtype)
+    tensors = (z, a, out) + (() if g is None else (g,))
+    if z.dtype == torch.float16 or any(x.dtype != z.dtype or not x.is_contiguous()
+                                        or x.device.type != "cpu" for x in tensors):
+        return False
+    if any(s.dtype != cdt or not s.is_contiguous() or s.device.type != "cpu" for s in state):
+        return False
+    consts = _consts(cdt)
+    cpu_step.step_inplace(_flat(z), _flat(a), _flat(a if g is None else g), _flat(m), _flat(n),
+                          _flat(d), _flat(out), ATTN_CODE[attention], DISCOUNT_CODE[discount],
+                          consts, _step_scratch(m.numel(), consts.dtype))
+    return True

@@ -215,3 +215,79 @@ def rda_step(
     """
     attention = check_attention(attention)
     return _step([("z_t", z_t), ("a_t", a_t), ("g_t", g_t)], attention, "sigmoid", state)
+
+
+def _step_inplace(named, attention, discount, state, out):
+    z_t = check_inputs(named, "BD")
+    B, D = z_t.shape
+    if state is None:
+        raise TypeError("state must be a fastrwa.ScanState to update in place, got None; "
+                        "start from fastrwa.ScanState.empty(B, D)")
+    state = check_state(state, "state", z_t, B, D)
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != (B, D) \
+            or out.dtype != z_t.dtype or out.device != z_t.device:
+        got = f"{tuple(out.shape)} {out.dtype} on {out.device}" if isinstance(out, torch.Tensor) \
+            else type(out).__name__
+        raise ValueError(f"out must be a tensor of shape (B, D) = {(B, D)}, dtype {z_t.dtype}, "
+                         f"on {z_t.device}, got {got}")
+    if torch.is_grad_enabled() and any(x.requires_grad for _, x in named):
+        raise RuntimeError("the in-place steps (rwa_step_, rda_step_) are for inference: run "
+                           "them under torch.no_grad(), or use rwa_step/rda_step to train")
+    tensors = [x for _, x in named]
+    impl = _backend.resolve(z_t.device, z_t.dtype)
+    fast = getattr(impl, "step_", None)
+    g_t = tensors[2] if len(tensors) > 2 else None
+    if fast is None or not fast(tensors[0], tensors[1], g_t, attention, discount, state, out):
+        y, new = _step(named, attention, discount, state)
+        for buf, value in zip(state, new):
+            buf.copy_(value)
+        out.copy_(y)
+    return out
+
+
+def rwa_step_(z_t: torch.Tensor, a_t: torch.Tensor, state: ScanState,
+              out: torch.Tensor) -> torch.Tensor:
+    """:func:`rwa_step` in place, for decode loops: updates ``state``'s tensors where they lie
+    and writes ``y_t`` into ``out``; returns ``out``.
+
+    On CPU (the "numba" backend, contiguous float32/bfloat16/float64 tensors) nothing is
+    allocated; elsewhere it computes :func:`rwa_step` and copies. Inference only (no autograd).
+
+    Args:
+        z_t, a_t: ``(B, D)`` value and attention logit of this step.
+        state: a :class:`ScanState` of ``(B, D)`` tensors (float32, or float64 for float64
+            inputs), e.g. ``ScanState.empty(B, D)`` or a scan's final state; updated in place.
+        out: ``(B, D)`` tensor of the inputs' dtype that receives ``y_t``.
+
+    Example:
+        >>> import torch, fastrwa
+        >>> st, y = fastrwa.ScanState.empty(2, 3), torch.empty(2, 3)
+        >>> with torch.no_grad():
+        ...     _ = fastrwa.rwa_step_(torch.randn(2, 3), torch.randn(2, 3), st, y)
+        >>> bool((st.d > 0).all())
+        True
+    """
+    return _step_inplace([("z_t", z_t), ("a_t", a_t)], "exp", None, state, out)
+
+
+def rda_step_(z_t: torch.Tensor, a_t: torch.Tensor, g_t: torch.Tensor, state: ScanState,
+              out: torch.Tensor, attention: str = "exp") -> torch.Tensor:
+    """:func:`rda_step` in place (see :func:`rwa_step_`): ``state`` updated, ``y_t`` in ``out``.
+
+    Args:
+        z_t, a_t, g_t: ``(B, D)`` value, attention logit and discount logit of this step.
+        state: :class:`ScanState` of ``(B, D)`` tensors, updated in place.
+        out: ``(B, D)`` tensor of the inputs' dtype that receives ``y_t``.
+        attention: ``f_a``, one of "exp", "sigmoid", "softplus", "relu".
+
+    Example:
+        >>> import torch, fastrwa
+        >>> st, y = fastrwa.ScanState.empty(1, 4), torch.empty(1, 4)
+        >>> with torch.no_grad():
+        ...     _ = fastrwa.rda_step_(*torch.randn(3, 1, 4), st, y, attention="sigmoid")
+        >>> y.shape
+        torch.Size([1, 4])
+    """
+    attention = check_attention(attention)
+    return _step_inplace([("z_t", z_t), ("a_t", a_t), ("g_t", g_t)], attention, "sigmoid",
+                         state, out)

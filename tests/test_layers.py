@@ -38,6 +38,24 @@ def test_prefix_then_steps_equals_parallel_at_every_split(kind, attention, token
             torch.testing.assert_close(state.scan.average(), final.scan.average())
 
 
+@pytest.mark.parametrize("kind,attention", LAYERS)
+@pytest.mark.parametrize("token_shift", [False, True])
+def test_in_place_step_equals_step(kind, attention, token_shift):
+    """layer.step_ (state updated in place, output into a buffer) equals layer.step."""
+    layer = make_layer(kind, attention, token_shift=token_shift)
+    x = torch.randn(3, 6, 6)
+    with torch.no_grad():
+        _, state = layer(x[:, :2])
+        mine = LayerState(type(state.scan)(*(s.clone() for s in state.scan)),
+                          None if state.last_input is None else state.last_input.clone())
+        work, out = layer.step_workspace(3), torch.empty(3, 5)
+        for t in range(2, 6):
+            want, state = layer.step(x[:, t], state)
+            assert layer.step_(x[:, t], mine, out, work) is out
+            torch.testing.assert_close(out, want, atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(mine.scan.average(), state.scan.average())
+
+
 def test_bidirectional_halves_are_a_forward_and_a_reversed_layer():
     torch.manual_seed(1)
     bi = RDA(6, 5, attention="softplus", bidirectional=True)

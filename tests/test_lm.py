@@ -6,7 +6,7 @@ import torch
 
 from fastrwa.models import ByteLM, LMConfig, LMState
 from helpers import ATTENTIONS
-from memory_meter import LiveTensorMeter
+from memory_meter import LiveTensorMeter, NewStorageCounter, storages
 
 VARIANTS = [dict(layer="rwa")] + [dict(layer="rda", attention=a) for a in ATTENTIONS]
 TOL_FP32 = 2e-5  # logits, streaming vs parallel
@@ -28,9 +28,32 @@ def test_prefill_then_steps_equals_full_logits_at_every_split(variant):
             logits = [model(tokens[:, :k])[0]]
             model.prefill(tokens[:, :k], cache)
             for t in range(k, 10):
-                logits.append(model.step_(tokens[:, t], cache)[:, None])
+                # step_ returns the cache's logits buffer, overwritten by the next step
+                logits.append(model.step_(tokens[:, t], cache).clone()[:, None])
             err = (torch.cat(logits, dim=1) - full).abs().max().item()
             assert err <= TOL_FP32, (k, err)
+
+
+@pytest.mark.parametrize("variant", [dict(layer="rwa"), dict(layer="rda", token_shift=True),
+                                     dict(layer="rda", preset="sigmoid-id", dtype="bfloat16")],
+                         ids=["rwa", "rda-token-shift", "rda-sigmoid-id-bf16"])
+def test_streaming_step_allocates_nothing_after_warm_up(variant):
+    """Every op of ByteLM.step_ writes into a tensor that existed before the step."""
+    dtype = getattr(torch, variant.pop("dtype", "float32"))
+    model = tiny(**variant).to(dtype)
+    tokens = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(4))
+    cache = model.allocate_cache(2)
+    with torch.no_grad():
+        model.prefill(tokens[:, :4], cache)
+        model.step_(tokens[:, 4], cache)                      # warm-up
+        reference = model.step(tokens[:, 5], cache.state)[0]  # the functional step
+        known = storages(list(model.parameters()), cache.scan, cache.last, cache.work, tokens)
+        with NewStorageCounter(known) as counter:
+            for t in range(5, 12):
+                logits = model.step_(tokens[:, t], cache)
+                if t == 5 and dtype == torch.float32:   # (bfloat16 rounds in other places)
+                    assert torch.allclose(logits, reference, atol=1e-5)
+    assert counter.new == [], counter.new
 
 
 def _peak_live_bytes(model, n_tokens):

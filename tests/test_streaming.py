@@ -5,7 +5,7 @@ import torch
 
 import fastrwa
 from fastrwa.state import ScanState
-from helpers import ATTENTIONS, assert_close, leaf, make_inputs, make_state, run
+from helpers import ATTENTIONS, TOL, assert_close, leaf, make_inputs, make_state, run
 
 # Every test here runs once per CPU backend (tests/conftest.py).
 pytestmark = pytest.mark.usefixtures("op_backend")
@@ -108,3 +108,39 @@ def test_gradients_through_a_split_equal_gradients_of_one_scan(attention):
     for k in range(T + 1):
         for i, (g_, w_) in enumerate(zip(grads(k), want)):
             assert_close(g_, w_, 1e-10, f"gradient #{i}, split at {k}")
+
+
+@pytest.mark.parametrize("attention", ("rwa",) + ATTENTIONS)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_in_place_steps_continue_a_prefix_scan(attention, dtype):
+    """rwa_step_/rda_step_ update the state where it lies and write y into the given buffer
+    (the numba backend in place, the torch backend through a copy): both equal the scan."""
+    z, a, g = (x.to(dtype) for x in make_inputs(2, T, 5, attention=attention, seed=31))
+    g = None if attention == "rwa" else g
+    prefix = lambda x: None if x is None else x[:, :7]   # noqa: E731
+    kw = {} if g is None else dict(attention=attention)
+    scan = fastrwa.rwa_scan if g is None else fastrwa.rda_scan
+    y_full, _ = scan(*(x for x in (z, a, g) if x is not None), **kw)
+    _, state = scan(*(prefix(x) for x in (z, a, g) if x is not None), **kw,
+                    output_final_state=True)
+    buffers = [s.data_ptr() for s in state]
+    out = torch.empty(2, 5, dtype=dtype)
+    with torch.no_grad():
+        for t in range(7, T):
+            if g is None:
+                fastrwa.rwa_step_(z[:, t], a[:, t], state, out)
+            else:
+                fastrwa.rda_step_(z[:, t], a[:, t], g[:, t], state, out, attention)
+            assert_close(out, y_full[:, t].double(), TOL[dtype]["y"], f"y at {t}")
+    assert [s.data_ptr() for s in state] == buffers
+
+
+def test_in_place_step_errors():
+    z = torch.randn(2, 3)
+    state = fastrwa.ScanState.empty(2, 3)
+    with pytest.raises(ValueError, match=r"out must be a tensor of shape \(B, D\) = \(2, 3\)"):
+        fastrwa.rwa_step_(z, z, state, torch.empty(3, 2))
+    with pytest.raises(TypeError, match="state must be a fastrwa.ScanState.*None"):
+        fastrwa.rwa_step_(z, z, None, torch.empty(2, 3))
+    with pytest.raises(RuntimeError, match="inference.*no_grad"):
+        fastrwa.rwa_step_(z.requires_grad_(), z, state, torch.empty(2, 3))

@@ -10,11 +10,16 @@ from typing import NamedTuple, Optional
 import torch
 from torch import Tensor, nn
 
+from ..nn.functional import rms_norm_into
 from ..nn import RDA, RWA, LayerState
 from ..state import ScanState
 from .config import LMConfig
 
 _WEIGHTS, _CONFIG = "model.pt", "config.json"
+
+
+def _stat_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 class LMState(NamedTuple):
@@ -49,6 +54,28 @@ class Block(nn.Module):
         x = x + h
         return x + self.mlp(self.norm2(x)), state
 
+    def step_workspace(self, batch: int, dtype: torch.dtype) -> dict:
+        """Buffers for :meth:`step_` (``batch`` rows), allocated once per decode."""
+        d, dev = self.norm1.normalized_shape[0], self.mlp[0].weight.device
+        new = lambda *shape: torch.empty(*shape, dtype=dtype, device=dev)  # noqa: E731
+        return dict(mix=self.mix.step_workspace(batch, dtype), normed=new(batch, d),
+                    h=new(batch, d), hidden=new(batch, self.mlp[0].out_features),
+                    rstd=torch.empty(batch, 1, dtype=_stat_dtype(dtype), device=dev))
+
+    def step_(self, x: Tensor, state: LayerState, work: dict) -> Tensor:
+        """:meth:`step` in place: the residual stream ``x`` ``(B, d)`` and ``state`` are
+        updated where they lie, and nothing is allocated (CPU)."""
+        normed, h = work["normed"], work["h"]
+        rms_norm_into(x, self.norm1, normed, work["rstd"])
+        self.mix.step_(normed, state, h, work["mix"])
+        x.add_(h)
+        rms_norm_into(x, self.norm2, normed, work["rstd"])
+        up, down = self.mlp[0], self.mlp[2]
+        torch.addmm(up.bias, normed, up.weight.t(), out=work["hidden"])
+        torch.ops.aten.gelu.out(work["hidden"], out=work["hidden"])
+        torch.addmm(down.bias, work["hidden"], down.weight.t(), out=h)
+        return x.add_(h)
+
 
 class InferenceCache:
     """Streaming state allocated once and updated in place (in the style of mamba's cache).
@@ -61,12 +88,21 @@ class InferenceCache:
 
     def __init__(self, model: "ByteLM", batch: int):
         d, dev = model.config.d_model, model.embed.weight.device
-        sdt = torch.float64 if model.embed.weight.dtype == torch.float64 else torch.float32
+        dtype = model.embed.weight.dtype
+        sdt = torch.float64 if dtype == torch.float64 else torch.float32
         self.batch = batch
         self.scan = [tuple(torch.zeros(batch, d, dtype=sdt, device=dev) for _ in range(3))
                      for _ in model.blocks]
-        self.last = [torch.zeros(batch, d, dtype=model.embed.weight.dtype, device=dev)
+        self.last = [torch.zeros(batch, d, dtype=dtype, device=dev)
                      if model.config.token_shift else None for _ in model.blocks]
+        # Work buffers of ByteLM.step_ (intermediates, not state): a step allocates nothing.
+        self.work = dict(x=torch.empty(batch, d, dtype=dtype, device=dev),
+                         normed=torch.empty(batch, d, dtype=dtype, device=dev),
+                         rstd=torch.empty(batch, 1, dtype=_stat_dtype(dtype), device=dev),
+                         logits=torch.empty(batch, model.config.vocab_size, dtype=dtype,
+                                            device=dev),
+                         token_range=torch.empty(2, dtype=torch.long, device=dev),
+                         blocks=[block.step_workspace(batch, dtype) for block in model.blocks])
 
     @property
     def state(self) -> LMState:
@@ -90,6 +126,7 @@ class InferenceCache:
 
     @property
     def nbytes(self) -> int:
+        """Bytes of the streaming state (scan states and previous inputs), work buffers aside."""
         tensors = [t for bufs in self.scan for t in bufs] + [t for t in self.last if t is not None]
         return sum(t.numel() * t.element_size() for t in tensors)
 
@@ -187,11 +224,30 @@ class ByteLM(nn.Module):
         cache.load_(state)
         return logits[:, -1]
 
+    @torch.no_grad()
     def step_(self, token: Tensor, cache: InferenceCache) -> Tensor:
-        """One token ``(B,)`` with the state in ``cache``, updated in place; returns logits."""
-        logits, state = self.step(token, cache.state)
-        cache.load_(state)
-        return logits
+        """One token ``(B,)`` with the state in ``cache``, updated in place; returns logits.
+
+        Allocates nothing on CPU: every intermediate lives in ``cache.work``, and the
+        returned ``(B, vocab_size)`` logits are ``cache.work["logits"]``, overwritten by the
+        next step (clone them to keep them). Matches :meth:`step` (tests/test_lm.py).
+        """
+        if not isinstance(token, Tensor) or token.dim() != 1 or token.shape[0] != cache.batch \
+                or token.is_floating_point() or token.dtype == torch.bool:
+            got = f"{tuple(token.shape)} {token.dtype}" if isinstance(token, Tensor) \
+                else type(token).__name__
+            raise ValueError(f"token must be integer ids of shape (B,) = ({cache.batch},), "
+                             f"got {got}")
+        work = cache.work
+        low, high = torch.aminmax(token, out=(work["token_range"][0], work["token_range"][1]))
+        if low.item() < 0 or high.item() >= self.config.vocab_size:
+            raise ValueError(f"token must be ids in [0, {self.config.vocab_size}), "
+                             f"got values in [{low.item()}, {high.item()}]")
+        x = torch.index_select(self.embed.weight, 0, token, out=work["x"])
+        for block, state, block_work in zip(self.blocks, cache.state.layers, work["blocks"]):
+            block.step_(x, state, block_work)
+        rms_norm_into(x, self.norm, work["normed"], work["rstd"])
+        return torch.mm(work["normed"], self.head.weight.t(), out=work["logits"])
 
     # -- generation -----------------------------------------------------------------------
     @torch.no_grad()

@@ -13,6 +13,29 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "relu": torch.relu,
 }
 
+# The same functions writing into ``out`` (``out`` may be ``x``): for allocation-free steps.
+ACTIVATIONS_OUT: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "tanh": lambda x, out: torch.tanh(x, out=out),
+    "identity": lambda x, out: out if out is x else out.copy_(x),
+    "sigmoid": lambda x, out: torch.sigmoid(x, out=out),
+    "relu": lambda x, out: torch.clamp(x, min=0, out=out),
+}
+
+
+def rms_norm_into(x: torch.Tensor, norm: torch.nn.RMSNorm, out: torch.Tensor,
+                  rstd: torch.Tensor) -> torch.Tensor:
+    """``out = norm(x)`` for a ``(B, D)`` ``x`` without allocating; ``rstd`` is a ``(B, 1)``
+    float32 (float64 for float64 ``x``) buffer: the statistics are kept at that precision,
+    as ``torch.nn.RMSNorm`` does for low-precision inputs."""
+    eps = norm.eps if norm.eps is not None else torch.finfo(x.dtype).eps
+    torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=rstd.dtype, out=rstd)
+    rstd.square_().div_(x.shape[-1]).add_(eps).rsqrt_()
+    torch.mul(x, rstd, out=out)
+    if norm.weight is not None:
+        out.mul_(norm.weight)
+    return out
+
+
 # The published RDA variants (DESIGN.md §1): f_a, and the composition f_o(f_h(.)).
 RDA_PRESETS = {
     "exp-tanh": dict(attention="exp", f_h="identity", f_o="tanh"),

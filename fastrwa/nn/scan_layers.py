@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from .. import scan as _scan
 from ..state import ScanState
-from .functional import rda_functions
+from .functional import ACTIVATIONS_OUT, rda_functions
 
 
 class LayerState(NamedTuple):
@@ -183,6 +183,53 @@ class _ScanLayer(nn.Module):
         last = x_t if self.token_shift else None
         return self._output(y)[:, 0], LayerState(final, last)
 
+    # -- allocation-free streaming ----------------------------------------------------------
+    def step_workspace(self, batch: int, dtype: Optional[torch.dtype] = None) -> dict:
+        """Buffers :meth:`step_` writes into, for ``batch`` rows: allocate once per decode."""
+        H, dev = self.hidden_size, self.proj.weight.device
+        dtype = dtype or self.proj.weight.dtype
+        new = lambda width: torch.empty(batch, width, dtype=dtype, device=dev)  # noqa: E731
+        return dict(inp=new(self.proj.in_features), proj=new(self.proj.out_features),
+                    z=new(H), a=new(H), g=new(H), y=new(H))
+
+    def step_(self, x_t: Tensor, state: LayerState, out: Tensor,
+              work: Optional[dict] = None) -> Tensor:
+        """:meth:`step` in place, for decode loops: ``state`` (its scan tensors and
+        ``last_input``) is updated where it lies and the output written into ``out``
+        ``(B, hidden_size)``; returns ``out``. With ``work`` from :meth:`step_workspace` and
+        CPU tensors nothing is allocated. Inference only (run under ``torch.no_grad()``).
+        """
+        if self.bidirectional:
+            raise RuntimeError("step_() is not defined for a bidirectional layer: its reverse "
+                               "direction needs the whole sequence; call the layer on it")
+        self._check_input(x_t, 2)
+        if not isinstance(state, LayerState):
+            raise TypeError(f"state must be a fastrwa.nn.LayerState to update in place, "
+                            f"got {type(state).__name__}")
+        B, I, H = x_t.shape[0], self.input_size, self.hidden_size
+        work = work if work is not None else self.step_workspace(B, x_t.dtype)
+        inp = x_t
+        if self.token_shift:
+            work["inp"][:, :I].copy_(x_t)
+            work["inp"][:, I:].copy_(state.last_input)
+            inp = work["inp"]
+        p = work["proj"]
+        torch.addmm(self.proj.bias, inp, self.proj.weight.t(), out=p)
+        torch.tanh(p[:, H:2 * H], out=work["z"])
+        work["z"].mul_(p[:, :H])                                  # z = u * tanh(g)
+        work["a"].copy_(p[:, 2 * H:3 * H])                        # contiguous for the kernel
+        self._step_scan_(work, state.scan)
+        self._output_(work["y"], out)
+        if self.token_shift:
+            state.last_input.copy_(x_t)
+        return out
+
+    def _step_scan_(self, work: dict, scan: ScanState) -> None:
+        raise NotImplementedError
+
+    def _output_(self, y: Tensor, out: Tensor) -> None:
+        raise NotImplementedError
+
     def extra_repr(self) -> str:
         return (f"{self.input_size}, {self.hidden_size}, batch_first={self.batch_first}, "
                 f"bidirectional={self.bidirectional}, token_shift={self.token_shift}")
@@ -234,6 +281,12 @@ class RWA(_ScanLayer):
     def _output(self, y):
         return torch.tanh(y)
 
+    def _step_scan_(self, work, scan):
+        _scan.rwa_step_(work["z"], work["a"], scan, work["y"])
+
+    def _output_(self, y, out):
+        torch.tanh(y, out=out)
+
 
 class RDA(_ScanLayer):
     """Recurrent Discounted Attention as a scan layer.
@@ -284,6 +337,15 @@ class RDA(_ScanLayer):
 
     def _output(self, y):
         return self._f_o(self._f_h(y))
+
+    def _step_scan_(self, work, scan):
+        H = self.hidden_size
+        work["g"].copy_(work["proj"][:, 3 * H:4 * H])
+        _scan.rda_step_(work["z"], work["a"], work["g"], scan, work["y"], self.attention)
+
+    def _output_(self, y, out):
+        ACTIVATIONS_OUT[self.f_h_name](y, out)
+        ACTIVATIONS_OUT[self.f_o_name](out, out)
 
     def extra_repr(self) -> str:
         return (super().extra_repr() + f", attention={self.attention!r}, "
