@@ -44,28 +44,3 @@ class LiveTensorMeter(TorchDispatchMode):
                 weakref.finalize(t, self._release, key)
         return out
 
-
-class NewStorageCounter(TorchDispatchMode):
-    """Counts op outputs whose storage is not among ``known`` data pointers: allocations.
-
-    Views and ``out=`` results share a known storage and are not counted.
-    """
-
-    def __init__(self, known: set[int]):
-        super().__init__()
-        self.known = set(known)
-        self.new: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in self.known:
-                self.new.append(str(func))
-                self.known.add(t.untyped_storage().data_ptr())
-        return out
-
-
-def storages(*objects) -> set[int]:
-    """Data pointers of every tensor in (nested lists/tuples/dicts of) ``objects``."""
-    leaves = tree_flatten(list(objects))[0]
-    return {t.untyped_storage().data_ptr() for t in leaves if isinstance(t, torch.Tensor)}

@@ -6,7 +6,8 @@ import torch
 
 from fastrwa.models import ByteLM, LMConfig, LMState
 from helpers import ATTENTIONS
-from memory_meter import LiveTensorMeter, NewStorageCounter, storages
+from fastrwa.allocations import NewStorageCounter, storages
+from memory_meter import LiveTensorMeter
 
 VARIANTS = [dict(layer="rwa")] + [dict(layer="rda", attention=a) for a in ATTENTIONS]
 TOL_FP32 = 2e-5  # logits, streaming vs parallel

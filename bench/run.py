@@ -1,0 +1,79 @@
+"""Where fastrwa stands, in one run: ``python bench/run.py [--quick] [--out DIR]``.
+
+Prints five tables and writes ``DIR/results.json`` and ``DIR/throughput_vs_length.png``:
+
+1. throughput: each path (sequential reference, "torch" chunked, "numba" compiled CPU, and
+   "triton" on a GPU) x op x forward / forward+backward x dtype: elements/s and the ratio
+   to ``copy_`` of the same bytes (bench/common.py); the reference runs at a shorter length.
+2. triton-interpreter: the Triton kernels run under TRITON_INTERPRET=1, as a correctness note
+   (max error against the reference; interpreter speed means nothing).
+3. rnn: an RDA scan layer (projection + scan + output) forward+backward tokens/s beside
+   ``torch.nn.LSTM`` and ``torch.nn.GRU`` of the same hidden size, batch and length.
+4. scaling: ns per token of the forward for B=1, D=256 from T=1K to 1M, per path.
+5. streaming: a ByteLM's single-token step latency, allocations per step, state bytes.
+
+``--quick`` shrinks every shape so the whole script takes well under a minute (CI runs it).
+No timing here is asserted anywhere; docs/benchmarks.md records a full run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import platform
+import sys
+
+import torch
+
+if not torch.cuda.is_available():       # the Triton correctness note runs in the interpreter
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import sections  # noqa: E402  (bench/sections.py)
+
+FULL = dict(B=16, T=4096, D=256, T_reference=256, repeats=7, rnn=dict(B=16, T=1024, H=256),
+            lengths=[1 << k for k in range(10, 21, 2)], lm=dict(d_model=256, n_layers=4),
+            ops=["rwa", "rda-exp", "rda-sigmoid", "rda-softplus", "rda-relu"],
+            dtypes=["float32", "bfloat16"], paths=["reference", "torch", "numba"],
+            reference_max_T=4096, torch_max_T=1 << 16)
+QUICK = dict(B=2, T=512, D=64, T_reference=64, repeats=2, rnn=dict(B=4, T=64, H=32),
+             lengths=[1024, 4096], lm=dict(d_model=32, n_layers=2),
+             ops=["rwa", "rda-sigmoid"], dtypes=["float32", "bfloat16"],
+             paths=["reference", "torch", "numba"], reference_max_T=1024, torch_max_T=4096)
+
+
+def machine() -> dict:
+    return dict(python=platform.python_version(), torch=torch.__version__,
+                cpu=platform.processor() or platform.machine(), cores=os.cpu_count(),
+                threads=torch.get_num_threads(),
+                gpu=torch.cuda.get_device_name() if torch.cuda.is_available() else None)
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="tiny shapes (CI: keeps it from rotting)")
+    p.add_argument("--out", default="bench-results", help="directory for results.json and the PNG")
+    p.add_argument("--only", nargs="*", choices=sections.NAMES, help="run only these sections")
+    args = p.parse_args(argv)
+    cfg = dict(QUICK if args.quick else FULL)
+    if torch.cuda.is_available():
+        cfg["paths"] = cfg["paths"] + ["triton"]
+    results = dict(machine=machine(), config=cfg, quick=args.quick)
+    print(f"fastrwa benchmarks ({'quick' if args.quick else 'full'}): {results['machine']}")
+    for name in args.only or sections.NAMES:
+        results[name] = getattr(sections, name)(cfg)
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    if "scaling" in results:
+        sections.plot_scaling(results["scaling"], out / "throughput_vs_length.png")
+    print(f"\nwrote {out / 'results.json'}" + (f" and {out / 'throughput_vs_length.png'}"
+                                               if "scaling" in results else ""))
+    return results
+
+
+if __name__ == "__main__":
+    main()
