@@ -96,7 +96,8 @@ def interleaved(fn: Callable[[], None], nbytes: int, dtype: torch.dtype, repeats
     size = torch.tensor([], dtype=dtype).element_size()
     src = torch.randn(max(1, nbytes // 2 // size)).to(dtype)
     dst = torch.empty_like(src)
-    fn(), dst.copy_(src)                              # warm-up (and numba compile, cached)
+    for _ in range(3):      # warm-up: numba compile (cached), the allocator's steady state
+        fn(), dst.copy_(src)
     t_op, t_copy = [], []
     for _ in range(repeats):
         t_op.append(seconds(fn))

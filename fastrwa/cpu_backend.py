@@ -1,10 +1,11 @@
 """The "numba" backend: host launchers for the compiled CPU kernels in ``fastrwa.kernels``.
 
 Same interface as :mod:`fastrwa.torch_backend`. Runs on CPU tensors: one compiled loop over
-time per (sequence, channel block), vectorised across channels, in parallel over the tasks
-with ``torch.get_num_threads()`` threads. It reads every input once and writes every output
-once; the forward also saves the state entering each chunk of ``Options.chunk`` steps
-(``3 * D`` floats), from which the backward recomputes everything else (DESIGN.md §2).
+time per (sequence, channel block), vectorised across channels, the tasks split over
+``torch.get_num_threads()`` threads (the caller's and a pool's; the kernels release the
+GIL). It reads every input once and writes every output once; the forward also saves the
+state entering each chunk of ``Options.chunk`` steps (``3 * D`` floats), from which the
+backward recomputes everything else (DESIGN.md §2).
 
 Why numba (docs/benchmarks.md has the long form): it is a wheel on PyPI for every platform
 PyTorch's CPU wheels cover, it compiles on first use with its own bundled LLVM (no C
@@ -18,9 +19,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
-import numba
 import numpy as np
 import torch
 
@@ -74,7 +76,7 @@ def _block(n_seq: int, D: int) -> int:
     if _options.block is not None:
         return _options.block
     block = D
-    while block > 32 and n_seq * -(-D // block) < 2 * numba.get_num_threads():
+    while block > 32 and n_seq * -(-D // block) < 2 * _threads():
         block = max(32, -(-block // 2))
     return block
 
@@ -94,8 +96,37 @@ def _layout(z: torch.Tensor, cu_seqlens: torch.Tensor | None, C: int):
     return seq_b, lo, hi, ck_off, int(n_ck.sum())
 
 
-def _threads() -> None:
-    numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
+def _threads() -> int:
+    return max(1, torch.get_num_threads())
+
+
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+SERIAL_BELOW = 1 << 15      # elements: smaller calls run on the caller's thread alone
+
+
+def _run_tasks(kernel, work: np.ndarray, block: int, D: int, *args) -> None:
+    """Run ``kernel(task_lo, task_hi, *args)`` over every (sequence, channel block) task,
+    split into contiguous ranges of about equal work (``work``: steps per sequence) over
+    ``torch.get_num_threads()`` threads: the caller's and a pool's."""
+    global _pool
+    n_blk = -(-D // block)
+    per_task = np.repeat(np.maximum(work, 1), n_blk)
+    n_tasks, k = len(per_task), min(_threads(), len(per_task))
+    if k <= 1 or int(work.sum()) * D < SERIAL_BELOW:
+        kernel(0, n_tasks, *args)
+        return
+    with _pool_lock:
+        if _pool is None or _pool._max_workers < k - 1:
+            _pool = ThreadPoolExecutor(max_workers=max(k - 1, os.cpu_count() or 1),
+                                       thread_name_prefix="fastrwa")
+    share = np.cumsum(per_task) / per_task.sum()
+    bounds = [0] + [int(np.searchsorted(share, i / k)) + 1 for i in range(1, k)] + [n_tasks]
+    bounds = sorted(set(min(max(b, 0), n_tasks) for b in bounds))
+    futures = [_pool.submit(kernel, lo, hi, *args) for lo, hi in zip(bounds[1:-1], bounds[2:])]
+    kernel(bounds[0], bounds[1], *args)
+    for future in futures:
+        future.result()
 
 
 def _prepare(z, a, g):
@@ -120,7 +151,6 @@ def forward(z, a, g, attention, discount, init, output_final_state, reverse, cu_
     and ``saved = [states, chunk]``: the ``(3, chunks, D)`` states entering every chunk and
     the chunk length as a 1-element int64 tensor (so a later change of ``Options`` cannot
     make the backward misread them), or ``[]``."""
-    _threads()
     dtype = z.dtype
     z, a, g = _prepare(z, a, g)
     B, T, D = z.shape
@@ -132,9 +162,11 @@ def forward(z, a, g, attention, discount, init, output_final_state, reverse, cu_
     y = _empty(z.shape, z.dtype, z.device)
     final = torch.empty((3, n_seq, D), dtype=cdt)
     ck = torch.empty((3, n_ck if save_for_backward else 0, D), dtype=cdt)
-    cpu_scan.forward(_flat(z), _flat(a), _flat(a if g is None else g), _flat(y), T, D, seq_b, lo, hi,
-                     _flat(state0), has_init, _flat(final), _flat(ck), ck_off, chunk, save_for_backward, ATTN_CODE[attention], DISCOUNT_CODE[discount], reverse,
-                     _block(n_seq, D), _consts(cdt))
+    block = _block(n_seq, D)
+    _run_tasks(cpu_scan.forward, hi - lo, block, D, _flat(z), _flat(a),
+               _flat(a if g is None else g), _flat(y), T, D, seq_b, lo, hi, _flat(state0),
+               has_init, _flat(final), _flat(ck), ck_off, chunk, save_for_backward,
+               ATTN_CODE[attention], DISCOUNT_CODE[discount], reverse, block, _consts(cdt))
     # separate tensors: a custom op's outputs may not alias one another
     out_final = tuple(x.clone() for x in final.unbind(0)) if output_final_state else None
     saved = [ck, torch.tensor([chunk], dtype=torch.int64)] if save_for_backward else []
@@ -158,7 +190,6 @@ def backward(z, a, g, attention, discount, init, reverse, cu_seqlens, saved, m_f
     dtypes = (z.dtype, a.dtype, None if g is None else g.dtype)
     if not saved:   # the forward ran without saving: get the chunk states now
         saved = forward(z, a, g, attention, discount, init, False, reverse, cu_seqlens, True)[2]
-    _threads()
     z, a, g = _prepare(z, a, g)
     gy = gy.to(z.dtype).contiguous()
     B, T, D = z.shape
@@ -177,11 +208,12 @@ def backward(z, a, g, attention, discount, init, reverse, cu_seqlens, saved, m_f
     gz, ga = _empty(z.shape, z.dtype, z.device), _empty(a.shape, a.dtype, a.device)
     gg = None if g is None else _empty(g.shape, g.dtype, g.device)
     g_init = torch.zeros((3, n_seq, D), dtype=cdt)
-    cpu_scan_bwd.backward(
-        _flat(z), _flat(a), _flat(a if g is None else g), _flat(gy), _flat(gz), _flat(ga),
-        _flat(ga if gg is None else gg), T, D, seq_b,
-        lo, hi, _flat(state0), has_init, _flat(g_fin), has_g_final, _flat(g_init), _flat(ck), ck_off, chunk,
-        ATTN_CODE[attention], DISCOUNT_CODE[discount], reverse, _block(n_seq, D), _consts(cdt))
+    block = _block(n_seq, D)
+    _run_tasks(cpu_scan_bwd.backward, hi - lo, block, D, _flat(z), _flat(a),
+               _flat(a if g is None else g), _flat(gy), _flat(gz), _flat(ga),
+               _flat(ga if gg is None else gg), T, D, seq_b, lo, hi, _flat(state0), has_init,
+               _flat(g_fin), has_g_final, _flat(g_init), _flat(ck), ck_off, chunk,
+               ATTN_CODE[attention], DISCOUNT_CODE[discount], reverse, block, _consts(cdt))
     gz, ga = gz.to(dtypes[0]), ga.to(dtypes[1])
     gg = None if gg is None else gg.to(dtypes[2])
     return gz, ga, gg, (tuple(x.clone() for x in g_init.unbind(0)) if has_init else None)

@@ -1,7 +1,9 @@
 """CPU forward of the weighted scan: a compiled loop over time, vectorised over channels.
 
-numba kernels (``parallel=True``): one task per (sequence, channel block), spread over the
-threads with ``prange``. A task walks its sequence one step at a time with the state
+numba kernels compiled with ``nogil``: one task per (sequence, channel block); a call runs
+tasks ``[task_lo, task_hi)``, and the launcher spreads the ranges over its threads (plain
+threads that sleep when idle, unlike an OpenMP pool, which spins and then competes with
+PyTorch's own). A task walks its sequence one step at a time with the state
 ``(m, n~, d~)`` of its ``w`` channels in three small arrays (L1-resident), reading each input
 once and writing ``y`` once: the minimum traffic of DESIGN.md §2. With ``save`` it also
 writes the state entering every chunk of ``chunk`` steps (``3 * w`` floats per chunk), which
@@ -16,12 +18,12 @@ Flat arrays; ``off = ((b * T + t) * D + lo)`` in int64.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from .cpu_math import fexp, load, store
 from .cpu_rows import EXP, NO_DISCOUNT, log_decay_row, log_weight_row
 
-OPTS = dict(parallel=True, nogil=True, cache=True, error_model="numpy", fastmath={"contract"})
+OPTS = dict(nogil=True, cache=True, error_model="numpy", fastmath={"contract"})
 
 
 @njit(nogil=True, cache=True, error_model="numpy", fastmath={"contract"})
@@ -70,9 +72,9 @@ def time_index(lo, hi, s, reverse):
 
 
 @njit(**OPTS)
-def forward(z, a, g, y, T, D, seq_b, seq_lo, seq_hi, state0, has_init, final, ck, ck_off,
+def forward(task_lo, task_hi, z, a, g, y, T, D, seq_b, seq_lo, seq_hi, state0, has_init, final, ck, ck_off,
             chunk, save, attention, discount, reverse, block, consts):
-    """Forward over every (sequence, channel block).
+    """Forward of tasks ``[task_lo, task_hi)`` of all (sequence, channel block) pairs.
 
     ``z, a, g, y``: flat ``(B, T, D)`` (``g`` unused without a discount; ``uint16`` holds
     bfloat16). Sequence ``i`` is batch row ``seq_b[i]``, steps ``[seq_lo[i], seq_hi[i])``.
@@ -83,7 +85,7 @@ def forward(z, a, g, y, T, D, seq_b, seq_lo, seq_hi, state0, has_init, final, ck
     n_seq = seq_b.shape[0]
     n_blk = (D + block - 1) // block
     n_ck = ck.shape[0] // (3 * D) if save else 0
-    for task in prange(n_seq * n_blk):
+    for task in range(task_lo, task_hi):
         i, lo = task // n_blk, (task % n_blk) * block
         w = min(block, D - lo)
         m, n, d = np.zeros(w, consts.dtype), np.zeros(w, consts.dtype), np.zeros(w, consts.dtype)

@@ -24,7 +24,7 @@ every factor is at most 1. ``gm`` of the final state is not used (docs/math.md Â
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from .cpu_math import load, store
 from .cpu_rows import (EXP, NO_DISCOUNT, attention_grad_row, decay_grad_row, log_decay_row,
@@ -62,10 +62,11 @@ def adjoint_row(rho, sigma, gl, glam, z, sd, sy, take, keep, r, gy, off, gz, wit
 
 
 @njit(**OPTS)
-def backward(z, a, g, gy, gz, ga, gg, T, D, seq_b, seq_lo, seq_hi, state0, has_init,
+def backward(task_lo, task_hi, z, a, g, gy, gz, ga, gg, T, D, seq_b, seq_lo, seq_hi, state0, has_init,
              g_final, has_g_final, g_init, ck, ck_off, chunk, attention, discount, reverse,
              block, consts):
-    """Gradients into ``gz, ga, gg`` (flat ``(B, T, D)``) and ``g_init`` (``(3, N, D)``).
+    """Gradients into ``gz, ga, gg`` (flat ``(B, T, D)``) and ``g_init`` (``(3, N, D)``),
+    for tasks ``[task_lo, task_hi)``.
 
     Arguments as :func:`kernels.cpu_scan.forward`; ``g_final`` holds the ``(2, N, D)``
     gradients of the final ``n~, d~``; ``ck`` the chunk-start states the forward saved.
@@ -77,7 +78,7 @@ def backward(z, a, g, gy, gz, ga, gg, T, D, seq_b, seq_lo, seq_hi, state0, has_i
     n_ck = ck.shape[0] // (3 * D)
     with_decay = discount != NO_DISCOUNT
     dt = consts.dtype
-    for task in prange(n_seq * n_blk):
+    for task in range(task_lo, task_hi):
         i, lo = task // n_blk, (task % n_blk) * block
         w = min(block, D - lo)
         m, n, d = np.zeros(w, dt), np.zeros(w, dt), np.zeros(w, dt)
