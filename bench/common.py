@@ -106,5 +106,6 @@ def interleaved(fn: Callable[[], None], nbytes: int, dtype: torch.dtype, repeats
 
 
 def median_seconds(fn: Callable[[], None], repeats: int) -> float:
-    fn()
+    for _ in range(3):      # warm-up: numba compile (cached), the allocator's steady state
+        fn()
     return statistics.median(seconds(fn) for _ in range(repeats))

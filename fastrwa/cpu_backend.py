@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from .buffers import empty as _empty
+from .checks import state_dtype
 from .kernels import cpu_scan, cpu_scan_bwd, cpu_step
 
 ATTN_CODE = {"exp": 0, "sigmoid": 1, "softplus": 2, "relu": 3}
@@ -51,10 +52,6 @@ def set_options(**changes) -> Options:
     previous = _options
     _options = dataclasses.replace(_options, **changes)
     return previous
-
-
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 @functools.lru_cache(maxsize=None)
@@ -82,15 +79,28 @@ def _block(n_seq: int, D: int) -> int:
 
 
 def _layout(z: torch.Tensor, cu_seqlens: torch.Tensor | None, C: int):
-    """Sequences ``(batch row, start, end)`` and each one's first saved-state row."""
+    """Sequences ``(batch row, start, end)``, each one's first saved-state row, the number of
+    saved states. The dense layout is cached: the kernels only read these arrays."""
     B, T, _ = z.shape
     if cu_seqlens is None:
-        seq_b = np.arange(B, dtype=np.int64)
-        lo, hi = np.zeros(B, np.int64), np.full(B, T, np.int64)
-    else:
-        bounds = cu_seqlens.to(torch.int64).numpy()
-        lo, hi = bounds[:-1].copy(), bounds[1:].copy()
-        seq_b = np.zeros(len(lo), np.int64)
+        return _dense_layout(B, T, C)
+    return _packed_layout(cu_seqlens, C)
+
+
+@functools.lru_cache(maxsize=64)
+def _dense_layout(B: int, T: int, C: int):
+    seq_b = np.arange(B, dtype=np.int64)
+    lo, hi = np.zeros(B, np.int64), np.full(B, T, np.int64)
+    return _finish_layout(seq_b, lo, hi, C)
+
+
+def _packed_layout(cu_seqlens: torch.Tensor, C: int):
+    bounds = cu_seqlens.to(torch.int64).numpy()
+    lo, hi = bounds[:-1].copy(), bounds[1:].copy()
+    return _finish_layout(np.zeros(len(lo), np.int64), lo, hi, C)
+
+
+def _finish_layout(seq_b, lo, hi, C: int):
     n_ck = -(-(hi - lo) // C)
     ck_off = np.concatenate([[0], np.cumsum(n_ck)[:-1]]).astype(np.int64)
     return seq_b, lo, hi, ck_off, int(n_ck.sum())
@@ -102,7 +112,9 @@ def _threads() -> int:
 
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
-SERIAL_BELOW = 1 << 15      # elements: smaller calls run on the caller's thread alone
+# Elements below which a call runs on the caller's thread alone: waking a pool thread costs
+# tens of microseconds, more than it saves on small calls (B=1, T=1K, D=256 is 256K).
+SERIAL_BELOW = 1 << 19
 
 
 def _run_tasks(kernel, work: np.ndarray, block: int, D: int, *args) -> None:
@@ -154,7 +166,7 @@ def forward(z, a, g, attention, discount, init, output_final_state, reverse, cu_
     dtype = z.dtype
     z, a, g = _prepare(z, a, g)
     B, T, D = z.shape
-    cdt = _compute_dtype(dtype)
+    cdt = state_dtype(dtype)
     chunk = _options.chunk
     seq_b, lo, hi, ck_off, n_ck = _layout(z, cu_seqlens, chunk)
     n_seq = len(seq_b)
@@ -180,7 +192,7 @@ def fake_saved(z, cu_seqlens) -> list:
         n_ck = B * -(-T // _options.chunk)
     else:
         n_ck = torch.library.get_ctx().new_dynamic_size()
-    return [z.new_empty((3, n_ck, D), dtype=_compute_dtype(z.dtype)),
+    return [z.new_empty((3, n_ck, D), dtype=state_dtype(z.dtype)),
             z.new_empty((1,), dtype=torch.int64)]
 
 
@@ -193,7 +205,7 @@ def backward(z, a, g, attention, discount, init, reverse, cu_seqlens, saved, m_f
     z, a, g = _prepare(z, a, g)
     gy = gy.to(z.dtype).contiguous()
     B, T, D = z.shape
-    cdt = _compute_dtype(dtypes[0])
+    cdt = state_dtype(dtypes[0])
     ck, chunk = saved[0].contiguous(), int(saved[1].item())
     seq_b, lo, hi, ck_off, _ = _layout(z, cu_seqlens, chunk)
     n_seq = len(seq_b)
@@ -237,7 +249,7 @@ def step_(z, a, g, attention, discount, state, out) -> bool:
     contiguous CPU tensor in a dtype the kernel reads (float32/bfloat16 inputs with a
     float32 state, or all float64); the caller then takes the allocating path."""
     m, n, d = state
-    cdt = _compute_dtype(z.dtype)
+    cdt = state_dtype(z.dtype)
     tensors = (z, a, out) + (() if g is None else (g,))
     if z.dtype == torch.float16 or any(x.dtype != z.dtype or not x.is_contiguous()
                                         or x.device.type != "cpu" for x in tensors):
