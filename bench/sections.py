@@ -7,8 +7,8 @@ import statistics
 import torch
 
 import fastrwa
-from common import (DTYPES, OPS, forward_backward_fn, forward_fn, inputs, interleaved,
-                    median_seconds, min_bytes, seconds)
+from common import (DTYPES, OPS, best_seconds, forward_backward_fn, forward_fn, inputs,
+                    interleaved, median_seconds, min_bytes, seconds)
 from fastrwa.allocations import NewStorageCounter, storages
 from fastrwa.models import ByteLM, LMConfig
 
@@ -116,7 +116,8 @@ def rnn(cfg: dict) -> list[dict]:
 
 
 def scaling(cfg: dict) -> list[dict]:
-    """ns per token of rda_scan (exp) forward, B=1, D=256, T from 1K up, per path."""
+    """ns per token of rda_scan (exp) forward, B=1, D=256, T from 1K up, per path (best of
+    several runs: the question is whether the cost per token grows with T)."""
     D, rows = 256, []
     limits = dict(reference=cfg["reference_max_T"], torch=cfg["torch_max_T"])
     op = OPS["rda-exp"]
@@ -129,7 +130,7 @@ def scaling(cfg: dict) -> list[dict]:
                 z, a, g = z.cuda(), a.cuda(), g.cuda()
             fn = forward_fn(op, z, a, g, path)
             repeats = max(3, min(50, (1 << 24) // (T * D)))
-            t = median_seconds(fn if path != "triton" else _synchronized(fn), repeats)
+            t = best_seconds(fn if path != "triton" else _synchronized(fn), repeats)
             rows.append(dict(path=path, T=T, D=D, seconds=t, ns_per_token=t / T * 1e9,
                              tokens_per_s=T / t))
             del z, a, g
@@ -139,7 +140,7 @@ def scaling(cfg: dict) -> list[dict]:
         if per:
             summary.append([path, " ".join(f"{v:.0f}" for v in per),
                             f"{max(per) / min(per):.2f}"])
-    _table("scaling: rda_scan forward, B=1, D=256, ns per token at T = "
+    _table("scaling: rda_scan forward, B=1, D=256, best-of-runs ns per token at T = "
            + ", ".join(str(T) for T in cfg["lengths"]), ["path", "ns/token", "worst/best"],
            summary)
     return rows
