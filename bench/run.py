@@ -86,12 +86,16 @@ def main(argv=None) -> dict:
     p.add_argument("--quick", action="store_true", help="tiny shapes (CI: keeps it from rotting)")
     p.add_argument("--out", default="bench-results", help="directory for results.json and the PNG")
     p.add_argument("--only", nargs="*", choices=sections.NAMES, help="run only these sections")
+    p.add_argument("--paths", nargs="*", choices=["reference", "torch", "numba", "triton"],
+                   help="measure only these paths")
     p.add_argument("--system-allocator", action="store_true",
                    help="keep glibc's allocator defaults (see the module docstring)")
     args = p.parse_args(argv)
     cfg = dict(QUICK if args.quick else FULL)
     if torch.cuda.is_available():
         cfg["paths"] = cfg["paths"] + ["triton"]
+    if args.paths:
+        cfg["paths"] = [p for p in args.paths if p != "triton" or torch.cuda.is_available()]
     results = dict(machine=machine(), config=cfg, quick=args.quick)
     print(f"fastrwa benchmarks ({'quick' if args.quick else 'full'}): {results['machine']}")
     for name in args.only or sections.NAMES:

@@ -20,6 +20,7 @@ import math
 import numpy as np
 from llvmlite import ir
 from numba import types
+from numba.core import cgutils
 from numba.extending import intrinsic, overload
 from numba.np.numpy_support import as_dtype
 
@@ -56,6 +57,44 @@ def _bits_f32(typingctx, x):
     def codegen(context, builder, sig, args):
         return builder.bitcast(args[0], ir.FloatType())
     return types.float32(types.uint32), codegen
+
+
+def _prefetch_intrinsic(write: int):
+    @intrinsic
+    def prefetch(typingctx, arr, idx):
+        """Hint the cache to fetch ``arr[idx]`` (an LLVM ``prefetch``; no fault if out of range)."""
+        def codegen(context, builder, sig, args):
+            ary = context.make_array(sig.args[0])(context, builder, args[0])
+            ptr = builder.bitcast(builder.gep(ary.data, [args[1]]), ir.IntType(8).as_pointer())
+            i32 = ir.IntType(32)
+            fnty = ir.FunctionType(ir.VoidType(), [ptr.type, i32, i32, i32])
+            fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
+            builder.call(fn, [ptr, i32(write), i32(3), i32(1)])
+            return context.get_dummy_value()
+        return types.none(arr, types.uint64), codegen
+    return prefetch
+
+
+prefetch_read, prefetch_write = _prefetch_intrinsic(0), _prefetch_intrinsic(1)
+
+
+def prefetch_row(arr, off, w, write):
+    """Prefetch the cache lines of ``arr[off:off + w]`` (for reading, or for writing)."""
+    raise NotImplementedError
+
+
+@overload(prefetch_row)
+def _prefetch_row(arr, off, w, write):
+    step = max(1, 64 * 8 // arr.dtype.bitwidth)       # elements per 64-byte line
+
+    def impl(arr, off, w, write):
+        base = np.uint64(off)
+        for k in range(0, w, step):
+            if write:
+                prefetch_write(arr, base + np.uint64(k))
+            else:
+                prefetch_read(arr, base + np.uint64(k))
+    return impl
 
 
 def _expf(x):

@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .cpu_math import load, store
+from .cpu_math import load, prefetch_row, store
 from .cpu_rows import (EXP, NO_DISCOUNT, attention_grad_row, decay_grad_row, log_decay_row,
                        log_weight_row)
 from .cpu_scan import OPTS, step_row, time_index
@@ -124,6 +124,14 @@ def backward(task_lo, task_hi, z, a, g, gy, gz, ga, gg, T, D, seq_b, seq_lo, seq
                 # inputs are read a second time, from cache (they were read just above)
                 off = (np.int64(seq_b[i]) * T + time_index(seq_lo[i], seq_hi[i], s0 + r,
                                                              reverse)) * D + lo
+                if r > 0:   # the adjoint walks rows backwards: prefetchers would not follow
+                    prev = (np.int64(seq_b[i]) * T + time_index(seq_lo[i], seq_hi[i],
+                                                                  s0 + r - 1, reverse)) * D + lo
+                    prefetch_row(gy, prev, w, False)
+                    prefetch_row(gz, prev, w, True)
+                    prefetch_row(ga, prev, w, True)
+                    if with_decay:
+                        prefetch_row(gg, prev, w, True)
                 adjoint_row(rho, sigma, gl, glam, z, sd, sy, take, keep, r, gy, off, gz,
                             with_decay, w, zero)
                 attention_grad_row(attention, gl, 0, a, off, ga, off, w)
