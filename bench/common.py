@@ -92,7 +92,10 @@ def seconds(fn: Callable[[], None]) -> float:
 
 
 def interleaved(fn: Callable[[], None], nbytes: int, dtype: torch.dtype, repeats: int):
-    """Median seconds of ``fn`` and of ``copy_`` of ``nbytes`` in all, timed alternately."""
+    """``(median seconds of fn, median seconds of copy_, median ratio)``: ``copy_`` moves
+    ``nbytes`` in all and is timed right after each run of ``fn`` (best of 3), and the ratio
+    is taken pair by pair, so both sides of each ratio saw the same machine (this one is
+    shared, and its speed drifts within seconds)."""
     size = torch.tensor([], dtype=dtype).element_size()
     src = torch.randn(max(1, nbytes // 2 // size)).to(dtype)
     dst = torch.empty_like(src)
@@ -102,7 +105,8 @@ def interleaved(fn: Callable[[], None], nbytes: int, dtype: torch.dtype, repeats
     for _ in range(repeats):
         t_op.append(seconds(fn))
         t_copy.append(min(seconds(lambda: dst.copy_(src)) for _ in range(3)))
-    return statistics.median(t_op), statistics.median(t_copy)
+    ratio = statistics.median(c / o for c, o in zip(t_copy, t_op))
+    return statistics.median(t_op), statistics.median(t_copy), ratio
 
 
 def median_seconds(fn: Callable[[], None], repeats: int) -> float:

@@ -47,7 +47,7 @@ if not torch.cuda.is_available():       # the Triton correctness note runs in th
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import sections  # noqa: E402  (bench/sections.py)
 
-FULL = dict(B=16, T=4096, D=256, T_reference=256, repeats=7, rnn=dict(B=16, T=1024, H=256),
+FULL = dict(B=16, T=4096, D=256, T_reference=256, repeats=9, rnn=dict(B=16, T=1024, H=256),
             lengths=[1 << k for k in range(10, 21, 2)], lm=dict(d_model=256, n_layers=4),
             ops=["rwa", "rda-exp", "rda-sigmoid", "rda-softplus", "rda-relu"],
             dtypes=["float32", "bfloat16"], paths=["reference", "torch", "numba"],
