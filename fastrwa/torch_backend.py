@@ -1,7 +1,8 @@
 """The "torch" backend: forward and analytic backward of the weighted scan on PyTorch ops.
 
-Runs on any device PyTorch supports (it is the CPU path). Both passes use the chunked scan
-of :mod:`fastrwa.chunked`. Arithmetic and state are float32 (float64 for float64 inputs).
+Runs on any device PyTorch supports (on CPU "auto" prefers the compiled "numba" backend,
+when numba imports). Both passes use the chunked scan of :mod:`fastrwa.chunked`.
+Arithmetic and state are float32 (float64 for float64 inputs).
 
 Memory/recompute choice: the forward saves nothing but its inputs; the backward re-runs the
 forward to get ``y_t`` and ``L_t = log d_t`` (one extra forward) and then runs one reverse

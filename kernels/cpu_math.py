@@ -19,6 +19,7 @@ import math
 
 import numpy as np
 from llvmlite import ir
+from llvmlite.binding import llvm_version_info
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
@@ -59,6 +60,10 @@ def _bits_f32(typingctx, x):
     return types.float32(types.uint32), codegen
 
 
+# The intrinsic's name carries its pointer type: opaque "p0" from LLVM 15 on.
+_PREFETCH = "llvm.prefetch.p0" if llvm_version_info >= (15,) else "llvm.prefetch.p0i8"
+
+
 def _prefetch_intrinsic(write: int):
     @intrinsic
     def prefetch(typingctx, arr, idx):
@@ -68,7 +73,7 @@ def _prefetch_intrinsic(write: int):
             ptr = builder.bitcast(builder.gep(ary.data, [args[1]]), ir.IntType(8).as_pointer())
             i32 = ir.IntType(32)
             fnty = ir.FunctionType(ir.VoidType(), [ptr.type, i32, i32, i32])
-            fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
+            fn = cgutils.get_or_insert_function(builder.module, fnty, _PREFETCH)
             builder.call(fn, [ptr, i32(write), i32(3), i32(1)])
             return context.get_dummy_value()
         return types.none(arr, types.uint64), codegen
