@@ -115,24 +115,31 @@ def test_gradients_through_a_split_equal_gradients_of_one_scan(attention):
 def test_in_place_steps_continue_a_prefix_scan(attention, dtype):
     """rwa_step_/rda_step_ update the state where it lies and write y into the given buffer
     (the numba backend in place, the torch backend through a copy): both equal the scan."""
-    z, a, g = (x.to(dtype) for x in make_inputs(2, T, 5, attention=attention, seed=31))
+    n = 16
+    z, a, g = (x.to(dtype) for x in make_inputs(2, n, 5, attention=attention, seed=31))
     g = None if attention == "rwa" else g
     prefix = lambda x: None if x is None else x[:, :7]   # noqa: E731
     kw = {} if g is None else dict(attention=attention)
     scan = fastrwa.rwa_scan if g is None else fastrwa.rda_scan
-    y_full, _ = scan(*(x for x in (z, a, g) if x is not None), **kw)
+    y_full, final = scan(*(x for x in (z, a, g) if x is not None), **kw,
+                         output_final_state=True)
     _, state = scan(*(prefix(x) for x in (z, a, g) if x is not None), **kw,
                     output_final_state=True)
     buffers = [s.data_ptr() for s in state]
     out = torch.empty(2, 5, dtype=dtype)
     with torch.no_grad():
-        for t in range(7, T):
+        for t in range(7, n):
+            # contiguous rows take the in-place kernel; a strided row (t = 7) the fallback
+            row = lambda x: None if x is None else (x[:, t] if t == 7 else x[:, t].contiguous())  # noqa: E731
             if g is None:
-                fastrwa.rwa_step_(z[:, t], a[:, t], state, out)
+                fastrwa.rwa_step_(row(z), row(a), state, out)
             else:
-                fastrwa.rda_step_(z[:, t], a[:, t], g[:, t], state, out, attention)
+                fastrwa.rda_step_(row(z), row(a), row(g), state, out, attention)
             assert_close(out, y_full[:, t].double(), TOL[dtype]["y"], f"y at {t}")
     assert [s.data_ptr() for s in state] == buffers
+    assert_close(state.average(), final.average().double(), TOL[dtype]["y"], "final average")
+    assert_close(state.m + torch.log(state.d), (final.m + torch.log(final.d)).double(),
+                 TOL[dtype]["y"], "final log-total")
 
 
 def test_in_place_step_errors():
