@@ -111,6 +111,7 @@ def _threads() -> int:
 
 
 _pool: ThreadPoolExecutor | None = None
+_pool_pid = -1                  # a forked child inherits the pool object but not its threads
 _pool_lock = threading.Lock()
 # Elements below which a call runs on the caller's thread alone: waking a pool thread costs
 # tens of microseconds, more than it saves on small calls (B=1, T=1K, D=256 is 256K).
@@ -121,7 +122,7 @@ def _run_tasks(kernel, work: np.ndarray, block: int, D: int, *args) -> None:
     """Run ``kernel(task_lo, task_hi, *args)`` over every (sequence, channel block) task,
     split into contiguous ranges of about equal work (``work``: steps per sequence) over
     ``torch.get_num_threads()`` threads: the caller's and a pool's."""
-    global _pool
+    global _pool, _pool_pid
     n_blk = -(-D // block)
     per_task = np.repeat(np.maximum(work, 1), n_blk)
     n_tasks, k = len(per_task), min(_threads(), len(per_task))
@@ -129,9 +130,10 @@ def _run_tasks(kernel, work: np.ndarray, block: int, D: int, *args) -> None:
         kernel(0, n_tasks, *args)
         return
     with _pool_lock:
-        if _pool is None or _pool._max_workers < k - 1:
+        if _pool is None or _pool._max_workers < k - 1 or _pool_pid != os.getpid():
             _pool = ThreadPoolExecutor(max_workers=max(k - 1, os.cpu_count() or 1),
                                        thread_name_prefix="fastrwa")
+            _pool_pid = os.getpid()
     share = np.cumsum(per_task) / per_task.sum()
     bounds = [0] + [int(np.searchsorted(share, i / k)) + 1 for i in range(1, k)] + [n_tasks]
     bounds = sorted(set(min(max(b, 0), n_tasks) for b in bounds))

@@ -186,3 +186,20 @@ def test_random_shapes(B, T, D, chunk, block, attention, rda, reverse, with_stat
         y_ref, _ = reference(z, a, g, attention, state, reverse)
         assert_close(y, y_ref, 1e-12, "y")
         compare_gradients(z, a, g, attention, state, reverse, chunk, torch.float64)
+
+
+def test_large_calls_split_over_threads_and_a_forked_child_makes_its_own_pool(monkeypatch):
+    """Above SERIAL_BELOW the tasks go to a thread pool. A forked child (a DataLoader worker)
+    inherits the pool object without its threads: the pool records its pid, and a call from
+    another pid builds a new one instead of waiting forever. (A real fork is not tested:
+    PyTorch's own OpenMP ops hang in a child forked after they ran in the parent.)"""
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    z, a, g = make_inputs(4, 600, 256, dtype=torch.float32, seed=12)
+    assert z.numel() >= cpu_backend.SERIAL_BELOW
+    y = fastrwa.rda_scan(z, a, g)[0]
+    pool = cpu_backend._pool
+    assert pool is not None
+    monkeypatch.setattr(cpu_backend, "_pool_pid", -1)       # as seen from a forked child
+    assert torch.equal(fastrwa.rda_scan(z, a, g)[0], y)
+    assert cpu_backend._pool is not pool
+    assert_close(y, reference(z, a, g)[0], TOL[torch.float32]["y"], "y")
