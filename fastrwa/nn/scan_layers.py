@@ -192,12 +192,20 @@ class _ScanLayer(nn.Module):
         return dict(inp=new(self.proj.in_features), proj=new(self.proj.out_features),
                     z=new(H), a=new(H), g=new(H), y=new(H))
 
+    @torch.no_grad()
     def step_(self, x_t: Tensor, state: LayerState, out: Tensor,
               work: Optional[dict] = None) -> Tensor:
         """:meth:`step` in place, for decode loops: ``state`` (its scan tensors and
         ``last_input``) is updated where it lies and the output written into ``out``
         ``(B, hidden_size)``; returns ``out``. With ``work`` from :meth:`step_workspace` and
-        CPU tensors nothing is allocated. Inference only (run under ``torch.no_grad()``).
+        CPU tensors nothing is allocated. Inference only: it runs without autograd.
+
+        Example:
+            >>> import torch, fastrwa
+            >>> layer = fastrwa.nn.RDA(8, 16)
+            >>> _, state = layer(torch.randn(2, 5, 8))
+            >>> out, work = torch.empty(2, 16), layer.step_workspace(2)
+            >>> _ = layer.step_(torch.randn(2, 8), state, out, work)   # state updated in place
         """
         if self.bidirectional:
             raise RuntimeError("step_() is not defined for a bidirectional layer: its reverse "
