@@ -108,8 +108,10 @@ def _expf(x):
     fx = np.floor(c * _LOG2E + _HALF)
     r = c - fx * _LN2_HI - fx * _LN2_LO
     e0, e1, e2, e3, e4, e5 = _EXP_P
-    p = ((((e0 * r + e1) * r + e2) * r + e3) * r + e4) * r + e5
-    p = p * (r * r) + r + _ONE
+    r2 = r * r                  # Estrin's scheme: short dependency chains (the loops using
+    r4 = r2 * r2                # these are latency-bound with Horner's)
+    p = (e0 * r + e1) * r4 + (e2 * r + e3) * r2 + (e4 * r + e5)
+    p = p * r2 + r + _ONE
     scale = _bits_f32(np.uint32(np.int32(fx) + np.int32(127)) << np.uint32(23))
     out = p * scale
     out = _ZERO if x < _EXP_LO else out
@@ -193,8 +195,11 @@ def _log1p_small(e):
         q0, q1, q2, q3, q4, q5, q6, q7, q8 = _LOG1P_Q
 
         def fast(e):   # a polynomial instead of log1p: about half the cost
-            return e * ((((((((q8 * e + q7) * e + q6) * e + q5) * e + q4) * e + q3) * e + q2)
-                         * e + q1) * e + q0)
+            e2 = e * e          # Estrin's scheme, as in _expf
+            e4 = e2 * e2
+            lo = (q1 * e + q0) + (q3 * e + q2) * e2
+            hi = (q5 * e + q4) + (q7 * e + q6) * e2
+            return e * (lo + (hi + q8 * e4) * e4)
         return fast
     return lambda e: flog1p(e)
 
