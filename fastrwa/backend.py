@@ -6,6 +6,7 @@ import contextlib
 import contextvars
 import functools
 import os
+import warnings
 from types import ModuleType
 from typing import Iterator
 
@@ -59,10 +60,16 @@ def _triton_usable(device: torch.device) -> bool:
 
 @functools.lru_cache(maxsize=None)
 def _numba_usable() -> bool:
-    """Whether the numba kernels import (numba is a dependency; this guards odd platforms)."""
+    """Whether the numba kernels import. numba is a dependency; this guards odd platforms
+    and installs where numba can neither import nor cache (it raises at decoration time when
+    no cache directory is writable). "auto" then falls back to the torch backend, once, with
+    a warning that says why; ``use_backend("numba")`` raises the error itself."""
     try:
         from . import cpu_backend  # noqa: F401
-    except ImportError:
+    except Exception as error:  # noqa: BLE001 (any failure means: not usable here)
+        warnings.warn(f"fastrwa: the compiled CPU kernels (numba) are unavailable "
+                      f"({type(error).__name__}: {error}); CPU ops use the slower 'torch' "
+                      f"backend", RuntimeWarning, stacklevel=3)
         return False
     return True
 

@@ -90,3 +90,23 @@ def test_poisoned_buffers_catch_unwritten_entries(monkeypatch):
     with fastrwa.use_backend("torch"):
         y, _ = fastrwa.rwa_scan(torch.randn(1, 5, 2), torch.randn(1, 5, 2))
     assert torch.isnan(y[:, -1]).all() and torch.isfinite(y[:, :-1]).all()
+
+
+def test_auto_warns_once_and_falls_back_when_the_numba_kernels_fail_to_load(monkeypatch):
+    import builtins
+    real_import = builtins.__import__
+
+    def failing_import(name, globals=None, locals=None, fromlist=(), level=0):
+        if fromlist and "cpu_backend" in fromlist:
+            raise RuntimeError("cannot cache function: no locator available")
+        return real_import(name, globals, locals, fromlist, level)
+
+    backend._numba_usable.cache_clear()
+    monkeypatch.setattr(builtins, "__import__", failing_import)
+    try:
+        with pytest.warns(RuntimeWarning, match="numba.*RuntimeError.*no locator.*'torch'"):
+            assert backend.resolve(torch.device("cpu"), torch.float32) is torch_backend
+    finally:
+        monkeypatch.undo()
+        backend._numba_usable.cache_clear()
+    assert backend.resolve(torch.device("cpu"), torch.float32) is cpu_backend
