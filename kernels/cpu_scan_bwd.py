@@ -1,11 +1,13 @@
 """CPU backward of the weighted scan (DESIGN.md §2), one task per (sequence, channel block).
 
 A task walks its chunks last to first. For each chunk it (1) re-runs the forward from the
-state the forward saved at the chunk's start, keeping every step's ``z``, ``a``, ``g``,
-``d~_t``, ``y_t`` and the step's weights ``take_t = exp(l_t - m_t)`` and
+state the forward saved at the chunk's start, keeping every step's transforms ``l_t``,
+``lam_t``, ``d~_t``, ``y_t`` and the step's weights ``take_t = exp(l_t - m_t)`` and
 ``keep_t = exp(m_{t-1} + lam_t - m_t)`` in chunk buffers (cache-resident), then (2) runs the
-adjoint backwards through the chunk and writes the gradients. Inputs and ``gy`` are read from
-memory once and each gradient written once.
+adjoint backwards through the chunk and writes the gradients, reading the chunk's ``z``,
+``a``, ``g`` a second time from cache and prefetching each ``gy``/gradient row one step
+ahead (the walk is backwards through memory). Inputs and ``gy`` are read from memory once
+and each gradient written once.
 
 The adjoint is back-propagation through the stabilised recurrence itself. With
 ``rho_t = dLoss/dn~_t`` and ``sigma_t = -dLoss/dd~_t`` (gradients of the normalised state):
