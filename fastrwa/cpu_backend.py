@@ -2,8 +2,8 @@
 
 Same interface as :mod:`fastrwa.torch_backend`. Runs on CPU tensors: one compiled loop over
 time per (sequence, channel block), vectorised across channels, the tasks split over
-``torch.get_num_threads()`` threads (the caller's and a pool's; the kernels release the
-GIL). It reads every input once and writes every output once; the forward also saves the
+``torch.get_num_threads()`` threads (:mod:`fastrwa.cpu_threads`: PyTorch's own OpenMP team
+where possible; the kernels release the GIL). It reads every input once and writes every output once; the forward also saves the
 state entering each chunk of ``Options.chunk`` steps (``3 * D`` floats), from which the
 backward recomputes everything else (DESIGN.md §2).
 
@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
 
 from .buffers import empty as _empty
+from . import cpu_threads
 from .checks import state_dtype
 from .kernels import cpu_scan, cpu_scan_bwd, cpu_step
 
@@ -73,7 +72,7 @@ def _block(n_seq: int, D: int) -> int:
     if _options.block is not None:
         return _options.block
     block = D
-    while block > 32 and n_seq * -(-D // block) < 2 * _threads():
+    while block > 32 and n_seq * -(-D // block) < 2 * cpu_threads.threads():
         block = max(32, -(-block // 2))
     return block
 
@@ -104,43 +103,6 @@ def _finish_layout(seq_b, lo, hi, C: int):
     n_ck = -(-(hi - lo) // C)
     ck_off = np.concatenate([[0], np.cumsum(n_ck)[:-1]]).astype(np.int64)
     return seq_b, lo, hi, ck_off, int(n_ck.sum())
-
-
-def _threads() -> int:
-    return max(1, torch.get_num_threads())
-
-
-_pool: ThreadPoolExecutor | None = None
-_pool_pid = -1                  # a forked child inherits the pool object but not its threads
-_pool_lock = threading.Lock()
-# Elements below which a call runs on the caller's thread alone: waking a pool thread costs
-# tens of microseconds, more than it saves on small calls (B=1, T=1K, D=256 is 256K).
-SERIAL_BELOW = 1 << 19
-
-
-def _run_tasks(kernel, work: np.ndarray, block: int, D: int, *args) -> None:
-    """Run ``kernel(task_lo, task_hi, *args)`` over every (sequence, channel block) task,
-    split into contiguous ranges of about equal work (``work``: steps per sequence) over
-    ``torch.get_num_threads()`` threads: the caller's and a pool's."""
-    global _pool, _pool_pid
-    n_blk = -(-D // block)
-    per_task = np.repeat(np.maximum(work, 1), n_blk)
-    n_tasks, k = len(per_task), min(_threads(), len(per_task))
-    if k <= 1 or int(work.sum()) * D < SERIAL_BELOW:
-        kernel(0, n_tasks, *args)
-        return
-    with _pool_lock:
-        if _pool is None or _pool._max_workers < k - 1 or _pool_pid != os.getpid():
-            _pool = ThreadPoolExecutor(max_workers=max(k - 1, os.cpu_count() or 1),
-                                       thread_name_prefix="fastrwa")
-            _pool_pid = os.getpid()
-    share = np.cumsum(per_task) / per_task.sum()
-    bounds = [0] + [int(np.searchsorted(share, i / k)) + 1 for i in range(1, k)] + [n_tasks]
-    bounds = sorted(set(min(max(b, 0), n_tasks) for b in bounds))
-    futures = [_pool.submit(kernel, lo, hi, *args) for lo, hi in zip(bounds[1:-1], bounds[2:])]
-    kernel(bounds[0], bounds[1], *args)
-    for future in futures:
-        future.result()
 
 
 def _prepare(z, a, g):
@@ -177,10 +139,11 @@ def forward(z, a, g, attention, discount, init, output_final_state, reverse, cu_
     final = torch.empty((3, n_seq, D), dtype=cdt)
     ck = torch.empty((3, n_ck if save_for_backward else 0, D), dtype=cdt)
     block = _block(n_seq, D)
-    _run_tasks(cpu_scan.forward, hi - lo, block, D, _flat(z), _flat(a),
-               _flat(a if g is None else g), _flat(y), T, D, seq_b, lo, hi, _flat(state0),
-               has_init, _flat(final), _flat(ck), ck_off, chunk, save_for_backward,
-               ATTN_CODE[attention], DISCOUNT_CODE[discount], reverse, block, _consts(cdt))
+    cpu_threads.run(cpu_scan.forward, "forward", z.dtype, hi - lo, -(-D // block), D,
+                    _flat(z), _flat(a), _flat(a if g is None else g), _flat(y), T, D, seq_b,
+                    lo, hi, _flat(state0), has_init, _flat(final), _flat(ck), ck_off, chunk,
+                    save_for_backward, ATTN_CODE[attention], DISCOUNT_CODE[discount], reverse,
+                    block, _consts(cdt))
     # separate tensors: a custom op's outputs may not alias one another
     out_final = tuple(x.clone() for x in final.unbind(0)) if output_final_state else None
     saved = [ck, torch.tensor([chunk], dtype=torch.int64)] if save_for_backward else []
@@ -223,11 +186,12 @@ def backward(z, a, g, attention, discount, init, reverse, cu_seqlens, saved, m_f
     gg = None if g is None else _empty(g.shape, g.dtype, g.device)
     g_init = torch.zeros((3, n_seq, D), dtype=cdt)
     block = _block(n_seq, D)
-    _run_tasks(cpu_scan_bwd.backward, hi - lo, block, D, _flat(z), _flat(a),
-               _flat(a if g is None else g), _flat(gy), _flat(gz), _flat(ga),
-               _flat(ga if gg is None else gg), T, D, seq_b, lo, hi, _flat(state0), has_init,
-               _flat(g_fin), has_g_final, _flat(g_init), _flat(ck), ck_off, chunk,
-               ATTN_CODE[attention], DISCOUNT_CODE[discount], reverse, block, _consts(cdt))
+    cpu_threads.run(cpu_scan_bwd.backward, "backward", z.dtype, hi - lo, -(-D // block), D,
+                    _flat(z), _flat(a), _flat(a if g is None else g), _flat(gy), _flat(gz),
+                    _flat(ga), _flat(ga if gg is None else gg), T, D, seq_b, lo, hi,
+                    _flat(state0), has_init, _flat(g_fin), has_g_final, _flat(g_init),
+                    _flat(ck), ck_off, chunk, ATTN_CODE[attention], DISCOUNT_CODE[discount],
+                    reverse, block, _consts(cdt))
     gz, ga = gz.to(dtypes[0]), ga.to(dtypes[1])
     gg = None if gg is None else gg.to(dtypes[2])
     return gz, ga, gg, (tuple(x.clone() for x in g_init.unbind(0)) if has_init else None)

@@ -9,7 +9,7 @@ from hypothesis import given, settings, strategies as st
 from numba import njit
 
 import fastrwa
-from fastrwa import cpu_backend
+from fastrwa import cpu_backend, cpu_threads
 from fastrwa.kernels.cpu_math import fexp, flog, flog1p, load, log_sigmoid, store
 from helpers import (ATTENTIONS, TOL, assert_close, compare_gradients, make_inputs, make_state,
                      options, reference, run)
@@ -188,18 +188,67 @@ def test_random_shapes(B, T, D, chunk, block, attention, rda, reverse, with_stat
         compare_gradients(z, a, g, attention, state, reverse, chunk, torch.float64)
 
 
-def test_large_calls_split_over_threads_and_a_forked_child_makes_its_own_pool(monkeypatch):
-    """Above SERIAL_BELOW the tasks go to a thread pool. A forked child (a DataLoader worker)
-    inherits the pool object without its threads: the pool records its pid, and a call from
-    another pid builds a new one instead of waiting forever. (A real fork is not tested:
-    PyTorch's own OpenMP ops hang in a child forked after they ran in the parent.)"""
+@pytest.mark.parametrize("place", ["openmp_team", "pool"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_large_calls_split_over_threads_give_the_serial_results(place, dtype, monkeypatch):
+    """Above SERIAL_BELOW the tasks go to PyTorch's OpenMP team (one C entry point per
+    kernel and dtype) or to the thread pool; both give bit for bit what one thread gives,
+    forward and backward."""
+    if place == "openmp_team" and not cpu_threads.uses_openmp_team():
+        pytest.fail("PyTorch's OpenMP runtime was not found on Linux")   # not skipped: CI is Linux
+    if place == "pool":
+        monkeypatch.setattr(cpu_threads, "_gomp_parallel", lambda: None)
+    z, a, g = make_inputs(4, 520, 256, dtype=dtype, seed=12)
+    assert z.numel() >= cpu_threads.SERIAL_BELOW
+    calls = []
+    run = cpu_threads.run
+    monkeypatch.setattr(cpu_threads, "run", lambda *args: calls.append(args[1]) or run(*args))
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
-    z, a, g = make_inputs(4, 600, 256, dtype=torch.float32, seed=12)
-    assert z.numel() >= cpu_backend.SERIAL_BELOW
+    parallel = fastrwa_outputs(z, a, g)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    serial = fastrwa_outputs(z, a, g)
+    assert calls.count("forward") >= 2 and calls.count("backward") == 2
+    for x, x1 in zip(parallel, serial):
+        assert torch.equal(x, x1)
+    y_ref = reference(z.double(), a.double(), g.double(), "sigmoid")[0]
+    assert_close(parallel[0].double(), y_ref, TOL[dtype]["y"], "y")
+
+
+def fastrwa_outputs(z, a, g):
+    z, a, g = (x.clone().requires_grad_() for x in (z, a, g))
+    y = fastrwa.rda_scan(z, a, g, "sigmoid")[0]
+    return (y, *torch.autograd.grad(y, (z, a, g), torch.ones_like(y)))
+
+
+def test_a_team_smaller_than_asked_for_still_runs_every_range(monkeypatch):
+    """The ranges are claimed atomically: a team of one thread (a nested call) runs them all."""
+    if not cpu_threads.uses_openmp_team():
+        pytest.fail("PyTorch's OpenMP runtime was not found on Linux")
+    gomp = cpu_threads._gomp_parallel()
+    seen = []
+
+    def one_thread(fn, packet, n, flags):
+        seen.append(n)
+        gomp(fn, packet, 1, flags)
+    monkeypatch.setattr(cpu_threads, "_gomp_parallel", lambda: one_thread)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    z, a, g = make_inputs(4, 520, 256, dtype=torch.float32, seed=13)
     y = fastrwa.rda_scan(z, a, g)[0]
-    pool = cpu_backend._pool
-    assert pool is not None
-    monkeypatch.setattr(cpu_backend, "_pool_pid", -1)       # as seen from a forked child
-    assert torch.equal(fastrwa.rda_scan(z, a, g)[0], y)
-    assert cpu_backend._pool is not pool
+    assert seen == [2]
     assert_close(y, reference(z, a, g)[0], TOL[torch.float32]["y"], "y")
+
+
+def test_a_forked_child_makes_its_own_pool(monkeypatch):
+    """A forked child (a DataLoader worker) inherits the pool object without its threads: the
+    pool records its pid, and a call from another pid builds a new one instead of waiting
+    forever. (A real fork is not tested: PyTorch's own OpenMP ops hang in a child forked
+    after they ran in the parent.)"""
+    monkeypatch.setattr(cpu_threads, "_gomp_parallel", lambda: None)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    z, a, g = make_inputs(4, 520, 256, dtype=torch.float32, seed=12)
+    y = fastrwa.rda_scan(z, a, g)[0]
+    pool = cpu_threads._pool
+    assert pool is not None
+    monkeypatch.setattr(cpu_threads, "_pool_pid", -1)       # as seen from a forked child
+    assert torch.equal(fastrwa.rda_scan(z, a, g)[0], y)
+    assert cpu_threads._pool is not pool

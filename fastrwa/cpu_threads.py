@@ -1,0 +1,127 @@
+"""How the numba backend spreads a kernel's tasks over threads.
+
+A kernel call covers tasks ``[0, n)`` (one per sequence and channel block). Small calls run
+on the caller's thread. Larger ones are cut into ``torch.get_num_threads()`` ranges of about
+equal work and run on:
+
+* **PyTorch's own OpenMP team** where PyTorch loaded a runtime with the GNU entry points
+  (``libgomp``, and the LLVM and Intel runtimes, which export them too): through
+  ``GOMP_parallel`` and the C entry points of :mod:`fastrwa.kernels.cpu_team`. PyTorch's idle
+  OpenMP threads keep spinning for a while after each of its parallel ops; a kernel started
+  on other threads right after one (in a model, a projection precedes every scan) then
+  shares the cores with them. Measured here: forward 1.3x and forward+backward 1.25x faster
+  right after a ``copy_`` than on a separate pool (docs/benchmarks.md).
+* otherwise a thread pool (plain threads that sleep when idle), which also serves any
+  kernel without a C entry point. ``FASTRWA_CPU_THREADS=pool`` forces it (for comparison).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import torch
+
+from .kernels import cpu_team
+
+# Elements below which a call runs on the caller's thread alone: waking other threads costs
+# tens of microseconds, more than it saves on small calls (B=1, T=1K, D=256 is 256K).
+SERIAL_BELOW = 1 << 19
+
+_pool: ThreadPoolExecutor | None = None
+_pool_pid = -1                  # a forked child inherits the pool object but not its threads
+_pool_lock = threading.Lock()
+
+
+def threads() -> int:
+    """How many threads a call may use: PyTorch's intra-op setting."""
+    return max(1, torch.get_num_threads())
+
+
+@functools.lru_cache(maxsize=1)
+def _gomp_parallel():
+    """``GOMP_parallel`` of the OpenMP runtime PyTorch loaded (as a ctypes function), or None."""
+    if os.environ.get("FASTRWA_CPU_THREADS", "") == "pool":
+        return None
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "omp" in line.rsplit("/", 1)[-1]}
+    except OSError:     # not Linux: macOS and Windows wheels use other runtimes
+        return None
+    for path in sorted(paths):
+        try:
+            fn = ctypes.CDLL(path, mode=getattr(os, "RTLD_NOLOAD", 0)).GOMP_parallel
+        except (OSError, AttributeError):
+            continue
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint]
+        fn.restype = None
+        return fn
+    return None
+
+
+def uses_openmp_team() -> bool:
+    """Whether large calls run on PyTorch's OpenMP team (else on fastrwa's thread pool)."""
+    return _gomp_parallel() is not None
+
+
+def _ranges(work: np.ndarray, n_blk: int, k: int) -> list[int]:
+    """Bounds of ``k`` contiguous task ranges of about equal work (``work``: steps per
+    sequence; each sequence has ``n_blk`` tasks)."""
+    per_task = np.repeat(np.maximum(work, 1), n_blk)
+    share = np.cumsum(per_task) / per_task.sum()
+    bounds = [0] + [int(np.searchsorted(share, i / k)) + 1 for i in range(1, k)]
+    return sorted(set(min(max(b, 0), len(per_task)) for b in bounds + [len(per_task)]))
+
+
+def run(kernel, name: str, dtype: torch.dtype, work: np.ndarray, n_blk: int, D: int,
+        *args) -> None:
+    """``kernel(lo, hi, *args)`` over all tasks ``[0, len(work) * n_blk)``, on one thread or
+    many. ``name`` ("forward"/"backward") and ``dtype`` pick the C entry point for the OpenMP
+    team. ``args``: flat contiguous NumPy arrays, ints and bools."""
+    n_tasks = len(work) * n_blk
+    k = min(threads(), n_tasks)
+    if k <= 1 or int(work.sum()) * D < SERIAL_BELOW:
+        kernel(0, n_tasks, *args)
+        return
+    bounds = _ranges(work, n_blk, k)
+    parallel = _gomp_parallel()
+    if parallel is not None:
+        family = {torch.bfloat16: "bfloat16", torch.float64: "float64"}.get(dtype, "float32")
+        packet = _packet(bounds, args)
+        parallel(cpu_team.entry(name, family), packet.ctypes.data, len(bounds) - 1, 0)
+        return
+    _run_on_pool(kernel, bounds, args)
+
+
+def _packet(bounds: list[int], args: tuple) -> np.ndarray:
+    """The int64 packet :mod:`fastrwa.kernels.cpu_team` reads (its docstring has the layout).
+    It holds the arrays' addresses: the caller keeps ``args`` alive for the call."""
+    slots = []
+    for x in args:
+        if isinstance(x, np.ndarray):
+            if x.ndim != 1 or not x.flags.c_contiguous:
+                raise ValueError("kernel arrays must be flat and contiguous")
+            slots += [x.ctypes.data, x.shape[0]]
+        else:
+            slots.append(int(x))
+    packet = np.array([0, len(bounds) - 1, 0, *bounds, *slots], dtype=np.int64)
+    packet[0] = len(packet)
+    return packet
+
+
+def _run_on_pool(kernel, bounds: list[int], args: tuple) -> None:
+    global _pool, _pool_pid
+    k = len(bounds) - 1
+    with _pool_lock:
+        if _pool is None or _pool._max_workers < k - 1 or _pool_pid != os.getpid():
+            _pool = ThreadPoolExecutor(max_workers=max(k - 1, os.cpu_count() or 1),
+                                       thread_name_prefix="fastrwa")
+            _pool_pid = os.getpid()
+    futures = [_pool.submit(kernel, lo, hi, *args) for lo, hi in zip(bounds[1:-1], bounds[2:])]
+    kernel(bounds[0], bounds[1], *args)
+    for future in futures:
+        future.result()

@@ -1,0 +1,144 @@
+"""C entry points that run the CPU scan kernels on an OpenMP team (PyTorch's own threads).
+
+``GOMP_parallel(fn, packet, threads, 0)`` calls ``fn(packet)`` on every thread of a team;
+``fn`` is one of the numba ``cfunc`` s here (compiled on first use, cached on disk like the
+kernels). The packet is a flat int64 array::
+
+    [its length, n ranges, next range, bound_0 .. bound_n, argument slots ...]
+
+an array argument taking two slots (address, length) and a scalar one. Each thread claims
+ranges with an atomic add on "next range" until none is left, so every range runs once
+whatever size the team has (a nested or limited team can be smaller than asked for), and
+calls the kernel on ``[bound_r, bound_r+1)`` with arrays rebuilt from the addresses. One
+entry point per kernel and dtype family (data type, state type): a ``cfunc`` has one fixed
+signature.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import carray, cfunc, njit, types
+from numba.extending import intrinsic
+
+from .cpu_scan import forward
+from .cpu_scan_bwd import backward
+
+JIT = dict(nogil=True, cache=True)
+HEAD = 3                         # slots before the bounds: length, n ranges, next range
+
+
+@intrinsic
+def _as_pointer(typingctx, address, dtype):
+    """The int64 ``address`` as a pointer to ``dtype`` (a NumPy scalar type)."""
+    target = dtype.instance_type if hasattr(dtype, "instance_type") else dtype.dtype
+
+    def codegen(context, builder, sig, args):
+        return builder.inttoptr(args[0], context.get_value_type(sig.return_type))
+    return types.CPointer(target)(address, dtype), codegen
+
+
+@intrinsic
+def _claim(typingctx, arr, index):
+    """Atomically add 1 to ``arr[index]`` (int64); returns the value before."""
+    def codegen(context, builder, sig, args):
+        ary = context.make_array(sig.args[0])(context, builder, args[0])
+        ptr = builder.gep(ary.data, [args[1]])
+        return builder.atomic_rmw("add", ptr, ir.Constant(ir.IntType(64), 1), "monotonic")
+    return types.int64(arr, types.int64), codegen
+
+
+@njit(**JIT)
+def _packet(data):
+    head = carray(data, (1,))
+    return carray(data, (head[0],))
+
+
+@njit(**JIT)
+def _array(p, slot, dtype):
+    """The array whose address and length are at ``p[slot]``, ``p[slot + 1]``."""
+    return carray(_as_pointer(p[slot], dtype), (p[slot + 1],))
+
+
+@njit(**JIT)
+def _forward_packet(p, data_t, state_t):
+    n = p[1]
+    s = HEAD + n + 1
+    z, a, g, y = (_array(p, s, data_t), _array(p, s + 2, data_t), _array(p, s + 4, data_t),
+                  _array(p, s + 6, data_t))
+    T, D = p[s + 8], p[s + 9]
+    seq_b, seq_lo, seq_hi = (_array(p, s + 10, np.int64), _array(p, s + 12, np.int64),
+                             _array(p, s + 14, np.int64))
+    state0, has_init = _array(p, s + 16, state_t), p[s + 18] != 0
+    final, ck, ck_off = (_array(p, s + 19, state_t), _array(p, s + 21, state_t),
+                         _array(p, s + 23, np.int64))
+    chunk, save, attention, discount = p[s + 25], p[s + 26] != 0, p[s + 27], p[s + 28]
+    reverse, block, consts = p[s + 29] != 0, p[s + 30], _array(p, s + 31, state_t)
+    r = _claim(p, 2)
+    while r < n:
+        forward(p[HEAD + r], p[HEAD + r + 1], z, a, g, y, T, D, seq_b, seq_lo, seq_hi, state0,
+                has_init, final, ck, ck_off, chunk, save, attention, discount, reverse, block,
+                consts)
+        r = _claim(p, 2)
+
+
+@njit(**JIT)
+def _backward_packet(p, data_t, state_t):
+    n = p[1]
+    s = HEAD + n + 1
+    z, a, g, gy = (_array(p, s, data_t), _array(p, s + 2, data_t), _array(p, s + 4, data_t),
+                   _array(p, s + 6, data_t))
+    gz, ga, gg = _array(p, s + 8, data_t), _array(p, s + 10, data_t), _array(p, s + 12, data_t)
+    T, D = p[s + 14], p[s + 15]
+    seq_b, seq_lo, seq_hi = (_array(p, s + 16, np.int64), _array(p, s + 18, np.int64),
+                             _array(p, s + 20, np.int64))
+    state0, has_init = _array(p, s + 22, state_t), p[s + 24] != 0
+    g_final, has_g_final = _array(p, s + 25, state_t), p[s + 27] != 0
+    g_init, ck, ck_off = (_array(p, s + 28, state_t), _array(p, s + 30, state_t),
+                          _array(p, s + 32, np.int64))
+    chunk, attention, discount = p[s + 34], p[s + 35], p[s + 36]
+    reverse, block, consts = p[s + 37] != 0, p[s + 38], _array(p, s + 39, state_t)
+    r = _claim(p, 2)
+    while r < n:
+        backward(p[HEAD + r], p[HEAD + r + 1], z, a, g, gy, gz, ga, gg, T, D, seq_b, seq_lo,
+                 seq_hi, state0, has_init, g_final, has_g_final, g_init, ck, ck_off, chunk,
+                 attention, discount, reverse, block, consts)
+        r = _claim(p, 2)
+
+
+# The entry points, one per (kernel, data type): float32, bfloat16 (as uint16) with float32
+# state, float64. Compiled on first use by :func:`entry`.
+def forward_float32(data):
+    _forward_packet(_packet(data), np.float32, np.float32)
+
+
+def forward_bfloat16(data):
+    _forward_packet(_packet(data), np.uint16, np.float32)
+
+
+def forward_float64(data):
+    _forward_packet(_packet(data), np.float64, np.float64)
+
+
+def backward_float32(data):
+    _backward_packet(_packet(data), np.float32, np.float32)
+
+
+def backward_bfloat16(data):
+    _backward_packet(_packet(data), np.uint16, np.float32)
+
+
+def backward_float64(data):
+    _backward_packet(_packet(data), np.float64, np.float64)
+
+
+_ENTRIES: dict = {}
+
+
+def entry(kernel: str, dtype: str) -> int:
+    """The address of the C entry point ``void fn(int64 *packet)`` for ``kernel``
+    ("forward"/"backward") on ``dtype`` ("float32", "bfloat16", "float64")."""
+    key = f"{kernel}_{dtype}"
+    if key not in _ENTRIES:
+        _ENTRIES[key] = cfunc(types.void(types.CPointer(types.int64)), **JIT)(globals()[key])
+    return _ENTRIES[key].address
