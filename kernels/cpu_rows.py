@@ -52,13 +52,16 @@ def _log_weight_row(kind, a, a_off, out, out_off, w):
             for j in range(w):
                 out[oi + np.uint64(j)] = log_sigmoid(load(a, ai + np.uint64(j), zero))
         elif kind == SOFTPLUS:
+            # Two passes, one polynomial call each (a loop calling two does not vectorise).
+            # e = exp(-|x|) serves both branches: below the switch point it is exp(x).
+            for j in range(w):      # the log's argument, or e where the series is used
+                x = load(a, ai + np.uint64(j), zero)
+                e = fexp(-abs(x))
+                out[oi + np.uint64(j)] = e if x < below else max(x, zero) + log1p_small(e)
             for j in range(w):
                 x = load(a, ai + np.uint64(j), zero)
-                u = fexp(min(x, below))
-                series = x - half * u + c524 * u * u
-                xc = max(x, below)
-                direct = flog(max(xc, zero) + log1p_small(fexp(-abs(xc))))
-                out[oi + np.uint64(j)] = series if x < below else direct
+                v = out[oi + np.uint64(j)]
+                out[oi + np.uint64(j)] = x - half * v + c524 * v * v if x < below else flog(v)
         else:
             for j in range(w):
                 x = load(a, ai + np.uint64(j), zero)
@@ -88,12 +91,10 @@ def _attention_grad_row(kind, gl, gl_off, a, a_off, out, off, w):
             for j in range(w):
                 u = np.uint64(j)
                 x = load(a, ai + u, zero)
-                p = fexp(min(x, below))
-                series = one / ((one + p) * (one - half * p + p * p / three))
-                xc = max(x, below)
-                e = fexp(-abs(xc))
-                sig = (one if xc >= zero else e) / (one + e)
-                direct = sig / (max(xc, zero) + log1p_small(e))
+                e = fexp(-abs(x))           # exp(x) below the switch point
+                series = one / ((one + e) * (one - half * e + e * e / three))
+                sig = (one if x >= zero else e) / (one + e)
+                direct = sig / (max(x, zero) + log1p_small(e))
                 store(out, oi + u, gl[gi + u] * (series if x < below else direct))
         else:
             for j in range(w):

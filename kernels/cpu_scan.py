@@ -115,11 +115,11 @@ def forward(task_lo, task_hi, z, a, g, y, T, D, seq_b, seq_lo, seq_hi, state0, h
                 log_decay_row(discount, g, off, tb, w, w)
             if attention == EXP:        # l = a: read straight from the input
                 step_row(m, n, d, tb, w, z, off, a, off, y, off, d1, 0, take1, 0, keep1, 0,
-                         True, w, floor, zero, one)
+                         False, w, floor, zero, one)
             else:
                 log_weight_row(attention, a, off, tb, 0, w)
                 step_row(m, n, d, tb, w, z, off, tb, 0, y, off, d1, 0, take1, 0, keep1, 0,
-                         True, w, floor, zero, one)
+                         False, w, floor, zero, one)
         for j in range(w):
             final[base + j] = m[j] if m[j] > floor else ninf
             final[n_seq * D + base + j] = n[j]
