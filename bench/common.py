@@ -114,10 +114,3 @@ def median_seconds(fn: Callable[[], None], repeats: int) -> float:
         fn()
     return statistics.median(seconds(fn) for _ in range(repeats))
 
-
-def best_seconds(fn: Callable[[], None], repeats: int) -> float:
-    """The fastest of ``repeats`` runs after warm-up (``timeit``'s estimator: on a shared
-    machine the other runs measure the neighbours)."""
-    for _ in range(3):
-        fn()
-    return min(seconds(fn) for _ in range(repeats))

@@ -7,7 +7,7 @@ import statistics
 import torch
 
 import fastrwa
-from common import (DTYPES, OPS, best_seconds, forward_backward_fn, forward_fn, inputs,
+from common import (DTYPES, OPS, forward_backward_fn, forward_fn, inputs,
                     interleaved, median_seconds, min_bytes, seconds)
 from fastrwa.allocations import NewStorageCounter, storages
 from fastrwa.models import ByteLM, LMConfig
@@ -117,24 +117,33 @@ def rnn(cfg: dict) -> list[dict]:
 
 
 def scaling(cfg: dict) -> list[dict]:
-    """ns per token of rda_scan (exp) forward, B=1, D=256, T from 1K up, per path (best of
-    several runs: the question is whether the cost per token grows with T)."""
+    """ns per token of rda_scan (exp) forward, B=1, D=256, T from 1K up, per path: the best
+    of several rounds, each round timing every T once (each T about 16M elements of work), so
+    that the machine's slow spells fall on all lengths alike. The question is whether the
+    cost per token grows with T."""
     D, rows = 256, []
     limits = dict(reference=cfg["reference_max_T"], torch=cfg["torch_max_T"])
     op = OPS["rda-exp"]
     for path in cfg["paths"]:
-        for T in cfg["lengths"]:
-            if T > limits.get(path, T):
-                continue
+        lengths = [T for T in cfg["lengths"] if T <= limits.get(path, T)]
+        fns = {}
+        for T in lengths:
             z, a, g = inputs(op, 1, T, D, torch.float32)
             if path == "triton":
                 z, a, g = z.cuda(), a.cuda(), g.cuda()
             fn = forward_fn(op, z, a, g, path)
-            repeats = max(3, min(50, (1 << 24) // (T * D)))
-            t = best_seconds(fn if path != "triton" else _synchronized(fn), repeats)
-            rows.append(dict(path=path, T=T, D=D, seconds=t, ns_per_token=t / T * 1e9,
-                             tokens_per_s=T / t))
-            del z, a, g
+            fns[T] = fn if path != "triton" else _synchronized(fn)
+            for _ in range(3):
+                fns[T]()
+        best = {T: float("inf") for T in lengths}
+        for _ in range(cfg.get("scaling_rounds", 5)):
+            for T in lengths:
+                calls = max(1, min(16, (1 << 24) // (T * D)))
+                best[T] = min(best[T], min(seconds(fns[T]) for _ in range(calls)))
+        for T in lengths:
+            rows.append(dict(path=path, T=T, D=D, seconds=best[T],
+                             ns_per_token=best[T] / T * 1e9, tokens_per_s=T / best[T]))
+        del fns
     summary = []
     for path in cfg["paths"]:
         per = [r["ns_per_token"] for r in rows if r["path"] == path]

@@ -29,8 +29,9 @@ import torch
 from .kernels import cpu_team
 
 # Elements below which a call runs on the caller's thread alone: waking other threads costs
-# tens of microseconds, more than it saves on small calls (B=1, T=1K, D=256 is 256K).
-SERIAL_BELOW = 1 << 19
+# about 30 microseconds, more than it saves below ~100K elements (measured: B=1, D=256,
+# T=256 breaks even, T=512 saves 20%).
+SERIAL_BELOW = 1 << 17
 
 _pool: ThreadPoolExecutor | None = None
 _pool_pid = -1                  # a forked child inherits the pool object but not its threads
@@ -52,7 +53,9 @@ def _gomp_parallel():
             paths = {line.split()[-1] for line in maps if "omp" in line.rsplit("/", 1)[-1]}
     except OSError:     # not Linux: macOS and Windows wheels use other runtimes
         return None
-    for path in sorted(paths):
+    # PyTorch's own first (a numba or system OpenMP runtime could be loaded too)
+    torch_dir = os.path.dirname(torch.__file__)      # .../torch: also matches torch.libs
+    for path in sorted(paths, key=lambda p: (not p.startswith(torch_dir), p)):
         try:
             fn = ctypes.CDLL(path, mode=getattr(os, "RTLD_NOLOAD", 0)).GOMP_parallel
         except (OSError, AttributeError):
