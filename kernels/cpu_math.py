@@ -179,11 +179,6 @@ def log_sigmoid(x):
     raise NotImplementedError
 
 
-def sigmoid_neg(x):
-    """``sigmoid(-x) = 1 - sigmoid(x)``, from ``exp(-|x|)`` only (no overflow)."""
-    raise NotImplementedError
-
-
 def log1p_small(e):
     """``log(1 + e)`` for ``0 <= e <= 1``: a polynomial for float32, ``log1p`` for float64."""
     raise NotImplementedError
@@ -208,16 +203,6 @@ def _log1p_small(e):
 def _log_sigmoid(x):
     zero = as_dtype(x).type(0.0)
     return lambda x: min(x, zero) - log1p_small(fexp(-abs(x)))
-
-
-@overload(sigmoid_neg, inline="always")
-def _sigmoid_neg(x):
-    zero, one = as_dtype(x).type(0.0), as_dtype(x).type(1.0)
-
-    def impl(x):
-        e = fexp(-abs(x))
-        return (e if x > zero else one) / (one + e)
-    return impl
 
 
 def load(src, i, like):

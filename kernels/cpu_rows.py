@@ -20,7 +20,7 @@ import numpy as np
 from numba.extending import overload
 from numba.np.numpy_support import as_dtype
 
-from .cpu_math import fexp, flog, load, log1p_small, log_sigmoid, sigmoid_neg, store
+from .cpu_math import fexp, flog, load, log1p_small, log_sigmoid, store
 
 EXP, SIGMOID, SOFTPLUS, RELU = 0, 1, 2, 3       # attention codes
 NO_DISCOUNT, LOG, SIGMOID_DISCOUNT = 0, 1, 2    # discount codes
@@ -69,38 +69,69 @@ def _log_weight_row(kind, a, a_off, out, out_off, w):
     return impl
 
 
-def attention_grad_row(kind, gl, gl_off, a, a_off, out, off, w):
-    """``out[off:][:w] = gl * dl/da`` for attention code ``kind``, stored in ``out``'s type."""
+def log_weight_grad_rows(kind, a, a_off, out, out_off, dl, dl_off, w):
+    """:func:`log_weight_row` (the same values, bit for bit) and, for the sigmoid and softplus
+    attentions, ``dl[dl_off:][:w] = dl/da`` from the same ``exp(-|a|)``: the backward keeps it
+    so that its chain rule needs no second ``exp`` (exp and relu need no stored derivative)."""
+    raise NotImplementedError
+
+
+@overload(log_weight_grad_rows)
+def _log_weight_grad_rows(kind, a, a_off, out, out_off, dl, dl_off, w):
+    zero, one, half, below, c524, _, three = _consts(out.dtype)
+
+    def impl(kind, a, a_off, out, out_off, dl, dl_off, w):
+        ai, oi, di = np.uint64(a_off), np.uint64(out_off), np.uint64(dl_off)
+        if kind == SIGMOID:
+            for j in range(w):
+                u = np.uint64(j)
+                x = load(a, ai + u, zero)
+                e = fexp(-abs(x))
+                out[oi + u] = min(x, zero) - log1p_small(e)            # = log_sigmoid(x)
+                dl[di + u] = (e if x > zero else one) / (one + e)      # = sigmoid(-x)
+        elif kind == SOFTPLUS:      # as log_weight_row, and d log softplus(x) / dx
+            for j in range(w):
+                u = np.uint64(j)
+                x = load(a, ai + u, zero)
+                e = fexp(-abs(x))
+                v = max(x, zero) + log1p_small(e)
+                out[oi + u] = e if x < below else v
+                series = one / ((one + e) * (one - half * e + e * e / three))
+                dl[di + u] = series if x < below else (one if x >= zero else e) / (one + e) / v
+            for j in range(w):
+                x = load(a, ai + np.uint64(j), zero)
+                v = out[oi + np.uint64(j)]
+                out[oi + np.uint64(j)] = x - half * v + c524 * v * v if x < below else flog(v)
+        else:
+            log_weight_row(kind, a, a_off, out, out_off, w)
+    return impl
+
+
+def attention_grad_row(kind, gl, gl_off, dl, dl_off, a, a_off, out, off, w):
+    """``out[off:][:w] = gl * dl/da`` for attention code ``kind``, stored in ``out``'s type;
+    ``dl/da`` is read from ``dl[dl_off:]`` (:func:`log_weight_grad_rows`) for the sigmoid
+    and softplus attentions, and is 1 (exp) or ``1/a`` (relu) for the others."""
     raise NotImplementedError
 
 
 @overload(attention_grad_row)
-def _attention_grad_row(kind, gl, gl_off, a, a_off, out, off, w):
-    zero, one, half, below, _, _, three = _consts(gl.dtype)
+def _attention_grad_row(kind, gl, gl_off, dl, dl_off, a, a_off, out, off, w):
+    zero = _consts(gl.dtype)[0]
 
-    def impl(kind, gl, gl_off, a, a_off, out, off, w):
-        gi, ai, oi = np.uint64(gl_off), np.uint64(a_off), np.uint64(off)
+    def impl(kind, gl, gl_off, dl, dl_off, a, a_off, out, off, w):
+        gi, di, ai, oi = np.uint64(gl_off), np.uint64(dl_off), np.uint64(a_off), np.uint64(off)
         if kind == EXP:
             for j in range(w):
                 store(out, oi + np.uint64(j), gl[gi + np.uint64(j)])
-        elif kind == SIGMOID:
-            for j in range(w):
-                u = np.uint64(j)
-                store(out, oi + u, gl[gi + u] * sigmoid_neg(load(a, ai + u, zero)))
-        elif kind == SOFTPLUS:
-            for j in range(w):
-                u = np.uint64(j)
-                x = load(a, ai + u, zero)
-                e = fexp(-abs(x))           # exp(x) below the switch point
-                series = one / ((one + e) * (one - half * e + e * e / three))
-                sig = (one if x >= zero else e) / (one + e)
-                direct = sig / (max(x, zero) + log1p_small(e))
-                store(out, oi + u, gl[gi + u] * (series if x < below else direct))
-        else:
+        elif kind == RELU:
             for j in range(w):
                 u = np.uint64(j)
                 x = load(a, ai + u, zero)
                 store(out, oi + u, gl[gi + u] / x if x > zero else zero)
+        else:
+            for j in range(w):
+                u = np.uint64(j)
+                store(out, oi + u, gl[gi + u] * dl[di + u])
     return impl
 
 
@@ -124,22 +155,45 @@ def _log_decay_row(kind, g, g_off, out, out_off, w):
     return impl
 
 
-def decay_grad_row(kind, glam, glam_off, g, g_off, out, off, w):
-    """``out[off:][:w] = glam * dlam/dg`` for discount code ``kind``, in ``out``'s type."""
+def log_decay_grad_rows(kind, g, g_off, out, out_off, dlam, dlam_off, w):
+    """:func:`log_decay_row` (bit for bit) and, for the sigmoid discount,
+    ``dlam[dlam_off:][:w] = sigmoid(-g)``, its derivative, from the same ``exp(-|g|)``."""
+    raise NotImplementedError
+
+
+@overload(log_decay_grad_rows)
+def _log_decay_grad_rows(kind, g, g_off, out, out_off, dlam, dlam_off, w):
+    zero, one = _consts(out.dtype)[:2]
+
+    def impl(kind, g, g_off, out, out_off, dlam, dlam_off, w):
+        gi, oi, di = np.uint64(g_off), np.uint64(out_off), np.uint64(dlam_off)
+        if kind == LOG:
+            log_decay_row(kind, g, g_off, out, out_off, w)
+        else:
+            for j in range(w):
+                u = np.uint64(j)
+                x = load(g, gi + u, zero)
+                e = fexp(-abs(x))
+                out[oi + u] = min(x, zero) - log1p_small(e)            # = log_sigmoid(x)
+                dlam[di + u] = (e if x > zero else one) / (one + e)    # = sigmoid(-x)
+    return impl
+
+
+def decay_grad_row(kind, glam, glam_off, dlam, dlam_off, out, off, w):
+    """``out[off:][:w] = glam * dlam/dg`` for discount code ``kind``, in ``out``'s type; the
+    sigmoid discount's derivative is read from ``dlam[dlam_off:]``."""
     raise NotImplementedError
 
 
 @overload(decay_grad_row)
-def _decay_grad_row(kind, glam, glam_off, g, g_off, out, off, w):
-    zero = _consts(glam.dtype)[0]
-
-    def impl(kind, glam, glam_off, g, g_off, out, off, w):
-        li, gi, oi = np.uint64(glam_off), np.uint64(g_off), np.uint64(off)
+def _decay_grad_row(kind, glam, glam_off, dlam, dlam_off, out, off, w):
+    def impl(kind, glam, glam_off, dlam, dlam_off, out, off, w):
+        li, di, oi = np.uint64(glam_off), np.uint64(dlam_off), np.uint64(off)
         if kind == LOG:
             for j in range(w):
                 store(out, oi + np.uint64(j), glam[li + np.uint64(j)])
         else:
             for j in range(w):
                 u = np.uint64(j)
-                store(out, oi + u, glam[li + u] * sigmoid_neg(load(g, gi + u, zero)))
+                store(out, oi + u, glam[li + u] * dlam[di + u])
     return impl

@@ -2,7 +2,8 @@
 
 A task walks its chunks last to first. For each chunk it (1) re-runs the forward from the
 state the forward saved at the chunk's start, keeping every step's transforms ``l_t``,
-``lam_t``, ``d~_t``, ``y_t`` and the step's weights ``take_t = exp(l_t - m_t)`` and
+``lam_t`` (and, for the sigmoid/softplus transforms, their derivatives, from the same
+``exp(-|x|)``, so the chain rule afterwards needs no ``exp``), ``d~_t``, ``y_t`` and the step's weights ``take_t = exp(l_t - m_t)`` and
 ``keep_t = exp(m_{t-1} + lam_t - m_t)`` in chunk buffers (cache-resident), then (2) runs the
 adjoint backwards through the chunk and writes the gradients, reading the chunk's ``z``,
 ``a``, ``g`` a second time from cache and prefetching each ``gy``/gradient row one step
@@ -29,8 +30,8 @@ import numpy as np
 from numba import njit
 
 from .cpu_math import load, prefetch_row, store
-from .cpu_rows import (EXP, NO_DISCOUNT, attention_grad_row, decay_grad_row, log_decay_row,
-                       log_weight_row)
+from .cpu_rows import (EXP, NO_DISCOUNT, attention_grad_row, decay_grad_row,
+                       log_decay_grad_rows, log_weight_grad_rows)
 from .cpu_scan import OPTS, step_row, time_index
 
 JIT = dict(nogil=True, cache=True, error_model="numpy", fastmath={"contract"})
@@ -87,6 +88,7 @@ def backward(task_lo, task_hi, z, a, g, gy, gz, ga, gg, T, D, seq_b, seq_lo, seq
         rho, sigma = np.zeros(w, dt), np.zeros(w, dt)
         gl, glam = np.zeros(w, dt), np.zeros(w, dt)
         tb = np.zeros(chunk * 2 * w, dt)
+        dl, dlam = np.zeros(chunk * w, dt), np.zeros(chunk * w, dt)   # dl/da, dlam/dg
         take, keep = np.zeros(chunk * w, dt), np.ones((chunk + 1) * w, dt)
         sd, sy = np.zeros((chunk + 1) * w, dt), np.zeros((chunk + 1) * w, dt)
         base = np.int64(i) * D + lo
@@ -113,12 +115,12 @@ def backward(task_lo, task_hi, z, a, g, gy, gz, ga, gg, T, D, seq_b, seq_lo, seq
                                                              reverse)) * D + lo
                 to = r * 2 * w
                 if with_decay:
-                    log_decay_row(discount, g, off, tb, to + LAM_ * w, w)
+                    log_decay_grad_rows(discount, g, off, tb, to + LAM_ * w, dlam, r * w, w)
                 if attention == EXP:        # l = a, read from the input
                     step_row(m, n, d, tb, to + LAM_ * w, z, off, a, off, sy, (r + 1) * w, sd,
                              (r + 1) * w, take, r * w, keep, r * w, True, w, floor, zero, one)
                 else:
-                    log_weight_row(attention, a, off, tb, to + L_ * w, w)
+                    log_weight_grad_rows(attention, a, off, tb, to + L_ * w, dl, r * w, w)
                     step_row(m, n, d, tb, to + LAM_ * w, z, off, tb, to + L_ * w, sy,
                              (r + 1) * w, sd, (r + 1) * w, take, r * w, keep, r * w, True, w,
                              floor, zero, one)
@@ -136,9 +138,9 @@ def backward(task_lo, task_hi, z, a, g, gy, gz, ga, gg, T, D, seq_b, seq_lo, seq
                         prefetch_row(gg, prev, w, True)
                 adjoint_row(rho, sigma, gl, glam, z, sd, sy, take, keep, r, gy, off, gz,
                             with_decay, w, zero)
-                attention_grad_row(attention, gl, 0, a, off, ga, off, w)
+                attention_grad_row(attention, gl, 0, dl, r * w, a, off, ga, off, w)
                 if with_decay:
-                    decay_grad_row(discount, glam, 0, g, off, gg, off, w)
+                    decay_grad_row(discount, glam, 0, dlam, r * w, gg, off, w)
         if has_init:
             for j in range(w):
                 m0, n0, d0 = state0[base + j], state0[nd + base + j], state0[2 * nd + base + j]
