@@ -5,7 +5,6 @@ import json
 import math
 import os
 import signal
-import socket
 import struct
 import subprocess
 import sys
@@ -208,22 +207,16 @@ def test_resume_after_sigkill_is_bit_identical(tmp_path):
     assert _metrics(killed) == _metrics(tmp_path / "full")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_torchrun_two_processes_match_one_with_the_doubled_batch(tmp_path):
     common = ["-m", "fastrwa.train", "--task", "adding", "--seq-len", 20, "--hidden", 16,
               "--steps", 6, "--log-every", 1, "--eval-every", 6, "--no-progress"]
     common = list(map(str, common))
-    ddp_run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node",
-                              "2", "--master_addr", "127.0.0.1", "--master_port",
-                              str(_free_port()), *common, "--batch-size", "4", "--run-dir",
-                              str(tmp_path / "ddp")],
+    # --standalone: the rendezvous store binds a port the OS picks (an earlier version picked
+    # a free port itself and handed it over, a race that failed once in CI)
+    ddp_run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                              "--nproc_per_node", "2", *common, "--batch-size", "4",
+                              "--run-dir", str(tmp_path / "ddp")],
                              env=ENV, capture_output=True, text=True, timeout=600)
-    # (it failed once in 6 CI runs, with its output swallowed: show it next time)
     assert ddp_run.returncode == 0, ddp_run.stdout[-3000:] + ddp_run.stderr[-3000:]
     subprocess.run([sys.executable, *common, "--batch-size", "8", "--run-dir",
                     str(tmp_path / "one")], check=True, env=ENV, capture_output=True,
