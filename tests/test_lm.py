@@ -1,12 +1,15 @@
 """The byte-level language model: streaming equals parallel, flat generation memory, beam
 search, sampling, persistence, training, errors."""
 
+import copy
+
 import pytest
 import torch
 
 from fastrwa.models import ByteLM, LMConfig, LMState
 from helpers import ATTENTIONS
 from fastrwa.allocations import NewStorageCounter, storages
+from fastrwa.nn.functional import rms_norm_into
 from memory_meter import LiveTensorMeter
 
 VARIANTS = [dict(layer="rwa")] + [dict(layer="rda", attention=a) for a in ATTENTIONS]
@@ -47,14 +50,33 @@ def test_streaming_step_allocates_nothing_after_warm_up(variant):
     with torch.no_grad():
         model.prefill(tokens[:, :4], cache)
         model.step_(tokens[:, 4], cache)                      # warm-up
-        reference = model.step(tokens[:, 5], cache.state)[0]  # the functional step
+        state = copy.deepcopy(cache.state)     # (cache.state is views of the buffers)
         known = storages(list(model.parameters()), cache.scan, cache.last, cache.work, tokens)
-        with NewStorageCounter(known) as counter:
-            for t in range(5, 12):
+        for t in range(5, 12):
+            with NewStorageCounter(known) as counter:
                 logits = model.step_(tokens[:, t], cache)
-                if t == 5 and dtype == torch.float32:   # (bfloat16 rounds in other places)
-                    assert torch.allclose(logits, reference, atol=1e-5)
-    assert counter.new == [], counter.new
+            assert counter.new == [], counter.new
+            # the same numbers as the functional step, bfloat16 included (same roundings)
+            reference, state = model.step(tokens[:, t], state)
+            assert torch.allclose(logits, reference, atol=1e-5, rtol=0), t
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+def test_rms_norm_into_matches_torch_rms_norm(dtype):
+    """Same eps default (float32's for low precision) and a single rounding, as nn.RMSNorm."""
+    norm = torch.nn.RMSNorm(16).to(dtype)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(16, generator=torch.Generator().manual_seed(0)))
+    x = (torch.randn(5, 16, generator=torch.Generator().manual_seed(1)) * 3).to(dtype)
+    wide_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    out = torch.empty_like(x)
+    rms_norm_into(x, norm, out, torch.empty(5, 1, dtype=wide_dtype),
+                  torch.empty(5, 16, dtype=wide_dtype))
+    expected = norm(x)
+    if dtype in (torch.bfloat16, torch.float16):
+        assert torch.equal(out, expected)
+    else:
+        assert torch.allclose(out, expected, atol=0, rtol=4 * torch.finfo(dtype).eps)
 
 
 def _peak_live_bytes(model, n_tokens):

@@ -60,16 +60,17 @@ class Block(nn.Module):
         new = lambda *shape: torch.empty(*shape, dtype=dtype, device=dev)  # noqa: E731
         return dict(mix=self.mix.step_workspace(batch, dtype), normed=new(batch, d),
                     h=new(batch, d), hidden=new(batch, self.mlp[0].out_features),
-                    rstd=torch.empty(batch, 1, dtype=_stat_dtype(dtype), device=dev))
+                    rstd=torch.empty(batch, 1, dtype=_stat_dtype(dtype), device=dev),
+                    wide=torch.empty(batch, d, dtype=_stat_dtype(dtype), device=dev))
 
     def step_(self, x: Tensor, state: LayerState, work: dict) -> Tensor:
         """:meth:`step` in place: the residual stream ``x`` ``(B, d)`` and ``state`` are
         updated where they lie, and nothing is allocated (CPU)."""
         normed, h = work["normed"], work["h"]
-        rms_norm_into(x, self.norm1, normed, work["rstd"])
+        rms_norm_into(x, self.norm1, normed, work["rstd"], work["wide"])
         self.mix.step_(normed, state, h, work["mix"])
         x.add_(h)
-        rms_norm_into(x, self.norm2, normed, work["rstd"])
+        rms_norm_into(x, self.norm2, normed, work["rstd"], work["wide"])
         up, down = self.mlp[0], self.mlp[2]
         torch.addmm(up.bias, normed, up.weight.t(), out=work["hidden"])
         torch.ops.aten.gelu.out(work["hidden"], out=work["hidden"])
@@ -99,6 +100,7 @@ class InferenceCache:
         self.work = dict(x=torch.empty(batch, d, dtype=dtype, device=dev),
                          normed=torch.empty(batch, d, dtype=dtype, device=dev),
                          rstd=torch.empty(batch, 1, dtype=_stat_dtype(dtype), device=dev),
+                         wide=torch.empty(batch, d, dtype=_stat_dtype(dtype), device=dev),
                          logits=torch.empty(batch, model.config.vocab_size, dtype=dtype,
                                             device=dev),
                          token_range=torch.empty(2, dtype=torch.long, device=dev),
@@ -246,7 +248,7 @@ class ByteLM(nn.Module):
         x = torch.index_select(self.embed.weight, 0, token, out=work["x"])
         for block, state, block_work in zip(self.blocks, cache.state.layers, work["blocks"]):
             block.step_(x, state, block_work)
-        rms_norm_into(x, self.norm, work["normed"], work["rstd"])
+        rms_norm_into(x, self.norm, work["normed"], work["rstd"], work["wide"])
         return torch.mm(work["normed"], self.head.weight.t(), out=work["logits"])
 
     # -- generation -----------------------------------------------------------------------

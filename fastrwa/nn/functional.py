@@ -23,17 +23,19 @@ ACTIVATIONS_OUT: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]
 
 
 def rms_norm_into(x: torch.Tensor, norm: torch.nn.RMSNorm, out: torch.Tensor,
-                  rstd: torch.Tensor) -> torch.Tensor:
-    """``out = norm(x)`` for a ``(B, D)`` ``x`` without allocating; ``rstd`` is a ``(B, 1)``
-    float32 (float64 for float64 ``x``) buffer: the statistics are kept at that precision,
-    as ``torch.nn.RMSNorm`` does for low-precision inputs."""
-    eps = norm.eps if norm.eps is not None else torch.finfo(x.dtype).eps
+                  rstd: torch.Tensor, wide: torch.Tensor) -> torch.Tensor:
+    """``out = norm(x)`` for a ``(B, D)`` ``x`` without allocating, with the numerics of
+    ``torch.nn.RMSNorm``: for bfloat16/float16 ``x`` the statistics, the default ``eps``
+    (float32's) and the product with the weight are float32, rounded once into ``out``.
+    ``rstd`` ``(B, 1)`` and ``wide`` ``(B, D)`` are buffers in that precision (float32, or
+    float64 for float64 ``x``)."""
+    eps = norm.eps if norm.eps is not None else torch.finfo(rstd.dtype).eps
     torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=rstd.dtype, out=rstd)
     rstd.square_().div_(x.shape[-1]).add_(eps).rsqrt_()
-    torch.mul(x, rstd, out=out)
+    torch.mul(x, rstd, out=wide)
     if norm.weight is not None:
-        out.mul_(norm.weight)
-    return out
+        wide.mul_(norm.weight)
+    return out.copy_(wide)
 
 
 # The published RDA variants (DESIGN.md §1): f_a, and the composition f_o(f_h(.)).
