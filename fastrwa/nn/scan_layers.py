@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import NamedTuple, Optional
 
 import torch
-from einops import rearrange
 from torch import Tensor, nn
 
 from .. import scan as _scan
@@ -120,16 +119,19 @@ class _ScanLayer(nn.Module):
                              f"got {tuple(x.shape)}")
 
     # -- the computation -----------------------------------------------------------------
-    def _gates(self, x: Tensor, previous: Optional[Tensor]) -> Tensor:
-        """``(directions, gates, B, T, H)`` pre-activations from ``x`` ``(B, T, input)``."""
+    def _gates(self, x: Tensor, previous: Optional[Tensor]) -> list[tuple[Tensor, ...]]:
+        """Per direction, the gate pre-activations ``(u, g, a[, c])``, each ``(B, T, H)``,
+        from ``x`` ``(B, T, input)``: views of one projection, split along its features (the
+        split's backward is one concatenation into the projection's gradient; indexing a
+        ``(dir, gate, ...)`` view instead cost a zero-fill and three copies of it)."""
         if self.token_shift:
             shifted = torch.cat([previous[:, None].to(x.dtype), x], dim=1)[:, :x.shape[1]]
             x = torch.cat([x, shifted], dim=-1)
-        p = self.proj(x)
-        return rearrange(p, "b t (dir gate h) -> dir gate b t h", dir=self.num_directions,
-                         gate=self.num_gates)
+        parts = self.proj(x).split(self.hidden_size, dim=-1)
+        G = self.num_gates
+        return [parts[d * G:(d + 1) * G] for d in range(self.num_directions)]
 
-    def _scan(self, gates: Tensor, state: ScanState, reverse: bool, step: bool):
+    def _scan(self, gates: tuple[Tensor, ...], state: ScanState, reverse: bool, step: bool):
         raise NotImplementedError
 
     def _output(self, y: Tensor) -> Tensor:
