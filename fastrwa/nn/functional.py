@@ -28,14 +28,15 @@ def rms_norm_into(x: torch.Tensor, norm: torch.nn.RMSNorm, out: torch.Tensor,
     ``torch.nn.RMSNorm``: for bfloat16/float16 ``x`` the statistics, the default ``eps``
     (float32's) and the product with the weight are float32, rounded once into ``out``.
     ``rstd`` ``(B, 1)`` and ``wide`` ``(B, D)`` are buffers in that precision (float32, or
-    float64 for float64 ``x``)."""
+    float64 for float64 ``x``); ``wide`` is only used when ``out`` is in a lower one."""
     eps = norm.eps if norm.eps is not None else torch.finfo(rstd.dtype).eps
     torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=rstd.dtype, out=rstd)
     rstd.square_().div_(x.shape[-1]).add_(eps).rsqrt_()
-    torch.mul(x, rstd, out=wide)
+    target = out if out.dtype == rstd.dtype else wide     # float32/float64: no rounding step
+    torch.mul(x, rstd, out=target)
     if norm.weight is not None:
-        wide.mul_(norm.weight)
-    return out.copy_(wide)
+        target.mul_(norm.weight)
+    return out if target is out else out.copy_(wide)
 
 
 # The published RDA variants (DESIGN.md §1): f_a, and the composition f_o(f_h(.)).
