@@ -163,19 +163,11 @@ def log_decay_grad_rows(kind, g, g_off, out, out_off, dlam, dlam_off, w):
 
 @overload(log_decay_grad_rows)
 def _log_decay_grad_rows(kind, g, g_off, out, out_off, dlam, dlam_off, w):
-    zero, one = _consts(out.dtype)[:2]
-
     def impl(kind, g, g_off, out, out_off, dlam, dlam_off, w):
-        gi, oi, di = np.uint64(g_off), np.uint64(out_off), np.uint64(dlam_off)
         if kind == LOG:
             log_decay_row(kind, g, g_off, out, out_off, w)
-        else:
-            for j in range(w):
-                u = np.uint64(j)
-                x = load(g, gi + u, zero)
-                e = fexp(-abs(x))
-                out[oi + u] = min(x, zero) - log1p_small(e)            # = log_sigmoid(x)
-                dlam[di + u] = (e if x > zero else one) / (one + e)    # = sigmoid(-x)
+        else:       # log sigmoid(g): the sigmoid attention's log-weight and its derivative
+            log_weight_grad_rows(SIGMOID, g, g_off, out, out_off, dlam, dlam_off, w)
     return impl
 
 
