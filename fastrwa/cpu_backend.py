@@ -3,9 +3,9 @@
 Same interface as :mod:`fastrwa.torch_backend`. Runs on CPU tensors: one compiled loop over
 time per (sequence, channel block), vectorised across channels, the tasks split over
 ``torch.get_num_threads()`` threads (:mod:`fastrwa.cpu_threads`: PyTorch's own OpenMP team
-where possible; the kernels release the GIL). It reads every input once and writes every output once; the forward also saves the
-state entering each chunk of ``Options.chunk`` steps (``3 * D`` floats), from which the
-backward recomputes everything else (DESIGN.md §2).
+where possible; the kernels release the GIL). It reads every input once and writes every
+output once; the forward also saves the state entering each chunk of ``Options.chunk``
+steps (``3 * D`` floats), from which the backward recomputes everything else (DESIGN.md §2).
 
 Why numba (docs/benchmarks.md has the long form): it is a wheel on PyPI for every platform
 PyTorch's CPU wheels cover, it compiles on first use with its own bundled LLVM (no C

@@ -32,6 +32,23 @@ def _consts(numba_type):
     return ft(0.0), ft(1.0), ft(0.5), ft(_SERIES_BELOW), ft(5.0 / 24.0), ft(-np.inf), ft(3.0)
 
 
+def softplus_log_finish(a, a_off, out, out_off, w):
+    """The softplus log-weight's second loop: ``out`` holds ``exp(a)`` where ``a`` is below
+    the series' switch point, else softplus(a); it ends holding ``log softplus(a)``."""
+    raise NotImplementedError
+
+
+@overload(softplus_log_finish)
+def _softplus_log_finish(a, a_off, out, out_off, w):
+    zero, _, half, below, c524, _, _ = _consts(out.dtype)
+
+    def impl(a, a_off, out, out_off, w):
+        ai, oi = np.uint64(a_off), np.uint64(out_off)
+        for j in range(w):
+            x = load(a, ai + np.uint64(j), zero)
+            v = out[oi + np.uint64(j)]
+            out[oi + np.uint64(j)] = x - half * v + c524 * v * v if x < below else flog(v)
+    return impl
 
 
 def log_weight_row(kind, a, a_off, out, out_off, w):
@@ -58,10 +75,7 @@ def _log_weight_row(kind, a, a_off, out, out_off, w):
                 x = load(a, ai + np.uint64(j), zero)
                 e = fexp(-abs(x))
                 out[oi + np.uint64(j)] = e if x < below else max(x, zero) + log1p_small(e)
-            for j in range(w):
-                x = load(a, ai + np.uint64(j), zero)
-                v = out[oi + np.uint64(j)]
-                out[oi + np.uint64(j)] = x - half * v + c524 * v * v if x < below else flog(v)
+            softplus_log_finish(a, a_off, out, out_off, w)
         else:
             for j in range(w):
                 x = load(a, ai + np.uint64(j), zero)
@@ -98,10 +112,7 @@ def _log_weight_grad_rows(kind, a, a_off, out, out_off, dl, dl_off, w):
                 out[oi + u] = e if x < below else v
                 series = one / ((one + e) * (one - half * e + e * e / three))
                 dl[di + u] = series if x < below else (one if x >= zero else e) / (one + e) / v
-            for j in range(w):
-                x = load(a, ai + np.uint64(j), zero)
-                v = out[oi + np.uint64(j)]
-                out[oi + np.uint64(j)] = x - half * v + c524 * v * v if x < below else flog(v)
+            softplus_log_finish(a, a_off, out, out_off, w)
         else:
             log_weight_row(kind, a, a_off, out, out_off, w)
     return impl
