@@ -9,10 +9,10 @@ equal work and run on:
   ``GOMP_parallel`` and the C entry points of :mod:`fastrwa.kernels.cpu_team`. PyTorch's idle
   OpenMP threads keep spinning for a while after each of its parallel ops; a kernel started
   on other threads right after one (in a model, a projection precedes every scan) then
-  shares the cores with them. Measured here: forward 1.3x and forward+backward 1.25x faster
-  right after a ``copy_`` than on a separate pool (docs/benchmarks.md).
-* otherwise a thread pool (plain threads that sleep when idle), which also serves any
-  kernel without a C entry point. ``FASTRWA_CPU_THREADS=pool`` forces it (for comparison).
+  shares the cores with them. Measured here right after a ``copy_``: rwa forward 1.3-1.5x
+  and RDA forward+backward 1.1-1.25x faster than on a separate pool (docs/benchmarks.md).
+* otherwise a thread pool (plain threads that sleep when idle).
+  ``FASTRWA_CPU_THREADS=pool`` forces it (for comparison), read once per process.
 """
 
 from __future__ import annotations
