@@ -196,8 +196,13 @@ def test_large_calls_split_over_threads_give_the_serial_results(place, dtype, mo
     forward and backward."""
     if place == "openmp_team" and not cpu_threads.uses_openmp_team():
         pytest.fail("PyTorch's OpenMP runtime was not found on Linux")   # not skipped: CI is Linux
+    launches = []
     if place == "pool":
         monkeypatch.setattr(cpu_threads, "_gomp_parallel", lambda: None)
+    else:
+        gomp = cpu_threads._gomp_parallel()
+        monkeypatch.setattr(cpu_threads, "_gomp_parallel",
+                            lambda: lambda *a: launches.append(a[2]) or gomp(*a))
     z, a, g = make_inputs(4, 520, 256, dtype=dtype, seed=12)
     assert z.numel() >= cpu_threads.SERIAL_BELOW
     calls = []
@@ -208,6 +213,7 @@ def test_large_calls_split_over_threads_give_the_serial_results(place, dtype, mo
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
     serial = fastrwa_outputs(z, a, g)
     assert calls.count("forward") >= 2 and calls.count("backward") == 2
+    assert launches == ([] if place == "pool" else [2] * (len(calls) // 2)), launches
     for x, x1 in zip(parallel, serial):
         assert torch.equal(x, x1)
     y_ref = reference(z.double(), a.double(), g.double(), "sigmoid")[0]
