@@ -111,8 +111,14 @@ def test_many_chunks_and_ragged_channel_blocks(kind, attention, reverse):
         compare_gradients(z, a, g, attention, state, reverse, 7, torch.float32)
 
 
+@pytest.mark.parametrize("split", [False, True], ids=["one-thread", "split-over-threads"])
 @pytest.mark.parametrize("reverse", [False, True])
-def test_packed_sequences_across_chunk_edges(reverse):
+def test_packed_sequences_across_chunk_edges(reverse, split, monkeypatch):
+    """Also split over two threads (threshold lowered): uneven sequences, initial states and
+    gradients through the OpenMP team's packet."""
+    if split:
+        monkeypatch.setattr(cpu_threads, "SERIAL_BELOW", 0)
+        monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
     cu = torch.tensor([0, 0, 1, 9, 30, 31, 47])
     z, a, g = make_inputs(1, 47, 5, attention="sigmoid", seed=4)
     state = make_state(6, 5)
@@ -258,3 +264,16 @@ def test_a_forked_child_makes_its_own_pool(monkeypatch):
     monkeypatch.setattr(cpu_threads, "_pool_pid", -1)       # as seen from a forked child
     assert torch.equal(fastrwa.rda_scan(z, a, g)[0], y)
     assert cpu_threads._pool is not pool
+
+
+def test_concurrent_calls_from_python_threads(monkeypatch):
+    """Several Python threads scanning at once (a threaded server): each call launches its own
+    team (or shares the pool) and every result equals the single-threaded one."""
+    from concurrent.futures import ThreadPoolExecutor
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    inputs = [make_inputs(4, 520, 256, dtype=torch.float32, seed=20 + i) for i in range(4)]
+    with ThreadPoolExecutor(4) as pool:
+        outs = list(pool.map(lambda x: fastrwa.rda_scan(*x, "sigmoid")[0], inputs * 2))
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    for x, y in zip(inputs * 2, outs):
+        assert torch.equal(y, fastrwa.rda_scan(*x, "sigmoid")[0])
