@@ -62,10 +62,20 @@ def _consts(cdt: torch.dtype) -> np.ndarray:
 
 
 def _flat(x: torch.Tensor) -> np.ndarray:
-    """A flat NumPy view of a contiguous CPU tensor; bfloat16 as its uint16 bits."""
+    """A flat NumPy view of a CPU tensor's memory, from its first element to its last (all of
+    it for a contiguous tensor; a strided input's rows with what lies between them);
+    bfloat16 as its uint16 bits."""
+    if not x.is_contiguous():
+        span = 1 + sum((n - 1) * st for n, st in zip(x.shape, x.stride())) if x.numel() else 0
+        x = x.as_strided((span,), (1,))
     if x.dtype == torch.bfloat16:
         return x.view(torch.int16).numpy().reshape(-1).view(np.uint16)
     return x.numpy().reshape(-1)
+
+
+def _row_strides(*inputs: torch.Tensor) -> np.ndarray:
+    """Element strides along B and T of each ``(B, T, D)`` input, as the kernels take them."""
+    return np.array([st for x in inputs for st in x.stride()[:2]], dtype=np.int64)
 
 
 def _block(n_seq: int, D: int) -> int:
@@ -106,12 +116,15 @@ def _finish_layout(seq_b, lo, hi, C: int):
 
 
 def _prepare(z, a, g):
-    """Contiguous inputs in a dtype the kernels read (float16 goes through float32)."""
+    """Inputs in a layout and dtype the kernels read: rows may be strided (gate slices of a
+    projection are read in place) but channels must be adjacent; float16 goes through
+    float32."""
     def fix(x):
         if x is None:
             return None
-        x = x.contiguous()
-        return x.float() if x.dtype == torch.float16 else x
+        if x.dtype == torch.float16:
+            return x.float()
+        return x if x.stride(2) == 1 or x.shape[2] == 1 else x.contiguous()
     return fix(z), fix(a), fix(g)
 
 
@@ -140,8 +153,9 @@ def forward(z, a, g, attention, discount, init, output_final_state, reverse, cu_
     ck = torch.empty((3, n_ck if save_for_backward else 0, D), dtype=cdt)
     block = _block(n_seq, D)
     cpu_threads.run(cpu_scan.forward, "forward", z.dtype, hi - lo, -(-D // block), D,
-                    _flat(z), _flat(a), _flat(a if g is None else g), _flat(y), T, D, seq_b,
-                    lo, hi, _flat(state0), has_init, _flat(final), _flat(ck), ck_off, chunk,
+                    _flat(z), _flat(a), _flat(a if g is None else g), _flat(y),
+                    _row_strides(z, a, a if g is None else g), T, D, seq_b, lo, hi,
+                    _flat(state0), has_init, _flat(final), _flat(ck), ck_off, chunk,
                     save_for_backward, ATTN_CODE[attention], DISCOUNT_CODE[discount], reverse,
                     block, _consts(cdt))
     # separate tensors: a custom op's outputs may not alias one another
@@ -188,7 +202,8 @@ def backward(z, a, g, attention, discount, init, reverse, cu_seqlens, saved, m_f
     block = _block(n_seq, D)
     cpu_threads.run(cpu_scan_bwd.backward, "backward", z.dtype, hi - lo, -(-D // block), D,
                     _flat(z), _flat(a), _flat(a if g is None else g), _flat(gy), _flat(gz),
-                    _flat(ga), _flat(ga if gg is None else gg), T, D, seq_b, lo, hi,
+                    _flat(ga), _flat(ga if gg is None else gg),
+                    _row_strides(z, a, a if g is None else g), T, D, seq_b, lo, hi,
                     _flat(state0), has_init, _flat(g_fin), has_g_final, _flat(g_init),
                     _flat(ck), ck_off, chunk, ATTN_CODE[attention], DISCOUNT_CODE[discount],
                     reverse, block, _consts(cdt))

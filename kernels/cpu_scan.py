@@ -71,13 +71,22 @@ def time_index(lo, hi, s, reverse):
     return hi - 1 - s if reverse else lo + s
 
 
+@njit(nogil=True, cache=True, error_model="numpy")
+def input_row(strides, k, b, t, lo):
+    """Offset of channel ``lo`` of row ``(b, t)`` of input ``k`` (0: z, 1: a, 2: g), whose
+    element strides along B and T are ``strides[2k]``, ``strides[2k + 1]`` (channels: 1)."""
+    return b * strides[2 * k] + t * strides[2 * k + 1] + lo
+
+
 @njit(**OPTS)
-def forward(task_lo, task_hi, z, a, g, y, T, D, seq_b, seq_lo, seq_hi, state0, has_init, final, ck, ck_off,
-            chunk, save, attention, discount, reverse, block, consts):
+def forward(task_lo, task_hi, z, a, g, y, strides, T, D, seq_b, seq_lo, seq_hi, state0,
+            has_init, final, ck, ck_off, chunk, save, attention, discount, reverse, block,
+            consts):
     """Forward of tasks ``[task_lo, task_hi)`` of all (sequence, channel block) pairs.
 
     ``z, a, g, y``: flat ``(B, T, D)`` (``g`` unused without a discount; ``uint16`` holds
-    bfloat16). Sequence ``i`` is batch row ``seq_b[i]``, steps ``[seq_lo[i], seq_hi[i])``.
+    bfloat16); ``y`` is contiguous, the inputs' rows may be strided (``strides``: B and T
+    element strides of z, a, g; see :func:`input_row`), e.g. gate slices of a projection. Sequence ``i`` is batch row ``seq_b[i]``, steps ``[seq_lo[i], seq_hi[i])``.
     ``state0``/``final``: ``(3, N, D)`` ``(m, n~, d~)`` in the compute type. ``ck``:
     ``(3, chunks, D)``, chunk ``k`` of sequence ``i`` at row ``ck_off[i] + k``.
     """
@@ -109,16 +118,18 @@ def forward(task_lo, task_hi, z, a, g, y, T, D, seq_b, seq_lo, seq_hi, state0, h
                     ck[row + j] = m[j]
                     ck[n_ck * D + row + j] = n[j]
                     ck[2 * n_ck * D + row + j] = d[j]
-            t = time_index(seq_lo[i], seq_hi[i], s, reverse)
-            off = (np.int64(seq_b[i]) * T + t) * D + lo
+            t = np.int64(time_index(seq_lo[i], seq_hi[i], s, reverse))
+            b = np.int64(seq_b[i])
+            off = (b * T + t) * D + lo
+            oz, oa = input_row(strides, 0, b, t, lo), input_row(strides, 1, b, t, lo)
             if discount != NO_DISCOUNT:
-                log_decay_row(discount, g, off, tb, w, w)
+                log_decay_row(discount, g, input_row(strides, 2, b, t, lo), tb, w, w)
             if attention == EXP:        # l = a: read straight from the input
-                step_row(m, n, d, tb, w, z, off, a, off, y, off, d1, 0, take1, 0, keep1, 0,
+                step_row(m, n, d, tb, w, z, oz, a, oa, y, off, d1, 0, take1, 0, keep1, 0,
                          False, w, floor, zero, one)
             else:
-                log_weight_row(attention, a, off, tb, 0, w)
-                step_row(m, n, d, tb, w, z, off, tb, 0, y, off, d1, 0, take1, 0, keep1, 0,
+                log_weight_row(attention, a, oa, tb, 0, w)
+                step_row(m, n, d, tb, w, z, oz, tb, 0, y, off, d1, 0, take1, 0, keep1, 0,
                          False, w, floor, zero, one)
         for j in range(w):
             final[base + j] = m[j] if m[j] > floor else ninf

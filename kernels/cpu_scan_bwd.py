@@ -32,7 +32,7 @@ from numba import njit
 from .cpu_math import load, prefetch_row, store
 from .cpu_rows import (EXP, NO_DISCOUNT, attention_grad_row, decay_grad_row,
                        log_decay_grad_rows, log_weight_grad_rows)
-from .cpu_scan import OPTS, step_row, time_index
+from .cpu_scan import OPTS, input_row, step_row, time_index
 
 JIT = dict(nogil=True, cache=True, error_model="numpy", fastmath={"contract"})
 # Scratch of a task (step_row's docstring has the rule behind so many arrays): running rows
@@ -43,12 +43,12 @@ L_, LAM_ = 0, 1             # tb rows
 
 
 @njit(**JIT)
-def adjoint_row(rho, sigma, gl, glam, z, sd, sy, take, keep, r, gy, off, gz, with_decay, w,
-                zero):
+def adjoint_row(rho, sigma, gl, glam, z, z_off, sd, sy, take, keep, r, gy, off, gz, with_decay,
+                w, zero):
     """One adjoint step for ``w`` channels at step ``r`` of the chunk (``keep`` slot r + 1
-    holds the next step's weight; the caller fills slot ``C`` across chunk edges). ``z``,
-    ``gy`` are read and ``gz`` written at ``off``: rows of the ``(B, T, D)`` tensors."""
-    go = np.uint64(off)
+    holds the next step's weight; the caller fills slot ``C`` across chunk edges). ``z`` is
+    read at ``z_off``, ``gy`` read and ``gz`` written at ``off``: rows of ``(B, T, D)``."""
+    go, zo = np.uint64(off), np.uint64(z_off)
     s0, s1 = np.uint64(r * w), np.uint64((r + 1) * w)
     for j in range(w):
         u = np.uint64(j)
@@ -59,19 +59,20 @@ def adjoint_row(rho, sigma, gl, glam, z, sd, sy, take, keep, r, gy, off, gz, wit
         rho[j] = r_j
         sigma[j] = s_j
         store(gz, go + u, take[s0 + u] * r_j)
-        gl[j] = take[s0 + u] * (load(z, go + u, zero) * r_j - s_j)
+        gl[j] = take[s0 + u] * (load(z, zo + u, zero) * r_j - s_j)
         if with_decay:
             glam[j] = keep[s0 + u] * sd[s0 + u] * (sy[s0 + u] * r_j - s_j)
 
 
 @njit(**OPTS)
-def backward(task_lo, task_hi, z, a, g, gy, gz, ga, gg, T, D, seq_b, seq_lo, seq_hi, state0, has_init,
-             g_final, has_g_final, g_init, ck, ck_off, chunk, attention, discount, reverse,
-             block, consts):
+def backward(task_lo, task_hi, z, a, g, gy, gz, ga, gg, strides, T, D, seq_b, seq_lo, seq_hi,
+             state0, has_init, g_final, has_g_final, g_init, ck, ck_off, chunk, attention,
+             discount, reverse, block, consts):
     """Gradients into ``gz, ga, gg`` (flat ``(B, T, D)``) and ``g_init`` (``(3, N, D)``),
     for tasks ``[task_lo, task_hi)``.
 
-    Arguments as :func:`kernels.cpu_scan.forward`; ``g_final`` holds the ``(2, N, D)``
+    Arguments as :func:`kernels.cpu_scan.forward` (``gy`` and the gradients contiguous,
+    the inputs' rows possibly strided); ``g_final`` holds the ``(2, N, D)``
     gradients of the final ``n~, d~``; ``ck`` the chunk-start states the forward saved.
     """
     floor, zero, one = consts[0], consts[1], consts[2]
@@ -110,24 +111,26 @@ def backward(task_lo, task_hi, z, a, g, gy, gz, ga, gg, T, D, seq_b, seq_lo, seq
                 d[j] = ck[2 * n_ck * D + row + j]
                 sd[j] = d[j]
                 sy[j] = n[j] / d[j] if d[j] > zero else zero
+            b = np.int64(seq_b[i])
             for r in range(cl):     # (1) recompute the chunk
-                off = (np.int64(seq_b[i]) * T + time_index(seq_lo[i], seq_hi[i], s0 + r,
-                                                             reverse)) * D + lo
+                t = np.int64(time_index(seq_lo[i], seq_hi[i], s0 + r, reverse))
+                oz, oa = input_row(strides, 0, b, t, lo), input_row(strides, 1, b, t, lo)
                 to = r * 2 * w
                 if with_decay:
-                    log_decay_grad_rows(discount, g, off, tb, to + LAM_ * w, dlam, r * w, w)
+                    log_decay_grad_rows(discount, g, input_row(strides, 2, b, t, lo), tb,
+                                        to + LAM_ * w, dlam, r * w, w)
                 if attention == EXP:        # l = a, read from the input
-                    step_row(m, n, d, tb, to + LAM_ * w, z, off, a, off, sy, (r + 1) * w, sd,
+                    step_row(m, n, d, tb, to + LAM_ * w, z, oz, a, oa, sy, (r + 1) * w, sd,
                              (r + 1) * w, take, r * w, keep, r * w, True, w, floor, zero, one)
                 else:
-                    log_weight_grad_rows(attention, a, off, tb, to + L_ * w, dl, r * w, w)
-                    step_row(m, n, d, tb, to + LAM_ * w, z, off, tb, to + L_ * w, sy,
+                    log_weight_grad_rows(attention, a, oa, tb, to + L_ * w, dl, r * w, w)
+                    step_row(m, n, d, tb, to + LAM_ * w, z, oz, tb, to + L_ * w, sy,
                              (r + 1) * w, sd, (r + 1) * w, take, r * w, keep, r * w, True, w,
                              floor, zero, one)
             for r in range(cl - 1, -1, -1):     # (2) the adjoint, backwards; the chunk's
                 # inputs are read a second time, from cache (they were read just above)
-                off = (np.int64(seq_b[i]) * T + time_index(seq_lo[i], seq_hi[i], s0 + r,
-                                                             reverse)) * D + lo
+                t = np.int64(time_index(seq_lo[i], seq_hi[i], s0 + r, reverse))
+                off = (b * T + t) * D + lo
                 if r > 0:   # the adjoint walks rows backwards: prefetchers would not follow
                     prev = (np.int64(seq_b[i]) * T + time_index(seq_lo[i], seq_hi[i],
                                                                   s0 + r - 1, reverse)) * D + lo
@@ -136,9 +139,10 @@ def backward(task_lo, task_hi, z, a, g, gy, gz, ga, gg, T, D, seq_b, seq_lo, seq
                     prefetch_row(ga, prev, w, True)
                     if with_decay:
                         prefetch_row(gg, prev, w, True)
-                adjoint_row(rho, sigma, gl, glam, z, sd, sy, take, keep, r, gy, off, gz,
-                            with_decay, w, zero)
-                attention_grad_row(attention, gl, 0, dl, r * w, a, off, ga, off, w)
+                adjoint_row(rho, sigma, gl, glam, z, input_row(strides, 0, b, t, lo), sd, sy,
+                            take, keep, r, gy, off, gz, with_decay, w, zero)
+                attention_grad_row(attention, gl, 0, dl, r * w, a,
+                                   input_row(strides, 1, b, t, lo), ga, off, w)
                 if with_decay:
                     decay_grad_row(discount, glam, 0, dlam, r * w, gg, off, w)
         if has_init:

@@ -56,53 +56,73 @@ def _packet(data):
 
 @njit(**JIT)
 def _array(p, slot, dtype):
-    """The array whose address and length are at ``p[slot]``, ``p[slot + 1]``."""
-    return carray(_as_pointer(p[slot], dtype), (p[slot + 1],))
+    """The array whose address and length are at ``p[slot]``, ``p[slot + 1]``, and the next
+    slot."""
+    return carray(_as_pointer(p[slot], dtype), (p[slot + 1],)), slot + 2
 
 
 @njit(**JIT)
 def _forward_packet(p, data_t, state_t):
+    """Unpack :func:`kernels.cpu_scan.forward`'s arguments, in its order, and run ranges."""
     n = p[1]
-    s = HEAD + n + 1
-    z, a, g, y = (_array(p, s, data_t), _array(p, s + 2, data_t), _array(p, s + 4, data_t),
-                  _array(p, s + 6, data_t))
-    T, D = p[s + 8], p[s + 9]
-    seq_b, seq_lo, seq_hi = (_array(p, s + 10, np.int64), _array(p, s + 12, np.int64),
-                             _array(p, s + 14, np.int64))
-    state0, has_init = _array(p, s + 16, state_t), p[s + 18] != 0
-    final, ck, ck_off = (_array(p, s + 19, state_t), _array(p, s + 21, state_t),
-                         _array(p, s + 23, np.int64))
-    chunk, save, attention, discount = p[s + 25], p[s + 26] != 0, p[s + 27], p[s + 28]
-    reverse, block, consts = p[s + 29] != 0, p[s + 30], _array(p, s + 31, state_t)
+    c = HEAD + n + 1
+    z, c = _array(p, c, data_t)
+    a, c = _array(p, c, data_t)
+    g, c = _array(p, c, data_t)
+    y, c = _array(p, c, data_t)
+    strides, c = _array(p, c, np.int64)
+    T, D = p[c], p[c + 1]
+    seq_b, c = _array(p, c + 2, np.int64)
+    seq_lo, c = _array(p, c, np.int64)
+    seq_hi, c = _array(p, c, np.int64)
+    state0, c = _array(p, c, state_t)
+    has_init = p[c] != 0
+    final, c = _array(p, c + 1, state_t)
+    ck, c = _array(p, c, state_t)
+    ck_off, c = _array(p, c, np.int64)
+    chunk, save, attention, discount = p[c], p[c + 1] != 0, p[c + 2], p[c + 3]
+    reverse, block = p[c + 4] != 0, p[c + 5]
+    consts, c = _array(p, c + 6, state_t)
     r = _claim(p, 2)
     while r < n:
-        forward(p[HEAD + r], p[HEAD + r + 1], z, a, g, y, T, D, seq_b, seq_lo, seq_hi, state0,
-                has_init, final, ck, ck_off, chunk, save, attention, discount, reverse, block,
-                consts)
+        forward(p[HEAD + r], p[HEAD + r + 1], z, a, g, y, strides, T, D, seq_b, seq_lo, seq_hi,
+                state0, has_init, final, ck, ck_off, chunk, save, attention, discount, reverse,
+                block, consts)
         r = _claim(p, 2)
 
 
 @njit(**JIT)
 def _backward_packet(p, data_t, state_t):
+    """Unpack :func:`kernels.cpu_scan_bwd.backward`'s arguments, in its order, and run ranges."""
     n = p[1]
-    s = HEAD + n + 1
-    z, a, g, gy = (_array(p, s, data_t), _array(p, s + 2, data_t), _array(p, s + 4, data_t),
-                   _array(p, s + 6, data_t))
-    gz, ga, gg = _array(p, s + 8, data_t), _array(p, s + 10, data_t), _array(p, s + 12, data_t)
-    T, D = p[s + 14], p[s + 15]
-    seq_b, seq_lo, seq_hi = (_array(p, s + 16, np.int64), _array(p, s + 18, np.int64),
-                             _array(p, s + 20, np.int64))
-    state0, has_init = _array(p, s + 22, state_t), p[s + 24] != 0
-    g_final, has_g_final = _array(p, s + 25, state_t), p[s + 27] != 0
-    g_init, ck, ck_off = (_array(p, s + 28, state_t), _array(p, s + 30, state_t),
-                          _array(p, s + 32, np.int64))
-    chunk, attention, discount = p[s + 34], p[s + 35], p[s + 36]
-    reverse, block, consts = p[s + 37] != 0, p[s + 38], _array(p, s + 39, state_t)
+    c = HEAD + n + 1
+    z, c = _array(p, c, data_t)
+    a, c = _array(p, c, data_t)
+    g, c = _array(p, c, data_t)
+    gy, c = _array(p, c, data_t)
+    gz, c = _array(p, c, data_t)
+    ga, c = _array(p, c, data_t)
+    gg, c = _array(p, c, data_t)
+    strides, c = _array(p, c, np.int64)
+    T, D = p[c], p[c + 1]
+    seq_b, c = _array(p, c + 2, np.int64)
+    seq_lo, c = _array(p, c, np.int64)
+    seq_hi, c = _array(p, c, np.int64)
+    state0, c = _array(p, c, state_t)
+    has_init = p[c] != 0
+    g_final, c = _array(p, c + 1, state_t)
+    has_g_final = p[c] != 0
+    g_init, c = _array(p, c + 1, state_t)
+    ck, c = _array(p, c, state_t)
+    ck_off, c = _array(p, c, np.int64)
+    chunk, attention, discount = p[c], p[c + 1], p[c + 2]
+    reverse, block = p[c + 3] != 0, p[c + 4]
+    consts, c = _array(p, c + 5, state_t)
     r = _claim(p, 2)
     while r < n:
-        backward(p[HEAD + r], p[HEAD + r + 1], z, a, g, gy, gz, ga, gg, T, D, seq_b, seq_lo,
-                 seq_hi, state0, has_init, g_final, has_g_final, g_init, ck, ck_off, chunk,
-                 attention, discount, reverse, block, consts)
+        backward(p[HEAD + r], p[HEAD + r + 1], z, a, g, gy, gz, ga, gg, strides, T, D, seq_b,
+                 seq_lo, seq_hi, state0, has_init, g_final, has_g_final, g_init, ck, ck_off,
+                 chunk, attention, discount, reverse, block, consts)
         r = _claim(p, 2)
 
 

@@ -277,3 +277,49 @@ def test_concurrent_calls_from_python_threads(monkeypatch):
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
     for x, y in zip(inputs * 2, outs):
         assert torch.equal(y, fastrwa.rda_scan(*x, "sigmoid")[0])
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["one-thread", "split-over-threads"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("layout", ["gate-slices", "time-major"])
+def test_strided_rows_are_read_in_place(layout, dtype, split, monkeypatch):
+    """Inputs whose channels are adjacent but whose rows are strided (gate slices of a
+    projection, or a time-major tensor transposed), each input with its own strides, are read
+    where they lie, not copied, and give the reference's outputs and gradients."""
+    if split:
+        monkeypatch.setattr(cpu_threads, "SERIAL_BELOW", 0)
+        monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    B, T, D = 3, 37, 5
+    gen = torch.Generator().manual_seed(30)
+    if layout == "gate-slices":     # z, a: slices of a (B, T, 2D) projection; g of a (B, T, 3D)
+        bases = (torch.randn(B, T, 2 * D, generator=gen, dtype=torch.float64),
+                 torch.randn(B, T, 3 * D, generator=gen, dtype=torch.float64))
+        views = lambda p, q: (*p.split(D, dim=-1), q[..., D:2 * D])            # noqa: E731
+    else:                           # z, a: (T, B, 2, D) transposed; g: (T, B, D) transposed
+        bases = (torch.randn(T, B, 2, D, generator=gen, dtype=torch.float64),
+                 torch.randn(T, B, D, generator=gen, dtype=torch.float64))
+        views = lambda p, q: (p[:, :, 0].transpose(0, 1), p[:, :, 1].transpose(0, 1),  # noqa: E731
+                              q.transpose(0, 1))
+    weight = torch.randn(B, T, D, generator=gen, dtype=torch.float64)
+    leaves = [x.to(dtype).requires_grad_() for x in bases]
+    z, a, g = views(*leaves)
+    assert all(x.stride(2) == 1 and not x.is_contiguous() for x in (z, a, g))
+    assert z.stride()[:2] != g.stride()[:2]
+    copies = []
+    contiguous = torch.Tensor.contiguous
+
+    def counting(x, *args, **kw):
+        if not x.is_contiguous():
+            copies.append(tuple(x.shape))
+        return contiguous(x, *args, **kw)
+    monkeypatch.setattr(torch.Tensor, "contiguous", counting)
+    y = fastrwa.rda_scan(z, a, g, "sigmoid")[0]
+    grads = torch.autograd.grad((y.double() * weight).sum(), leaves)
+    monkeypatch.setattr(torch.Tensor, "contiguous", contiguous)
+    assert (B, T, D) not in copies, copies
+    ref_leaves = [x.to(dtype).double().requires_grad_() for x in bases]
+    y_ref = reference(*(x.contiguous() for x in views(*ref_leaves)), "sigmoid")[0]
+    ref_grads = torch.autograd.grad((y_ref * weight).sum(), ref_leaves)
+    assert_close(y, y_ref, TOL[dtype]["y"], "y")
+    for got, want in zip(grads, ref_grads):
+        assert_close(got, want, TOL[dtype]["grad"], "gradient of an input tensor")
