@@ -86,7 +86,8 @@ def forward(task_lo, task_hi, z, a, g, y, strides, T, D, seq_b, seq_lo, seq_hi, 
 
     ``z, a, g, y``: flat ``(B, T, D)`` (``g`` unused without a discount; ``uint16`` holds
     bfloat16); ``y`` is contiguous, the inputs' rows may be strided (``strides``: B and T
-    element strides of z, a, g; see :func:`input_row`), e.g. gate slices of a projection. Sequence ``i`` is batch row ``seq_b[i]``, steps ``[seq_lo[i], seq_hi[i])``.
+    element strides of z, a, g; see :func:`input_row`), e.g. gate slices of a projection.
+    Sequence ``i`` is batch row ``seq_b[i]``, steps ``[seq_lo[i], seq_hi[i])``.
     ``state0``/``final``: ``(3, N, D)`` ``(m, n~, d~)`` in the compute type. ``ck``:
     ``(3, chunks, D)``, chunk ``k`` of sequence ``i`` at row ``ck_off[i] + k``.
     """

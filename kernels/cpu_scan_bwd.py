@@ -3,8 +3,9 @@
 A task walks its chunks last to first. For each chunk it (1) re-runs the forward from the
 state the forward saved at the chunk's start, keeping every step's transforms ``l_t``,
 ``lam_t`` (and, for the sigmoid/softplus transforms, their derivatives, from the same
-``exp(-|x|)``, so the chain rule afterwards needs no ``exp``), ``d~_t``, ``y_t`` and the step's weights ``take_t = exp(l_t - m_t)`` and
-``keep_t = exp(m_{t-1} + lam_t - m_t)`` in chunk buffers (cache-resident), then (2) runs the
+``exp(-|x|)``, so the chain rule afterwards needs no ``exp``), ``d~_t``, ``y_t`` and the
+step's weights ``take_t = exp(l_t - m_t)`` and ``keep_t = exp(m_{t-1} + lam_t - m_t)`` in
+chunk buffers (cache-resident), then (2) runs the
 adjoint backwards through the chunk and writes the gradients, reading the chunk's ``z``,
 ``a``, ``g`` a second time from cache and prefetching each ``gy``/gradient row one step
 ahead (the walk is backwards through memory). Inputs and ``gy`` are read from memory once
