@@ -62,6 +62,19 @@ def _array(p, slot, dtype):
 
 
 @njit(**JIT)
+def _layout_args(p, c, state_t):
+    """The arguments both kernels take after their data arrays, from slot ``c``: strides,
+    T, D, the sequences, the initial state and ``has_init``; and the next slot."""
+    strides, c = _array(p, c, np.int64)
+    T, D = p[c], p[c + 1]
+    seq_b, c = _array(p, c + 2, np.int64)
+    seq_lo, c = _array(p, c, np.int64)
+    seq_hi, c = _array(p, c, np.int64)
+    state0, c = _array(p, c, state_t)
+    return strides, T, D, seq_b, seq_lo, seq_hi, state0, p[c] != 0, c + 1
+
+
+@njit(**JIT)
 def _forward_packet(p, data_t, state_t):
     """Unpack :func:`kernels.cpu_scan.forward`'s arguments, in its order, and run ranges."""
     n = p[1]
@@ -70,14 +83,8 @@ def _forward_packet(p, data_t, state_t):
     a, c = _array(p, c, data_t)
     g, c = _array(p, c, data_t)
     y, c = _array(p, c, data_t)
-    strides, c = _array(p, c, np.int64)
-    T, D = p[c], p[c + 1]
-    seq_b, c = _array(p, c + 2, np.int64)
-    seq_lo, c = _array(p, c, np.int64)
-    seq_hi, c = _array(p, c, np.int64)
-    state0, c = _array(p, c, state_t)
-    has_init = p[c] != 0
-    final, c = _array(p, c + 1, state_t)
+    strides, T, D, seq_b, seq_lo, seq_hi, state0, has_init, c = _layout_args(p, c, state_t)
+    final, c = _array(p, c, state_t)
     ck, c = _array(p, c, state_t)
     ck_off, c = _array(p, c, np.int64)
     chunk, save, attention, discount = p[c], p[c + 1] != 0, p[c + 2], p[c + 3]
@@ -103,14 +110,8 @@ def _backward_packet(p, data_t, state_t):
     gz, c = _array(p, c, data_t)
     ga, c = _array(p, c, data_t)
     gg, c = _array(p, c, data_t)
-    strides, c = _array(p, c, np.int64)
-    T, D = p[c], p[c + 1]
-    seq_b, c = _array(p, c + 2, np.int64)
-    seq_lo, c = _array(p, c, np.int64)
-    seq_hi, c = _array(p, c, np.int64)
-    state0, c = _array(p, c, state_t)
-    has_init = p[c] != 0
-    g_final, c = _array(p, c + 1, state_t)
+    strides, T, D, seq_b, seq_lo, seq_hi, state0, has_init, c = _layout_args(p, c, state_t)
+    g_final, c = _array(p, c, state_t)
     has_g_final = p[c] != 0
     g_init, c = _array(p, c + 1, state_t)
     ck, c = _array(p, c, state_t)
