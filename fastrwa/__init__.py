@@ -13,7 +13,7 @@ Public API::
 The sequential reference that defines every answer is :mod:`fastrwa.reference`.
 """
 
-from .backend import get_backend, use_backend
+from .ops.registry import get_backend, use_backend
 from .scan import rda_scan, rda_step, rda_step_, rwa_scan, rwa_step, rwa_step_, weighted_scan
 from .state import ScanState
 

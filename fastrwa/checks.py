@@ -6,8 +6,8 @@ from typing import Sequence
 
 import torch
 
+from .ops.vocab import ATTENTIONS, state_dtype
 from .state import ScanState
-from .transforms import ATTENTIONS
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -43,11 +43,6 @@ def check_inputs(named: Sequence[tuple[str, object]], layout: str) -> torch.Tens
             raise ValueError(f"{name} must be on the same device as {first_name} "
                              f"({first.device}), got {x.device}")
     return first
-
-
-def state_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype of a ``ScanState`` for inputs of ``dtype``: float64 for float64, else float32."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def check_state(state: object, name: str, like: torch.Tensor, batch: int, channels: int) -> ScanState | None:

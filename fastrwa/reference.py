@@ -1,6 +1,6 @@
 """The sequential reference: the single source of truth for every fast path.
 
-A plain loop over time written straight from DESIGN.md §2. It is slow on purpose and meant
+A plain loop over time written straight from the recurrence of docs/math.md §1. It is slow on purpose and meant
 to be read in one sitting. It is differentiable by autograd (the ``torch.where`` guards keep
 ``-inf`` from turning into NaN, forward and backward), so tests can compare gradients too.
 
@@ -13,11 +13,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .ops.vocab import state_dtype as _compute_dtype
 from .state import ScanState
-
-
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def reference_log_weight(a: torch.Tensor, attention: str) -> torch.Tensor:

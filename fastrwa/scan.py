@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import torch
 
-from . import backend as _backend
-from .autograd import weighted_scan_op
-from .checks import (check_attention, check_cu_seqlens, check_flag, check_inputs, check_state,
-                     state_dtype)
+from .checks import check_attention, check_cu_seqlens, check_flag, check_inputs, check_state
+from .ops import registry
+from .ops.autograd import step_inplace, weighted_scan_op
+from .ops.contract import ScanArgs
+from .ops.vocab import state_dtype
 from .state import ScanState
 
 
@@ -31,8 +32,10 @@ def _run(named, attention, discount, initial_state, output_final_state, reverse,
             state = ScanState.empty(n_states, D, dtype=state_dtype(z.dtype), device=z.device)
         return y, state
     if not torch.compiler.is_compiling():
-        _backend.resolve(z.device, z.dtype)   # fail here, before the op, on an unusable backend
-    y, final = weighted_scan_op(z, a, g, state, cu_seqlens, attention, discount, reverse)
+        registry.resolve(z.device, z.dtype)   # fail here, before the op, on an unusable backend
+    args = ScanArgs(z, a, g, attention, discount, None if state is None else tuple(state),
+                    reverse, cu_seqlens)
+    y, final = weighted_scan_op(args)
     return y, (ScanState(*final) if output_final_state else None)
 
 
@@ -49,7 +52,7 @@ def weighted_scan(
 
     ``n_t = exp(log_decay_t) n_{t-1} + exp(log_w_t) z_t``, ``d_t`` likewise with ``z = 1``,
     ``y_t = n_t / d_t`` (``0`` while every weight so far is ``exp(-inf) = 0``), computed
-    in a max-stabilised log space so that no logit overflows (DESIGN.md §2).
+    in a max-stabilised log space so that no logit overflows (docs/math.md).
 
     Args:
         z: ``(B, T, D)`` values; float16, bfloat16, float32 or float64.
@@ -234,10 +237,11 @@ def _step_inplace(named, attention, discount, state, out):
         raise RuntimeError("the in-place steps (rwa_step_, rda_step_) are for inference: run "
                            "them under torch.no_grad(), or use rwa_step/rda_step to train")
     tensors = [x for _, x in named]
-    impl = _backend.resolve(z_t.device, z_t.dtype)
-    fast = getattr(impl, "step_", None)
     g_t = tensors[2] if len(tensors) > 2 else None
-    if fast is None or not fast(tensors[0], tensors[1], g_t, attention, discount, state, out):
+    args = ScanArgs(tensors[0][:, None], tensors[1][:, None],
+                    None if g_t is None else g_t[:, None], attention, discount, None, False,
+                    None)
+    if not step_inplace(args, tuple(state), out):
         y, new = _step(named, attention, discount, state)
         for buf, value in zip(state, new):
             buf.copy_(value)

@@ -14,7 +14,7 @@ def safe_average(n: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
 
 
 class ScanState(NamedTuple):
-    """Stabilised per-channel state of a weighted scan (DESIGN.md §2).
+    """Stabilised per-channel state of a weighted scan (docs/math.md §2).
 
     The represented running sums are ``numerator = exp(m) * n`` and
     ``denominator = exp(m) * d``; the running average is ``n / d``.

@@ -6,7 +6,7 @@ import dataclasses
 from typing import Any
 
 from ..nn.functional import ACTIVATIONS, RDA_PRESETS
-from ..transforms import ATTENTIONS
+from ..ops.vocab import ATTENTIONS
 
 BYTE_VOCAB = 256
 

@@ -12,14 +12,13 @@ from torch import Tensor, nn
 
 from ..nn.functional import rms_norm_into
 from ..nn import RDA, RWA, LayerState
+from ..ops.vocab import state_dtype
 from ..state import ScanState
 from .config import LMConfig
 
 _WEIGHTS, _CONFIG = "model.pt", "config.json"
 
 
-def _stat_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 class LMState(NamedTuple):
@@ -60,8 +59,8 @@ class Block(nn.Module):
         new = lambda *shape: torch.empty(*shape, dtype=dtype, device=dev)  # noqa: E731
         return dict(mix=self.mix.step_workspace(batch, dtype), normed=new(batch, d),
                     h=new(batch, d), hidden=new(batch, self.mlp[0].out_features),
-                    rstd=torch.empty(batch, 1, dtype=_stat_dtype(dtype), device=dev),
-                    wide=torch.empty(batch, d, dtype=_stat_dtype(dtype), device=dev))
+                    rstd=torch.empty(batch, 1, dtype=state_dtype(dtype), device=dev),
+                    wide=torch.empty(batch, d, dtype=state_dtype(dtype), device=dev))
 
     def step_(self, x: Tensor, state: LayerState, work: dict) -> Tensor:
         """:meth:`step` in place: the residual stream ``x`` ``(B, d)`` and ``state`` are
@@ -90,7 +89,7 @@ class InferenceCache:
     def __init__(self, model: "ByteLM", batch: int):
         d, dev = model.config.d_model, model.embed.weight.device
         dtype = model.embed.weight.dtype
-        sdt = torch.float64 if dtype == torch.float64 else torch.float32
+        sdt = state_dtype(dtype)
         self.batch = batch
         self.scan = [tuple(torch.zeros(batch, d, dtype=sdt, device=dev) for _ in range(3))
                      for _ in model.blocks]
@@ -99,8 +98,8 @@ class InferenceCache:
         # Work buffers of ByteLM.step_ (intermediates, not state): a step allocates nothing.
         self.work = dict(x=torch.empty(batch, d, dtype=dtype, device=dev),
                          normed=torch.empty(batch, d, dtype=dtype, device=dev),
-                         rstd=torch.empty(batch, 1, dtype=_stat_dtype(dtype), device=dev),
-                         wide=torch.empty(batch, d, dtype=_stat_dtype(dtype), device=dev),
+                         rstd=torch.empty(batch, 1, dtype=state_dtype(dtype), device=dev),
+                         wide=torch.empty(batch, d, dtype=state_dtype(dtype), device=dev),
                          logits=torch.empty(batch, model.config.vocab_size, dtype=dtype,
                                             device=dev),
                          token_range=torch.empty(2, dtype=torch.long, device=dev),

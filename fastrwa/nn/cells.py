@@ -1,7 +1,7 @@
 """Faithful cells: RWA and RDA as published, with gates that see ``[x_t, h_{t-1}]``, and the
 RRA baseline. Inherently sequential (the slow path); :class:`Recurrent` runs a cell over time.
 
-Each step's average is the max-stabilised update of DESIGN.md §2 (the library's own step op),
+Each step's average is the max-stabilised update of docs/math.md §2 (the library's own step op),
 so large logits are as safe here as in the scan layers.
 """
 
@@ -13,6 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from .. import scan as _scan
+from ..ops.vocab import state_dtype
 from ..state import ScanState
 from .functional import rda_functions
 
@@ -65,7 +66,7 @@ class _AttentionCell(nn.Module):
 
     def initial_state(self, batch: int) -> CellState:
         """``h_0 = f(s_0)``, nothing seen yet (``n = d = 0``)."""
-        sdt = torch.float64 if self.s0.dtype == torch.float64 else torch.float32
+        sdt = state_dtype(self.s0.dtype)
         h0 = self._f0(self.s0).expand(batch, self.hidden_size)
         return CellState(h0, ScanState.empty(batch, self.hidden_size, dtype=sdt,
                                              device=self.s0.device))

@@ -39,7 +39,7 @@ def rms_norm_into(x: torch.Tensor, norm: torch.nn.RMSNorm, out: torch.Tensor,
     return out if target is out else out.copy_(wide)
 
 
-# The published RDA variants (DESIGN.md §1): f_a, and the composition f_o(f_h(.)).
+# The published RDA variants (docs/api.md, "fastrwa.nn.RDA"): f_a, and the composition f_o(f_h(.)).
 RDA_PRESETS = {
     "exp-tanh": dict(attention="exp", f_h="identity", f_o="tanh"),
     "sigmoid-id": dict(attention="sigmoid", f_h="identity", f_o="identity"),
@@ -57,7 +57,7 @@ def rda_functions(attention: str, f_h: str, f_o: str, preset: str | None):
 
     Returns ``(attention, f_h, f_o)`` names, checked, and the ``f_h``, ``f_o`` callables.
     """
-    from ..checks import check_attention
+    from ..checks import check_attention  # (deferred: fastrwa.nn imports before fastrwa.checks)
 
     if preset is not None:
         if preset not in RDA_PRESETS:

@@ -1,7 +1,7 @@
 """Scan layers: RWA and RDA whose gates see the input only, so they run on the parallel scan.
 
 ``output, state = layer(x, state=None)`` like ``torch.nn.GRU``; ``layer.step(x_t, state)``
-advances one token with O(1) state. DESIGN.md §1 ("Scan layers").
+advances one token with O(1) state. docs/api.md ("Layers: fastrwa.nn") lists the options.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from .. import scan as _scan
+from ..ops.vocab import state_dtype
 from ..state import ScanState
 from .functional import ACTIVATIONS_OUT, rda_functions
 
@@ -83,7 +84,7 @@ class _ScanLayer(nn.Module):
     def initial_state(self, batch: int) -> LayerState:
         """The state before the first token: the learned prior (or empty), shapes ``(B, ...)``."""
         width = self.num_directions * self.hidden_size
-        sdt = torch.float64 if self.proj.weight.dtype == torch.float64 else torch.float32
+        sdt = state_dtype(self.proj.weight.dtype)
         m = self.initial_logit.to(sdt).expand(batch, width)
         n = self.initial_value.to(sdt).expand(batch, width)
         seen = (m > float("-inf")).to(sdt)

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ..tasks import TASKS
+from .tasks import TASKS
 from .config import RESUMABLE_CHANGES, RunConfig
 from .loop import RunDirError, prepare_run_dir, train
 from .models import MODELS
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _report(cfg: RunConfig, run_dir: Path, last: dict) -> None:
-    from ..plot import plot_runs
+    from .plot import plot_runs
 
     problem = make_problem(cfg, 1) if cfg.task in TASKS else None
     png = plot_runs([run_dir], run_dir / "learning_curve.png")

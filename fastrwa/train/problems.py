@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .. import data as _data
-from ..tasks import TASKS, Batch, Task, make_task
+from . import data as _data
+from .tasks import TASKS, Batch, Task, make_task
 
 LM_TASKS = ("enwik8", "text")
 IMAGE_TASKS = ("mnist", "pmnist")
@@ -19,7 +19,7 @@ ALL_TASKS = tuple(TASKS) + LM_TASKS + IMAGE_TASKS
 
 
 class SyntheticProblem:
-    """A :class:`fastrwa.tasks.Task`; validation batches come from their own seeds."""
+    """A :class:`fastrwa.train.tasks.Task`; validation batches come from their own seeds."""
 
     stateful = False
     vocab = None

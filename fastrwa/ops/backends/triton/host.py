@@ -1,6 +1,6 @@
-"""The "triton" backend: host launchers for the kernels in ``fastrwa.kernels``.
+"""The "triton" backend: host launchers for the kernels beside this file.
 
-Same interface as :mod:`fastrwa.torch_backend`. Runs on CUDA tensors, or on CPU tensors
+Satisfies :class:`fastrwa.ops.contract.Backend`. Runs on CUDA tensors, or on CPU tensors
 under ``TRITON_INTERPRET=1`` (how this project tests it without a GPU).
 
 Forward algorithms (``Options.algorithm``):
@@ -25,11 +25,11 @@ import os
 import torch
 import triton
 
-from .buffers import empty, empty_like
-from .kernels import scan_bwd, scan_fwd, step
+from ...buffers import empty, empty_like
+from ...contract import ForwardResult, Gradients, ScanArgs
+from ...vocab import ATTENTION_CODE, DISCOUNT_CODE, state_dtype
+from . import scan_bwd, scan_fwd, step
 
-ATTN_CODE = {"exp": 0, "sigmoid": 1, "softplus": 2, "relu": 3}
-DISCOUNT_CODE = {None: 0, "log": 1, "sigmoid": 2}
 PROGRAMS_PER_SM = 2
 # Warps per program. With the default blocks every kernel compiles for sm_80 and sm_90a
 # without spills (python bench/kernels.py); the backward holds about twice the live blocks of
@@ -49,6 +49,11 @@ class Options:
 
 
 _options = Options()
+
+
+def options() -> Options:
+    """The :class:`Options` in force."""
+    return _options
 
 
 def set_options(**changes) -> Options:
@@ -106,7 +111,8 @@ def _layout(z: torch.Tensor, cu_seqlens: torch.Tensor | None, BT: int) -> _Layou
     B, T, _ = z.shape
     if cu_seqlens is None:
         return _Layout(B, T, B * triton.cdiv(T, BT), T, None, None, None)
-    cu = cu_seqlens.to(device=z.device, dtype=torch.int64)
+    # contiguous: the kernels index it as a flat array (a strided view would be misread)
+    cu = cu_seqlens.to(device=z.device, dtype=torch.int64).contiguous()
     lengths = cu[1:] - cu[:-1]
     per_seq = (lengths + BT - 1) // BT
     offsets = torch.cumsum(per_seq, 0) - per_seq
@@ -117,12 +123,14 @@ def _layout(z: torch.Tensor, cu_seqlens: torch.Tensor | None, BT: int) -> _Layou
 
 
 def _codes(attention, discount, g):
-    return ATTN_CODE[attention], DISCOUNT_CODE[discount if g is not None else None]
+    return ATTENTION_CODE[attention], DISCOUNT_CODE[discount if g is not None else None]
 
 
-def forward(z, a, g, attention, discount, init, output_final_state, reverse, cu_seqlens=None,
-            save_for_backward=False):
-    """``(y, final_state or None, saved)``; ``saved`` is what :func:`backward` needs."""
+def forward(args: ScanArgs, *, output_final_state: bool, save: bool) -> ForwardResult:
+    """The scan (contract: :meth:`fastrwa.ops.contract.Backend.forward`); ``saved`` is the
+    ``(3, chunks, D)`` state entering every chunk of ``block_t`` steps."""
+    z, a, g, attention, discount, init, reverse, cu_seqlens = args
+    save_for_backward = save
     opts = _options
     BT, BD = opts.block_t, opts.block_d
     B, T, D = z.shape
@@ -131,7 +139,7 @@ def forward(z, a, g, attention, discount, init, output_final_state, reverse, cu_
     z, a = z.contiguous(), a.contiguous()
     g = z if g is None else g.contiguous()          # placeholder pointer when DISCOUNT == 0
     y = empty_like(z)
-    f32 = torch.float64 if z.dtype == torch.float64 else torch.float32
+    f32 = state_dtype(z.dtype)
     h0 = torch.stack(init).contiguous() if init is not None else z.new_empty(0, dtype=f32)
     need_final = output_final_state or save_for_backward or (T == 1 and cu_seqlens is None)
     ht = empty((3, lay.n_seq, D), f32, z.device) if need_final else h0
@@ -161,13 +169,14 @@ def forward(z, a, g, attention, discount, init, output_final_state, reverse, cu_
             z, a, g, y, hc, cu, co, cs, lay.T, D, lay.n_chunks,
             ATTN=ATTN, DISCOUNT=DISCOUNT, REVERSE=reverse, num_warps=FWD_WARPS, **flags)
     final = tuple(x.clone() for x in ht.unbind(0)) if output_final_state else None
-    saved = (hc,) if save_for_backward else ()
-    return y, final, saved
+    saved = [hc] if save_for_backward else []
+    return ForwardResult(y, final, saved)
 
 
-def fake_saved(z, cu_seqlens) -> list:
+def saved_like(args: ScanArgs) -> list:
     """What :func:`forward` saves, as empty tensors of the right shapes (for ``torch.compile``)."""
-    f32 = torch.float64 if z.dtype == torch.float64 else torch.float32
+    z, cu_seqlens = args.z, args.cu_seqlens
+    f32 = state_dtype(z.dtype)
     B, T, D = z.shape
     if cu_seqlens is None:
         n_chunks = B * triton.cdiv(T, _options.block_t)
@@ -176,14 +185,22 @@ def fake_saved(z, cu_seqlens) -> list:
     return [z.new_empty((3, n_chunks, D), dtype=f32)]
 
 
-def backward(z, a, g, attention, discount, init, reverse, cu_seqlens, saved, m_final, gy,
-             g_final):
-    """Gradients ``(gz, ga, gg, (gm0, gn0, gd0) or None)``; see :mod:`fastrwa.torch_backend`."""
+def step_(args: ScanArgs, state, out) -> bool:
+    """No in-place step here: a ``T = 1`` :func:`forward` is already one fused launch."""
+    return False
+
+
+def backward(args: ScanArgs, saved: list, m_final, gy, g_final) -> Gradients:
+    """Gradients (contract: :meth:`fastrwa.ops.contract.Backend.backward`). Without this
+    backend's ``saved`` (at the current ``block_t``) the chunk states are recomputed first."""
+    z, a, g, attention, discount, init, reverse, cu_seqlens = args
     opts = _options
     BT, BD = opts.block_t, opts.block_d_backward
     B, T, D = z.shape
-    (hc,) = saved
     lay = _layout(z, cu_seqlens, BT)
+    if not (len(saved) == 1 and saved[0].shape == (3, lay.n_chunks, D)):
+        saved = forward(args, output_final_state=False, save=True).saved
+    (hc,) = saved
     ATTN, DISCOUNT = _codes(attention, discount, g)
     has_g = g is not None
     z, a = z.contiguous(), a.contiguous()
@@ -197,7 +214,7 @@ def backward(z, a, g, attention, discount, init, reverse, cu_seqlens, saved, m_f
     has_final_grad = g_final is not None and any(x is not None for x in g_final)
     if has_final_grad:
         zeros = torch.zeros_like(m_final)
-        dht = torch.stack([zeros] + [zeros if x is None else x for x in g_final[1:]]).contiguous()
+        dht = torch.stack([zeros] + [zeros if x is None else x for x in g_final]).contiguous()
         ht = m_final.contiguous()
     else:
         dht = ht = h0
@@ -224,4 +241,4 @@ def backward(z, a, g, attention, discount, init, reverse, cu_seqlens, saved, m_f
             z, a, g, gy, gz, ga, gg, hc, ac, cu, co, cs, lay.T, D, lay.n_chunks,
             ATTN=ATTN, DISCOUNT=DISCOUNT, num_warps=BWD_WARPS, **flags)
     g_init = tuple(x.clone() for x in dh0.unbind(0)) if init is not None else None
-    return gz, ga, (gg if has_g else None), g_init
+    return Gradients(gz, ga, (gg if has_g else None), g_init)

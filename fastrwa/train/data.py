@@ -1,7 +1,7 @@
 """Local datasets for training: byte corpora (enwik8, any text file) and MNIST from IDX files.
 
 Nothing here downloads at run time; :func:`download_enwik8` is a helper for users who are
-online (``python -m fastrwa.data download-enwik8 DIR``) and verifies what it fetched.
+online (``python -m fastrwa.train.data download-enwik8 DIR``) and verifies what it fetched.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def read_corpus(path: str | Path) -> bytes:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"--data {path}: no such file (enwik8: the raw 'enwik8' file or "
-                                f"'enwik8.zip'; get it with python -m fastrwa.data download-enwik8)")
+                                f"'enwik8.zip'; get it with python -m fastrwa.train.data download-enwik8)")
     if zipfile.is_zipfile(path):
         with zipfile.ZipFile(path) as archive:
             names = [n for n in archive.namelist() if not n.endswith("/")]
@@ -152,7 +152,7 @@ def download_enwik8(directory: str | Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m fastrwa.data")
+    p = argparse.ArgumentParser(prog="python -m fastrwa.train.data")
     sub = p.add_subparsers(dest="command", required=True)
     d = sub.add_parser("download-enwik8", help="fetch enwik8.zip and verify size and md5")
     d.add_argument("directory")

@@ -6,11 +6,12 @@ equal work and run on:
 
 * **PyTorch's own OpenMP team** where PyTorch loaded a runtime with the GNU entry points
   (``libgomp``, and the LLVM and Intel runtimes, which export them too): through
-  ``GOMP_parallel`` and the C entry points of :mod:`fastrwa.kernels.cpu_team`. PyTorch's idle
+  ``GOMP_parallel`` and the C entry points of :mod:`.team`. PyTorch's idle
   OpenMP threads keep spinning for a while after each of its parallel ops; a kernel started
   on other threads right after one (in a model, a projection precedes every scan) then
-  shares the cores with them. Measured here right after a ``copy_``: rwa forward 1.3-1.5x
-  and RDA forward+backward 1.1-1.25x faster than on a separate pool (docs/benchmarks.md).
+  shares the cores with them. Measured on a 2-core machine right after a ``copy_``: rwa
+  forward 1.3-1.5x and RDA forward+backward 1.1-1.25x faster than on a separate pool
+  (docs/benchmarks.md).
 * otherwise a thread pool (plain threads that sleep when idle).
   ``FASTRWA_CPU_THREADS=pool`` forces it (for comparison), read once per process.
 """
@@ -26,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
-from .kernels import cpu_team
+from . import team
 
 # Elements below which a call runs on the caller's thread alone: waking other threads costs
 # about 30 microseconds, more than it saves below ~100K elements (measured: B=1, D=256,
@@ -81,37 +82,44 @@ def _ranges(work: np.ndarray, n_blk: int, k: int) -> list[int]:
 
 
 def run(kernel, name: str, dtype: torch.dtype, work: np.ndarray, n_blk: int, D: int,
-        *args) -> None:
-    """``kernel(lo, hi, *args)`` over all tasks ``[0, len(work) * n_blk)``, on one thread or
-    many. ``name`` ("forward"/"backward") and ``dtype`` pick the C entry point for the OpenMP
-    team. ``args``: flat contiguous NumPy arrays, ints and bools."""
+        io: tuple, st: tuple, ix: tuple, flags: np.ndarray) -> None:
+    """``kernel(lo, hi, io, st, ix, flags)`` over all tasks ``[0, len(work) * n_blk)``, on
+    one thread or many. ``name`` ("forward"/"backward") and ``dtype`` pick the C entry point
+    for the OpenMP team. The groups are tuples of flat contiguous NumPy arrays (:mod:`.layout`)."""
     n_tasks = len(work) * n_blk
     k = min(threads(), n_tasks)
     if k <= 1 or int(work.sum()) * D < SERIAL_BELOW:
-        kernel(0, n_tasks, *args)
+        kernel(0, n_tasks, io, st, ix, flags)
         return
     bounds = _ranges(work, n_blk, k)
     parallel = _gomp_parallel()
     if parallel is not None:
         family = {torch.bfloat16: "bfloat16", torch.float64: "float64"}.get(dtype, "float32")
-        packet = _packet(bounds, args)
-        parallel(cpu_team.entry(name, family), packet.ctypes.data, len(bounds) - 1, 0)
+        packet = _packet(bounds, (io, st, ix), flags)
+        parallel(team.entry(name, family), packet.ctypes.data, len(bounds) - 1, 0)
+        if packet[team.STATUS] != 0:
+            raise RuntimeError(f"fastrwa: the {name} kernel's OpenMP entry point refused its "
+                               f"argument packet (group sizes {[len(x) for x in (io, st, ix)]})")
         return
-    _run_on_pool(kernel, bounds, args)
+    _run_on_pool(kernel, bounds, (io, st, ix, flags))
 
 
-def _packet(bounds: list[int], args: tuple) -> np.ndarray:
-    """The int64 packet :mod:`fastrwa.kernels.cpu_team` reads (its docstring has the layout).
-    It holds the arrays' addresses: the caller keeps ``args`` alive for the call."""
+def _slots(x: np.ndarray) -> list[int]:
+    if x.ndim != 1 or not x.flags.c_contiguous:
+        raise ValueError("kernel arrays must be flat and contiguous")
+    return [x.ctypes.data, x.shape[0]]
+
+
+def _packet(bounds: list[int], groups: tuple, flags: np.ndarray) -> np.ndarray:
+    """The int64 packet :mod:`.team` reads (its docstring has the layout). It holds the
+    arrays' addresses: the caller keeps them alive for the call."""
     slots = []
-    for x in args:
-        if isinstance(x, np.ndarray):
-            if x.ndim != 1 or not x.flags.c_contiguous:
-                raise ValueError("kernel arrays must be flat and contiguous")
-            slots += [x.ctypes.data, x.shape[0]]
-        else:
-            slots.append(int(x))
-    packet = np.array([0, len(bounds) - 1, 0, *bounds, *slots], dtype=np.int64)
+    for arrays in groups:
+        slots.append(len(arrays))
+        for x in arrays:
+            slots += _slots(x)
+    slots += _slots(flags)
+    packet = np.array([0, len(bounds) - 1, 0, 0, *bounds, *slots], dtype=np.int64)
     packet[0] = len(packet)
     return packet
 

@@ -1,4 +1,4 @@
-"""CPU backward of the weighted scan (DESIGN.md §2), one task per (sequence, channel block).
+"""CPU backward of the weighted scan, one task per (sequence, channel block).
 
 A task walks its chunks last to first. For each chunk it (1) re-runs the forward from the
 state the forward saved at the chunk's start, keeping every step's transforms ``l_t``,
@@ -19,7 +19,7 @@ The adjoint is back-propagation through the stabilised recurrence itself. With
     gz_t = take_t rho_t     gl_t = take_t (z_t rho_t - sigma_t)
     glam_t = keep_t d~_{t-1} (y_{t-1} rho_t - sigma_t)
 
-This is the log-space adjoint of DESIGN.md §2 with its scale ``M_t`` equal to ``-m_t``
+This is the log-space adjoint of docs/math.md §4 with its scale ``M_t`` equal to ``-m_t``
 (it always is: ``m`` is the running maximum of the decayed log-weights), so every exponential
 it needs was already computed by the forward step: the adjoint needs no ``exp`` at all, and
 every factor is at most 1. ``gm`` of the final state is not used (docs/math.md §4).
@@ -28,14 +28,14 @@ every factor is at most 1. ``gm`` of the final state is not used (docs/math.md �
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
-from .cpu_math import load, prefetch_row, store
-from .cpu_rows import (EXP, NO_DISCOUNT, attention_grad_row, decay_grad_row,
-                       log_decay_grad_rows, log_weight_grad_rows)
-from .cpu_scan import OPTS, input_row, step_row, time_index
+from .fmath import load, prefetch_row, store
+from .jit import kernel
+from .layout import unpack_flags
+from .rows import (EXP, NO_DISCOUNT, attention_grad_row, decay_grad_row, log_decay_grad_rows,
+                   log_weight_grad_rows)
+from .scan_fwd import input_row, step_row, time_index
 
-JIT = dict(nogil=True, cache=True, error_model="numpy", fastmath={"contract"})
 # Scratch of a task (step_row's docstring has the rule behind so many arrays): running rows
 # of w channels, and chunk buffers indexed by the step r in the chunk: ``tb`` [C, 2, w] the
 # transforms of the inputs, ``take`` [C, w] and ``keep`` [C + 1, w]
@@ -43,7 +43,7 @@ JIT = dict(nogil=True, cache=True, error_model="numpy", fastmath={"contract"})
 L_, LAM_ = 0, 1             # tb rows
 
 
-@njit(**JIT)
+@kernel
 def adjoint_row(rho, sigma, gl, glam, z, z_off, sd, sy, take, keep, r, gy, off, gz, with_decay,
                 w, zero):
     """One adjoint step for ``w`` channels at step ``r`` of the chunk (``keep`` slot r + 1
@@ -65,17 +65,21 @@ def adjoint_row(rho, sigma, gl, glam, z, z_off, sd, sy, take, keep, r, gy, off, 
             glam[j] = keep[s0 + u] * sd[s0 + u] * (sy[s0 + u] * r_j - s_j)
 
 
-@njit(**OPTS)
-def backward(task_lo, task_hi, z, a, g, gy, gz, ga, gg, strides, T, D, seq_b, seq_lo, seq_hi,
-             state0, has_init, g_final, has_g_final, g_init, ck, ck_off, chunk, attention,
-             discount, reverse, block, consts):
+@kernel
+def backward(task_lo, task_hi, io, st, ix, flags):
     """Gradients into ``gz, ga, gg`` (flat ``(B, T, D)``) and ``g_init`` (``(3, N, D)``),
     for tasks ``[task_lo, task_hi)``.
 
-    Arguments as :func:`kernels.cpu_scan.forward` (``gy`` and the gradients contiguous,
-    the inputs' rows possibly strided); ``g_final`` holds the ``(2, N, D)``
-    gradients of the final ``n~, d~``; ``ck`` the chunk-start states the forward saved.
+    Arguments as :mod:`.layout` names them and as :func:`.scan_fwd.forward` reads them
+    (``gy`` and the gradients contiguous, the inputs' rows possibly strided); ``g_final``
+    holds the ``(2, N, D)`` gradients of the final ``n~, d~`` (used with ``has_g_final``);
+    ``ck`` the chunk-start states the forward saved.
     """
+    z, a, g, gy, gz, ga, gg = io
+    state0, g_final, g_init, ck, consts = st
+    strides, seq_b, seq_lo, seq_hi, ck_off = ix
+    T, D, chunk, block, attention, discount, reverse, has_init, _, has_g_final = \
+        unpack_flags(flags)
     floor, zero, one = consts[0], consts[1], consts[2]
     n_seq = seq_b.shape[0]
     nd = n_seq * D

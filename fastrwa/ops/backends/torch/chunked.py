@@ -12,7 +12,7 @@ short Python loop over whole ``(B, N, D)`` slices (no Python iteration per time 
 
 1. every chunk summarises itself from an empty state (``C`` steps, all chunks at once),
 2. the summaries are combined across chunks (``N`` steps on ``(B, D)``) into each chunk's
-   incoming state (DESIGN.md §2 associative combine; the chunk's log discount is ``G``),
+   incoming state (the associative combine of docs/math.md; the chunk's log discount is ``G``),
 3. every chunk re-runs from its incoming state (``C`` steps, all chunks at once) and hands
    the state after each step to ``emit``, which writes whatever the caller needs.
 

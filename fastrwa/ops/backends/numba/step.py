@@ -2,18 +2,17 @@
 
 The state ``(m, n~, d~)`` of ``B x D`` channels is updated where it lies and ``y`` written
 into a caller's buffer, so a decode loop allocates nothing per token. All ``B * D`` channels
-form one row of :func:`kernels.cpu_scan.step_row`; the scratch rows come from the caller.
+form one row of :func:`.scan_fwd.step_row`; the scratch rows come from the caller.
 """
 
 from __future__ import annotations
 
-from numba import njit
+from .jit import kernel
+from .rows import EXP, NO_DISCOUNT, log_decay_row, log_weight_row
+from .scan_fwd import step_row
 
-from .cpu_rows import EXP, NO_DISCOUNT, log_decay_row, log_weight_row
-from .cpu_scan import step_row
 
-
-@njit(nogil=True, cache=True, error_model="numpy", fastmath={"contract"})
+@kernel
 def step_inplace(z, a, g, m, n, d, y, attention, discount, consts, scratch):
     """``z, a, g, y``: flat ``(B * D,)`` (``uint16`` holds bfloat16); ``m, n, d``: the state,
     flat, compute type, updated in place (``-inf`` in ``m`` for nothing seen, as stored).

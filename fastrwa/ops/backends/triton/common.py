@@ -1,16 +1,22 @@
 """Device helpers shared by the scan kernels: the combine, the attention and discount
 functions in log space, their derivatives, and loading one chunk.
 
-Constexpr codes: ``ATTN`` 0 exp, 1 sigmoid, 2 softplus, 3 relu; ``DISCOUNT`` 0 none,
-1 log (the input is the log-discount), 2 sigmoid (the input is a logit).
+Constexpr codes ``ATTN`` and ``DISCOUNT`` are those of :mod:`fastrwa.ops.vocab`.
 """
 
 import triton
 import triton.language as tl
 
+from ... import vocab
+
 NEG_INF = tl.constexpr(float("-inf"))
-# log softplus(a) and its derivative switch to a series below this logit (see transforms.py).
-SOFTPLUS_SERIES_BELOW = tl.constexpr(-9.0)
+EXP = tl.constexpr(vocab.EXP)
+SIGMOID = tl.constexpr(vocab.SIGMOID)
+SOFTPLUS = tl.constexpr(vocab.SOFTPLUS)
+NO_DISCOUNT = tl.constexpr(vocab.NO_DISCOUNT)
+LOG_DISCOUNT = tl.constexpr(vocab.LOG_DISCOUNT)
+# log softplus(a) and its derivative switch to a series below this logit (see vocab.py).
+SOFTPLUS_SERIES_BELOW = tl.constexpr(vocab.SOFTPLUS_SERIES_BELOW)
 
 
 @triton.jit
@@ -52,11 +58,11 @@ def sigmoid_neg(x):
 @triton.jit
 def log_weight(a, ATTN: tl.constexpr):
     """``l = log f_a(a)``."""
-    if ATTN == 0:
+    if ATTN == EXP:
         l = a
-    elif ATTN == 1:
+    elif ATTN == SIGMOID:
         l = logsigmoid(a)
-    elif ATTN == 2:
+    elif ATTN == SOFTPLUS:
         u = tl.exp(tl.minimum(a, SOFTPLUS_SERIES_BELOW))
         series = a - 0.5 * u + (5.0 / 24.0) * u * u
         softplus = tl.maximum(a, 0.0) + log1p(tl.exp(-tl.abs(a)))
@@ -70,11 +76,11 @@ def log_weight(a, ATTN: tl.constexpr):
 @triton.jit
 def attention_grad(gl, a, ATTN: tl.constexpr):
     """``ga = gl * dl/da`` (for relu ``gl`` carries the factor ``a``: divide, do not multiply by 1/a)."""
-    if ATTN == 0:
+    if ATTN == EXP:
         ga = gl
-    elif ATTN == 1:
+    elif ATTN == SIGMOID:
         ga = gl * sigmoid_neg(a)
-    elif ATTN == 2:
+    elif ATTN == SOFTPLUS:
         u = tl.exp(tl.minimum(a, SOFTPLUS_SERIES_BELOW))
         series = 1.0 / ((1.0 + u) * (1.0 - 0.5 * u + u * u / 3.0))
         a_hi = tl.maximum(a, SOFTPLUS_SERIES_BELOW)
@@ -89,9 +95,9 @@ def attention_grad(gl, a, ATTN: tl.constexpr):
 @triton.jit
 def log_decay(g, DISCOUNT: tl.constexpr):
     """``lam = log gamma``: 0 (none), ``g`` (log) or ``logsigmoid(g)``."""
-    if DISCOUNT == 0:
+    if DISCOUNT == NO_DISCOUNT:
         lam = tl.zeros_like(g)
-    elif DISCOUNT == 1:
+    elif DISCOUNT == LOG_DISCOUNT:
         lam = g
     else:
         lam = logsigmoid(g)
@@ -101,7 +107,7 @@ def log_decay(g, DISCOUNT: tl.constexpr):
 @triton.jit
 def decay_grad(glam, g, DISCOUNT: tl.constexpr):
     """``gg = glam * dlam/dg``."""
-    if DISCOUNT == 1:
+    if DISCOUNT == LOG_DISCOUNT:
         gg = glam
     else:
         gg = glam * sigmoid_neg(g)
@@ -135,7 +141,7 @@ def load_chunk(z_ptr, a_ptr, g_ptr, bos, o_t, m_t, o_d, m_d, D,
     b_z = tl.load(z_ptr + o, mask=m, other=0.0).to(tl.float32)               # [BT, BD]
     b_a = tl.load(a_ptr + o, mask=m, other=0.0).to(tl.float32)               # [BT, BD]
     b_l = tl.where(m, log_weight(b_a, ATTN), NEG_INF)                        # [BT, BD]
-    if DISCOUNT == 0:
+    if DISCOUNT == NO_DISCOUNT:
         b_g = tl.zeros_like(b_l)                                              # [BT, BD]
         b_lam = tl.zeros_like(b_l)                                            # [BT, BD]
     else:

@@ -1,4 +1,4 @@
-"""Backward kernels of the weighted scan (DESIGN.md §2, docs/math.md §4).
+"""Backward kernels of the weighted scan (docs/math.md §4).
 
 Per chunk, from the chunk's saved incoming forward state, the forward is recomputed in
 registers (``y_t``, ``L_t = log d_t``), then the adjoint scan runs the other way in time:
@@ -19,9 +19,9 @@ exactly one program.
 import triton
 import triton.language as tl
 
-from .common import (NEG_INF, attention_grad, average, chunk_rows, combine, decay_grad,
-                     load_chunk, load_state, load_summary, log_decay, log_total, scan_chunk,
-                     state_row, store_state, store_summary)
+from .common import (NEG_INF, NO_DISCOUNT, attention_grad, average, chunk_rows, combine,
+                     decay_grad, load_chunk, load_state, load_summary, log_decay, log_total,
+                     scan_chunk, state_row, store_state, store_summary)
 from .sequence import chunk_program, sequence_program
 
 
@@ -45,7 +45,7 @@ def _chunk_adjoint(z_ptr, a_ptr, g_ptr, gy_ptr, hc_ptr, bos, T_i, c, cidx, o_d, 
     o = (bos + o_t).to(tl.int64)[:, None] * D + o_d[None, :]                  # [BT, BD]
     b_gy = tl.load(gy_ptr + o, mask=m_2, other=0.0).to(tl.float32)           # [BT, BD]
     # The adjoint carried into row t decays by lam of the next row in forward order.
-    if DISCOUNT == 0:
+    if DISCOUNT == NO_DISCOUNT:
         b_lam_next = tl.zeros([BT, BD], tl.float32)                           # [BT, BD]
     else:
         if REVERSE:
@@ -103,7 +103,7 @@ def _initial_state_grads(i, g_ptr, h0_ptr, dh0_ptr, bos, T_i, o_d, m_d, D, NS, b
     """``w0 = exp(m0 + lam_first + M)``; ``dm0 = w0 (n0 rho - d0 sigma)``, ``dn0 = w0 rho``, ``dd0 = -w0 sigma``."""
     o_s = i.to(tl.int64) * D + o_d                                             # [BD]
     b_m0, b_n0, b_d0 = load_state(h0_ptr, o_s, m_d, NS * D)                   # [BD] x3
-    if DISCOUNT == 0:
+    if DISCOUNT == NO_DISCOUNT:
         b_lam0 = tl.zeros_like(b_m0)                                           # [BD]
     else:
         if REVERSE:

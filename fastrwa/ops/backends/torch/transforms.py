@@ -1,9 +1,10 @@
 """Attention and discount functions in log space, with their derivatives.
 
 ``log_weight(a, kind)`` gives ``l = log f_a(a)`` and ``log_decay(g, kind)`` gives
-``lam = log gamma``; the ``d_*`` functions give ``dl/da`` and ``dlam/dg``. All are written
+``lam = log gamma``; ``attention_grad`` and ``decay_grad`` apply ``dl/da`` and ``dlam/dg``. All are written
 so that logits of +-1e4 give no inf/NaN (the softplus case uses a series where ``softplus``
-underflows). They are used by the fast paths; the reference keeps its own plain formulas.
+underflows; the series below ``SOFTPLUS_SERIES_BELOW`` is derived in
+:mod:`fastrwa.ops.vocab`). The reference keeps its own plain formulas.
 """
 
 from __future__ import annotations
@@ -11,12 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-ATTENTIONS = ("exp", "sigmoid", "softplus", "relu")
-DISCOUNTS = (None, "log", "sigmoid")
-
-# Below this logit, softplus(a) = u - u^2/2 + ... with u = exp(a) < 1.3e-4, and
-# log softplus(a) = a + log(1 - u/2 + u^2/3) = a - u/2 + 5u^2/24 + O(u^3).
-_SOFTPLUS_SERIES_BELOW = -9.0
+from ...vocab import ATTENTIONS, DISCOUNTS, SOFTPLUS_SERIES_BELOW as _SOFTPLUS_SERIES_BELOW
 
 
 def log_weight(a: torch.Tensor, kind: str) -> torch.Tensor:
@@ -67,7 +63,7 @@ def log_decay(g: torch.Tensor | None, kind: str | None) -> torch.Tensor | None:
         return g
     if kind == "sigmoid":
         return F.logsigmoid(g)
-    raise ValueError(f"unknown discount kind {kind!r}")
+    raise ValueError(f"discount must be one of {DISCOUNTS}, got {kind!r}")
 
 
 def decay_grad(glam: torch.Tensor, g: torch.Tensor, kind: str) -> torch.Tensor:
@@ -76,4 +72,4 @@ def decay_grad(glam: torch.Tensor, g: torch.Tensor, kind: str) -> torch.Tensor:
         return glam
     if kind == "sigmoid":
         return glam * torch.sigmoid(-g)
-    raise ValueError(f"unknown discount kind {kind!r}")
+    raise ValueError(f"discount must be one of {DISCOUNTS}, got {kind!r}")

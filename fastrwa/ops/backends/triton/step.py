@@ -5,8 +5,8 @@ state before it writes it)."""
 import triton
 import triton.language as tl
 
-from .common import (NEG_INF, average, combine, initial_state, log_decay, log_weight,
-                     store_state)
+from .common import (NEG_INF, NO_DISCOUNT, average, combine, initial_state, log_decay,
+                     log_weight, store_state)
 
 
 @triton.jit
@@ -23,7 +23,7 @@ def step_kernel(
     b_z = tl.load(z_ptr + o, mask=m_d, other=0.0).to(tl.float32)              # [BD]
     b_a = tl.load(a_ptr + o, mask=m_d, other=0.0).to(tl.float32)              # [BD]
     b_l = tl.where(m_d, log_weight(b_a, ATTN), NEG_INF)                        # [BD]
-    if DISCOUNT == 0:
+    if DISCOUNT == NO_DISCOUNT:
         b_lam = tl.zeros([BD], tl.float32)                                     # [BD]
     else:
         b_g = tl.load(g_ptr + o, mask=m_d, other=0.0).to(tl.float32)          # [BD]

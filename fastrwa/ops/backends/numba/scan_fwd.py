@@ -1,13 +1,11 @@
 """CPU forward of the weighted scan: a compiled loop over time, vectorised over channels.
 
-numba kernels compiled with ``nogil``: one task per (sequence, channel block); a call runs
-tasks ``[task_lo, task_hi)``, and the launcher spreads the ranges over its threads (plain
-threads that sleep when idle, unlike an OpenMP pool, which spins and then competes with
-PyTorch's own). A task walks its sequence one step at a time with the state
+One task per (sequence, channel block); a call runs tasks ``[task_lo, task_hi)``, and the
+launcher spreads the ranges over threads (``threads.py``). A task walks its sequence one step at a time with the state
 ``(m, n~, d~)`` of its ``w`` channels in three small arrays (L1-resident), reading each input
-once and writing ``y`` once: the minimum traffic of DESIGN.md §2. With ``save`` it also
+once and writing ``y`` once: the minimum traffic (docs/math.md). With ``save`` it also
 writes the state entering every chunk of ``chunk`` steps (``3 * w`` floats per chunk), which
-is all the backward (:mod:`kernels.cpu_scan_bwd`) needs to recompute the rest.
+is all the backward (``scan_bwd.py``) needs to recompute the rest.
 
 The step is written without branches so the channel loop vectorises: ``-inf`` (nothing seen
 yet) is held as the finite ``floor`` (``consts[0]``), so ``l - m`` is never ``inf - inf``;
@@ -18,15 +16,14 @@ Flat arrays; ``off = ((b * T + t) * D + lo)`` in int64.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
-from .cpu_math import fexp, load, store
-from .cpu_rows import EXP, NO_DISCOUNT, log_decay_row, log_weight_row
+from .fmath import fexp, load, store
+from .jit import kernel
+from .layout import unpack_flags
+from .rows import EXP, NO_DISCOUNT, log_decay_row, log_weight_row
 
-OPTS = dict(nogil=True, cache=True, error_model="numpy", fastmath={"contract"})
 
-
-@njit(nogil=True, cache=True, error_model="numpy", fastmath={"contract"})
+@kernel
 def step_row(m, n, d, lam, lam_off, z, z_off, l, l_off, y, y_off, d_out, d_off, take, take_off,
              keep, keep_off, save, w, floor, zero, one):
     """One step for ``w`` channels: update the state rows ``m, n, d`` (``(m, n~, d~)``) in
@@ -65,32 +62,33 @@ def step_row(m, n, d, lam, lam_off, z, z_off, l, l_off, y, y_off, d_out, d_off, 
             keep[kpo + u] = keep_j
 
 
-@njit(nogil=True, cache=True, error_model="numpy")
+@kernel
 def time_index(lo, hi, s, reverse):
     """The time index of scan step ``s`` of a sequence spanning ``[lo, hi)``."""
     return hi - 1 - s if reverse else lo + s
 
 
-@njit(nogil=True, cache=True, error_model="numpy")
+@kernel
 def input_row(strides, k, b, t, lo):
     """Offset of channel ``lo`` of row ``(b, t)`` of input ``k`` (0: z, 1: a, 2: g), whose
     element strides along B and T are ``strides[2k]``, ``strides[2k + 1]`` (channels: 1)."""
     return b * strides[2 * k] + t * strides[2 * k + 1] + lo
 
 
-@njit(**OPTS)
-def forward(task_lo, task_hi, z, a, g, y, strides, T, D, seq_b, seq_lo, seq_hi, state0,
-            has_init, final, ck, ck_off, chunk, save, attention, discount, reverse, block,
-            consts):
+@kernel
+def forward(task_lo, task_hi, io, st, ix, flags):
     """Forward of tasks ``[task_lo, task_hi)`` of all (sequence, channel block) pairs.
 
-    ``z, a, g, y``: flat ``(B, T, D)`` (``g`` unused without a discount; ``uint16`` holds
-    bfloat16); ``y`` is contiguous, the inputs' rows may be strided (``strides``: B and T
-    element strides of z, a, g; see :func:`input_row`), e.g. gate slices of a projection.
-    Sequence ``i`` is batch row ``seq_b[i]``, steps ``[seq_lo[i], seq_hi[i])``.
-    ``state0``/``final``: ``(3, N, D)`` ``(m, n~, d~)`` in the compute type. ``ck``:
-    ``(3, chunks, D)``, chunk ``k`` of sequence ``i`` at row ``ck_off[i] + k``.
+    Arguments as :mod:`.layout` names them. ``z, a, g, y``: flat ``(B, T, D)`` (``g``
+    unused without a discount); ``y`` is contiguous, the inputs' rows may be strided
+    (``strides``, see :func:`input_row`), e.g. gate slices of a projection. ``state0`` and
+    ``final``: ``(3, N, D)`` ``(m, n~, d~)``. With ``save``, ``ck`` receives the state
+    entering every chunk of ``chunk`` steps.
     """
+    z, a, g, y = io
+    state0, final, ck, consts = st
+    strides, seq_b, seq_lo, seq_hi, ck_off = ix
+    T, D, chunk, block, attention, discount, reverse, has_init, save, _ = unpack_flags(flags)
     floor, zero, one, ninf = consts[0], consts[1], consts[2], consts[3]
     n_seq = seq_b.shape[0]
     n_blk = (D + block - 1) // block

@@ -1,13 +1,14 @@
 """The "torch" backend: forward and analytic backward of the weighted scan on PyTorch ops.
 
-Runs on any device PyTorch supports (on CPU "auto" prefers the compiled "numba" backend,
-when numba imports). Both passes use the chunked scan of :mod:`fastrwa.chunked`.
-Arithmetic and state are float32 (float64 for float64 inputs).
+Satisfies :class:`fastrwa.ops.contract.Backend`. Runs on any device PyTorch supports (on
+CPU "auto" prefers the compiled "numba" backend, when numba imports). Both passes use the
+chunked scan of :mod:`.chunked`. Arithmetic and state are float32 (float64 for float64
+inputs).
 
 Memory/recompute choice: the forward saves nothing but its inputs; the backward re-runs the
 forward to get ``y_t`` and ``L_t = log d_t`` (one extra forward) and then runs one reverse
 scan. Saving ``L`` would cost a float32 tensor of the input's size for a saving of one
-forward pass; the GPU kernels make the same choice for the same reason (DESIGN.md §2).
+forward pass; the other backends make the same choice for the same reason (docs/math.md §4).
 """
 
 from __future__ import annotations
@@ -16,11 +17,14 @@ import dataclasses
 
 import torch
 
+from ....state import safe_average
+from ...buffers import empty as _empty
+from ...contract import ForwardResult, Gradients, ScanArgs
+from ...vocab import state_dtype
 from . import chunked
-from .buffers import empty as _empty
-from .state import safe_average
 from .chunked import exp_nonpositive_
 from .transforms import attention_grad, decay_grad, log_decay, log_weight
+
 
 @dataclasses.dataclass(frozen=True)
 class Options:
@@ -32,18 +36,17 @@ class Options:
 _options = Options()
 
 
+def options() -> Options:
+    """The :class:`Options` in force."""
+    return _options
+
+
 def set_options(**changes) -> Options:
     """Change the knobs; returns the previous :class:`Options`."""
     global _options
     previous = _options
     _options = dataclasses.replace(_options, **changes)
     return previous
-
-
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """float64 stays float64; everything else computes in float32."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
 
 
 def _log_total(m: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
@@ -60,21 +63,36 @@ def _rows(state, i):
     return None if state is None else tuple(None if x is None else x[i:i + 1] for x in state)
 
 
-def forward(z, a, g, attention, discount, init, output_final_state, reverse, cu_seqlens=None,
-            save_for_backward=False):
-    """``(y, final, saved)``: ``y`` in the input dtype, the final state ``(m, n, d)`` or ``None``,
-    and ``saved = ()`` (the backward recomputes everything from the inputs)."""
+def forward(args: ScanArgs, *, output_final_state: bool, save: bool) -> ForwardResult:
+    """The scan (contract: :meth:`fastrwa.ops.contract.Backend.forward`). Nothing is saved:
+    the backward recomputes everything from the inputs."""
+    y, final = _forward(*args[:6], output_final_state, args.reverse, args.cu_seqlens)
+    return ForwardResult(y, final, [])
+
+
+def saved_like(args: ScanArgs) -> list:
+    """What :func:`forward` saves: nothing."""
+    return []
+
+
+def step_(args: ScanArgs, state, out) -> bool:
+    """No in-place step here: the caller runs :func:`forward` and copies."""
+    return False
+
+
+def _forward(z, a, g, attention, discount, init, output_final_state, reverse, cu_seqlens=None):
+    """``(y, final)``: ``y`` in the input dtype, the final state ``(m, n, d)`` or ``None``."""
     if cu_seqlens is not None:
         y = _empty(z.shape, z.dtype, z.device)
         finals = []
         for i, sl in enumerate(_sequences(cu_seqlens)):
-            y[:, sl], final, _ = forward(z[:, sl], a[:, sl], None if g is None else g[:, sl],
-                                         attention, discount, _rows(init, i), True, reverse)
+            y[:, sl], final = _forward(z[:, sl], a[:, sl], None if g is None else g[:, sl],
+                                       attention, discount, _rows(init, i), True, reverse)
             finals.append(final)
         final = tuple(torch.cat(parts) for parts in zip(*finals)) if output_final_state else None
-        return y, final, ()
+        return y, final
     chunk_size = _options.chunk_size
-    cdt = compute_dtype(z.dtype)
+    cdt = state_dtype(z.dtype)
     l = log_weight(a.to(cdt), attention)
     lam = log_decay(None if g is None else g.to(cdt), discount)
     y = _empty(z.shape, z.dtype, z.device)
@@ -85,7 +103,7 @@ def forward(z, a, g, attention, discount, init, output_final_state, reverse, cu_
     init_state = None if init is None else (init[0], [init[1]], init[2])
     m, (n,), d = chunked.scan(l, lam, [z], init_state, True, reverse, emit, chunk_size)
     final = (m, n, d) if output_final_state else None
-    return y, final, ()
+    return y, final
 
 
 def _shift_decay(lam: torch.Tensor, reverse: bool) -> torch.Tensor:
@@ -98,28 +116,25 @@ def _shift_decay(lam: torch.Tensor, reverse: bool) -> torch.Tensor:
     return out
 
 
-def fake_saved(z, cu_seqlens) -> list:
-    """What :func:`forward` saves, as shapes for ``torch.compile`` (nothing: it recomputes)."""
-    return []
+def backward(args: ScanArgs, saved: list, m_final, gy, g_final) -> Gradients:
+    """Gradients of the scan (contract: :meth:`fastrwa.ops.contract.Backend.backward`);
+    docs/math.md §4 derives them."""
+    return Gradients(*_backward(*args, gy, g_final))
 
 
-def backward(z, a, g, attention, discount, init, reverse, cu_seqlens, saved, m_final, gy,
-             g_final):
-    """Gradients ``(gz, ga, gg, (gm0, gn0, gd0))`` of the weighted scan (DESIGN.md §2).
-
-    ``gy`` is ``(B, T, D)`` or ``None``; ``g_final`` is ``(gm, gn, gd)`` for the final state
-    (entries may be ``None``) or ``None``. ``gg`` is ``None`` without a discount and the
-    state gradients are ``None`` without an initial state.
-    """
+def _backward(z, a, g, attention, discount, init, reverse, cu_seqlens, gy, g_final):
+    """``(gz, ga, gg, (gm0, gn0, gd0))``. ``gy``: ``(B, T, D)`` or ``None``; ``g_final``:
+    ``(gn, gd)`` for the final state (entries may be ``None``) or ``None``. ``gg`` is
+    ``None`` without a discount and the state gradients ``None`` without an initial state."""
     if cu_seqlens is not None:
         gz, ga = _empty(z.shape, z.dtype, z.device), _empty(a.shape, a.dtype, a.device)
         gg = None if g is None else _empty(g.shape, g.dtype, g.device)
         g_inits = []
         for i, sl in enumerate(_sequences(cu_seqlens)):
             part = lambda x: None if x is None else x[:, sl]
-            gz_i, ga_i, gg_i, g_init_i = backward(
+            gz_i, ga_i, gg_i, g_init_i = _backward(
                 z[:, sl], a[:, sl], part(g), attention, discount, _rows(init, i), reverse, None,
-                saved, None, part(gy), _rows(g_final, i))
+                part(gy), _rows(g_final, i))
             gz[:, sl], ga[:, sl] = gz_i, ga_i
             if gg is not None:
                 gg[:, sl] = gg_i
@@ -128,7 +143,7 @@ def backward(z, a, g, attention, discount, init, reverse, cu_seqlens, saved, m_f
         return gz, ga, gg, g_init
     chunk_size = _options.chunk_size
     B, T, D = z.shape
-    cdt = compute_dtype(z.dtype)
+    cdt = state_dtype(z.dtype)
     dev = z.device
     if T == 0:  # (a packed sequence of length 0) the state passes through unchanged
         gz, ga = _empty(z.shape, z.dtype, dev), _empty(a.shape, a.dtype, dev)
@@ -136,7 +151,7 @@ def backward(z, a, g, attention, discount, init, reverse, cu_seqlens, saved, m_f
         if init is None:
             return gz, ga, gg, None
         m0, n0, d0 = init
-        _, gn, gd = g_final or (None, None, None)
+        gn, gd = g_final or (None, None)
         gn = torch.zeros_like(n0) if gn is None else gn.to(n0.dtype)
         gd = torch.zeros_like(d0) if gd is None else gd.to(d0.dtype)
         # Same convention as every other state gradient (docs/math.md §4): gm0 = n gn + d gd.
@@ -178,7 +193,7 @@ def backward(z, a, g, attention, discount, init, reverse, cu_seqlens, saved, m_f
     lam_adj = None if lam is None else _shift_decay(lam, reverse)
     adj_init = None
     if g_final is not None and any(x is not None for x in g_final):
-        _, gn, gd = g_final
+        gn, gd = g_final
         zeros = torch.zeros((B, D), dtype=cdt, device=dev)
         rho = zeros if gn is None else gn.to(cdt).clone()
         sigma = zeros.clone() if gd is None else -gd.to(cdt)

@@ -1,4 +1,4 @@
-"""``python -m fastrwa.plot RUN_DIR [RUN_DIR ...] [--out FILE]``: learning curves from
+"""``python -m fastrwa.train.plot RUN_DIR [RUN_DIR ...] [--out FILE]``: learning curves from
 ``metrics.jsonl``, several runs overlaid (e.g. RWA against LSTM, as in the papers' figures)."""
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def plot_runs(run_dirs: list[Path], out: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m fastrwa.plot", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m fastrwa.train.plot", description=__doc__)
     p.add_argument("run_dirs", nargs="+", type=Path)
     p.add_argument("--out", type=Path, help="default: learning_curve.png in the single run "
                                             "directory, or curves.png here for several")

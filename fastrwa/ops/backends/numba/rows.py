@@ -7,11 +7,11 @@ buffer. Passing offsets rather than views keeps the hot loops free of
 array-view construction (numba reference-counts every view). Indices are unsigned, so numba
 emits no wrap-around test and LLVM vectorises the loop.
 
-Each function picks its formula once per row (``kind`` is a run-time integer, the same codes
-as the Triton kernels) and then runs a branch-free loop, so the four attention and two
+Each function picks its formula once per row (``kind`` is a run-time integer, a code of
+:mod:`fastrwa.ops.vocab`) and then runs a branch-free loop, so the four attention and two
 discount functions cost one compiled kernel, not eight. The compute type is that of the
-scratch buffer: float32 (float32 and bfloat16 inputs) or float64. Formulas are those of
-``fastrwa.transforms``, which documents them.
+scratch buffer: float32 (float32 and bfloat16 inputs) or float64. Formulas are those of the
+torch backend's ``transforms``, which documents them.
 """
 
 from __future__ import annotations
@@ -20,11 +20,9 @@ import numpy as np
 from numba.extending import overload
 from numba.np.numpy_support import as_dtype
 
-from .cpu_math import fexp, flog, load, log1p_small, log_sigmoid, store
-
-EXP, SIGMOID, SOFTPLUS, RELU = 0, 1, 2, 3       # attention codes
-NO_DISCOUNT, LOG, SIGMOID_DISCOUNT = 0, 1, 2    # discount codes
-_SERIES_BELOW = -9.0   # softplus switches to its series below this logit (transforms.py)
+from ...vocab import (EXP, LOG_DISCOUNT as LOG, NO_DISCOUNT, RELU, SIGMOID,
+                      SOFTPLUS, SOFTPLUS_SERIES_BELOW as _SERIES_BELOW)
+from .fmath import fexp, flog, load, log1p_small, log_sigmoid, store
 
 
 def _consts(numba_type):

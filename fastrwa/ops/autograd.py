@@ -6,8 +6,11 @@ propagation, ``register_autograd`` for the gradient) makes them opaque single no
 ``torch.compile``: a model using fastrwa compiles with ``fullgraph=True`` and no graph break.
 Eager calls take the same path, so there is one autograd implementation.
 
-The backend is resolved when the op runs (:func:`fastrwa.backend.resolve`): inside the op, so
-``use_backend`` and ``FASTRWA_BACKEND`` work the same in eager and compiled code.
+The forward's backend is resolved when the op runs (:func:`fastrwa.ops.registry.resolve`),
+so ``use_backend`` and ``FASTRWA_BACKEND`` work the same in eager and compiled code. The
+backward runs on the backend the forward ran on (recorded when autograd saves the inputs),
+wherever ``.backward()`` is called; a backward handed another backend's saved tensors
+recomputes them (:mod:`fastrwa.ops.contract`).
 """
 
 from __future__ import annotations
@@ -17,17 +20,16 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from . import backend as _backend
+from . import registry
+from .contract import ScanArgs
+from .vocab import state_dtype
 
 _NONE = "none"   # the op schema has no Optional[str]: "none" stands for no discount
 
 
-def _discount(name: str) -> str | None:
-    return None if name == _NONE else name
-
-
-def _state_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
+def _args(z, a, g, m0, n0, d0, cu_seqlens, attention, discount, reverse) -> ScanArgs:
+    return ScanArgs(z, a, g, attention, None if discount == _NONE else discount,
+                    None if m0 is None else (m0, n0, d0), reverse, cu_seqlens)
 
 
 @torch.library.custom_op("fastrwa::weighted_scan", mutates_args=())
@@ -36,20 +38,18 @@ def scan_op(z: Tensor, a: Tensor, g: Optional[Tensor], m0: Optional[Tensor],
             attention: str, discount: str, reverse: bool, save: bool
             ) -> tuple[Tensor, Tensor, Tensor, Tensor, list[Tensor]]:
     """``(y, m, n, d, saved)``: the output, the final state, and what the backward needs."""
-    impl = _backend.resolve(z.device, z.dtype)
-    init = None if m0 is None else (m0, n0, d0)
-    y, final, saved = impl.forward(z, a, g, attention, _discount(discount), init, True, reverse,
-                                   cu_seqlens, save)
-    m, n, d = final
+    args = _args(z, a, g, m0, n0, d0, cu_seqlens, attention, discount, reverse)
+    y, (m, n, d), saved = registry.resolve(z.device, z.dtype).forward(
+        args, output_final_state=True, save=save)
     return y, m, n, d, list(saved)
 
 
 @scan_op.register_fake
 def _scan_fake(z, a, g, m0, n0, d0, cu_seqlens, attention, discount, reverse, save):
-    n_seq = z.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
-    state = [z.new_empty((n_seq, z.shape[2]), dtype=_state_dtype(z.dtype)) for _ in range(3)]
-    impl = _backend.resolve(z.device, z.dtype)
-    saved = impl.fake_saved(z, cu_seqlens) if save else []
+    args = _args(z, a, g, m0, n0, d0, cu_seqlens, attention, discount, reverse)
+    state = [z.new_empty((args.n_sequences, z.shape[2]), dtype=state_dtype(z.dtype))
+             for _ in range(3)]
+    saved = registry.resolve(z.device, z.dtype).saved_like(args) if save else []
     return (torch.empty_like(z), *state, saved)
 
 
@@ -57,14 +57,13 @@ def _scan_fake(z, a, g, m0, n0, d0, cu_seqlens, attention, discount, reverse, sa
 def scan_backward_op(z: Tensor, a: Tensor, g: Optional[Tensor], m0: Optional[Tensor],
                      n0: Optional[Tensor], d0: Optional[Tensor], cu_seqlens: Optional[Tensor],
                      saved: list[Tensor], m_final: Tensor, gy: Tensor, gn: Optional[Tensor],
-                     gd: Optional[Tensor], attention: str, discount: str, reverse: bool
-                     ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+                     gd: Optional[Tensor], attention: str, discount: str, reverse: bool,
+                     backend: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """``(gz, ga, gg, gm0, gn0, gd0)``; empty tensors stand for gradients of absent inputs."""
-    impl = _backend.resolve(z.device, z.dtype)
-    init = None if m0 is None else (m0, n0, d0)
-    g_final = None if gn is None and gd is None else (None, gn, gd)
-    gz, ga, gg, g_init = impl.backward(z, a, g, attention, _discount(discount), init, reverse,
-                                       cu_seqlens, tuple(saved), m_final, gy, g_final)
+    args = _args(z, a, g, m0, n0, d0, cu_seqlens, attention, discount, reverse)
+    g_final = None if gn is None and gd is None else (gn, gd)
+    gz, ga, gg, g_init = registry.load(backend).backward(args, list(saved), m_final, gy,
+                                                         g_final)
     absent = lambda: z.new_empty(0)  # one fresh tensor each: outputs may not alias
     gg = absent() if gg is None else gg
     gm0, gn0, gd0 = (absent(), absent(), absent()) if g_init is None else g_init
@@ -73,7 +72,7 @@ def scan_backward_op(z: Tensor, a: Tensor, g: Optional[Tensor], m0: Optional[Ten
 
 @scan_backward_op.register_fake
 def _scan_backward_fake(z, a, g, m0, n0, d0, cu_seqlens, saved, m_final, gy, gn, gd, attention,
-                        discount, reverse):
+                        discount, reverse, backend):
     gg = z.new_empty(0) if g is None else torch.empty_like(g)
     g_init = [z.new_empty(0) for _ in range(3)] if m0 is None else \
         [torch.empty_like(m0), torch.empty_like(n0), torch.empty_like(d0)]
@@ -84,19 +83,19 @@ def _setup_context(ctx, inputs, output):
     z, a, g, m0, n0, d0, cu_seqlens, attention, discount, reverse, save = inputs
     _, m, _, _, saved = output
     ctx.save_for_backward(z, a, g, m0, n0, d0, cu_seqlens, m, *saved)
-    ctx.options = (attention, discount, reverse)
+    ctx.options = (attention, discount, reverse, registry.resolve_name(z.device, z.dtype))
 
 
 def _backward(ctx, gy, gm, gn, gd, g_saved):
     z, a, g, m0, n0, d0, cu_seqlens, m_final, *saved = ctx.saved_tensors
-    attention, discount, reverse = ctx.options
+    attention, discount, reverse, backend = ctx.options
     if gy is None:
         gy = torch.zeros_like(z)
     # gm is not used: gradients through a state are taken with respect to what it represents
     # (docs/math.md §4, "Final state"); n and d carry all of it for such losses.
     gz, ga, gg, gm0, gn0, gd0 = scan_backward_op(z, a, g, m0, n0, d0, cu_seqlens, saved,
                                                  m_final, gy, gn, gd, attention, discount,
-                                                 reverse)
+                                                 reverse, backend)
     if g is None:
         gg = None
     if m0 is None:
@@ -107,18 +106,24 @@ def _backward(ctx, gy, gm, gn, gd, g_saved):
 torch.library.register_autograd("fastrwa::weighted_scan", _backward, setup_context=_setup_context)
 
 
-def weighted_scan_op(z, a, g, state, cu_seqlens, attention, discount, reverse):
-    """Run the op; ``(y, (m, n, d))``. Saves for the backward only when a gradient can flow."""
+def weighted_scan_op(args: ScanArgs) -> tuple[Tensor, tuple]:
+    """Run the op on validated ``args``; ``(y, (m, n, d))``. Saves for the backward only
+    when a gradient can flow."""
+    z, a, g, attention, discount, state, reverse, cu_seqlens = args
     m0, n0, d0 = (None, None, None) if state is None else state
     save = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (z, a, g, m0, n0, d0))
     if not save and not torch.compiler.is_compiling():
         # Inference in eager mode: the same backend call the op makes, without the custom-op
         # dispatch (tens of microseconds, a quarter of a B=1, T=1K call).
-        impl = _backend.resolve(z.device, z.dtype)
-        y, final, _ = impl.forward(z, a, g, attention, discount, state, True, reverse,
-                                   cu_seqlens, False)
+        y, final, _ = registry.resolve(z.device, z.dtype).forward(
+            args, output_final_state=True, save=False)
         return y, final
     y, m, n, d, _ = scan_op(z, a, g, m0, n0, d0, cu_seqlens, attention,
                             _NONE if discount is None else discount, reverse, save)
     return y, (m, n, d)
+
+
+def step_inplace(args: ScanArgs, state: tuple, out: Tensor) -> bool:
+    """The resolved backend's in-place step (``False`` where it declines)."""
+    return registry.resolve(args.z.device, args.z.dtype).step_(args, state, out)

@@ -1,11 +1,11 @@
-"""The "numba" backend: host launchers for the compiled CPU kernels in ``fastrwa.kernels``.
+"""The "numba" backend: host launchers for the compiled CPU kernels beside this file.
 
-Same interface as :mod:`fastrwa.torch_backend`. Runs on CPU tensors: one compiled loop over
+Satisfies :class:`fastrwa.ops.contract.Backend`. Runs on CPU tensors: one compiled loop over
 time per (sequence, channel block), vectorised across channels, the tasks split over
-``torch.get_num_threads()`` threads (:mod:`fastrwa.cpu_threads`: PyTorch's own OpenMP team
-where possible; the kernels release the GIL). It reads every input once and writes every
-output once; the forward also saves the state entering each chunk of ``Options.chunk``
-steps (``3 * D`` floats), from which the backward recomputes everything else (DESIGN.md §2).
+``torch.get_num_threads()`` threads (:mod:`.threads`: PyTorch's own OpenMP team where
+possible; the kernels release the GIL). It reads every input once and writes every output
+once; the forward also saves the state entering each chunk of ``Options.chunk`` steps
+(``3 * D`` floats), from which the backward recomputes everything else (docs/math.md §4).
 
 Why numba (docs/benchmarks.md has the long form): it is a wheel on PyPI for every platform
 PyTorch's CPU wheels cover, it compiles on first use with its own bundled LLVM (no C
@@ -24,13 +24,10 @@ import threading
 import numpy as np
 import torch
 
-from .buffers import empty as _empty
-from . import cpu_threads
-from .checks import state_dtype
-from .kernels import cpu_scan, cpu_scan_bwd, cpu_step
-
-ATTN_CODE = {"exp": 0, "sigmoid": 1, "softplus": 2, "relu": 3}
-DISCOUNT_CODE = {None: 0, "log": 1, "sigmoid": 2}
+from ...buffers import empty as _empty
+from ...contract import ForwardResult, Gradients, ScanArgs
+from ...vocab import ATTENTION_CODE, DISCOUNT_CODE, state_dtype
+from . import layout, scan_bwd, scan_fwd, step, threads
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +42,11 @@ class Options:
 _options = Options()
 
 
+def options() -> Options:
+    """The :class:`Options` in force."""
+    return _options
+
+
 def set_options(**changes) -> Options:
     """Change the knobs; returns the previous :class:`Options`."""
     global _options
@@ -56,7 +58,7 @@ def set_options(**changes) -> Options:
 @functools.lru_cache(maxsize=None)
 def _consts(cdt: torch.dtype) -> np.ndarray:
     """``[floor, 0, 1, -inf]``: ``floor`` stands for ``-inf`` inside the kernels."""
-    npt = np.float64 if cdt == torch.float64 else np.float32
+    npt = torch.empty(0, dtype=cdt).numpy().dtype
     floor = -1e307 if cdt == torch.float64 else -3e38
     return np.array([floor, 0.0, 1.0, -np.inf], dtype=npt)
 
@@ -82,7 +84,7 @@ def _block(n_seq: int, D: int) -> int:
     if _options.block is not None:
         return _options.block
     block = D
-    while block > 32 and n_seq * -(-D // block) < 2 * cpu_threads.threads():
+    while block > 32 and n_seq * -(-D // block) < 2 * threads.threads():
         block = max(32, -(-block // 2))
     return block
 
@@ -134,12 +136,12 @@ def _state(init, n_seq, D, cdt):
     return torch.stack([s.to(cdt) for s in init]).reshape(3, n_seq, D).contiguous(), True
 
 
-def forward(z, a, g, attention, discount, init, output_final_state, reverse, cu_seqlens=None,
-            save_for_backward=False):
-    """``(y, final, saved)``: ``y`` in the input dtype, the final ``(m, n~, d~)`` (or ``None``)
-    and ``saved = [states, chunk]``: the ``(3, chunks, D)`` states entering every chunk and
-    the chunk length as a 1-element int64 tensor (so a later change of ``Options`` cannot
-    make the backward misread them), or ``[]``."""
+def forward(args: ScanArgs, *, output_final_state: bool, save: bool) -> ForwardResult:
+    """The scan (contract: :meth:`fastrwa.ops.contract.Backend.forward`). ``saved`` is
+    ``[states, chunk]``: the ``(3, chunks, D)`` states entering every chunk and the chunk
+    length as a 1-element int64 tensor (so that a later change of :class:`Options` cannot
+    make the backward misread them)."""
+    z, a, g, attention, discount, init, reverse, cu_seqlens = args
     dtype = z.dtype
     z, a, g = _prepare(z, a, g)
     B, T, D = z.shape
@@ -150,22 +152,29 @@ def forward(z, a, g, attention, discount, init, output_final_state, reverse, cu_
     state0, has_init = _state(init, n_seq, D, cdt)
     y = _empty(z.shape, z.dtype, z.device)
     final = torch.empty((3, n_seq, D), dtype=cdt)
-    ck = torch.empty((3, n_ck if save_for_backward else 0, D), dtype=cdt)
+    ck = torch.empty((3, n_ck if save else 0, D), dtype=cdt)
     block = _block(n_seq, D)
-    cpu_threads.run(cpu_scan.forward, "forward", z.dtype, hi - lo, -(-D // block), D,
-                    _flat(z), _flat(a), _flat(a if g is None else g), _flat(y),
-                    _row_strides(z, a, a if g is None else g), T, D, seq_b, lo, hi,
-                    _flat(state0), has_init, _flat(final), _flat(ck), ck_off, chunk,
-                    save_for_backward, ATTN_CODE[attention], DISCOUNT_CODE[discount], reverse,
-                    block, _consts(cdt))
+    g_in = a if g is None else g        # any array of the data type where there is no g
+    io = layout.group(layout.FORWARD_IO, z=_flat(z), a=_flat(a), g=_flat(g_in), y=_flat(y))
+    st = layout.group(layout.FORWARD_STATE, state0=_flat(state0), final=_flat(final),
+                      ck=_flat(ck), consts=_consts(cdt))
+    ix = layout.group(layout.INDEX, strides=_row_strides(z, a, g_in), seq_b=seq_b, seq_lo=lo,
+                      seq_hi=hi, ck_off=ck_off)
+    flags = layout.pack_flags(T=T, D=D, chunk=chunk, block=block,
+                              attention=ATTENTION_CODE[attention],
+                              discount=DISCOUNT_CODE[discount], reverse=reverse,
+                              has_init=has_init, save=save, has_g_final=False)
+    threads.run(scan_fwd.forward, "forward", z.dtype, hi - lo, -(-D // block), D, io, st, ix,
+                flags)
     # separate tensors: a custom op's outputs may not alias one another
     out_final = tuple(x.clone() for x in final.unbind(0)) if output_final_state else None
-    saved = [ck, torch.tensor([chunk], dtype=torch.int64)] if save_for_backward else []
-    return y.to(dtype), out_final, saved
+    saved = [ck, torch.tensor([chunk], dtype=torch.int64)] if save else []
+    return ForwardResult(y.to(dtype), out_final, saved)
 
 
-def fake_saved(z, cu_seqlens) -> list:
+def saved_like(args: ScanArgs) -> list:
     """What :func:`forward` saves, as empty tensors of the right shapes (for ``torch.compile``)."""
+    z, cu_seqlens = args.z, args.cu_seqlens
     B, T, D = z.shape
     if cu_seqlens is None:
         n_ck = B * -(-T // _options.chunk)
@@ -175,21 +184,22 @@ def fake_saved(z, cu_seqlens) -> list:
             z.new_empty((1,), dtype=torch.int64)]
 
 
-def backward(z, a, g, attention, discount, init, reverse, cu_seqlens, saved, m_final, gy,
-             g_final):
-    """Gradients ``(gz, ga, gg, g_init)`` as :func:`fastrwa.torch_backend.backward` returns them."""
+def backward(args: ScanArgs, saved: list, m_final, gy, g_final) -> Gradients:
+    """Gradients (contract: :meth:`fastrwa.ops.contract.Backend.backward`). Without this
+    backend's ``saved`` the chunk states are recomputed first."""
+    z, a, g, attention, discount, init, reverse, cu_seqlens = args
     dtypes = (z.dtype, a.dtype, None if g is None else g.dtype)
-    if not saved:   # the forward ran without saving: get the chunk states now
-        saved = forward(z, a, g, attention, discount, init, False, reverse, cu_seqlens, True)[2]
+    if not _is_own(saved):    # a forward that did not save, or another backend's
+        saved = forward(args, output_final_state=False, save=True).saved
     z, a, g = _prepare(z, a, g)
-    gy = gy.to(z.dtype).contiguous()
     B, T, D = z.shape
+    gy = torch.zeros_like(z) if gy is None else gy.to(z.dtype).contiguous()
     cdt = state_dtype(dtypes[0])
     ck, chunk = saved[0].contiguous(), int(saved[1].item())
     seq_b, lo, hi, ck_off, _ = _layout(z, cu_seqlens, chunk)
     n_seq = len(seq_b)
     state0, has_init = _state(init, n_seq, D, cdt)
-    gn, gd = (None, None) if g_final is None else g_final[1:]
+    gn, gd = (None, None) if g_final is None else g_final
     has_g_final = gn is not None or gd is not None
     g_fin = torch.zeros((2, n_seq, D), dtype=cdt)
     if gn is not None:
@@ -200,16 +210,29 @@ def backward(z, a, g, attention, discount, init, reverse, cu_seqlens, saved, m_f
     gg = None if g is None else _empty(g.shape, g.dtype, g.device)
     g_init = torch.zeros((3, n_seq, D), dtype=cdt)
     block = _block(n_seq, D)
-    cpu_threads.run(cpu_scan_bwd.backward, "backward", z.dtype, hi - lo, -(-D // block), D,
-                    _flat(z), _flat(a), _flat(a if g is None else g), _flat(gy), _flat(gz),
-                    _flat(ga), _flat(ga if gg is None else gg),
-                    _row_strides(z, a, a if g is None else g), T, D, seq_b, lo, hi,
-                    _flat(state0), has_init, _flat(g_fin), has_g_final, _flat(g_init),
-                    _flat(ck), ck_off, chunk, ATTN_CODE[attention], DISCOUNT_CODE[discount],
-                    reverse, block, _consts(cdt))
+    g_in = a if g is None else g
+    io = layout.group(layout.BACKWARD_IO, z=_flat(z), a=_flat(a), g=_flat(g_in), gy=_flat(gy),
+                      gz=_flat(gz), ga=_flat(ga), gg=_flat(ga if gg is None else gg))
+    st = layout.group(layout.BACKWARD_STATE, state0=_flat(state0), g_final=_flat(g_fin),
+                      g_init=_flat(g_init), ck=_flat(ck), consts=_consts(cdt))
+    ix = layout.group(layout.INDEX, strides=_row_strides(z, a, g_in), seq_b=seq_b, seq_lo=lo,
+                      seq_hi=hi, ck_off=ck_off)
+    flags = layout.pack_flags(T=T, D=D, chunk=chunk, block=block,
+                              attention=ATTENTION_CODE[attention],
+                              discount=DISCOUNT_CODE[discount], reverse=reverse,
+                              has_init=has_init, save=False, has_g_final=has_g_final)
+    threads.run(scan_bwd.backward, "backward", z.dtype, hi - lo, -(-D // block), D, io, st, ix,
+                flags)
     gz, ga = gz.to(dtypes[0]), ga.to(dtypes[1])
     gg = None if gg is None else gg.to(dtypes[2])
-    return gz, ga, gg, (tuple(x.clone() for x in g_init.unbind(0)) if has_init else None)
+    return Gradients(gz, ga, gg,
+                     tuple(x.clone() for x in g_init.unbind(0)) if has_init else None)
+
+
+def _is_own(saved: list) -> bool:
+    """Whether ``saved`` is what :func:`forward` saves (``[states, chunk]``)."""
+    return (len(saved) == 2 and saved[0].dim() == 3 and saved[1].dtype == torch.int64
+            and saved[1].shape == (1,))
 
 
 _scratch = threading.local()
@@ -224,11 +247,12 @@ def _step_scratch(numel: int, dtype: np.dtype) -> np.ndarray:
     return cache[1]
 
 
-def step_(z, a, g, attention, discount, state, out) -> bool:
-    """One streaming step in place: ``state`` ``(m, n~, d~)`` updated where it lies and ``y``
-    written into ``out``. Returns ``False`` (doing nothing) unless every tensor is a
-    contiguous CPU tensor in a dtype the kernel reads (float32/bfloat16 inputs with a
-    float32 state, or all float64); the caller then takes the allocating path."""
+def step_(args: ScanArgs, state, out) -> bool:
+    """One streaming step in place (contract: :meth:`fastrwa.ops.contract.Backend.step_`):
+    ``state`` ``(m, n~, d~)`` updated where it lies and ``y`` written into ``out``. Returns
+    ``False`` (doing nothing) unless every tensor is a contiguous CPU tensor in a dtype the
+    kernel reads (float32/bfloat16 inputs with a float32 state, or all float64)."""
+    z, a, g, attention, discount = args[:5]
     m, n, d = state
     cdt = state_dtype(z.dtype)
     tensors = (z, a, out) + (() if g is None else (g,))
@@ -238,7 +262,7 @@ def step_(z, a, g, attention, discount, state, out) -> bool:
     if any(s.dtype != cdt or not s.is_contiguous() or s.device.type != "cpu" for s in state):
         return False
     consts = _consts(cdt)
-    cpu_step.step_inplace(_flat(z), _flat(a), _flat(a if g is None else g), _flat(m), _flat(n),
-                          _flat(d), _flat(out), ATTN_CODE[attention], DISCOUNT_CODE[discount],
-                          consts, _step_scratch(m.numel(), consts.dtype))
+    step.step_inplace(_flat(z), _flat(a), _flat(a if g is None else g), _flat(m), _flat(n),
+                      _flat(d), _flat(out), ATTENTION_CODE[attention], DISCOUNT_CODE[discount],
+                      consts, _step_scratch(m.numel(), consts.dtype))
     return True
