@@ -1,6 +1,6 @@
 """Shared pieces of the benchmarks: the ops, their minimum bytes, and interleaved timing.
 
-Figure of merit (issue 6, DESIGN.md §2): achieved bandwidth = the op's minimum bytes (every
+Figure of merit: achieved bandwidth = the op's minimum bytes (every
 input read once, every output written once, at the tensors' own dtype) / time, divided by
 the bandwidth of ``dst.copy_(src)`` moving the same number of bytes, timed interleaved with
 the op in the same process and threads. Since both move the same bytes, the ratio is

@@ -4,7 +4,7 @@
 
 Times forward and forward+backward of rwa_scan and rda_scan with ``triton.testing.do_bench``
 for both forward algorithms, float32 and bfloat16, and reports achieved bandwidth (the
-minimum bytes of DESIGN.md §2 over time) in GB/s and as a share of the device's peak
+minimum bytes of docs/math.md over time) in GB/s and as a share of the device's peak
 (from its memory clock and bus width), beside ``copy_`` of the same bytes.
 
 Never run on this project's machines (they have no GPU): no number from it is quoted in
@@ -41,7 +41,7 @@ def main() -> int:
     import triton.testing
 
     import fastrwa
-    from fastrwa import triton_backend
+    from fastrwa.ops.backends.triton import host as triton_backend
 
     dev = torch.device("cuda")
     B, T, D = args.batch, args.length, args.channels

@@ -7,7 +7,8 @@ registers, spills, stack, local and shared memory.
 Exits 1 on any compile failure or spill. Registers and memory come from ``cuobjdump
 -res-usage`` on Triton's cubin; spill bytes from ``ptxas -v`` (the ptxas Triton uses for that
 arch) on Triton's PTX. "shared" is static + the dynamic shared memory Triton launches with.
-Launch shapes (BT, BD, warps) are the launcher's defaults in fastrwa/triton_backend.py.
+Launch shapes (BT, BD, warps) are the launcher's defaults in
+fastrwa/ops/backends/triton/host.py.
 """
 
 from __future__ import annotations
@@ -38,8 +39,7 @@ INDEX_POINTERS = {"cu_ptr", "co_ptr", "cs_ptr"}
 
 
 def _kernels():
-    from fastrwa import triton_backend as tb
-    from fastrwa.kernels import scan_bwd, scan_fwd, step
+    from fastrwa.ops.backends.triton import host as tb, scan_bwd, scan_fwd, step
 
     opts = tb.Options()
     fwd = (tb.FWD_WARPS, dict(BT=opts.block_t, BD=opts.block_d))

@@ -9,7 +9,7 @@ import torch
 import fastrwa
 from common import (DTYPES, OPS, forward_backward_fn, forward_fn, inputs,
                     interleaved, median_seconds, min_bytes, seconds)
-from fastrwa.allocations import NewStorageCounter, storages
+from fastrwa.testing import NewStorageCounter, storages
 from fastrwa.models import ByteLM, LMConfig
 
 NAMES = ["throughput", "triton_interpreter", "rnn", "scaling", "streaming"]

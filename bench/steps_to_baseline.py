@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from fastrwa.tasks import make_task
+from fastrwa.train.tasks import make_task
 
 
 def main() -> int:

@@ -4,7 +4,7 @@
 
 Every load and store the kernels issue is counted (masked-off lanes excluded) at the
 element size of the pointer, with no cache: a re-read counts again. The ratio is bytes moved
-over the minimum of DESIGN.md §2 at the tensors' own dtypes: the forward reads each input once
+over the minimum (docs/math.md) at the tensors' own dtypes: the forward reads each input once
 and writes ``y``; the backward reads each input and ``gy`` once and writes one gradient per
 input. "fwd" is inference (nothing saved), "fwd+save" also writes the chunk states the
 backward needs. Targets (issue): looped forward <= 1.2x and 1 launch, three-phase <= 2x,
@@ -23,7 +23,8 @@ os.environ["TRITON_INTERPRET"] = "1"   # before triton and the kernels are impor
 import torch  # noqa: E402
 from triton.runtime import interpreter  # noqa: E402
 
-from fastrwa import triton_backend  # noqa: E402
+from fastrwa.ops.backends.triton import host as triton_backend  # noqa: E402
+from fastrwa.ops.contract import ScanArgs  # noqa: E402
 
 COUNTS = {"bytes": 0, "launches": 0}
 _load = interpreter.InterpreterBuilder.create_masked_load
@@ -72,16 +73,16 @@ def measure(op: str, algorithm: str, dtype: torch.dtype, B: int, T: int, D: int)
     g = g if op == "rda" else None
     n_in = 2 if g is None else 3
     size, elems = z.element_size(), z.numel()
-    args = (z, a, g, "exp", "sigmoid" if g is not None else None, None)
+    args = ScanArgs(z, a, g, "exp", "sigmoid" if g is not None else None, None, False, None)
     rows = []
     with counted() as c:
-        triton_backend.forward(*args, False, False, None, False)
+        triton_backend.forward(args, output_final_state=False, save=False)
         rows.append(("fwd", c["bytes"], (n_in + 1) * elems * size, c["launches"]))
     with counted() as c:
-        _, final, saved = triton_backend.forward(*args, True, False, None, True)
+        _, final, saved = triton_backend.forward(args, output_final_state=True, save=True)
         rows.append(("fwd+save", c["bytes"], (n_in + 1) * elems * size, c["launches"]))
     with counted() as c:
-        triton_backend.backward(*args, False, None, saved, final[0], gy, None)
+        triton_backend.backward(args, saved, final[0], gy, None)
         rows.append(("bwd", c["bytes"], (2 * n_in + 1) * elems * size, c["launches"]))
     return rows
 

@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-
 import torch
 
-from fastrwa import cpu_backend, torch_backend
+import fastrwa
+from fastrwa.ops.vocab import ATTENTIONS
 from fastrwa.reference import rda_scan_reference, weighted_scan_reference
-from fastrwa.scan import _run
 from fastrwa.state import ScanState
-
-ATTENTIONS = ("exp", "sigmoid", "softplus", "relu")
+from fastrwa.testing import backend_options
 
 # Tolerances against a float64 reference evaluated on the same (rounded) inputs.
 # Forward y, and gradients (scaled by the largest gradient entry).
@@ -45,29 +41,19 @@ def make_state(B, D, dtype=torch.float64, seed=1):
     return ScanState(m.to(dtype), n.to(dtype), d.to(dtype))
 
 
-@contextlib.contextmanager
-def options(module, **changes):
-    """Temporarily change a backend's launch options (e.g. the torch backend's chunk size)."""
-    previous = module.set_options(**changes)
-    try:
-        yield
-    finally:
-        module.set_options(**dataclasses.asdict(previous))
-
-
 def run(z, a, g=None, attention="exp", state=None, final=False, reverse=False, chunk=None,
         cu_seqlens=None):
-    """The op through its autograd Function (``g=None``: RWA), with a forced chunk size.
+    """The op through the public functions (``g=None``: RWA), with a forced chunk size.
 
     ``chunk`` sets the torch backend's chunk and the numba backend's saved-state spacing;
     with a ``chunk`` the numba backend also splits channels into blocks of 2 (a partial
-    block whenever ``D`` is odd).
+    block whenever ``D`` is odd). Triton's blocks are set by the ``backend`` fixture.
     """
-    named = [("z", z), ("a", a)] + ([] if g is None else [("g", g)])
     numba_opts = {} if chunk is None else dict(chunk=chunk, block=2)
-    with options(torch_backend, chunk_size=chunk), options(cpu_backend, **numba_opts):
-        return _run(named, attention, None if g is None else "sigmoid", state, final, reverse,
-                    cu_seqlens)
+    with backend_options("torch", chunk_size=chunk), backend_options("numba", **numba_opts):
+        if g is None:
+            return fastrwa.rwa_scan(z, a, state, final, reverse, cu_seqlens)
+        return fastrwa.rda_scan(z, a, g, attention, state, final, reverse, cu_seqlens)
 
 
 def reference(z, a, g=None, attention="exp", state=None, reverse=False, cu_seqlens=None):

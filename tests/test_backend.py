@@ -1,10 +1,14 @@
-"""Backend selection: use_backend, FASTRWA_BACKEND, "auto", and the missing Triton backend."""
+"""Backend selection: the registry, use_backend, FASTRWA_BACKEND, "auto", the missing Triton
+backend, and gradients taken outside the block that ran the forward."""
 
 import pytest
 import torch
 
 import fastrwa
-from fastrwa import backend, cpu_backend, torch_backend
+from fastrwa.ops import registry
+from fastrwa.ops.contract import Backend
+from fastrwa.reference import rda_scan_reference
+from helpers import TOL, assert_close, make_inputs, make_state
 
 
 def _inputs():
@@ -15,17 +19,24 @@ def test_default_is_auto_and_picks_the_compiled_cpu_kernels_on_cpu(monkeypatch):
     monkeypatch.delenv("FASTRWA_BACKEND", raising=False)
     assert fastrwa.get_backend() == "auto"
     for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
-        assert backend.resolve(torch.device("cpu"), dtype) is cpu_backend
+        assert registry.resolve_name(torch.device("cpu"), dtype) == "numba"
+    assert registry.resolve_name(torch.device("meta"), torch.float32) == "torch"
 
 
-def test_auto_falls_back_to_torch_when_numba_does_not_import(monkeypatch):
-    monkeypatch.setattr(backend, "_numba_usable", lambda: False)
-    assert backend.resolve(torch.device("cpu"), torch.float32) is torch_backend
+def test_every_registered_backend_satisfies_the_contract():
+    assert registry.AUTO_ORDER[-1] == "torch" and set(registry.AUTO_ORDER) == set(registry.REGISTRY)
+    for name in registry.REGISTRY:
+        module = registry.load(name)
+        for member in ("Options", "options", "set_options", "forward", "saved_like", "backward",
+                       "step_"):
+            assert callable(getattr(module, member, None)), (name, member)
+        assert isinstance(module.options(), module.Options), name
+    assert Backend.__doc__
 
 
 def test_numba_backend_refuses_non_cpu_tensors():
     with fastrwa.use_backend("numba"), pytest.raises(RuntimeError, match="numba.*CPU.*meta"):
-        backend.resolve(torch.device("meta"), torch.float32)
+        registry.resolve(torch.device("meta"), torch.float32)
 
 
 def test_use_backend_nests_and_restores(monkeypatch):
@@ -65,7 +76,7 @@ def test_triton_backend_refuses_float64():
 
 def test_auto_keeps_cpu_tensors_off_triton_even_under_the_interpreter(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert backend.resolve(torch.device("cpu"), torch.float32) is cpu_backend
+    assert registry.resolve_name(torch.device("cpu"), torch.float32) == "numba"
 
 
 def test_unknown_backend_name():
@@ -76,7 +87,7 @@ def test_unknown_backend_name():
 
 def test_poisoned_buffers_catch_unwritten_entries(monkeypatch):
     """The NaN poison the suite runs with makes a skipped write visible."""
-    from fastrwa import chunked
+    from fastrwa.ops.backends.torch import chunked
 
     real_scan = chunked.scan
 
@@ -93,20 +104,42 @@ def test_poisoned_buffers_catch_unwritten_entries(monkeypatch):
 
 
 def test_auto_warns_once_and_falls_back_when_the_numba_kernels_fail_to_load(monkeypatch):
-    import builtins
-    real_import = builtins.__import__
+    entry = registry.REGISTRY["numba"]
 
-    def failing_import(name, globals=None, locals=None, fromlist=(), level=0):
-        if fromlist and "cpu_backend" in fromlist:
-            raise RuntimeError("cannot cache function: no locator available")
-        return real_import(name, globals, locals, fromlist, level)
+    def failing_load():
+        raise RuntimeError("cannot cache function: no locator available")
 
-    backend._numba_usable.cache_clear()
-    monkeypatch.setattr(builtins, "__import__", failing_import)
+    registry.clear_cache()
+    monkeypatch.setitem(registry.REGISTRY, "numba",
+                        type(entry)(entry.name, entry.refusal, entry.auto, failing_load))
     try:
-        with pytest.warns(RuntimeWarning, match="numba.*RuntimeError.*no locator.*'torch'"):
-            assert backend.resolve(torch.device("cpu"), torch.float32) is torch_backend
+        with pytest.warns(RuntimeWarning, match="'numba'.*RuntimeError.*no locator.*'torch'"):
+            assert registry.resolve_name(torch.device("cpu"), torch.float32) == "torch"
+        assert registry.resolve_name(torch.device("cpu"), torch.float32) == "torch"  # no 2nd warning
+        with fastrwa.use_backend("numba"), pytest.raises(RuntimeError, match="no locator"):
+            fastrwa.rwa_scan(torch.randn(1, 4, 2), torch.randn(1, 4, 2))
     finally:
         monkeypatch.undo()
-        backend._numba_usable.cache_clear()
-    assert backend.resolve(torch.device("cpu"), torch.float32) is cpu_backend
+        registry.clear_cache()
+    assert registry.resolve_name(torch.device("cpu"), torch.float32) == "numba"
+
+
+PAIRS = [(f, b) for f in ("torch", "numba", "triton") for b in ("torch", "numba", "triton")
+         if f != b]
+
+
+@pytest.mark.parametrize("forward,outside", PAIRS)
+def test_backward_outside_the_block_uses_the_forward_s_backend(forward, outside):
+    """A forward under use_backend(X) and .backward() under another backend gives the
+    reference's gradients: the backward runs on X, with X's saved tensors."""
+    z, a, g = make_inputs(2, 9, 3, dtype=torch.float32, attention="sigmoid", seed=3)
+    state = make_state(2, 3, dtype=torch.float32)
+    leaves = [x.clone().requires_grad_() for x in (z, a, g)]
+    with fastrwa.use_backend(forward):
+        y, _ = fastrwa.rda_scan(*leaves, "sigmoid", state)
+    with fastrwa.use_backend(outside):
+        grads = torch.autograd.grad(y.sum(), leaves)
+    ref = [x.double().requires_grad_() for x in (z, a, g)]
+    y_ref, _ = rda_scan_reference(*ref, "sigmoid", tuple(s.double() for s in state))
+    for got, want in zip(grads, torch.autograd.grad(y_ref.sum(), ref)):
+        assert_close(got, want, TOL[torch.float32]["grad"], f"{forward} -> {outside}")

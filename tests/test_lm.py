@@ -8,7 +8,7 @@ import torch
 
 from fastrwa.models import ByteLM, LMConfig, LMState
 from helpers import ATTENTIONS
-from fastrwa.allocations import NewStorageCounter, storages
+from fastrwa.testing import NewStorageCounter, storages
 from fastrwa.nn.functional import rms_norm_into
 from memory_meter import LiveTensorMeter
 

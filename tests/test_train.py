@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from fastrwa import data as fdata
-from fastrwa.tasks import TASKS, make_task
+from fastrwa.train import data as fdata
+from fastrwa.train.tasks import TASKS, make_task
 from fastrwa.train.cli import main as train_main
 from fastrwa.train.models import MODELS
 
@@ -251,7 +251,7 @@ def test_plot_overlays_runs(tmp_path):
     for name in ("r1", "r2"):
         _run(tmp_path, name, "--seq-len", 10, "--hidden", 4, "--batch-size", 2, "--steps", 4,
              "--log-every", 1)
-    from fastrwa.plot import main as plot_main
+    from fastrwa.train.plot import main as plot_main
     assert plot_main([str(tmp_path / "r1"), str(tmp_path / "r2"), "--out",
                       str(tmp_path / "both.png")]) == 0
     assert (tmp_path / "both.png").read_bytes()[:4] == b"\x89PNG"

@@ -19,6 +19,7 @@ equal work and run on:
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import functools
 import os
 import threading
@@ -34,8 +35,16 @@ from . import team
 # T=256 breaks even, T=512 saves 20%).
 SERIAL_BELOW = 1 << 17
 
-_pool: ThreadPoolExecutor | None = None
-_pool_pid = -1                  # a forked child inherits the pool object but not its threads
+@dataclasses.dataclass
+class PoolState:
+    """The fallback thread pool and the process that made it (a forked child inherits the
+    pool object but not its threads: a call from another pid makes a new pool)."""
+
+    executor: ThreadPoolExecutor | None = None
+    pid: int = -1
+
+
+POOL = PoolState()
 _pool_lock = threading.Lock()
 
 
@@ -45,8 +54,9 @@ def threads() -> int:
 
 
 @functools.lru_cache(maxsize=1)
-def _gomp_parallel():
-    """``GOMP_parallel`` of the OpenMP runtime PyTorch loaded (as a ctypes function), or None."""
+def gomp_parallel():
+    """``GOMP_parallel`` of the OpenMP runtime PyTorch loaded (as a ctypes function), or None
+    (then large calls run on the thread pool)."""
     if os.environ.get("FASTRWA_CPU_THREADS", "") == "pool":
         return None
     try:
@@ -69,7 +79,7 @@ def _gomp_parallel():
 
 def uses_openmp_team() -> bool:
     """Whether large calls run on PyTorch's OpenMP team (else on fastrwa's thread pool)."""
-    return _gomp_parallel() is not None
+    return gomp_parallel() is not None
 
 
 def _ranges(work: np.ndarray, n_blk: int, k: int) -> list[int]:
@@ -92,7 +102,7 @@ def run(kernel, name: str, dtype: torch.dtype, work: np.ndarray, n_blk: int, D: 
         kernel(0, n_tasks, io, st, ix, flags)
         return
     bounds = _ranges(work, n_blk, k)
-    parallel = _gomp_parallel()
+    parallel = gomp_parallel()
     if parallel is not None:
         family = {torch.bfloat16: "bfloat16", torch.float64: "float64"}.get(dtype, "float32")
         packet = _packet(bounds, (io, st, ix), flags)
@@ -125,14 +135,15 @@ def _packet(bounds: list[int], groups: tuple, flags: np.ndarray) -> np.ndarray:
 
 
 def _run_on_pool(kernel, bounds: list[int], args: tuple) -> None:
-    global _pool, _pool_pid
     k = len(bounds) - 1
     with _pool_lock:
-        if _pool is None or _pool._max_workers < k - 1 or _pool_pid != os.getpid():
-            _pool = ThreadPoolExecutor(max_workers=max(k - 1, os.cpu_count() or 1),
-                                       thread_name_prefix="fastrwa")
-            _pool_pid = os.getpid()
-    futures = [_pool.submit(kernel, lo, hi, *args) for lo, hi in zip(bounds[1:-1], bounds[2:])]
+        if POOL.executor is None or POOL.executor._max_workers < k - 1 \
+                or POOL.pid != os.getpid():
+            POOL.executor = ThreadPoolExecutor(max_workers=max(k - 1, os.cpu_count() or 1),
+                                               thread_name_prefix="fastrwa")
+            POOL.pid = os.getpid()
+    pool = POOL.executor
+    futures = [pool.submit(kernel, lo, hi, *args) for lo, hi in zip(bounds[1:-1], bounds[2:])]
     kernel(bounds[0], bounds[1], *args)
     for future in futures:
         future.result()

@@ -9,10 +9,12 @@ from hypothesis import given, settings, strategies as st
 from numba import njit
 
 import fastrwa
-from fastrwa import cpu_backend, cpu_threads
-from fastrwa.kernels.cpu_math import fexp, flog, flog1p, load, log_sigmoid, store
+from fastrwa.ops.backends.numba import host as numba_host, threads as cpu_threads
+from fastrwa.ops.backends.numba.fmath import fexp, flog, flog1p, load, log_sigmoid, store
+from fastrwa.ops.contract import ScanArgs
+from fastrwa.testing import backend_options
 from helpers import (ATTENTIONS, TOL, assert_close, compare_gradients, make_inputs, make_state,
-                     options, reference, run)
+                     reference, run)
 
 pytestmark = pytest.mark.usefixtures("numba_backend")
 
@@ -106,7 +108,7 @@ def test_many_chunks_and_ragged_channel_blocks(kind, attention, reverse):
     y_ref, final_ref = reference(z, a, g, attention, state, reverse)
     assert_close(y, y_ref, 1e-12, "y")
     assert_close(final.average(), final_ref.average(), 1e-12, "state")
-    with options(cpu_backend, block=4):
+    with backend_options("numba", block=4):
         compare_gradients(z, a, g, attention, state, reverse, 7, torch.float64)
         compare_gradients(z, a, g, attention, state, reverse, 7, torch.float32)
 
@@ -147,13 +149,11 @@ def test_backward_without_saved_states_recomputes_them():
     """``saved = []`` (a forward run without saving) must still give the right gradients."""
     z, a, g = make_inputs(2, 40, 3, seed=9)
     gy = torch.randn(2, 40, 3, dtype=torch.float64)
-    with options(cpu_backend, chunk=6):
-        y, final, saved = cpu_backend.forward(z, a, g, "exp", "sigmoid", None, True, False, None,
-                                              True)
-        full = cpu_backend.backward(z, a, g, "exp", "sigmoid", None, False, None, saved,
-                                    final[0], gy, None)
-        again = cpu_backend.backward(z, a, g, "exp", "sigmoid", None, False, None, [], None,
-                                     gy, None)
+    args = ScanArgs(z, a, g, "exp", "sigmoid", None, False, None)
+    with backend_options("numba", chunk=6):
+        y, final, saved = numba_host.forward(args, output_final_state=True, save=True)
+        full = numba_host.backward(args, saved, final[0], gy, None)
+        again = numba_host.backward(args, [], final[0], gy, None)
     for x, x2 in zip(full[:3], again[:3]):
         assert torch.equal(x, x2)
 
@@ -187,7 +187,7 @@ def test_random_shapes(B, T, D, chunk, block, attention, rda, reverse, with_stat
     z, a, g = make_inputs(B, T, D, attention=attention, seed=B * 1000 + T * 10 + D)
     g = g if rda else None
     state = make_state(B, D) if with_state else None
-    with options(cpu_backend, block=block):
+    with backend_options("numba", block=block):
         y, _ = run(z, a, g, attention, state, reverse=reverse, chunk=chunk)
         y_ref, _ = reference(z, a, g, attention, state, reverse)
         assert_close(y, y_ref, 1e-12, "y")
@@ -204,10 +204,10 @@ def test_large_calls_split_over_threads_give_the_serial_results(place, dtype, mo
         pytest.fail("PyTorch's OpenMP runtime was not found on Linux")   # not skipped: CI is Linux
     launches = []
     if place == "pool":
-        monkeypatch.setattr(cpu_threads, "_gomp_parallel", lambda: None)
+        monkeypatch.setattr(cpu_threads, "gomp_parallel", lambda: None)
     else:
-        gomp = cpu_threads._gomp_parallel()
-        monkeypatch.setattr(cpu_threads, "_gomp_parallel",
+        gomp = cpu_threads.gomp_parallel()
+        monkeypatch.setattr(cpu_threads, "gomp_parallel",
                             lambda: lambda *a: launches.append(a[2]) or gomp(*a))
     z, a, g = make_inputs(4, 520, 256, dtype=dtype, seed=12)
     assert z.numel() >= cpu_threads.SERIAL_BELOW
@@ -236,13 +236,13 @@ def test_a_team_smaller_than_asked_for_still_runs_every_range(monkeypatch):
     """The ranges are claimed atomically: a team of one thread (a nested call) runs them all."""
     if not cpu_threads.uses_openmp_team():
         pytest.fail("PyTorch's OpenMP runtime was not found on Linux")
-    gomp = cpu_threads._gomp_parallel()
+    gomp = cpu_threads.gomp_parallel()
     seen = []
 
     def one_thread(fn, packet, n, flags):
         seen.append(n)
         gomp(fn, packet, 1, flags)
-    monkeypatch.setattr(cpu_threads, "_gomp_parallel", lambda: one_thread)
+    monkeypatch.setattr(cpu_threads, "gomp_parallel", lambda: one_thread)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
     z, a, g = make_inputs(4, 520, 256, dtype=torch.float32, seed=13)
     y = fastrwa.rda_scan(z, a, g)[0]
@@ -255,15 +255,15 @@ def test_a_forked_child_makes_its_own_pool(monkeypatch):
     pool records its pid, and a call from another pid builds a new one instead of waiting
     forever. (A real fork is not tested: PyTorch's own OpenMP ops hang in a child forked
     after they ran in the parent.)"""
-    monkeypatch.setattr(cpu_threads, "_gomp_parallel", lambda: None)
+    monkeypatch.setattr(cpu_threads, "gomp_parallel", lambda: None)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
     z, a, g = make_inputs(4, 520, 256, dtype=torch.float32, seed=12)
     y = fastrwa.rda_scan(z, a, g)[0]
-    pool = cpu_threads._pool
+    pool = cpu_threads.POOL.executor
     assert pool is not None
-    monkeypatch.setattr(cpu_threads, "_pool_pid", -1)       # as seen from a forked child
+    monkeypatch.setattr(cpu_threads.POOL, "pid", -1)       # as seen from a forked child
     assert torch.equal(fastrwa.rda_scan(z, a, g)[0], y)
-    assert cpu_threads._pool is not pool
+    assert cpu_threads.POOL.executor is not pool
 
 
 def test_concurrent_calls_from_python_threads(monkeypatch):
