@@ -18,6 +18,7 @@ from typing import Callable
 import torch
 
 import fastrwa
+from fastrwa.ops.vocab import ATTENTIONS
 from fastrwa.reference import rda_scan_reference, rwa_scan_reference
 
 
@@ -36,7 +37,7 @@ def _rda(attention):
 
 OPS = {"rwa": Op("rwa", 2, lambda z, a, g: fastrwa.rwa_scan(z, a)[0],
                  lambda z, a, g: rwa_scan_reference(z, a)[0]),
-       **{f"rda-{att}": _rda(att) for att in ("exp", "sigmoid", "softplus", "relu")}}
+       **{f"rda-{att}": _rda(att) for att in ATTENTIONS}}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 

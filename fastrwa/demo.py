@@ -12,6 +12,7 @@ import time
 import torch
 
 from . import rda_scan, rda_step, rwa_scan
+from .ops.vocab import ATTENTIONS
 from .reference import rda_scan_reference, rwa_scan_reference
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
@@ -47,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {name:<34} max |err| {err:.2e}  {'ok' if ok else 'FAIL'}{timing}")
 
     cases = [("rwa_scan", lambda: rwa_scan(z, a), lambda: rwa_scan_reference(z.double(), a.double()))]
-    for attention in ("exp", "sigmoid", "softplus", "relu"):
+    for attention in ATTENTIONS:
         cases.append((
             f"rda_scan attention={attention}",
             lambda attention=attention: rda_scan(z, a, g, attention),

@@ -4,10 +4,13 @@ and fresh backend buffers poisoned with NaN in every test.
 The op tests take one of two fixtures:
 
 * ``backend``: every registered backend ("torch", "numba", "triton"). Triton runs under the
-  interpreter (no GPU here) with blocks small enough that the tests' shapes cross chunk and
-  channel-block edges; its two forward algorithms are both covered (``triton-looped``,
-  ``triton-three_phase``). Inputs are made in ``backend.dtype``, the most precise dtype the
-  backend takes (float64, or float32 for Triton), and compared with ``backend.tol``.
+  interpreter (no GPU here, and the interpreter is slow) with blocks small enough that the
+  tests' shapes cross chunk and channel-block edges. Its forward algorithm ("looped" or
+  "three_phase") is chosen per test item by a stable hash of the item's name, so both are
+  covered across the matrix at the cost of one. Inputs are made in ``backend.dtype``, the
+  most precise dtype the backend takes (float64, or float32 for Triton), and compared with
+  ``backend.tol``; ``backend.splits(T)`` are the split points a streaming test tries (all of
+  them, or for Triton the first, second, middle, last two).
 * ``exact_backend``: the backends that compute in float64 ("torch", "numba"), for tests
   that are about float64 (gradcheck, 1e-12 agreement).
 
@@ -18,6 +21,7 @@ Triton has no such knob, so they would repeat the ``None`` case), and a ``dtype`
 """
 
 import dataclasses
+import hashlib
 import os
 
 import torch
@@ -46,6 +50,7 @@ class BackendCase:
     name: str                     # the registry name
     options: dict                 # knobs forced for the test
     dtype: torch.dtype            # the most precise input dtype the backend takes
+    interpreted: bool = False     # slow: the streaming tests try fewer split points
 
     @property
     def tol(self) -> dict:
@@ -55,33 +60,38 @@ class BackendCase:
     def exact(self) -> bool:
         return self.dtype == torch.float64
 
+    def splits(self, T: int) -> list[int]:
+        return sorted({0, 1, T // 2, T - 1, T}) if self.interpreted else list(range(T + 1))
+
 
 CASES = {
     "torch": BackendCase("torch", {}, torch.float64),
     "numba": BackendCase("numba", {}, torch.float64),
-    "triton-looped": BackendCase("triton", dict(algorithm="looped", **TRITON_SMALL),
-                                 torch.float32),
-    "triton-three_phase": BackendCase("triton", dict(algorithm="three_phase", **TRITON_SMALL),
-                                      torch.float32),
+    "triton": BackendCase("triton", TRITON_SMALL, torch.float32, interpreted=True),
 }
-assert {c.name for c in CASES.values()} == set(REGISTRY), "a registered backend has no test case"
+assert set(CASES) == set(REGISTRY), "a registered backend has no test case"
+TRITON_ALGORITHMS = ("looped", "three_phase")
 
 
-def _enter(case: BackendCase):
-    with backend_options(case.name, **case.options), fastrwa.use_backend(case.name):
+def _enter(case: BackendCase, nodeid: str):
+    options = dict(case.options)
+    if case.name == "triton":
+        digest = hashlib.sha256(nodeid.encode()).digest()[0]
+        options["algorithm"] = TRITON_ALGORITHMS[digest % len(TRITON_ALGORITHMS)]
+    with backend_options(case.name, **options), fastrwa.use_backend(case.name):
         yield case
 
 
 @pytest.fixture(params=list(CASES))
 def backend(request):
-    """Run the test once per backend (and Triton algorithm); yields its :class:`BackendCase`."""
-    yield from _enter(CASES[request.param])
+    """Run the test once per backend; yields its :class:`BackendCase`."""
+    yield from _enter(CASES[request.param], request.node.nodeid)
 
 
 @pytest.fixture(params=[k for k, c in CASES.items() if c.exact])
 def exact_backend(request):
     """Run the test once per backend that computes in float64."""
-    yield from _enter(CASES[request.param])
+    yield from _enter(CASES[request.param], request.node.nodeid)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,4 +1,4 @@
-"""The reference loop against an independent O(T^2) closed form (DESIGN.md §2), float64."""
+"""The reference loop against an independent O(T^2) closed form (docs/math.md §1), float64."""
 
 import pytest
 import torch

@@ -22,7 +22,7 @@ def test_prefix_scan_then_scan_at_every_split(backend, attention, with_state):
         attention, g = "exp", None
     init = make_state(2, 3, dtype=backend.dtype) if with_state else None
     y_full, st_full = _scan(z, a, g, attention, init)
-    for k in range(T + 1):
+    for k in backend.splits(T):
         part = lambda x, s: None if x is None else x[:, s]
         y1, st1 = _scan(part(z, slice(None, k)), part(a, slice(None, k)),
                         part(g, slice(None, k)), attention, init, chunk=2)
@@ -44,7 +44,7 @@ def test_prefix_scan_then_steps_at_every_split(backend, attention, with_state):
         y_full, _ = fastrwa.rwa_scan(z, a, init)
     else:
         y_full, _ = fastrwa.rda_scan(z, a, g, attention, init)
-    for k in range(T + 1):
+    for k in backend.splits(T):
         if rwa:
             y1, state = fastrwa.rwa_scan(z[:, :k], a[:, :k], init, output_final_state=True)
         else:
@@ -76,7 +76,7 @@ def test_reverse_split_suffix_first(backend):
     """Reversed, the suffix is scanned first and its state continues into the prefix."""
     z, a, g = make_inputs(2, T, 3, dtype=backend.dtype, seed=29)
     y_full, _ = _scan(z, a, g, "exp", None, reverse=True)
-    for k in range(T + 1):
+    for k in backend.splits(T):
         y2, st2 = _scan(z[:, k:], a[:, k:], g[:, k:], "exp", None, reverse=True)
         y1, _ = _scan(z[:, :k], a[:, :k], g[:, :k], "exp", st2, reverse=True)
         assert_close(torch.cat([y1, y2], dim=1), y_full, backend.tol["y"], f"y split at {k}")
@@ -102,7 +102,7 @@ def test_gradients_through_a_split_equal_gradients_of_one_scan(backend, attentio
         return torch.autograd.grad((y * gy).sum(), leaves)
 
     want = grads(None)
-    for k in range(T + 1):
+    for k in backend.splits(T):
         for i, (g_, w_) in enumerate(zip(grads(k), want)):
             assert_close(g_, w_.double(), 1e-10 if backend.exact else backend.tol["grad"],
                          f"gradient #{i}, split at {k}")

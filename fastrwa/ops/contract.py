@@ -106,6 +106,29 @@ class Backend(Protocol):
         does not apply (the caller then runs :meth:`forward` and copies)."""
 
 
+class Knobs:
+    """A backend's options in force: ``Knobs(Options)``; a backend exposes ``knobs.get`` as
+    ``options`` and ``knobs.set`` as ``set_options``. ``check(options)`` may raise on values
+    the backend cannot take (the previous options then stay in force)."""
+
+    def __init__(self, options_type: type, check: Optional[Callable[[Any], None]] = None):
+        self._value = options_type()
+        self._check = check
+
+    def get(self) -> Any:
+        """The options in force."""
+        return self._value
+
+    def set(self, **changes: Any) -> Any:
+        """Change the options; returns the previous ones."""
+        previous = self._value
+        value = dataclasses.replace(previous, **changes)
+        if self._check is not None:
+            self._check(value)
+        self._value = value
+        return previous
+
+
 @dataclasses.dataclass(frozen=True)
 class BackendEntry:
     """A backend as the registry knows it, before its (heavy) module is imported.

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from ..ops.vocab import ATTENTIONS
 from .tasks import TASKS
 from .config import RESUMABLE_CHANGES, RunConfig
 from .loop import RunDirError, prepare_run_dir, train
@@ -35,7 +36,7 @@ def parser() -> argparse.ArgumentParser:
     add("--seq-len", type=int, help=f"synthetic tasks' T (default {defaults.seq_len})")
     add("--hidden", type=int, help=f"units per layer (default {defaults.hidden})")
     add("--layers", type=int, help=f"stacked layers (default {defaults.layers})")
-    add("--attention", choices=("exp", "sigmoid", "softplus", "relu"),
+    add("--attention", choices=ATTENTIONS,
         help=f"f_a of RDA models (default {defaults.attention})")
     add("--batch-size", type=int, help=f"per process (default {defaults.batch_size})")
     add("--lr", type=float, help=f"Adam learning rate (default {defaults.lr})")

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from ...buffers import empty as _empty
-from ...contract import ForwardResult, Gradients, ScanArgs
+from ...contract import ForwardResult, Gradients, Knobs, ScanArgs
 from ...vocab import ATTENTION_CODE, DISCOUNT_CODE, state_dtype
 from . import layout, scan_bwd, scan_fwd, step, threads
 
@@ -39,20 +39,8 @@ class Options:
                                   # thread has two tasks (but not below 32)
 
 
-_options = Options()
-
-
-def options() -> Options:
-    """The :class:`Options` in force."""
-    return _options
-
-
-def set_options(**changes) -> Options:
-    """Change the knobs; returns the previous :class:`Options`."""
-    global _options
-    previous = _options
-    _options = dataclasses.replace(_options, **changes)
-    return previous
+_knobs = Knobs(Options)
+options, set_options = _knobs.get, _knobs.set
 
 
 @functools.lru_cache(maxsize=None)
@@ -81,8 +69,8 @@ def _row_strides(*inputs: torch.Tensor) -> np.ndarray:
 
 
 def _block(n_seq: int, D: int) -> int:
-    if _options.block is not None:
-        return _options.block
+    if options().block is not None:
+        return options().block
     block = D
     while block > 32 and n_seq * -(-D // block) < 2 * threads.threads():
         block = max(32, -(-block // 2))
@@ -136,6 +124,19 @@ def _state(init, n_seq, D, cdt):
     return torch.stack([s.to(cdt) for s in init]).reshape(3, n_seq, D).contiguous(), True
 
 
+def _index_and_flags(z, a, g, sequences, chunk: int, block: int, args: ScanArgs,
+                     has_init: bool, save: bool, has_g_final: bool):
+    """The kernels' ``ix`` group and ``flags`` (:mod:`.layout`)."""
+    seq_b, lo, hi, ck_off = sequences
+    ix = layout.group(layout.INDEX, strides=_row_strides(z, a, g), seq_b=seq_b, seq_lo=lo,
+                      seq_hi=hi, ck_off=ck_off)
+    flags = layout.pack_flags(T=z.shape[1], D=z.shape[2], chunk=chunk, block=block,
+                              attention=ATTENTION_CODE[args.attention],
+                              discount=DISCOUNT_CODE[args.discount], reverse=args.reverse,
+                              has_init=has_init, save=save, has_g_final=has_g_final)
+    return ix, flags
+
+
 def forward(args: ScanArgs, *, output_final_state: bool, save: bool) -> ForwardResult:
     """The scan (contract: :meth:`fastrwa.ops.contract.Backend.forward`). ``saved`` is
     ``[states, chunk]``: the ``(3, chunks, D)`` states entering every chunk and the chunk
@@ -146,7 +147,7 @@ def forward(args: ScanArgs, *, output_final_state: bool, save: bool) -> ForwardR
     z, a, g = _prepare(z, a, g)
     B, T, D = z.shape
     cdt = state_dtype(dtype)
-    chunk = _options.chunk
+    chunk = options().chunk
     seq_b, lo, hi, ck_off, n_ck = _layout(z, cu_seqlens, chunk)
     n_seq = len(seq_b)
     state0, has_init = _state(init, n_seq, D, cdt)
@@ -158,12 +159,8 @@ def forward(args: ScanArgs, *, output_final_state: bool, save: bool) -> ForwardR
     io = layout.group(layout.FORWARD_IO, z=_flat(z), a=_flat(a), g=_flat(g_in), y=_flat(y))
     st = layout.group(layout.FORWARD_STATE, state0=_flat(state0), final=_flat(final),
                       ck=_flat(ck), consts=_consts(cdt))
-    ix = layout.group(layout.INDEX, strides=_row_strides(z, a, g_in), seq_b=seq_b, seq_lo=lo,
-                      seq_hi=hi, ck_off=ck_off)
-    flags = layout.pack_flags(T=T, D=D, chunk=chunk, block=block,
-                              attention=ATTENTION_CODE[attention],
-                              discount=DISCOUNT_CODE[discount], reverse=reverse,
-                              has_init=has_init, save=save, has_g_final=False)
+    ix, flags = _index_and_flags(z, a, g_in, (seq_b, lo, hi, ck_off), chunk, block, args,
+                                 has_init, save=save, has_g_final=False)
     threads.run(scan_fwd.forward, "forward", z.dtype, hi - lo, -(-D // block), D, io, st, ix,
                 flags)
     # separate tensors: a custom op's outputs may not alias one another
@@ -177,7 +174,7 @@ def saved_like(args: ScanArgs) -> list:
     z, cu_seqlens = args.z, args.cu_seqlens
     B, T, D = z.shape
     if cu_seqlens is None:
-        n_ck = B * -(-T // _options.chunk)
+        n_ck = B * -(-T // options().chunk)
     else:
         n_ck = torch.library.get_ctx().new_dynamic_size()
     return [z.new_empty((3, n_ck, D), dtype=state_dtype(z.dtype)),
@@ -215,12 +212,8 @@ def backward(args: ScanArgs, saved: list, m_final, gy, g_final) -> Gradients:
                       gz=_flat(gz), ga=_flat(ga), gg=_flat(ga if gg is None else gg))
     st = layout.group(layout.BACKWARD_STATE, state0=_flat(state0), g_final=_flat(g_fin),
                       g_init=_flat(g_init), ck=_flat(ck), consts=_consts(cdt))
-    ix = layout.group(layout.INDEX, strides=_row_strides(z, a, g_in), seq_b=seq_b, seq_lo=lo,
-                      seq_hi=hi, ck_off=ck_off)
-    flags = layout.pack_flags(T=T, D=D, chunk=chunk, block=block,
-                              attention=ATTENTION_CODE[attention],
-                              discount=DISCOUNT_CODE[discount], reverse=reverse,
-                              has_init=has_init, save=False, has_g_final=has_g_final)
+    ix, flags = _index_and_flags(z, a, g_in, (seq_b, lo, hi, ck_off), chunk, block, args,
+                                 has_init, save=False, has_g_final=has_g_final)
     threads.run(scan_bwd.backward, "backward", z.dtype, hi - lo, -(-D // block), D, io, st, ix,
                 flags)
     gz, ga = gz.to(dtypes[0]), ga.to(dtypes[1])

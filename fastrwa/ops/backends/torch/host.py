@@ -19,7 +19,7 @@ import torch
 
 from ....state import safe_average
 from ...buffers import empty as _empty
-from ...contract import ForwardResult, Gradients, ScanArgs
+from ...contract import ForwardResult, Gradients, Knobs, ScanArgs
 from ...vocab import state_dtype
 from . import chunked
 from .chunked import exp_nonpositive_
@@ -33,20 +33,8 @@ class Options:
     chunk_size: int | None = None    # steps per chunk; None: ~sqrt(T) (chunked.default_chunk_size)
 
 
-_options = Options()
-
-
-def options() -> Options:
-    """The :class:`Options` in force."""
-    return _options
-
-
-def set_options(**changes) -> Options:
-    """Change the knobs; returns the previous :class:`Options`."""
-    global _options
-    previous = _options
-    _options = dataclasses.replace(_options, **changes)
-    return previous
+_knobs = Knobs(Options)
+options, set_options = _knobs.get, _knobs.set
 
 
 def _log_total(m: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
@@ -91,7 +79,7 @@ def _forward(z, a, g, attention, discount, init, output_final_state, reverse, cu
             finals.append(final)
         final = tuple(torch.cat(parts) for parts in zip(*finals)) if output_final_state else None
         return y, final
-    chunk_size = _options.chunk_size
+    chunk_size = options().chunk_size
     cdt = state_dtype(z.dtype)
     l = log_weight(a.to(cdt), attention)
     lam = log_decay(None if g is None else g.to(cdt), discount)
@@ -141,7 +129,7 @@ def _backward(z, a, g, attention, discount, init, reverse, cu_seqlens, gy, g_fin
             g_inits.append(g_init_i)
         g_init = None if init is None else tuple(torch.cat(p) for p in zip(*g_inits))
         return gz, ga, gg, g_init
-    chunk_size = _options.chunk_size
+    chunk_size = options().chunk_size
     B, T, D = z.shape
     cdt = state_dtype(z.dtype)
     dev = z.device

@@ -26,7 +26,7 @@ import torch
 import triton
 
 from ...buffers import empty, empty_like
-from ...contract import ForwardResult, Gradients, ScanArgs
+from ...contract import ForwardResult, Gradients, Knobs, ScanArgs
 from ...vocab import ATTENTION_CODE, DISCOUNT_CODE, state_dtype
 from . import scan_bwd, scan_fwd, step
 
@@ -48,23 +48,14 @@ class Options:
     block_d_backward: int = 16       # BD: channels per program in the backward
 
 
-_options = Options()
+def _check(opts: Options) -> None:
+    if opts.algorithm not in ("auto", "looped", "three_phase"):
+        raise ValueError(f"algorithm must be 'auto', 'looped' or 'three_phase', "
+                         f"got {opts.algorithm!r}")
 
 
-def options() -> Options:
-    """The :class:`Options` in force."""
-    return _options
-
-
-def set_options(**changes) -> Options:
-    """Change the launch knobs; returns the previous :class:`Options` (for tests and benches)."""
-    global _options
-    previous = _options
-    _options = dataclasses.replace(_options, **changes)
-    if _options.algorithm not in ("auto", "looped", "three_phase"):
-        _options = previous
-        raise ValueError(f"algorithm must be 'auto', 'looped' or 'three_phase', got {changes}")
-    return previous
+_knobs = Knobs(Options, _check)
+options, set_options = _knobs.get, _knobs.set
 
 
 def available() -> bool:
@@ -131,7 +122,7 @@ def forward(args: ScanArgs, *, output_final_state: bool, save: bool) -> ForwardR
     ``(3, chunks, D)`` state entering every chunk of ``block_t`` steps."""
     z, a, g, attention, discount, init, reverse, cu_seqlens = args
     save_for_backward = save
-    opts = _options
+    opts = options()
     BT, BD = opts.block_t, opts.block_d
     B, T, D = z.shape
     lay = _layout(z, cu_seqlens, BT)
@@ -179,7 +170,7 @@ def saved_like(args: ScanArgs) -> list:
     f32 = state_dtype(z.dtype)
     B, T, D = z.shape
     if cu_seqlens is None:
-        n_chunks = B * triton.cdiv(T, _options.block_t)
+        n_chunks = B * triton.cdiv(T, options().block_t)
     else:
         n_chunks = torch.library.get_ctx().new_dynamic_size()
     return [z.new_empty((3, n_chunks, D), dtype=f32)]
@@ -194,7 +185,7 @@ def backward(args: ScanArgs, saved: list, m_final, gy, g_final) -> Gradients:
     """Gradients (contract: :meth:`fastrwa.ops.contract.Backend.backward`). Without this
     backend's ``saved`` (at the current ``block_t``) the chunk states are recomputed first."""
     z, a, g, attention, discount, init, reverse, cu_seqlens = args
-    opts = _options
+    opts = options()
     BT, BD = opts.block_t, opts.block_d_backward
     B, T, D = z.shape
     lay = _layout(z, cu_seqlens, BT)
