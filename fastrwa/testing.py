@@ -2,6 +2,8 @@
 
 * :class:`NewStorageCounter` / :func:`storages`: count tensor allocations, e.g. to check
   that a decode step allocates nothing.
+* :class:`LiveTensorMeter`: the peak bytes of live tensors created inside a block, on any
+  device, e.g. to check that generation memory does not grow with length.
 * :func:`poison_buffers`: every buffer a backend allocates starts as NaN, so an entry it
   forgets to write fails a test.
 * :func:`backend_options`: change a backend's knobs (block sizes, chunk lengths) for a
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import weakref
 from typing import Any, Iterator
 
 import torch
@@ -50,6 +53,44 @@ class NewStorageCounter(TorchDispatchMode):
             if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in self.known:
                 self.new.append(str(func))
                 self.known.add(t.untyped_storage().data_ptr())
+        return out
+
+
+class LiveTensorMeter(TorchDispatchMode):
+    """Peak bytes (``.peak``) of live tensors created inside the block.
+
+    Every op output is counted against its storage while any tensor that op returned on that
+    storage is alive (weakref finalizers), so the peak covers what the code under test keeps
+    alive, not what the allocator caches.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.live = 0
+        self.peak = 0
+        self._refs: dict[int, list] = {}   # storage pointer -> [live tensor count, bytes]
+
+    def _release(self, key: int) -> None:
+        entry = self._refs.get(key)
+        if entry is None:
+            return
+        entry[0] -= 1
+        if entry[0] == 0:
+            self.live -= entry[1]
+            del self._refs[key]
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and t.device.type != "meta":
+                storage = t.untyped_storage()
+                key = storage.data_ptr()
+                if key not in self._refs:
+                    self._refs[key] = [0, storage.nbytes()]
+                    self.live += storage.nbytes()
+                    self.peak = max(self.peak, self.live)
+                self._refs[key][0] += 1
+                weakref.finalize(t, self._release, key)
         return out
 
 

@@ -8,9 +8,8 @@ import torch
 
 from fastrwa.models import ByteLM, LMConfig, LMState
 from helpers import ATTENTIONS
-from fastrwa.testing import NewStorageCounter, storages
+from fastrwa.testing import LiveTensorMeter, NewStorageCounter, storages
 from fastrwa.nn.functional import rms_norm_into
-from memory_meter import LiveTensorMeter
 
 VARIANTS = [dict(layer="rwa")] + [dict(layer="rda", attention=a) for a in ATTENTIONS]
 TOL_FP32 = 2e-5  # logits, streaming vs parallel
