@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from .checks import check_attention, check_cu_seqlens, check_flag, check_inputs, check_state
+from .checks import (check_attention, check_cu_seqlens, check_flag, check_inputs,
+                     check_no_overlap, check_state)
 from .ops import registry
 from .ops.autograd import step_inplace, weighted_scan_op
 from .ops.contract import ScanArgs
@@ -236,6 +237,8 @@ def _step_inplace(named, attention, discount, state, out):
     if torch.is_grad_enabled() and any(x.requires_grad for _, x in named):
         raise RuntimeError("the in-place steps (rwa_step_, rda_step_) are for inference: run "
                            "them under torch.no_grad(), or use rwa_step/rda_step to train")
+    check_no_overlap([("out", out), ("state.m", state.m), ("state.n", state.n),
+                      ("state.d", state.d)], named)
     tensors = [x for _, x in named]
     g_t = tensors[2] if len(tensors) > 2 else None
     args = ScanArgs(tensors[0][:, None], tensors[1][:, None],

@@ -149,3 +149,31 @@ def test_in_place_step_errors(backend):
         fastrwa.rwa_step_(z, z, None, torch.empty(2, 3))
     with pytest.raises(RuntimeError, match="inference.*no_grad"):
         fastrwa.rwa_step_(z.requires_grad_(), z, state, torch.empty(2, 3))
+
+
+def test_in_place_steps_refuse_overlapping_buffers(backend):
+    """``out`` aliasing the state, one tensor as all of ``m, n, d``, or ``out`` over an input
+    would give a wrong answer: each is refused with an error naming the two arguments."""
+    z, a, g = (x[:, 0] for x in make_inputs(2, 1, 3, dtype=backend.dtype, seed=37))
+    sdt = torch.float64 if backend.exact else torch.float32
+    fresh = lambda: fastrwa.ScanState.empty(2, 3, dtype=sdt)   # noqa: E731
+    shared = torch.zeros(2, 3, dtype=sdt)
+    cases = [
+        (lambda: (fresh(), z), r"out and z_t share memory"),
+        (lambda: (fastrwa.ScanState(shared, shared, shared), torch.empty_like(z)),
+         r"state.m and state.n share memory"),
+    ]
+    if backend.exact:   # out has the state's dtype only for float64 inputs
+        st = fresh()
+        cases.append((lambda: (st, st.n), r"out and state.n share memory"))
+    with torch.no_grad():
+        for make, message in cases:
+            state, out = make()
+            with pytest.raises(ValueError, match=message):
+                fastrwa.rda_step_(z, a, g, state, out)
+        state, out = fresh(), torch.empty_like(z)
+        both = torch.zeros(2, 2, 3, dtype=sdt)      # rows of one buffer are separate: fine
+        state = fastrwa.ScanState(torch.full_like(both[0], float("-inf")), both[0], both[1])
+        fastrwa.rda_step_(z, a, g, state, out)
+        y, _ = fastrwa.rda_step(z, a, g)
+        assert_close(out, y.double(), backend.tol["y"], "y")
