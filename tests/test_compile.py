@@ -1,5 +1,6 @@
 """torch.compile sees the scan as one custom op: full graphs, no graph break, same numbers."""
 
+import pytest
 import torch
 
 import fastrwa
@@ -80,3 +81,14 @@ def test_language_model_generate_step_compiles_without_graph_breaks():
         logits_c, _ = step(token, state)
         logits_e, _ = model.step(token, state)
     torch.testing.assert_close(logits_c, logits_e, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("save", [False, True])
+def test_opcheck_on_every_backend(backend, save):
+    """torch.library.opcheck (schema, fake tensor, autograd registration, AOT dispatch) on
+    the custom op, saving for the backward or not (a backward must then recompute)."""
+    from fastrwa.ops.autograd import scan_op
+
+    z, a, g = (torch.randn(1, 6, 3, dtype=backend.dtype, requires_grad=True) for _ in range(3))
+    torch.library.opcheck(scan_op, (z, a, g, None, None, None, None, "sigmoid", "sigmoid",
+                                    False, save))
