@@ -276,3 +276,78 @@ def test_resume_drops_a_metrics_line_cut_short_by_the_kill(tmp_path):
     assert train_main(["--resume", str(tmp_path / "cut"), "--steps", "4", "--no-progress"]) == 0
     resumed = [r for r in _metrics(tmp_path / "cut") if (r["split"], r["step"]) != ("test", 2)]
     assert resumed == _metrics(tmp_path / "full")
+
+
+def test_overwrite_replaces_only_a_run_directory(tmp_path, capsys):
+    """--overwrite removes a fastrwa run's files; a directory holding anything else (a home
+    directory, the current directory) is refused, naming what is there, and left untouched."""
+    flags = ["--seq-len", 10, "--hidden", 4, "--batch-size", 2, "--steps", 2]
+    precious = tmp_path / "mine"
+    precious.mkdir()
+    (precious / "thesis.tex").write_text("years of work")
+    assert _run(tmp_path, "mine", *flags, "--overwrite")[0] == 2
+    assert "thesis.tex" in capsys.readouterr().err
+    assert (precious / "thesis.tex").read_text() == "years of work"
+    assert _run(tmp_path, "run", *flags)[0] == 0
+    (tmp_path / "run" / "notes.txt").write_text("mine too")
+    assert _run(tmp_path, "run", *flags, "--overwrite")[0] == 2
+    assert "notes.txt" in capsys.readouterr().err and (tmp_path / "run" / "notes.txt").exists()
+    (tmp_path / "run" / "notes.txt").unlink()
+    assert _run(tmp_path, "run", *flags, "--overwrite")[0] == 0     # a run: replaced
+    (tmp_path / "file").write_text("x")
+    assert _run(tmp_path, "file", *flags)[0] == 2
+    assert "is a file" in capsys.readouterr().err
+
+
+def test_a_failed_metrics_rewrite_on_resume_keeps_the_history(tmp_path, monkeypatch, capsys):
+    """Resume trims metric lines logged after the last checkpoint. A write that fails midway
+    (a full disk) must leave the old file whole, and say so without a traceback."""
+    import builtins
+    import errno
+    import io
+
+    flags = ["--seq-len", 10, "--hidden", 4, "--batch-size", 2, "--log-every", 1,
+             "--checkpoint-every", 2, "--eval-every", 2]
+    assert _run(tmp_path, "run", *flags, "--steps", 2)[0] == 0
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    with open(metrics, "a") as f:
+        f.write('{"step": 3, "split": "train", "loss": 1.0}\n')    # after the checkpoint
+    before = metrics.read_text()
+    real_open = builtins.open
+
+    class DiskFull(io.StringIO):
+        def __init__(self, real):
+            super().__init__()
+            self.real = real
+
+        def write(self, text):
+            self.real.write(text[: len(text) // 2])
+            self.real.flush()
+            raise OSError(errno.ENOSPC, "No space left on device", str(self.real.name))
+
+        def __exit__(self, *exc):
+            self.real.close()
+
+    def full_disk_open(file, mode="r", *args, **kwargs):
+        handle = real_open(file, mode, *args, **kwargs)
+        if "w" in mode and "metrics.jsonl" in str(file):
+            return DiskFull(handle)
+        return handle
+
+    monkeypatch.setattr(builtins, "open", full_disk_open)
+    monkeypatch.setattr(io, "open", full_disk_open)
+    code = train_main(["--resume", str(tmp_path / "run"), "--steps", "4", "--no-progress"])
+    monkeypatch.undo()
+    assert code == 2 and "No space left" in capsys.readouterr().err
+    assert metrics.read_text() == before
+
+
+def test_a_checkpoint_with_a_flipped_byte_is_refused(tmp_path, capsys):
+    flags = ["--seq-len", 10, "--hidden", 4, "--batch-size", 2, "--checkpoint-every", 2]
+    assert _run(tmp_path, "run", *flags, "--steps", 2)[0] == 0
+    path = tmp_path / "run" / "checkpoint.pt"
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    path.write_bytes(bytes(data))
+    assert train_main(["--resume", str(tmp_path / "run"), "--steps", "4", "--no-progress"]) == 2
+    assert "corrupt" in capsys.readouterr().err

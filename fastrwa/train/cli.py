@@ -109,6 +109,10 @@ def main(argv: list[str] | None = None) -> int:
     except (RunDirError, ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:     # a full disk, a directory that cannot be written
+        print(f"error: {exc.strerror or exc} ({exc.filename or 'the run directory'}); "
+              f"nothing written before the failure was removed", file=sys.stderr)
+        return 2
     finally:
         if world > 1 and dist.is_initialized():
             dist.destroy_process_group()

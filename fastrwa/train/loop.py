@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
+import zipfile
 from pathlib import Path
 
 import torch
@@ -18,6 +18,9 @@ from .models import SequenceNet, detach_state
 from .problems import make_problem
 
 CHECKPOINT, CONFIG, METRICS = "checkpoint.pt", "config.json", "metrics.jsonl"
+PLOT = "learning_curve.png"
+# Everything a run writes into its directory: --overwrite removes these and nothing else.
+RUN_FILES = (CONFIG, METRICS, CHECKPOINT, CHECKPOINT + ".tmp", METRICS + ".tmp", PLOT)
 # NamedTuples that a carried recurrent state may contain: allowed by weights-only loading.
 torch.serialization.add_safe_globals([ScanState, LayerState, CellState, RRAState])
 
@@ -40,14 +43,31 @@ def prepare_run_dir(run_dir: Path, cfg: RunConfig, resume: bool, overwrite: bool
             raise RunDirError(f"--resume {run_dir}: no {CONFIG} there (not a run directory)")
         saved = RunConfig.from_dict(json.loads((run_dir / CONFIG).read_text()))
         return saved
+    if run_dir.exists() and not run_dir.is_dir():
+        raise RunDirError(f"--run-dir {run_dir} is a file, not a directory")
     if run_dir.exists() and any(run_dir.iterdir()):
         if not overwrite:
             raise RunDirError(f"run directory {run_dir} exists and is not empty; pass "
                               f"--overwrite to replace it or --resume {run_dir} to continue it")
-        shutil.rmtree(run_dir)
+        _remove_run(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / CONFIG).write_text(json.dumps(cfg.to_dict(), indent=2))
     return cfg
+
+
+def _remove_run(run_dir: Path) -> None:
+    """Remove the files of the fastrwa run in ``run_dir`` (``--overwrite``); refuse a
+    directory that holds anything else, naming what is there."""
+    entries = sorted(p.name for p in run_dir.iterdir())
+    others = [name for name in entries if name not in RUN_FILES]
+    if CONFIG not in entries or others:
+        shown = ", ".join(others[:8]) + (" ..." if len(others) > 8 else "")
+        raise RunDirError(
+            f"--overwrite replaces only a fastrwa run directory, and {run_dir} "
+            + (f"holds other things: {shown}" if others else f"has no {CONFIG}")
+            + "; choose another --run-dir")
+    for name in entries:
+        (run_dir / name).unlink()
 
 
 def save_checkpoint(path: Path, payload: dict) -> None:
@@ -58,7 +78,18 @@ def save_checkpoint(path: Path, payload: dict) -> None:
 
 
 def load_checkpoint(path: Path) -> dict:
-    """Read a checkpoint with ``weights_only=True`` (tensors and plain data only)."""
+    """Read a checkpoint with ``weights_only=True`` (tensors and plain data only), after
+    checking every record against the CRC-32 that ``torch.save``'s zip format stores with it
+    (a flipped byte would otherwise load as a silently different number)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise RunDirError(f"checkpoint {path} is corrupt or unreadable ({type(exc).__name__}: "
+                          f"{exc}); remove it to restart the run or restore a good copy") from exc
+    if bad is not None:
+        raise RunDirError(f"checkpoint {path} is corrupt: record {bad} fails its CRC check "
+                          f"(damaged bytes); remove it to restart the run or restore a good copy")
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # any unreadable file is reported the same way
@@ -82,7 +113,15 @@ def _truncate_metrics(path: Path, step: int) -> None:
             raise RunDirError(f"{path}: line {k + 1} is not JSON; the metrics file is corrupt")
         if record["step"] <= step:
             keep.append(line)
-    path.write_text("".join(line + "\n" for line in keep))
+    if len(keep) == len(lines):
+        return
+    # A new file, then os.replace: a failure mid-write (a full disk) leaves the old one whole.
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write("".join(line + "\n" for line in keep))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 
 def _rows(batch, rank: int, world: int):
