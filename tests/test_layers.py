@@ -151,3 +151,28 @@ def test_bad_input_messages():
         RDA(6, 5, f_o="gelu")
     with pytest.raises(ValueError, match="hidden_size must be a positive int"):
         RWA(6, 0)
+
+
+@pytest.mark.parametrize("kind", ["rwa", "rda"])
+def test_states_handed_out_own_their_memory(kind):
+    """step_ updates a state in place: a state from forward() must not be a view of the
+    caller's input, and one from initial_state() not a view of the parameters (B > 1 too)."""
+    torch.manual_seed(0)
+    layer = (RWA(3, 4, token_shift=True) if kind == "rwa"
+             else RDA(3, 4, preset="sigmoid-id", token_shift=True))
+    with torch.no_grad():
+        layer.initial_logit.fill_(0.5)                  # a learned, finite prior
+    x = torch.randn(2, 5, 3)
+    x_before, params_before = x.clone(), [p.detach().clone() for p in layer.parameters()]
+    out = torch.empty(2, 4)
+    _, state = layer(x)
+    layer.step_(torch.randn(2, 3), state, out)
+    assert torch.equal(x, x_before), "step_ wrote into the caller's input"
+    for batch in (1, 3):
+        state, x_t, y = layer.initial_state(batch), torch.randn(batch, 3), torch.empty(batch, 4)
+        layer.step_(x_t, state, y)
+        with torch.no_grad():
+            want, _ = layer.step(x_t, layer.initial_state(batch))
+        assert torch.allclose(y, want, atol=1e-6)
+    for p, before in zip(layer.parameters(), params_before):
+        assert torch.equal(p, before), "step_ wrote into a parameter"

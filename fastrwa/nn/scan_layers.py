@@ -82,10 +82,13 @@ class _ScanLayer(nn.Module):
 
     # -- state -------------------------------------------------------------------------
     def initial_state(self, batch: int) -> LayerState:
-        """The state before the first token: the learned prior (or empty), shapes ``(B, ...)``."""
+        """The state before the first token: the learned prior (or empty), shapes ``(B, ...)``.
+
+        Its tensors are its own (never views of the parameters), so :meth:`step_` may update
+        them in place."""
         width = self.num_directions * self.hidden_size
         sdt = state_dtype(self.proj.weight.dtype)
-        m = self.initial_logit.to(sdt).expand(batch, width)
+        m = self.initial_logit.to(sdt).expand(batch, width).clone()
         n = self.initial_value.to(sdt).expand(batch, width)
         seen = (m > float("-inf")).to(sdt)
         last = None
@@ -165,7 +168,8 @@ class _ScanLayer(nn.Module):
         out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
         final = finals[0] if len(finals) == 1 else ScanState(
             *(torch.cat(parts, dim=-1) for parts in zip(*finals)))
-        last = x[:, -1] if self.token_shift and x.shape[1] else state.last_input
+        # a copy, not a view of x: step_ updates a state's last_input in place
+        last = x[:, -1].clone() if self.token_shift and x.shape[1] else state.last_input
         if not self.batch_first:
             out = out.transpose(0, 1)
         return out, LayerState(final, last)
@@ -183,7 +187,7 @@ class _ScanLayer(nn.Module):
         state = self._check_state(state, x_t.shape[0])
         gates = self._gates(x_t[:, None], state.last_input)[0]
         y, final = self._scan(gates, state.scan, reverse=False, step=True)
-        last = x_t if self.token_shift else None
+        last = x_t.clone() if self.token_shift else None
         return self._output(y)[:, 0], LayerState(final, last)
 
     # -- allocation-free streaming ----------------------------------------------------------
