@@ -29,8 +29,24 @@ def reference_log_weight(a: torch.Tensor, attention: str) -> torch.Tensor:
         return torch.where(small, a, torch.log(F.softplus(torch.where(small, 0, a))))
     if attention == "relu":
         positive = a > 0
-        return torch.where(positive, torch.log(torch.where(positive, a, 1)), float("-inf"))
+        return torch.where(positive, torch.log(torch.where(positive, a, 1)),
+                           torch.where(a <= 0, float("-inf"), a))     # (NaN stays NaN)
     raise ValueError(f"unknown attention {attention!r}")
+
+
+def _weight(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """``exp(x - m)`` for ``x <= m = max(...)``, with the limits spelled out: ``0`` for
+    ``x = -inf`` (no weight; also when ``m = -inf``, nothing seen), ``1`` for ``x = m = +inf``
+    (an infinite logit dominates, and equal infinite logits share the weight). NaN stays NaN."""
+    shift = torch.where(torch.isneginf(m), 0, m)
+    diff = torch.where(x == m, 0, x - shift)
+    return torch.where(torch.isneginf(x), 0, torch.exp(diff))
+
+
+def _average(n: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """``n / d``, and ``0`` where ``d = 0`` (nothing seen). NaN stays NaN."""
+    empty = d == 0
+    return torch.where(empty, 0, n / torch.where(empty, 1, d))
 
 
 def weighted_scan_reference(
@@ -58,15 +74,12 @@ def weighted_scan_reference(
         lam_t = 0 if log_decay is None else log_decay[:, t].to(cdt)
         # m' = max(m + lam, l);  n' = n exp(m + lam - m') + z exp(l - m');  d' likewise
         decayed = m + lam_t
-        m = torch.maximum(decayed, l_t)
-        # While nothing has been seen m' = -inf; shifting by 0 there gives exp(-inf) = 0.
-        shift = torch.where(torch.isneginf(m), 0, m)
-        keep = torch.exp(decayed - shift)
-        take = torch.exp(l_t - shift)
+        m = torch.maximum(decayed, l_t)                 # (NaN in, NaN out)
+        keep = _weight(decayed, m)
+        take = _weight(l_t, m)
         n = n * keep + z_t * take
         d = d * keep + take
-        seen = d > 0
-        ys[t] = torch.where(seen, n / torch.where(seen, d, 1), 0)
+        ys[t] = _average(n, d)
     y = torch.stack(ys, dim=1) if T else z.new_zeros((B, 0, D), dtype=cdt)
     return y.to(z.dtype), ScanState(m, n, d)
 

@@ -26,7 +26,7 @@ def _run(named, attention, discount, initial_state, output_final_state, reverse,
     a = named[1][1]
     g = named[2][1] if len(named) > 2 else None
     if T == 0:
-        y = z.new_empty((B, 0, D))
+        y = z[:, :0].clone()            # (a node of the graph: y.sum().backward() works)
         if not output_final_state:
             return y, None
         if state is None:

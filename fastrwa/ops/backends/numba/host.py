@@ -71,7 +71,7 @@ def _row_strides(*inputs: torch.Tensor) -> np.ndarray:
 def _block(n_seq: int, D: int) -> int:
     if options().block is not None:
         return options().block
-    block = D
+    block = max(D, 1)
     while block > 32 and n_seq * -(-D // block) < 2 * threads.threads():
         block = max(32, -(-block // 2))
     return block

@@ -77,7 +77,7 @@ def _log_weight_row(kind, a, a_off, out, out_off, w):
         else:
             for j in range(w):
                 x = load(a, ai + np.uint64(j), zero)
-                out[oi + np.uint64(j)] = flog(x) if x > zero else ninf
+                out[oi + np.uint64(j)] = ninf if x <= zero else flog(x)     # (NaN: NaN)
     return impl
 
 
@@ -136,7 +136,7 @@ def _attention_grad_row(kind, gl, gl_off, dl, dl_off, a, a_off, out, off, w):
             for j in range(w):
                 u = np.uint64(j)
                 x = load(a, ai + u, zero)
-                store(out, oi + u, gl[gi + u] / x if x > zero else zero)
+                store(out, oi + u, zero if x <= zero else gl[gi + u] / x)
         else:
             for j in range(w):
                 u = np.uint64(j)

@@ -54,7 +54,7 @@ def adjoint_row(rho, sigma, gl, glam, z, z_off, sd, sy, take, keep, r, gy, off, 
     for j in range(w):
         u = np.uint64(j)
         d_j = sd[s1 + u]
-        gi = load(gy, go + u, zero) / d_j if d_j > zero else zero   # (an L2 hit)
+        gi = zero if d_j == zero else load(gy, go + u, zero) / d_j   # (an L2 hit)
         r_j = rho[j] * keep[s1 + u] + gi
         s_j = sigma[j] * keep[s1 + u] + gi * sy[s1 + u]
         rho[j] = r_j
@@ -115,7 +115,7 @@ def backward(task_lo, task_hi, io, st, ix, flags):
                 n[j] = ck[n_ck * D + row + j]
                 d[j] = ck[2 * n_ck * D + row + j]
                 sd[j] = d[j]
-                sy[j] = n[j] / d[j] if d[j] > zero else zero
+                sy[j] = zero if d[j] == zero else n[j] / d[j]
             b = np.int64(seq_b[i])
             for r in range(cl):     # (1) recompute the chunk
                 t = np.int64(time_index(seq_lo[i], seq_hi[i], s0 + r, reverse))
@@ -154,7 +154,7 @@ def backward(task_lo, task_hi, io, st, ix, flags):
             for j in range(w):
                 m0, n0, d0 = state0[base + j], state0[nd + base + j], state0[2 * nd + base + j]
                 # dLoss/dn~_0 = keep_1 rho_1; keep slot 0 holds the first step's keep.
-                w0 = one if length == 0 else (keep[j] if m0 > floor else zero)
+                w0 = one if length == 0 else (zero if m0 <= floor else keep[j])
                 g_init[base + j] = w0 * (n0 * rho[j] - d0 * sigma[j])
                 g_init[nd + base + j] = w0 * rho[j]
                 g_init[2 * nd + base + j] = -w0 * sigma[j]

@@ -8,7 +8,8 @@ writes the state entering every chunk of ``chunk`` steps (``3 * w`` floats per c
 is all the backward (``scan_bwd.py``) needs to recompute the rest.
 
 The step is written without branches so the channel loop vectorises: ``-inf`` (nothing seen
-yet) is held as the finite ``floor`` (``consts[0]``), so ``l - m`` is never ``inf - inf``;
+yet) is held as the finite ``floor`` (``consts[0]``), so ``l - m`` is never ``inf - inf``
+(and ``l = m = +inf`` counts as a difference of 0, the limit);
 ``keep``/``take`` are chosen by the sign of ``l - (m + lam)``; ``y = 0`` where ``d~ = 0``.
 Flat arrays; ``off = ((b * T + t) * D + lo)`` in int64.
 """
@@ -44,18 +45,19 @@ def step_row(m, n, d, lam, lam_off, z, z_off, l, l_off, y, y_off, d_out, d_off, 
     for j in range(w):
         u = np.uint64(j)
         l_j = load(l, lo + u, zero)
-        md = max(m[j] + lam[lao + u], floor)          # decayed running max, never -inf
-        diff = l_j - md
+        dec = m[j] + lam[lao + u]
+        md = floor if dec < floor else dec            # decayed running max, never -inf
+        diff = zero if l_j == md else l_j - md        # (+inf twice: equal weights, the limit)
         e = fexp(-abs(diff))
         up = diff > zero
-        keep_j = e if up else one
+        keep_j = e if up else (one if dec >= floor else zero)   # lam = -inf keeps nothing
         take_j = one if up else e
         m[j] = l_j if up else md
         n_j = n[j] * keep_j + load(z, zo + u, zero) * take_j
         d_j = d[j] * keep_j + take_j
         n[j] = n_j
         d[j] = d_j
-        store(y, yo + u, n_j / d_j if d_j > zero else zero)
+        store(y, yo + u, zero if d_j == zero else n_j / d_j)      # (NaN stays NaN)
         if save:
             d_out[do + u] = d_j
             take[tko + u] = take_j
@@ -106,7 +108,8 @@ def forward(task_lo, task_hi, io, st, ix, flags):
         for j in range(w):
             m[j] = floor
             if has_init:
-                m[j] = max(state0[base + j], floor)
+                m0 = state0[base + j]
+                m[j] = floor if m0 < floor else m0
                 n[j] = state0[n_seq * D + base + j]
                 d[j] = state0[2 * n_seq * D + base + j]
         length = seq_hi[i] - seq_lo[i]
@@ -131,6 +134,6 @@ def forward(task_lo, task_hi, io, st, ix, flags):
                 step_row(m, n, d, tb, w, z, oz, tb, 0, y, off, d1, 0, take1, 0, keep1, 0,
                          False, w, floor, zero, one)
         for j in range(w):
-            final[base + j] = m[j] if m[j] > floor else ninf
+            final[base + j] = ninf if m[j] <= floor else m[j]
             final[n_seq * D + base + j] = n[j]
             final[2 * n_seq * D + base + j] = d[j]

@@ -23,7 +23,7 @@ def step_inplace(z, a, g, m, n, d, y, attention, discount, consts, scratch):
     tb, d1, take, keep = scratch[0:2].reshape(-1), scratch[2], scratch[3], scratch[4]
     for j in range(w):
         tb[w + j] = zero
-        m[j] = max(m[j], floor)
+        m[j] = floor if m[j] < floor else m[j]
     if discount != NO_DISCOUNT:
         log_decay_row(discount, g, 0, tb, w, w)
     if attention == EXP:
@@ -34,4 +34,4 @@ def step_inplace(z, a, g, m, n, d, y, attention, discount, consts, scratch):
         step_row(m, n, d, tb, w, z, 0, tb, 0, y, 0, d1, 0, take, 0, keep, 0, True, w, floor,
                  zero, consts[2])
     for j in range(w):
-        m[j] = m[j] if m[j] > floor else ninf
+        m[j] = ninf if m[j] <= floor else m[j]

@@ -63,12 +63,13 @@ def _combine(state: State, decay, m_b, xs_b: Sequence[torch.Tensor], d_b) -> Sta
     """
     m, vals, d = state
     decayed = m if decay is None else m + decay
-    m_new = torch.maximum(decayed, m_b)
+    m_new = torch.maximum(decayed, m_b)                  # (NaN in, NaN out)
     # Shift by m_new, or by the lowest finite float where m_new = -inf (nothing seen yet),
-    # so that exp(-inf - shift) = 0 instead of exp(-inf + inf) = NaN.
+    # so that exp(-inf - shift) = 0 instead of exp(-inf + inf) = NaN. A +inf log-weight
+    # equal to m_new = +inf gets exp(0) = 1 (the limit: it dominates), not exp(inf - inf).
     shift = torch.clamp(m_new, min=torch.finfo(m_new.dtype).min)
-    keep = exp_nonpositive_(torch.sub(decayed, shift))
-    take = exp_nonpositive_(torch.sub(m_b, shift))
+    keep = exp_nonpositive_(torch.sub(decayed, shift).masked_fill_(torch.isposinf(decayed), 0))
+    take = exp_nonpositive_(torch.sub(m_b, shift).masked_fill_(torch.isposinf(m_b), 0))
     for v, x in zip(vals, xs_b):
         v.mul_(keep).addcmul_(x, take)
     if d is not None:

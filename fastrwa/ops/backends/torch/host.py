@@ -39,7 +39,8 @@ options, set_options = _knobs.get, _knobs.set
 
 def _log_total(m: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
     """``L = log(exp(m) d)``: ``-inf`` for an empty state (``d = 0`` or ``m = -inf``)."""
-    return torch.where(d > 0, m + torch.log(torch.where(d > 0, d, 1)), float("-inf"))
+    empty = d == 0
+    return torch.where(empty, float("-inf"), m + torch.log(torch.where(empty, 1, d)))
 
 
 def _sequences(cu_seqlens: torch.Tensor) -> list[slice]:

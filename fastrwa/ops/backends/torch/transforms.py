@@ -50,8 +50,8 @@ def attention_grad(gl: torch.Tensor, a: torch.Tensor, kind: str) -> torch.Tensor
         direct = torch.sigmoid(a_hi) / F.softplus(a_hi)
         return gl * torch.where(a < _SOFTPLUS_SERIES_BELOW, series, direct)
     if kind == "relu":
-        pos = a > 0
-        return torch.where(pos, gl / torch.where(pos, a, 1), 0)
+        off = a <= 0                                    # (a NaN logit gives NaN)
+        return torch.where(off, 0, gl / torch.where(off, 1, a))
     raise ValueError(f"attention must be one of {ATTENTIONS}, got {kind!r}")
 
 

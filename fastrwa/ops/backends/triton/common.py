@@ -10,6 +10,7 @@ import triton.language as tl
 from ... import vocab
 
 NEG_INF = tl.constexpr(float("-inf"))
+POS_INF = tl.constexpr(float("inf"))
 EXP = tl.constexpr(vocab.EXP)
 SIGMOID = tl.constexpr(vocab.SIGMOID)
 SOFTPLUS = tl.constexpr(vocab.SOFTPLUS)
@@ -27,10 +28,11 @@ def combine(m1, n1, d1, g1, m2, n2, d2, g2):
     Where ``m = -inf`` (nothing seen) the shift is 0, so both factors are exp(-inf) = 0.
     """
     m1d = m1 + g2
-    m = tl.maximum(m1d, m2)
+    m = tl.maximum(m1d, m2, propagate_nan=tl.PropagateNan.ALL)
     shift = tl.where(m == NEG_INF, 0.0, m)
-    k1 = tl.exp(m1d - shift)
-    k2 = tl.exp(m2 - shift)
+    # exp(x - m), with x = m = +inf counted as exp(0) = 1 (the limit: it dominates)
+    k1 = tl.exp(tl.where(m1d == POS_INF, 0.0, m1d - shift))
+    k2 = tl.exp(tl.where(m2 == POS_INF, 0.0, m2 - shift))
     return m, n1 * k1 + n2 * k2, d1 * k1 + d2 * k2, g1 + g2
 
 
@@ -68,8 +70,9 @@ def log_weight(a, ATTN: tl.constexpr):
         softplus = tl.maximum(a, 0.0) + log1p(tl.exp(-tl.abs(a)))
         direct = tl.log(tl.maximum(softplus, 1e-30))
         l = tl.where(a < SOFTPLUS_SERIES_BELOW, series, direct)
+        l = tl.where(a != a, a, l)          # a NaN logit gives NaN (tl.maximum drops it)
     else:
-        l = tl.where(a > 0, tl.log(tl.where(a > 0, a, 1.0)), NEG_INF)
+        l = tl.where(a > 0, tl.log(tl.where(a > 0, a, 1.0)), tl.where(a <= 0, NEG_INF, a))
     return l
 
 
@@ -87,8 +90,9 @@ def attention_grad(gl, a, ATTN: tl.constexpr):
         softplus = tl.maximum(a_hi, 0.0) + log1p(tl.exp(-tl.abs(a_hi)))
         direct = sigmoid_neg(-a_hi) / softplus
         ga = gl * tl.where(a < SOFTPLUS_SERIES_BELOW, series, direct)
+        ga = tl.where(a != a, a, ga)        # a NaN logit gives NaN (tl.maximum drops it)
     else:
-        ga = tl.where(a > 0, gl / tl.where(a > 0, a, 1.0), 0.0)
+        ga = tl.where(a <= 0, 0.0, gl / tl.where(a <= 0, 1.0, a))            # (NaN: NaN)
     return ga
 
 
@@ -173,14 +177,14 @@ def row(b_x, o_r, r, EMPTY: tl.constexpr):
 
 @triton.jit
 def average(b_n, b_d):
-    """``n / d``, 0 where ``d = 0``."""
-    return tl.where(b_d > 0, b_n / tl.where(b_d > 0, b_d, 1.0), 0.0)
+    """``n / d``, 0 where ``d = 0`` (a NaN stays NaN)."""
+    return tl.where(b_d == 0, 0.0, b_n / tl.where(b_d == 0, 1.0, b_d))
 
 
 @triton.jit
 def log_total(b_m, b_d):
-    """``L = m + log d``, ``-inf`` where ``d = 0``."""
-    return tl.where(b_d > 0, b_m + tl.log(tl.where(b_d > 0, b_d, 1.0)), NEG_INF)
+    """``L = m + log d``, ``-inf`` where ``d = 0`` (a NaN stays NaN)."""
+    return tl.where(b_d == 0, NEG_INF, b_m + tl.log(tl.where(b_d == 0, 1.0, b_d)))
 
 
 @triton.jit
