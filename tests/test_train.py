@@ -351,3 +351,38 @@ def test_a_checkpoint_with_a_flipped_byte_is_refused(tmp_path, capsys):
     path.write_bytes(bytes(data))
     assert train_main(["--resume", str(tmp_path / "run"), "--steps", "4", "--no-progress"]) == 2
     assert "corrupt" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags,words", [
+    (["--steps", "0"], "--steps must be at least 1"),
+    (["--batch-size", "-1"], "--batch-size must be at least 1"),
+    (["--batch-size", "0"], "--batch-size must be at least 1"),
+    (["--eval-every", "0"], "--eval-every must be at least 1"),
+    (["--log-every", "-5"], "--log-every must be at least 1"),
+    (["--checkpoint-every", "0"], "--checkpoint-every must be at least 1"),
+    (["--eval-batches", "0"], "--eval-batches must be at least 1"),
+    (["--lr", "inf"], "--lr must be a finite number above 0"),
+    (["--lr", "0"], "--lr must be a finite number above 0"),
+    (["--clip", "nan"], "--clip must be a finite number"),
+])
+def test_bad_numbers_are_clear_errors(tmp_path, capsys, flags, words):
+    assert _run(tmp_path, "bad", *flags)[0] == 2
+    assert words in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()
+
+
+def test_resume_of_a_run_with_a_damaged_config_or_metrics_is_a_clear_error(tmp_path, capsys):
+    flags = ["--seq-len", 10, "--hidden", 4, "--batch-size", 2, "--steps", 2,
+             "--checkpoint-every", 1, "--log-every", 1]
+    assert _run(tmp_path, "run", *flags)[0] == 0
+    config = tmp_path / "run" / "config.json"
+    good = config.read_text()
+    for damaged in ("[1, 2]", '{"hidden": "wide"}', "{not json"):
+        config.write_text(damaged)
+        assert train_main(["--resume", str(tmp_path / "run"), "--no-progress"]) == 2
+        assert "config.json is not a fastrwa run configuration" in capsys.readouterr().err
+    config.write_text(good)
+    with open(tmp_path / "run" / "metrics.jsonl", "a") as f:
+        f.write("[1, 2]\n{}\n")
+    assert train_main(["--resume", str(tmp_path / "run"), "--steps", "3", "--no-progress"]) == 2
+    assert "is not a metrics record" in capsys.readouterr().err

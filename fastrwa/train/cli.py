@@ -83,7 +83,11 @@ def _resolve_run(args, cfg: RunConfig, given: dict) -> tuple[Path, RunConfig]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    cfg, given = _config(args)
+    try:
+        cfg, given = _config(args)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")

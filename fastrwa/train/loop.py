@@ -41,8 +41,11 @@ def prepare_run_dir(run_dir: Path, cfg: RunConfig, resume: bool, overwrite: bool
     if resume:
         if not (run_dir / CONFIG).is_file():
             raise RunDirError(f"--resume {run_dir}: no {CONFIG} there (not a run directory)")
-        saved = RunConfig.from_dict(json.loads((run_dir / CONFIG).read_text()))
-        return saved
+        try:
+            return RunConfig.from_dict(json.loads((run_dir / CONFIG).read_text()))
+        except ValueError as exc:      # not JSON, or not a run's configuration
+            raise RunDirError(f"--resume {run_dir}: {CONFIG} is not a fastrwa run "
+                              f"configuration ({exc})") from exc
     if run_dir.exists() and not run_dir.is_dir():
         raise RunDirError(f"--run-dir {run_dir} is a file, not a directory")
     if run_dir.exists() and any(run_dir.iterdir()):
@@ -111,6 +114,9 @@ def _truncate_metrics(path: Path, step: int) -> None:
             if k == len(lines) - 1:
                 break
             raise RunDirError(f"{path}: line {k + 1} is not JSON; the metrics file is corrupt")
+        if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+            raise RunDirError(f"{path}: line {k + 1} is not a metrics record (a JSON object "
+                              f"with an integer 'step'); the metrics file is corrupt")
         if record["step"] <= step:
             keep.append(line)
     if len(keep) == len(lines):
