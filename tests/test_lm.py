@@ -183,3 +183,30 @@ def test_bad_input():
         LMConfig(layer="lstm")
     with pytest.raises(ValueError, match="unknown LMConfig fields"):
         LMConfig.from_dict({"d_model": 8, "heads": 2})
+
+
+def test_generated_text_never_holds_the_bos_id():
+    """BOS (256) starts a text; it is not a byte. With every logit equal, 4 x 500 samples
+    would draw it ~8 times if it were allowed."""
+    torch.manual_seed(0)
+    model = ByteLM(LMConfig(d_model=16, n_layers=1, tie_embeddings=False))
+    with torch.no_grad():
+        model.head.weight.zero_()
+    out = model.generate(torch.zeros(4, 1, dtype=torch.long), 500,
+                         generator=torch.Generator().manual_seed(1))
+    assert (out != model.config.bos_token).all()
+    assert bytes(out[0].tolist())    # decodes as bytes
+
+
+def test_a_fresh_cache_starts_from_the_learned_initial_state():
+    """step_ on a cache never prefilled equals the parallel forward from the initial state."""
+    torch.manual_seed(0)
+    model = ByteLM(LMConfig(d_model=16, n_layers=2))
+    with torch.no_grad():
+        for block in model.blocks:
+            block.mix.initial_logit.fill_(1.0)
+            block.mix.initial_value.normal_()
+        tokens = torch.tensor([3, 200])
+        want, _ = model(tokens[:, None])
+        got = model.step_(tokens, model.allocate_cache(2))
+    torch.testing.assert_close(got, want[:, 0], rtol=1e-5, atol=1e-5)

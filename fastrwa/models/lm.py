@@ -104,6 +104,9 @@ class InferenceCache:
                                             device=dev),
                          token_range=torch.empty(2, dtype=torch.long, device=dev),
                          blocks=[block.step_workspace(batch, dtype) for block in model.blocks])
+        # A fresh cache holds the state before the first token: each layer's learned prior.
+        with torch.no_grad():
+            self.load_(LMState(tuple(block.mix.initial_state(batch) for block in model.blocks)))
 
     @property
     def state(self) -> LMState:
@@ -295,7 +298,7 @@ class ByteLM(nn.Module):
         cache = self.allocate_cache(B)
         logits = self.prefill(context, cache)
         for i in range(max_new_tokens):
-            token = _sample(logits, temperature, top_k, top_p, generator)
+            token = _sample(logits, temperature, top_k, top_p, generator, self.config.bos_token)
             out[:, P + i] = token
             if i + 1 < max_new_tokens:
                 logits = self.step_(token, cache)
@@ -312,7 +315,9 @@ class ByteLM(nn.Module):
         scores[:, 0] = 0.0                            # the K copies start as one beam
         base = torch.arange(B, device=prompt.device)[:, None] * K
         for i in range(max_new):
-            logp = torch.log_softmax(logits.float(), dim=-1).view(B, K, V)
+            logits = logits.float()
+            logits[:, self.config.bos_token] = float("-inf")   # BOS starts text, never follows
+            logp = torch.log_softmax(logits, dim=-1).view(B, K, V)
             total = (scores[..., None] + logp).view(B, K * V)
             scores, flat = total.topk(K, dim=-1)                          # (B, K)
             origin = (base + flat // V).view(-1)
@@ -351,9 +356,11 @@ class ByteLM(nn.Module):
 
 
 def _sample(logits: Tensor, temperature: float, top_k: Optional[int], top_p: Optional[float],
-            generator: Optional[torch.Generator]) -> Tensor:
-    """One token per row of ``logits`` ``(B, V)``."""
+            generator: Optional[torch.Generator], forbidden: int) -> Tensor:
+    """One token per row of ``logits`` ``(B, V)``, never ``forbidden`` (the BOS id: it starts
+    a text and is not a byte, so generated text could not be decoded with it)."""
     logits = logits.float() / temperature
+    logits[:, forbidden] = float("-inf")
     if top_k is not None and top_k < logits.shape[-1]:
         kth = logits.topk(top_k, dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
