@@ -386,3 +386,20 @@ def test_resume_of_a_run_with_a_damaged_config_or_metrics_is_a_clear_error(tmp_p
         f.write("[1, 2]\n{}\n")
     assert train_main(["--resume", str(tmp_path / "run"), "--steps", "3", "--no-progress"]) == 2
     assert "is not a metrics record" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("model", ["rda-scan", "rwa-cell"])
+def test_torchrun_on_a_byte_corpus(tmp_path, model):
+    """Two processes on a byte corpus (the carried state leaves the learned initial state
+    without a gradient after the first segment; DDP must know it)."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_bytes(bytes((i * 7 + i // 13) % 251 for i in range(20_000)))
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                          "--nproc_per_node", "2", "-m", "fastrwa.train", "--task", "text",
+                          "--data", str(corpus), "--model", model, "--hidden", "8",
+                          "--batch-size", "4", "--bptt", "16", "--steps", "5",
+                          "--eval-every", "5", "--eval-bytes", "200", "--no-progress",
+                          "--run-dir", str(tmp_path / "run")],
+                         env=ENV, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert [r["step"] for r in _metrics(tmp_path / "run") if r["split"] == "train"]

@@ -172,7 +172,11 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False) -> dict:
         torch.set_rng_state(ckpt["rng"])
     if rank == 0:
         _truncate_metrics(run_dir / METRICS, start)
-    net = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
+    # On a stateful task the carried state replaces a layer's learned initial state after the
+    # first segment of a pass, so those parameters get no gradient then: DDP must look for
+    # unused parameters or it waits for their gradients forever (a crash at the next step).
+    net = torch.nn.parallel.DistributedDataParallel(
+        model, find_unused_parameters=problem.stateful) if world > 1 else model
     forward = torch.compile(net) if cfg.compile else net
     last = {}   # the latest record per split
     bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, dynamic_ncols=True,
