@@ -213,7 +213,7 @@ def test_large_calls_split_over_threads_give_the_serial_results(place, dtype, mo
     assert z.numel() >= cpu_threads.SERIAL_BELOW
     calls = []
     run = cpu_threads.run
-    monkeypatch.setattr(cpu_threads, "run", lambda *args: calls.append(args[1]) or run(*args))
+    monkeypatch.setattr(cpu_threads, "run", lambda *args: calls.append(args[0]) or run(*args))
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
     parallel = fastrwa_outputs(z, a, g)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
@@ -323,3 +323,27 @@ def test_strided_rows_are_read_in_place(layout, dtype, split, monkeypatch):
     assert_close(y, y_ref, TOL[dtype]["y"], "y")
     for got, want in zip(grads, ref_grads):
         assert_close(got, want, TOL[dtype]["grad"], "gradient of an input tensor")
+
+
+def test_a_forked_child_runs_after_the_parent_used_the_openmp_team():
+    """fork() does not copy the OpenMP team's threads: a child whose parent ran a threaded
+    call hung in its next one. The child now runs on its own thread (fastrwa's calls and,
+    with one intra-op thread, PyTorch's) and gets the parent's results."""
+    import multiprocessing
+
+    z, a, g = make_inputs(4, 520, 256, dtype=torch.float32, seed=14)
+    y = fastrwa_outputs(z, a, g)            # threaded, forward and backward, in the parent
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+
+    def child():        # the parent's outputs y are in the child's (copied) memory
+        queue.put([bool(torch.equal(x, want)) for x, want in zip(fastrwa_outputs(z, a, g), y)])
+
+    proc = ctx.Process(target=child)
+    proc.start()
+    proc.join(120)
+    hung = proc.is_alive()
+    if hung:
+        proc.kill()
+    assert not hung, "the forked child hung"
+    assert queue.get(timeout=10) == [True] * 4, "the child's results differ from the parent's"

@@ -27,7 +27,7 @@ import torch
 from ...buffers import empty as _empty
 from ...contract import ForwardResult, Gradients, Knobs, ScanArgs
 from ...vocab import ATTENTION_CODE, DISCOUNT_CODE, state_dtype
-from . import layout, scan_bwd, scan_fwd, step, threads
+from . import layout, step, threads
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,7 +161,7 @@ def forward(args: ScanArgs, *, output_final_state: bool, save: bool) -> ForwardR
                       ck=_flat(ck), consts=_consts(cdt))
     ix, flags = _index_and_flags(z, a, g_in, (seq_b, lo, hi, ck_off), chunk, block, args,
                                  has_init, save=save, has_g_final=False)
-    threads.run(scan_fwd.forward, "forward", z.dtype, hi - lo, -(-D // block), D, io, st, ix,
+    threads.run("forward", z.dtype, hi - lo, -(-D // block), D, io, st, ix,
                 flags)
     # separate tensors: a custom op's outputs may not alias one another
     out_final = tuple(x.clone() for x in final.unbind(0)) if output_final_state else None
@@ -214,7 +214,7 @@ def backward(args: ScanArgs, saved: list, m_final, gy, g_final) -> Gradients:
                       g_init=_flat(g_init), ck=_flat(ck), consts=_consts(cdt))
     ix, flags = _index_and_flags(z, a, g_in, (seq_b, lo, hi, ck_off), chunk, block, args,
                                  has_init, save=False, has_g_final=has_g_final)
-    threads.run(scan_bwd.backward, "backward", z.dtype, hi - lo, -(-D // block), D, io, st, ix,
+    threads.run("backward", z.dtype, hi - lo, -(-D // block), D, io, st, ix,
                 flags)
     gz, ga = gz.to(dtypes[0]), ga.to(dtypes[1])
     gg = None if gg is None else gg.to(dtypes[2])

@@ -1,8 +1,9 @@
 """How the numba backend spreads a kernel's tasks over threads.
 
-A kernel call covers tasks ``[0, n)`` (one per sequence and channel block). Small calls run
-on the caller's thread. Larger ones are cut into ``torch.get_num_threads()`` ranges of about
-equal work and run on:
+A kernel call covers tasks ``[0, n)`` (one per sequence and channel block) and always runs
+the kernel's compiled C entry point (:mod:`.team`), so the numbers do not depend on the
+split. Small calls run on the caller's thread. Larger ones are cut into
+``torch.get_num_threads()`` ranges of about equal work and run on:
 
 * **PyTorch's own OpenMP team** where PyTorch loaded a runtime with the GNU entry points
   (``libgomp``, and the LLVM and Intel runtimes, which export them too): through
@@ -48,9 +49,25 @@ POOL = PoolState()
 _pool_lock = threading.Lock()
 
 
+_forked_child = False
+
+
+def _after_fork_in_child() -> None:
+    global _forked_child
+    _forked_child = True
+    torch.set_num_threads(1)
+
+
+# A child forked from a process whose OpenMP team has run hangs in its next parallel region
+# (GOMP_parallel, ours or PyTorch's): fork does not copy the team's threads. In the child,
+# fastrwa's calls run on the child's own thread, and PyTorch's intra-op threads are set to 1
+# (as PyTorch's DataLoader does in its workers), so its own ops do not hang either.
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def threads() -> int:
-    """How many threads a call may use: PyTorch's intra-op setting."""
-    return max(1, torch.get_num_threads())
+    """How many threads a call may use: PyTorch's intra-op setting (one in a forked child)."""
+    return 1 if _forked_child else max(1, torch.get_num_threads())
 
 
 @functools.lru_cache(maxsize=1)
@@ -91,27 +108,45 @@ def _ranges(work: np.ndarray, n_blk: int, k: int) -> list[int]:
     return sorted(set(min(max(b, 0), len(per_task)) for b in bounds + [len(per_task)]))
 
 
-def run(kernel, name: str, dtype: torch.dtype, work: np.ndarray, n_blk: int, D: int,
+def run(name: str, dtype: torch.dtype, work: np.ndarray, n_blk: int, D: int,
         io: tuple, st: tuple, ix: tuple, flags: np.ndarray) -> None:
-    """``kernel(lo, hi, io, st, ix, flags)`` over all tasks ``[0, len(work) * n_blk)``, on
-    one thread or many. ``name`` ("forward"/"backward") and ``dtype`` pick the C entry point
-    for the OpenMP team. The groups are tuples of flat contiguous NumPy arrays (:mod:`.layout`)."""
+    """Kernel ``name`` ("forward"/"backward") over all tasks ``[0, len(work) * n_blk)``, on
+    one thread or many. The groups are tuples of flat contiguous NumPy arrays
+    (:mod:`.layout`). Every path calls the same compiled C entry point of :mod:`.team` (on
+    this thread, on PyTorch's OpenMP team, or on the pool's threads), so a result does not
+    depend on how the call was split: one machine code, bit for bit the same numbers."""
     n_tasks = len(work) * n_blk
     k = min(threads(), n_tasks)
+    family = {torch.bfloat16: "bfloat16", torch.float64: "float64"}.get(dtype, "float32")
+    entry = team.entry(name, family)
+    groups = (io, st, ix)
     if k <= 1 or int(work.sum()) * D < SERIAL_BELOW:
-        kernel(0, n_tasks, io, st, ix, flags)
+        _check(_call(entry, _packet([0, n_tasks], groups, flags)), name, groups)
         return
     bounds = _ranges(work, n_blk, k)
     parallel = gomp_parallel()
     if parallel is not None:
-        family = {torch.bfloat16: "bfloat16", torch.float64: "float64"}.get(dtype, "float32")
-        packet = _packet(bounds, (io, st, ix), flags)
-        parallel(team.entry(name, family), packet.ctypes.data, len(bounds) - 1, 0)
-        if packet[team.STATUS] != 0:
-            raise RuntimeError(f"fastrwa: the {name} kernel's OpenMP entry point refused its "
-                               f"argument packet (group sizes {[len(x) for x in (io, st, ix)]})")
+        packet = _packet(bounds, groups, flags)
+        parallel(entry, packet.ctypes.data, len(bounds) - 1, 0)
+        _check(packet, name, groups)
         return
-    _run_on_pool(kernel, bounds, (io, st, ix, flags))
+    _run_on_pool(entry, bounds, groups, flags, name)
+
+
+def _call(entry: int, packet: np.ndarray) -> np.ndarray:
+    """Run the C entry point at address ``entry`` on ``packet`` on this thread (ctypes
+    releases the GIL for the call)."""
+    _C_ENTRY(entry)(packet.ctypes.data)
+    return packet
+
+
+_C_ENTRY = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+
+def _check(packet: np.ndarray, name: str, groups: tuple) -> None:
+    if packet[team.STATUS] != 0:
+        raise RuntimeError(f"fastrwa: the {name} kernel's entry point refused its argument "
+                           f"packet (group sizes {[len(x) for x in groups]})")
 
 
 def _slots(x: np.ndarray) -> list[int]:
@@ -134,7 +169,8 @@ def _packet(bounds: list[int], groups: tuple, flags: np.ndarray) -> np.ndarray:
     return packet
 
 
-def _run_on_pool(kernel, bounds: list[int], args: tuple) -> None:
+def _run_on_pool(entry: int, bounds: list[int], groups: tuple, flags: np.ndarray,
+                 name: str) -> None:
     k = len(bounds) - 1
     with _pool_lock:
         if POOL.executor is None or POOL.executor._max_workers < k - 1 \
@@ -142,8 +178,9 @@ def _run_on_pool(kernel, bounds: list[int], args: tuple) -> None:
             POOL.executor = ThreadPoolExecutor(max_workers=max(k - 1, os.cpu_count() or 1),
                                                thread_name_prefix="fastrwa")
             POOL.pid = os.getpid()
-    pool = POOL.executor
-    futures = [pool.submit(kernel, lo, hi, *args) for lo, hi in zip(bounds[1:-1], bounds[2:])]
-    kernel(bounds[0], bounds[1], *args)
+    packets = [_packet([lo, hi], groups, flags) for lo, hi in zip(bounds[:-1], bounds[1:])]
+    futures = [POOL.executor.submit(_call, entry, p) for p in packets[1:]]
+    _call(entry, packets[0])
     for future in futures:
-        future.result()
+        _check(future.result(), name, groups)
+    _check(packets[0], name, groups)
