@@ -92,3 +92,16 @@ def test_opcheck_on_every_backend(backend, save):
     z, a, g = (torch.randn(1, 6, 3, dtype=backend.dtype, requires_grad=True) for _ in range(3))
     torch.library.opcheck(scan_op, (z, a, g, None, None, None, None, "sigmoid", "sigmoid",
                                     False, save))
+
+
+def test_double_backward_and_torch_func_are_clear_errors():
+    """Not supported, and said so (docs/api.md), instead of PyTorch's internal messages."""
+    z = torch.randn(1, 5, 3, dtype=torch.float64, requires_grad=True)
+    y, _ = fastrwa.rwa_scan(z, z)
+    (gz,) = torch.autograd.grad(y.sum(), z, create_graph=True)
+    with pytest.raises(RuntimeError, match="no second derivative"):
+        gz.sum().backward()
+    with pytest.raises(RuntimeError, match="torch.func transforms"):
+        torch.func.grad(lambda x: fastrwa.rwa_scan(x, x)[0].sum())(z.detach())
+    with pytest.raises(RuntimeError, match="torch.func transforms"):
+        torch.func.vmap(lambda x: fastrwa.rwa_scan(x[None], x[None])[0])(torch.randn(4, 5, 3))

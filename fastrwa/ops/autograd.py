@@ -105,11 +105,30 @@ def _backward(ctx, gy, gm, gn, gd, g_saved):
 
 torch.library.register_autograd("fastrwa::weighted_scan", _backward, setup_context=_setup_context)
 
+NO_SECOND_DERIVATIVE = (
+    "fastrwa's scan has no second derivative: a backward through its gradient (double "
+    "backward, e.g. create_graph=True then another backward, or a Hessian) is not supported")
+
+
+def _no_double_backward(ctx, *grads):
+    raise RuntimeError(NO_SECOND_DERIVATIVE)
+
+
+torch.library.register_autograd("fastrwa::weighted_scan_backward", _no_double_backward,
+                                setup_context=lambda ctx, inputs, output: None)
+
+NO_FUNCTORCH = (
+    "fastrwa's scan does not support torch.func transforms (grad, vmap, jacrev, jvp, ...): "
+    "use torch.autograd.grad (or .backward()) for gradients, and a batch dimension instead "
+    "of vmap")
+
 
 def weighted_scan_op(args: ScanArgs) -> tuple[Tensor, tuple]:
     """Run the op on validated ``args``; ``(y, (m, n, d))``. Saves for the backward only
     when a gradient can flow."""
     z, a, g, attention, discount, state, reverse, cu_seqlens = args
+    if torch._C._are_functorch_transforms_active():
+        raise RuntimeError(NO_FUNCTORCH)
     m0, n0, d0 = (None, None, None) if state is None else state
     save = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (z, a, g, m0, n0, d0))
