@@ -105,3 +105,19 @@ def test_double_backward_and_torch_func_are_clear_errors():
         torch.func.grad(lambda x: fastrwa.rwa_scan(x, x)[0].sum())(z.detach())
     with pytest.raises(RuntimeError, match="torch.func transforms"):
         torch.func.vmap(lambda x: fastrwa.rwa_scan(x[None], x[None])[0])(torch.randn(4, 5, 3))
+
+
+def test_packed_sequences_compile_fullgraph():
+    z, a = torch.randn(1, 9, 3, requires_grad=True), torch.randn(1, 9, 3)
+    cu = torch.tensor([0, 4, 9])
+
+    def loss(z, a, cu):
+        y, state = fastrwa.rwa_scan(z, a, cu_seqlens=cu, output_final_state=True)
+        return y.sum() + state.n.sum()
+
+    explained = torch._dynamo.explain(loss)(z, a, cu)
+    assert explained.graph_break_count == 0, explained.break_reasons
+    compiled = torch.compile(loss, fullgraph=True)
+    got = torch.autograd.grad(compiled(z, a, cu), z)[0]
+    want = torch.autograd.grad(loss(z, a, cu), z)[0]
+    torch.testing.assert_close(got, want)

@@ -153,7 +153,8 @@ def forward(args: ScanArgs, *, output_final_state: bool, save: bool) -> ForwardR
     state0, has_init = _state(init, n_seq, D, cdt)
     y = _empty(z.shape, z.dtype, z.device)
     final = torch.empty((3, n_seq, D), dtype=cdt)
-    ck = torch.empty((3, n_ck if save else 0, D), dtype=cdt)
+    ck = torch.empty((3, _ck_rows(B, T, n_seq, chunk, cu_seqlens) if save else 0, D),
+                     dtype=cdt)
     block = _block(n_seq, D)
     g_in = a if g is None else g        # any array of the data type where there is no g
     io = layout.group(layout.FORWARD_IO, z=_flat(z), a=_flat(a), g=_flat(g_in), y=_flat(y))
@@ -173,10 +174,8 @@ def saved_like(args: ScanArgs) -> list:
     """What :func:`forward` saves, as empty tensors of the right shapes (for ``torch.compile``)."""
     z, cu_seqlens = args.z, args.cu_seqlens
     B, T, D = z.shape
-    if cu_seqlens is None:
-        n_ck = B * -(-T // options().chunk)
-    else:
-        n_ck = torch.library.get_ctx().new_dynamic_size()
+    n_seq = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    n_ck = _ck_rows(B, T, n_seq, options().chunk, cu_seqlens)
     return [z.new_empty((3, n_ck, D), dtype=state_dtype(z.dtype)),
             z.new_empty((1,), dtype=torch.int64)]
 
@@ -220,6 +219,16 @@ def backward(args: ScanArgs, saved: list, m_final, gy, g_final) -> Gradients:
     gg = None if gg is None else gg.to(dtypes[2])
     return Gradients(gz, ga, gg,
                      tuple(x.clone() for x in g_init.unbind(0)) if has_init else None)
+
+
+def _ck_rows(B: int, T: int, n_seq: int, chunk: int, cu_seqlens) -> int:
+    """Rows of the saved chunk states: exact for dense inputs; for packed ones a bound on the
+    chunk count (sum of ceil(len_i / chunk) <= (T + n_seq (chunk - 1)) / chunk) that needs
+    no look at the offsets, so ``torch.compile`` knows the saved shape. The kernels take the
+    row count from the buffer."""
+    if cu_seqlens is None:
+        return B * -(-T // chunk)
+    return (T + n_seq * (chunk - 1)) // chunk
 
 
 def _is_own(saved: list) -> bool:

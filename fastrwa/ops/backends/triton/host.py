@@ -86,6 +86,7 @@ class _Layout:
     n_seq: int                       # sequences (B, or len(cu_seqlens) - 1)
     T: int                           # dense length (0 when packed)
     n_chunks: int                    # chunks over all sequences
+    rows: int                        # rows of the per-chunk buffers (>= n_chunks; see below)
     max_len: int
     cu: torch.Tensor | None          # int64 (n_seq + 1,)
     chunk_offsets: torch.Tensor | None   # int64 (n_seq,): first chunk of each sequence
@@ -101,7 +102,7 @@ class _Layout:
 def _layout(z: torch.Tensor, cu_seqlens: torch.Tensor | None, BT: int) -> _Layout:
     B, T, _ = z.shape
     if cu_seqlens is None:
-        return _Layout(B, T, B * triton.cdiv(T, BT), T, None, None, None)
+        return _Layout(B, T, B * triton.cdiv(T, BT), B * triton.cdiv(T, BT), T, None, None, None)
     # contiguous: the kernels index it as a flat array (a strided view would be misread)
     cu = cu_seqlens.to(device=z.device, dtype=torch.int64).contiguous()
     lengths = cu[1:] - cu[:-1]
@@ -110,7 +111,15 @@ def _layout(z: torch.Tensor, cu_seqlens: torch.Tensor | None, BT: int) -> _Layou
     n_chunks = int(per_seq.sum())
     chunk_seq = torch.repeat_interleave(torch.arange(len(lengths), device=z.device), per_seq)
     max_len = int(lengths.max()) if len(lengths) else 0
-    return _Layout(len(lengths), 0, n_chunks, max_len, cu, offsets, chunk_seq)
+    return _Layout(len(lengths), 0, n_chunks, chunk_rows(z.shape[1], len(lengths), BT),
+                   max_len, cu, offsets, chunk_seq)
+
+
+def chunk_rows(T: int, n_seq: int, BT: int) -> int:
+    """Rows of the per-chunk buffers of packed sequences: a bound on their chunk count
+    (sum of ceil(len_i / BT) <= (T + n_seq (BT - 1)) / BT) that depends on shapes only, so
+    the saved tensors' shapes are known to ``torch.compile`` without reading the offsets."""
+    return (T + n_seq * (BT - 1)) // BT
 
 
 def _codes(attention, discount, g):
@@ -134,7 +143,7 @@ def forward(args: ScanArgs, *, output_final_state: bool, save: bool) -> ForwardR
     h0 = torch.stack(init).contiguous() if init is not None else z.new_empty(0, dtype=f32)
     need_final = output_final_state or save_for_backward or (T == 1 and cu_seqlens is None)
     ht = empty((3, lay.n_seq, D), f32, z.device) if need_final else h0
-    hc = empty((3, lay.n_chunks, D), f32, z.device)
+    hc = empty((3, lay.rows, D), f32, z.device)
     cu, co, cs = lay.pointers(z)
     algorithm = choose_algorithm(lay.n_seq, D, lay.max_len, opts, z.device)
     flags = dict(IS_VARLEN=cu_seqlens is not None, BT=BT, BD=BD)
@@ -145,19 +154,19 @@ def forward(args: ScanArgs, *, output_final_state: bool, save: bool) -> ForwardR
                                    HAS_INIT=init is not None, BD=BD, num_warps=FWD_WARPS)
     elif algorithm == "looped":
         scan_fwd.fwd_looped_kernel[(lay.n_seq, n_d)](
-            z, a, g, y, h0, ht, hc, cu, co, lay.T, D, lay.n_seq, lay.n_chunks,
+            z, a, g, y, h0, ht, hc, cu, co, lay.T, D, lay.n_seq, lay.rows,
             ATTN=ATTN, DISCOUNT=DISCOUNT, HAS_INIT=init is not None, STORE_FINAL=need_final,
             SAVE_CHUNKS=save_for_backward, REVERSE=reverse, num_warps=FWD_WARPS, **flags)
     else:
-        summary = empty((4, lay.n_chunks, D), f32, z.device)
+        summary = empty((4, lay.rows, D), f32, z.device)
         scan_fwd.fwd_summary_kernel[(lay.n_chunks, n_d)](
-            z, a, g, summary, cu, co, cs, lay.T, D, lay.n_chunks,
+            z, a, g, summary, cu, co, cs, lay.T, D, lay.rows,
             ATTN=ATTN, DISCOUNT=DISCOUNT, REVERSE=reverse, num_warps=FWD_WARPS, **flags)
         scan_fwd.fwd_carry_kernel[(lay.n_seq, n_d)](
-            summary, h0, ht, hc, cu, co, lay.T, D, lay.n_seq, lay.n_chunks,
+            summary, h0, ht, hc, cu, co, lay.T, D, lay.n_seq, lay.rows,
             HAS_INIT=init is not None, STORE_FINAL=need_final, num_warps=FWD_WARPS, **flags)
         scan_fwd.fwd_output_kernel[(lay.n_chunks, n_d)](
-            z, a, g, y, hc, cu, co, cs, lay.T, D, lay.n_chunks,
+            z, a, g, y, hc, cu, co, cs, lay.T, D, lay.rows,
             ATTN=ATTN, DISCOUNT=DISCOUNT, REVERSE=reverse, num_warps=FWD_WARPS, **flags)
     final = tuple(x.clone() for x in ht.unbind(0)) if output_final_state else None
     saved = [hc] if save_for_backward else []
@@ -172,7 +181,7 @@ def saved_like(args: ScanArgs) -> list:
     if cu_seqlens is None:
         n_chunks = B * triton.cdiv(T, options().block_t)
     else:
-        n_chunks = torch.library.get_ctx().new_dynamic_size()
+        n_chunks = chunk_rows(T, cu_seqlens.shape[0] - 1, options().block_t)
     return [z.new_empty((3, n_chunks, D), dtype=f32)]
 
 
@@ -189,7 +198,7 @@ def backward(args: ScanArgs, saved: list, m_final, gy, g_final) -> Gradients:
     BT, BD = opts.block_t, opts.block_d_backward
     B, T, D = z.shape
     lay = _layout(z, cu_seqlens, BT)
-    if not (len(saved) == 1 and saved[0].shape == (3, lay.n_chunks, D)):
+    if not (len(saved) == 1 and saved[0].shape == (3, lay.rows, D)):
         saved = forward(args, output_final_state=False, save=True).saved
     (hc,) = saved
     ATTN, DISCOUNT = _codes(attention, discount, g)
@@ -216,20 +225,20 @@ def backward(args: ScanArgs, saved: list, m_final, gy, g_final) -> Gradients:
     if algorithm == "looped":
         scan_bwd.bwd_looped_kernel[(lay.n_seq, n_d)](
             z, a, g, gy, gz, ga, gg, h0, dh0, ht, dht, hc, cu, co, lay.T, D, lay.n_seq,
-            lay.n_chunks, ATTN=ATTN, DISCOUNT=DISCOUNT, HAS_INIT=init is not None,
+            lay.rows, ATTN=ATTN, DISCOUNT=DISCOUNT, HAS_INIT=init is not None,
             HAS_FINAL_GRAD=has_final_grad, num_warps=BWD_WARPS, **flags)
     else:
-        summary = empty((4, lay.n_chunks, D), f32, z.device)
-        ac = empty((3, lay.n_chunks, D), f32, z.device)
+        summary = empty((4, lay.rows, D), f32, z.device)
+        ac = empty((3, lay.rows, D), f32, z.device)
         scan_bwd.bwd_summary_kernel[(lay.n_chunks, n_d)](
-            z, a, g, gy, hc, summary, cu, co, cs, lay.T, D, lay.n_chunks,
+            z, a, g, gy, hc, summary, cu, co, cs, lay.T, D, lay.rows,
             ATTN=ATTN, DISCOUNT=DISCOUNT, num_warps=BWD_WARPS, **flags)
         scan_bwd.bwd_carry_kernel[(lay.n_seq, n_d)](
-            g, summary, ac, h0, dh0, ht, dht, cu, co, lay.T, D, lay.n_seq, lay.n_chunks,
+            g, summary, ac, h0, dh0, ht, dht, cu, co, lay.T, D, lay.n_seq, lay.rows,
             DISCOUNT=DISCOUNT, HAS_INIT=init is not None, HAS_FINAL_GRAD=has_final_grad,
             num_warps=BWD_WARPS, **flags)
         scan_bwd.bwd_grads_kernel[(lay.n_chunks, n_d)](
-            z, a, g, gy, gz, ga, gg, hc, ac, cu, co, cs, lay.T, D, lay.n_chunks,
+            z, a, g, gy, gz, ga, gg, hc, ac, cu, co, cs, lay.T, D, lay.rows,
             ATTN=ATTN, DISCOUNT=DISCOUNT, num_warps=BWD_WARPS, **flags)
     g_init = tuple(x.clone() for x in dh0.unbind(0)) if init is not None else None
     return Gradients(gz, ga, (gg if has_g else None), g_init)
