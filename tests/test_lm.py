@@ -210,3 +210,29 @@ def test_a_fresh_cache_starts_from_the_learned_initial_state():
         want, _ = model(tokens[:, None])
         got = model.step_(tokens, model.allocate_cache(2))
     torch.testing.assert_close(got, want[:, 0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("call,error,words", [
+    (lambda: LMConfig(token_shift="no"), TypeError, "token_shift must be True or False"),
+    (lambda: LMConfig(tie_embeddings=1), TypeError, "tie_embeddings must be True or False"),
+    (lambda: LMConfig(d_model=True), ValueError, "d_model must be a positive int"),
+])
+def test_config_types_are_checked(call, error, words):
+    with pytest.raises(error, match=words):
+        call()
+
+
+@pytest.mark.parametrize("kwargs,words", [
+    (dict(temperature=float("inf")), "temperature must be a finite number"),
+    (dict(temperature=float("nan")), "temperature must be a finite number"),
+    (dict(temperature="hot"), "temperature must be a finite number"),
+    (dict(top_p="all"), "top_p"),
+    (dict(top_k=True), "top_k"),
+    (dict(beam_size=True), "beam_size"),
+])
+def test_generate_arguments_are_checked(kwargs, words):
+    model = ByteLM(LMConfig(d_model=8, n_layers=1))
+    with pytest.raises(ValueError, match=words):
+        model.generate(torch.tensor([1, 2]), 3, **kwargs)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        model.generate(torch.tensor([1, 2]), True)

@@ -48,8 +48,12 @@ class LMConfig:
         positive = ("vocab_size", "d_model", "n_layers", "mlp_ratio")
         for name in positive:
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"LMConfig.{name} must be a positive int, got {value!r}")
+        for name in ("token_shift", "tie_embeddings"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"LMConfig.{name} must be True or False, got "
+                                f"{getattr(self, name)!r}")
         if self.vocab_size <= BYTE_VOCAB:
             raise ValueError(f"LMConfig.vocab_size must be > {BYTE_VOCAB} (bytes plus BOS), "
                              f"got {self.vocab_size}")

@@ -277,15 +277,19 @@ class ByteLM(nn.Module):
         if prompt.dim() == 1:
             prompt = prompt[None]
         prompt = self._check_tokens(prompt, 2, "prompt")
-        if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) \
+                or max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
-        if not temperature > 0:
-            raise ValueError(f"temperature must be > 0, got {temperature!r}")
-        if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) \
+                or not 0 < temperature < float("inf"):
+            raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
+        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int)
+                                  or top_k < 1):
             raise ValueError(f"top_k must be a positive int or None, got {top_k!r}")
-        if top_p is not None and not 0 < top_p <= 1:
+        if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float))
+                                  or not 0 < top_p <= 1):
             raise ValueError(f"top_p must be in (0, 1] or None, got {top_p!r}")
-        if not isinstance(beam_size, int) or beam_size < 1:
+        if isinstance(beam_size, bool) or not isinstance(beam_size, int) or beam_size < 1:
             raise ValueError(f"beam_size must be a positive int, got {beam_size!r}")
         B, P = prompt.shape
         context = prompt if P else prompt.new_full((B, 1), self.config.bos_token)
