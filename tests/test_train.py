@@ -403,3 +403,22 @@ def test_torchrun_on_a_byte_corpus(tmp_path, model):
                          env=ENV, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert [r["step"] for r in _metrics(tmp_path / "run") if r["split"] == "train"]
+
+
+def test_plot_names_the_runs_it_cannot_overlay_and_reads_a_killed_run(tmp_path, capsys):
+    from fastrwa.train.plot import main as plot_main
+
+    _run(tmp_path, "mse", "--seq-len", 10, "--hidden", 4, "--batch-size", 2, "--steps", 2,
+         "--log-every", 1)
+    _run(tmp_path, "acc", "--task", "parity", "--seq-len", 10, "--hidden", 4,
+         "--batch-size", 2, "--steps", 2, "--log-every", 1)
+    with open(tmp_path / "mse" / "metrics.jsonl", "a") as f:
+        f.write('{"step": 3, "split": "tr')             # killed mid-write
+    code = plot_main([str(tmp_path / "mse"), str(tmp_path / "acc"), "--out",
+                      str(tmp_path / "both.png")])
+    err = capsys.readouterr().err
+    assert code == 1 and "not overlaid" in err and "acc" in err and "accuracy" in err
+    assert (tmp_path / "both.png").read_bytes()[:4] == b"\x89PNG"
+    (tmp_path / "acc" / "config.json").write_text("[]")
+    assert plot_main([str(tmp_path / "acc")]) == 2
+    assert "not a run configuration" in capsys.readouterr().err

@@ -13,11 +13,36 @@ def read_metrics(run_dir: Path) -> list[dict]:
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         raise FileNotFoundError(f"{run_dir}: no metrics.jsonl (not a fastrwa.train run directory)")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    records = []
+    for k, line in enumerate(lines):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            if k == len(lines) - 1:      # a run killed mid-write: its last line is cut short
+                break
+            raise ValueError(f"{path}: line {k + 1} is not JSON; the metrics file is corrupt")
+        if not isinstance(record, dict) or not {"step", "split"} <= set(record):
+            raise ValueError(f"{path}: line {k + 1} is not a metrics record")
+        records.append(record)
+    return records
 
 
-def plot_runs(run_dirs: list[Path], out: Path) -> Path:
-    """Plot each run's train and valid metric against the step into ``out`` (PNG)."""
+def _config(run_dir: Path) -> dict:
+    path = Path(run_dir) / "config.json"
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path} is missing or not JSON ({exc})") from exc
+    if not isinstance(config, dict):
+        raise ValueError(f"{path} is not a run configuration")
+    return config
+
+
+def plot_runs(run_dirs: list[Path], out: Path, skipped: list | None = None) -> Path:
+    """Plot each run's train and valid metric against the step into ``out`` (PNG). The
+    first run's metric sets the axis; a run without it cannot be overlaid and is listed in
+    ``skipped`` as ``(run_dir, reason)``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -30,10 +55,15 @@ def plot_runs(run_dirs: list[Path], out: Path) -> Path:
     baselines = set()
     for run_dir in run_dirs:
         records = read_metrics(run_dir)
-        config = json.loads((Path(run_dir) / "config.json").read_text())
+        config = _config(run_dir)
         name = f"{config.get('model')} ({Path(run_dir).name})"
         keys = [k for k in (records[0] if records else {}) if k not in ("step", "split", "loss")]
-        metric = metric or (keys[0] if keys else "loss")
+        own = keys[0] if keys else "loss"
+        metric = metric or own
+        if own != metric:
+            if skipped is not None:
+                skipped.append((run_dir, f"its metric is {own}, the plot's is {metric}"))
+            continue
         if config.get("task") in TASKS:
             task = make_task(config["task"], int(config["seq_len"]))
             if task.metric == metric:
@@ -63,12 +93,15 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     out = args.out or (args.run_dirs[0] / "learning_curve.png" if len(args.run_dirs) == 1
                        else Path("curves.png"))
+    skipped: list = []
     try:
-        print(plot_runs(args.run_dirs, out))
-    except FileNotFoundError as exc:
+        print(plot_runs(args.run_dirs, out, skipped))
+    except (FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    return 0
+    for run_dir, reason in skipped:
+        print(f"not overlaid: {run_dir} ({reason})", file=sys.stderr)
+    return 1 if skipped else 0
 
 
 if __name__ == "__main__":
