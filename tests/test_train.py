@@ -422,3 +422,29 @@ def test_plot_names_the_runs_it_cannot_overlay_and_reads_a_killed_run(tmp_path, 
     (tmp_path / "acc" / "config.json").write_text("[]")
     assert plot_main([str(tmp_path / "acc")]) == 2
     assert "not a run configuration" in capsys.readouterr().err
+
+
+def test_damaged_data_files_and_foreign_checkpoints_are_clear_errors(tmp_path, capsys):
+    raw = bytes(range(256)) * 40
+    good = tmp_path / "corpus.zip"
+    with zipfile.ZipFile(good, "w", compression=zipfile.ZIP_DEFLATED) as z:
+        z.writestr("corpus", raw)
+    data = bytearray(good.read_bytes())
+    data[len(data) // 2] ^= 0xFF                        # a flipped byte in the compressed data
+    (tmp_path / "bad.zip").write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="damaged"):
+        fdata.read_corpus(tmp_path / "bad.zip")
+    (tmp_path / "cut").write_bytes(b"\x00\x00\x08\x03\x00\x00")   # header cut short
+    with pytest.raises(ValueError, match="cut short"):
+        fdata.read_idx(tmp_path / "cut")
+    (tmp_path / "cut.gz").write_bytes(b"\x1f\x8b\x08\x00broken")
+    with pytest.raises(ValueError, match="cannot be read"):
+        fdata.read_idx(tmp_path / "cut.gz")
+    flags = ["--seq-len", 10, "--batch-size", 2, "--steps", 2, "--checkpoint-every", 1]
+    assert _run(tmp_path, "small", *flags, "--hidden", 4)[0] == 0
+    assert _run(tmp_path, "wide", *flags, "--hidden", 6)[0] == 0
+    (tmp_path / "small" / "checkpoint.pt").write_bytes(
+        (tmp_path / "wide" / "checkpoint.pt").read_bytes())
+    assert train_main(["--resume", str(tmp_path / "small"), "--steps", "3",
+                       "--no-progress"]) == 2
+    assert "does not fit this run" in capsys.readouterr().err

@@ -14,6 +14,7 @@ import struct
 import sys
 import urllib.request
 import zipfile
+import zlib
 from pathlib import Path
 
 import torch
@@ -31,11 +32,14 @@ def read_corpus(path: str | Path) -> bytes:
         raise FileNotFoundError(f"--data {path}: no such file (enwik8: the raw 'enwik8' file or "
                                 f"'enwik8.zip'; get it with python -m fastrwa.train.data download-enwik8)")
     if zipfile.is_zipfile(path):
-        with zipfile.ZipFile(path) as archive:
-            names = [n for n in archive.namelist() if not n.endswith("/")]
-            if len(names) != 1:
-                raise ValueError(f"--data {path}: expected one file in the zip, got {names}")
-            return archive.read(names[0])
+        try:
+            with zipfile.ZipFile(path) as archive:
+                names = [n for n in archive.namelist() if not n.endswith("/")]
+                if len(names) != 1:
+                    raise ValueError(f"--data {path}: expected one file in the zip, got {names}")
+                return archive.read(names[0])
+        except (zipfile.BadZipFile, zlib.error, EOFError) as exc:
+            raise ValueError(f"--data {path}: the zip is damaged ({exc}); download it again")
     return path.read_bytes()
 
 
@@ -96,13 +100,18 @@ def read_idx(path: str | Path) -> Tensor:
     """An IDX file (optionally ``.gz``) as a uint8 tensor of its declared shape."""
     path = Path(path)
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as f:
-        raw = f.read()
+    try:
+        with opener(path, "rb") as f:
+            raw = f.read()
+    except (OSError, EOFError, zlib.error) as exc:     # a damaged .gz
+        raise ValueError(f"{path}: cannot be read ({type(exc).__name__}: {exc})") from exc
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0:
         raise ValueError(f"{path}: not an IDX file (bad magic number)")
     if raw[2] != 0x08:
         raise ValueError(f"{path}: IDX element type {raw[2]:#x} is not unsigned bytes (0x08)")
     dims = raw[3]
+    if len(raw) < 4 + 4 * dims:
+        raise ValueError(f"{path}: cut short inside its header")
     shape = struct.unpack(f">{dims}I", raw[4:4 + 4 * dims])
     body = raw[4 + 4 * dims:]
     if len(body) != math.prod(shape):

@@ -166,10 +166,15 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False) -> dict:
             raise RunDirError(f"--resume {run_dir}: the run used {ckpt.get('world_size', 1)} "
                               f"process(es), this resume has {world}; the global batch and the "
                               f"carried states are per process, so use the same count")
-        model.load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        start, carried = ckpt["step"], ckpt["carried"][rank] if ckpt["carried"] else None
-        torch.set_rng_state(ckpt["rng"])
+        try:
+            model.load_state_dict(ckpt["model"])
+            optimizer.load_state_dict(ckpt["optimizer"])
+            start, carried = ckpt["step"], ckpt["carried"][rank] if ckpt["carried"] else None
+            torch.set_rng_state(ckpt["rng"])
+        except (KeyError, TypeError, ValueError, RuntimeError, IndexError) as exc:
+            raise RunDirError(f"checkpoint {run_dir / CHECKPOINT} does not fit this run "
+                              f"(written for another model or damaged: {type(exc).__name__}: "
+                              f"{str(exc)[:300]}); remove it to restart the run") from exc
     if rank == 0:
         _truncate_metrics(run_dir / METRICS, start)
     # On a stateful task the carried state replaces a layer's learned initial state after the
