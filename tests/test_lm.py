@@ -236,3 +236,13 @@ def test_generate_arguments_are_checked(kwargs, words):
         model.generate(torch.tensor([1, 2]), 3, **kwargs)
     with pytest.raises(ValueError, match="max_new_tokens"):
         model.generate(torch.tensor([1, 2]), True)
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int16, torch.int32,
+                                   torch.bool, torch.float32])
+def test_step_in_place_token_dtypes_are_checked(dtype):
+    model = ByteLM(LMConfig(d_model=8, n_layers=1))
+    cache = model.allocate_cache(2)
+    with pytest.raises(TypeError, match="token must have dtype torch.int64"):
+        model.step_(torch.tensor([1, 2]).to(dtype), cache)
+    model.step_(torch.tensor([1, 2]), cache)     # int64: accepted

@@ -236,12 +236,14 @@ class ByteLM(nn.Module):
         returned ``(B, vocab_size)`` logits are ``cache.work["logits"]``, overwritten by the
         next step (clone them to keep them). Matches :meth:`step` (tests/test_lm.py).
         """
-        if not isinstance(token, Tensor) or token.dim() != 1 or token.shape[0] != cache.batch \
-                or token.is_floating_point() or token.dtype == torch.bool:
+        if not isinstance(token, Tensor) or token.dim() != 1 or token.shape[0] != cache.batch:
             got = f"{tuple(token.shape)} {token.dtype}" if isinstance(token, Tensor) \
                 else type(token).__name__
             raise ValueError(f"token must be integer ids of shape (B,) = ({cache.batch},), "
                              f"got {got}")
+        if token.dtype != torch.int64:
+            raise TypeError(f"token must have dtype torch.int64 (the in-place step converts "
+                            f"nothing), got {token.dtype}")
         work = cache.work
         low, high = torch.aminmax(token, out=(work["token_range"][0], work["token_range"][1]))
         if low.item() < 0 or high.item() >= self.config.vocab_size:
