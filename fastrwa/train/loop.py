@@ -14,6 +14,7 @@ from tqdm import tqdm
 from ..nn import CellState, LayerState, RRAState
 from ..state import ScanState
 from .config import RunConfig
+from .metrics import read_records
 from .models import SequenceNet, detach_state
 from .problems import make_problem
 
@@ -105,21 +106,10 @@ def _truncate_metrics(path: Path, step: int) -> None:
     and a last line cut short by the kill."""
     if not path.is_file():
         return
-    lines = [line for line in path.read_text().splitlines() if line.strip()]
-    keep = []
-    for k, line in enumerate(lines):
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            if k == len(lines) - 1:
-                break
-            raise RunDirError(f"{path}: line {k + 1} is not JSON; the metrics file is corrupt")
-        if not isinstance(record, dict) or not isinstance(record.get("step"), int):
-            raise RunDirError(f"{path}: line {k + 1} is not a metrics record (a JSON object "
-                              f"with an integer 'step'); the metrics file is corrupt")
-        if record["step"] <= step:
-            keep.append(line)
-    if len(keep) == len(lines):
+    raw = [line for line in path.read_text().splitlines() if line.strip()]
+    lines, records = read_records(path)
+    keep = [line for line, record in zip(lines, records) if record["step"] <= step]
+    if len(keep) == len(raw):
         return
     # A new file, then os.replace: a failure mid-write (a full disk) leaves the old one whole.
     tmp = path.with_name(path.name + ".tmp")

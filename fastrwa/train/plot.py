@@ -8,24 +8,14 @@ import json
 import sys
 from pathlib import Path
 
+from .metrics import read_records
+
 
 def read_metrics(run_dir: Path) -> list[dict]:
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         raise FileNotFoundError(f"{run_dir}: no metrics.jsonl (not a fastrwa.train run directory)")
-    lines = [line for line in path.read_text().splitlines() if line.strip()]
-    records = []
-    for k, line in enumerate(lines):
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            if k == len(lines) - 1:      # a run killed mid-write: its last line is cut short
-                break
-            raise ValueError(f"{path}: line {k + 1} is not JSON; the metrics file is corrupt")
-        if not isinstance(record, dict) or not {"step", "split"} <= set(record):
-            raise ValueError(f"{path}: line {k + 1} is not a metrics record")
-        records.append(record)
-    return records
+    return read_records(path)[1]
 
 
 def _config(run_dir: Path) -> dict:
