@@ -72,11 +72,9 @@ def _byte_span(x: torch.Tensor) -> tuple[int, int, int]:
     """``(storage, first byte, one past the last byte)`` that ``x`` may touch."""
     if x.numel() == 0:
         return (x.untyped_storage().data_ptr(), 0, 0)
+    extent = sum((n - 1) * s for n, s in zip(x.shape, x.stride())) + 1   # (strides >= 0)
     start = x.data_ptr()
-    extent = sum((n - 1) * abs(s) for n, s in zip(x.shape, x.stride())) + 1
-    low = start - sum((n - 1) * abs(s) for n, s in zip(x.shape, x.stride()) if s < 0) \
-        * x.element_size()
-    return (x.untyped_storage().data_ptr(), low, low + extent * x.element_size())
+    return (x.untyped_storage().data_ptr(), start, start + extent * x.element_size())
 
 
 def check_no_overlap(written: Sequence[tuple[str, torch.Tensor]],

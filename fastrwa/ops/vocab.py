@@ -23,20 +23,10 @@ DISCOUNT_CODE = {name: code for code, name in enumerate(DISCOUNTS)}
 # log softplus(a) = a - u/2 + 5u^2/24 + O(u^3), and d/da = 1 / ((1 + u)(1 - u/2 + u^2/3)).
 SOFTPLUS_SERIES_BELOW = -9.0
 
-# Input dtypes by name. Everything but float64 computes and keeps its state in float32.
-INPUT_DTYPES = ("float16", "bfloat16", "float32", "float64")
-WIDE_DTYPE = "float64"
-
-
-def state_dtype_name(dtype_name: str) -> str:
-    """The state (and arithmetic) dtype for inputs of ``dtype_name``: "float64" for
-    "float64", else "float32"."""
-    return WIDE_DTYPE if dtype_name == WIDE_DTYPE else "float32"
-
-
 def state_dtype(dtype):
-    """:func:`state_dtype_name` on a ``torch.dtype``: ``torch.float64`` for float64 inputs,
-    else ``torch.float32``. The dtype of a ``ScanState`` and of every backend's arithmetic."""
+    """The dtype of a ``ScanState`` and of every backend's arithmetic for inputs of the
+    ``torch.dtype`` ``dtype``: ``torch.float64`` for float64 inputs, else ``torch.float32``.
+    (torch is imported on call, so that kernels can import this module without it.)"""
     import torch
 
     return torch.float64 if dtype == torch.float64 else torch.float32

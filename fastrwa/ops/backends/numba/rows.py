@@ -20,8 +20,8 @@ import numpy as np
 from numba.extending import overload
 from numba.np.numpy_support import as_dtype
 
-from ...vocab import (EXP, LOG_DISCOUNT as LOG, NO_DISCOUNT, RELU, SIGMOID,
-                      SOFTPLUS, SOFTPLUS_SERIES_BELOW as _SERIES_BELOW)
+from ...vocab import (EXP, LOG_DISCOUNT as LOG, RELU, SIGMOID, SOFTPLUS,
+                      SOFTPLUS_SERIES_BELOW as _SERIES_BELOW)
 from .fmath import fexp, flog, load, log1p_small, log_sigmoid, store
 
 

@@ -32,7 +32,8 @@ import numpy as np
 from .fmath import load, prefetch_row, store
 from .jit import kernel
 from .layout import unpack_flags
-from .rows import (EXP, NO_DISCOUNT, attention_grad_row, decay_grad_row, log_decay_grad_rows,
+from ...vocab import EXP, NO_DISCOUNT
+from .rows import (attention_grad_row, decay_grad_row, log_decay_grad_rows,
                    log_weight_grad_rows)
 from .scan_fwd import input_row, step_row, time_index
 

@@ -21,7 +21,8 @@ import numpy as np
 from .fmath import fexp, load, store
 from .jit import kernel
 from .layout import unpack_flags
-from .rows import EXP, NO_DISCOUNT, log_decay_row, log_weight_row
+from ...vocab import EXP, NO_DISCOUNT
+from .rows import log_decay_row, log_weight_row
 
 
 @kernel

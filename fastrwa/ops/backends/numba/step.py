@@ -8,7 +8,8 @@ form one row of :func:`.scan_fwd.step_row`; the scratch rows come from the calle
 from __future__ import annotations
 
 from .jit import kernel
-from .rows import EXP, NO_DISCOUNT, log_decay_row, log_weight_row
+from ...vocab import EXP, NO_DISCOUNT
+from .rows import log_decay_row, log_weight_row
 from .scan_fwd import step_row
 
 
