@@ -237,18 +237,12 @@ def _step_inplace(named, attention, discount, state, out):
     if torch.is_grad_enabled() and any(x.requires_grad for _, x in named):
         raise RuntimeError("the in-place steps (rwa_step_, rda_step_) are for inference: run "
                            "them under torch.no_grad(), or use rwa_step/rda_step to train")
-    check_no_overlap([("out", out), ("state.m", state.m), ("state.n", state.n),
-                      ("state.d", state.d)], named)
+    if not torch.compiler.is_compiling():   # (a compiled graph has no storage to compare)
+        check_no_overlap([("out", out), ("state.m", state.m), ("state.n", state.n),
+                          ("state.d", state.d)], named)
     tensors = [x for _, x in named]
-    g_t = tensors[2] if len(tensors) > 2 else None
-    args = ScanArgs(tensors[0][:, None], tensors[1][:, None],
-                    None if g_t is None else g_t[:, None], attention, discount, None, False,
-                    None)
-    if not step_inplace(args, tuple(state), out):
-        y, new = _step(named, attention, discount, state)
-        for buf, value in zip(state, new):
-            buf.copy_(value)
-        out.copy_(y)
+    step_inplace(tensors[0], tensors[1], tensors[2] if len(tensors) > 2 else None,
+                 tuple(state), out, attention, discount)
     return out
 
 

@@ -121,3 +121,55 @@ def test_packed_sequences_compile_fullgraph():
     got = torch.autograd.grad(compiled(z, a, cu), z)[0]
     want = torch.autograd.grad(loss(z, a, cu), z)[0]
     torch.testing.assert_close(got, want)
+
+
+def test_in_place_step_compiles_fullgraph_and_matches_eager():
+    """rda_step_ is one op node in a compiled graph (it writes its state and out in place)."""
+    torch.manual_seed(2)
+    z, a, g = torch.randn(3, 2, 5)
+    states = [fastrwa.ScanState.empty(2, 5) for _ in range(2)]
+    outs = [torch.empty(2, 5) for _ in range(2)]
+
+    def step(z, a, g, state, out):
+        return fastrwa.rda_step_(z, a, g, state, out, attention="softplus")
+
+    with torch.no_grad():
+        explained = torch._dynamo.explain(step)(z, a, g, states[0], outs[0])
+        assert explained.graph_break_count == 0, explained.break_reasons
+        states = [fastrwa.ScanState.empty(2, 5) for _ in range(2)]
+        compiled = torch.compile(step, fullgraph=True)
+        for t in range(3):
+            compiled(z + t, a - t, g, states[0], outs[0])
+            step(z + t, a - t, g, states[1], outs[1])
+            torch.testing.assert_close(outs[0], outs[1])
+            for mine, theirs in zip(states[0], states[1]):
+                torch.testing.assert_close(mine, theirs)
+
+
+@pytest.mark.parametrize("token_shift", [True, False])
+def test_language_model_in_place_decode_compiles_fullgraph(token_shift):
+    """ByteLM.step_ (what a CUDA-graph decode loop captures) compiles without a graph break
+    and gives the eager logits, step after step, from the same cache contents."""
+    from fastrwa.models import ByteLM, LMConfig
+
+    torch.manual_seed(0)
+    model = ByteLM(LMConfig(d_model=16, n_layers=2, mlp_ratio=2, token_shift=token_shift)).eval()
+    caches = [model.allocate_cache(2), model.allocate_cache(2)]
+    with torch.no_grad():
+        explained = torch._dynamo.explain(model.step_)(torch.tensor([1, 2]), caches[0])
+        assert explained.graph_break_count == 0, explained.break_reasons
+    caches = [model.allocate_cache(2), model.allocate_cache(2)]
+    compiled = torch.compile(model.step_, fullgraph=True)
+    for t in range(4):
+        token = torch.tensor([t, 3 * t + 1])
+        got = compiled(token, caches[0]).clone()
+        want = model.step_(token, caches[1]).clone()
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_opcheck_in_place_step_op():
+    from fastrwa.ops.autograd import step_op
+
+    z, a, g = torch.randn(3, 2, 4)
+    state = fastrwa.ScanState.empty(2, 4)
+    torch.library.opcheck(step_op, (z, a, g, *state, torch.empty(2, 4), "sigmoid", "sigmoid"))

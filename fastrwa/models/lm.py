@@ -72,7 +72,7 @@ class Block(nn.Module):
         rms_norm_into(x, self.norm2, normed, work["rstd"], work["wide"])
         up, down = self.mlp[0], self.mlp[2]
         torch.addmm(up.bias, normed, up.weight.t(), out=work["hidden"])
-        torch.ops.aten.gelu.out(work["hidden"], out=work["hidden"])
+        torch.ops.aten.gelu_(work["hidden"])
         torch.addmm(down.bias, work["hidden"], down.weight.t(), out=h)
         return x.add_(h)
 
@@ -245,10 +245,12 @@ class ByteLM(nn.Module):
             raise TypeError(f"token must have dtype torch.int64 (the in-place step converts "
                             f"nothing), got {token.dtype}")
         work = cache.work
-        low, high = torch.aminmax(token, out=(work["token_range"][0], work["token_range"][1]))
-        if low.item() < 0 or high.item() >= self.config.vocab_size:
-            raise ValueError(f"token must be ids in [0, {self.config.vocab_size}), "
-                             f"got values in [{low.item()}, {high.item()}]")
+        if not torch.compiler.is_compiling():   # (a compiled step leaves it to index_select)
+            low, high = torch.aminmax(token, out=(work["token_range"][0],
+                                                  work["token_range"][1]))
+            if low.item() < 0 or high.item() >= self.config.vocab_size:
+                raise ValueError(f"token must be ids in [0, {self.config.vocab_size}), "
+                                 f"got values in [{low.item()}, {high.item()}]")
         x = torch.index_select(self.embed.weight, 0, token, out=work["x"])
         for block, state, block_work in zip(self.blocks, cache.state.layers, work["blocks"]):
             block.step_(x, state, block_work)

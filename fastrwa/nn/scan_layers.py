@@ -224,7 +224,11 @@ class _ScanLayer(nn.Module):
         B, I, H = x_t.shape[0], self.input_size, self.hidden_size
         work = work if work is not None else self.step_workspace(B, x_t.dtype)
         inp = x_t
-        if self.token_shift:
+        if self.token_shift and torch.compiler.is_compiling():
+            # (inductor fuses the concatenation; the copies below into one buffer, then
+            # overwriting last_input, make its CPU code generator fail in PyTorch 2.13)
+            inp = torch.cat([x_t, state.last_input], 1)
+        elif self.token_shift:
             work["inp"][:, :I].copy_(x_t)
             work["inp"][:, I:].copy_(state.last_input)
             inp = work["inp"]

@@ -143,6 +143,42 @@ def weighted_scan_op(args: ScanArgs) -> tuple[Tensor, tuple]:
     return y, (m, n, d)
 
 
-def step_inplace(args: ScanArgs, state: tuple, out: Tensor) -> bool:
-    """The resolved backend's in-place step (``False`` where it declines)."""
-    return registry.resolve(args.z.device, args.z.dtype).step_(args, state, out)
+def _step_into(args: ScanArgs, state: tuple, out: Tensor) -> None:
+    """The resolved backend's in-place step; where it declines, its forward from ``state``
+    and a copy into ``state`` and ``out``."""
+    backend = registry.resolve(args.z.device, args.z.dtype)
+    if backend.step_(args, state, out):
+        return
+    y, final, _ = backend.forward(args._replace(initial_state=state), output_final_state=True,
+                                  save=False)
+    for buf, value in zip(state, final):
+        buf.copy_(value)
+    out.copy_(y[:, 0])
+
+
+@torch.library.custom_op("fastrwa::step_", mutates_args=("m", "n", "d", "out"))
+def step_op(z: Tensor, a: Tensor, g: Optional[Tensor], m: Tensor, n: Tensor, d: Tensor,
+            out: Tensor, attention: str, discount: str) -> None:
+    """One streaming step on ``(B, D)`` inputs: ``(m, n, d)`` updated and ``y`` written into
+    ``out``, in place. An op so that a compiled decode step keeps it as one node."""
+    args = ScanArgs(z[:, None], a[:, None], None if g is None else g[:, None], attention,
+                    None if discount == _NONE else discount, None, False, None)
+    _step_into(args, (m, n, d), out)
+
+
+@step_op.register_fake
+def _step_fake(z, a, g, m, n, d, out, attention, discount) -> None:
+    return None
+
+
+def step_inplace(z: Tensor, a: Tensor, g: Optional[Tensor], state: tuple, out: Tensor,
+                 attention: str, discount: Optional[str]) -> None:
+    """One in-place streaming step on validated ``(B, D)`` inputs (inference only). Eager
+    calls skip the custom-op dispatch (it costs about as much as a small step); compiled code
+    sees the op."""
+    if torch.compiler.is_compiling():
+        step_op(z, a, g, *state, out, attention, _NONE if discount is None else discount)
+        return
+    args = ScanArgs(z[:, None], a[:, None], None if g is None else g[:, None], attention,
+                    discount, None, False, None)
+    _step_into(args, state, out)
