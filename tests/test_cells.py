@@ -97,3 +97,56 @@ def test_recurrent_wrapper_layouts_and_errors():
         RWACell(3, 4)(torch.randn(2, 5))
     with pytest.raises(TypeError, match="state must be a fastrwa.nn.CellState"):
         RWACell(3, 4)(torch.randn(2, 3), fastrwa.ScanState.empty(2, 4))
+
+
+def _bad_cell_uses():
+    """(what, call, error type, message pattern): each a user mistake with a clear error."""
+    rwa, rda, rra = RWACell(4, 8), RDACell(4, 8), RRACell(4, 8, window=3)
+    x = torch.randn(2, 4)
+    _, s = rwa(x)
+    _, s_rra = rra(x)
+    return [
+        ("size 0", lambda: RWACell(0, 8), ValueError, "input_size must be a positive int"),
+        ("negative size", lambda: RDACell(4, -1), ValueError, "hidden_size must be a positive"),
+        ("float size", lambda: RRACell(4.0, 8), ValueError, "input_size must be a positive"),
+        ("bool size", lambda: RWACell(True, 8), ValueError, "input_size must be a positive"),
+        ("bool window", lambda: RRACell(4, 8, window=True), ValueError, "window must be"),
+        ("integer x", lambda: rwa(torch.ones(2, 4, dtype=torch.long)), TypeError,
+         "x_t must have a floating dtype"),
+        ("float64 x, float32 cell", lambda: rda(x.double()), TypeError, "module's dtype"),
+        ("integer x for RRA", lambda: rra(torch.ones(2, 4, dtype=torch.long)), TypeError,
+         "floating dtype"),
+        ("state of another batch", lambda: rwa(torch.randn(3, 4), s), ValueError,
+         r"state.h must have shape \(3, 8\)"),
+        ("state.h of another width", lambda: rwa(x, s._replace(h=torch.randn(2, 5))),
+         ValueError, "state.h must have shape"),
+        ("state.scan None", lambda: rwa(x, s._replace(scan=None)), TypeError,
+         "state.scan must be a fastrwa.ScanState"),
+        ("state.scan of another width",
+         lambda: rwa(x, s._replace(scan=fastrwa.ScanState.empty(2, 5))), ValueError,
+         "state.scan.m must have shape"),
+        ("RRA state of another batch", lambda: rra(torch.randn(3, 4), s_rra), ValueError,
+         "state.h must have shape"),
+        ("RRA history of another window",
+         lambda: rra(x, s_rra._replace(history=torch.zeros(2, 5, 8))), ValueError,
+         "state.history must have shape"),
+        ("Recurrent of a non-cell", lambda: Recurrent(object()), TypeError,
+         "cell must be a torch.nn.Module"),
+        ("Recurrent batch_first not bool", lambda: Recurrent(rwa, batch_first="yes"), TypeError,
+         "batch_first must be a bool"),
+    ]
+
+
+@pytest.mark.parametrize("case", range(len(_bad_cell_uses())))
+def test_cells_refuse_bad_arguments_with_clear_errors(case):
+    what, call, error, pattern = _bad_cell_uses()[case]
+    with pytest.raises(error, match=pattern):
+        call()
+
+
+def test_cells_take_other_dtypes_under_autocast():
+    cell = RDACell(4, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, state = cell(torch.randn(2, 4, dtype=torch.bfloat16))
+        out, state = cell(torch.randn(2, 4, dtype=torch.bfloat16), state)
+    assert out.shape == (2, 8) and torch.isfinite(out).all()

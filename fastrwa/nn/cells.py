@@ -13,8 +13,10 @@ import torch
 from torch import Tensor, nn
 
 from .. import scan as _scan
+from ..checks import check_flag, check_state
 from ..ops.vocab import state_dtype
 from ..state import ScanState
+from .checks import check_size, check_state_tensor, check_step_input
 from .functional import rda_functions
 
 
@@ -46,7 +48,8 @@ class _AttentionCell(nn.Module):
                  device=None, dtype=None):
         super().__init__()
         factory = dict(device=device, dtype=dtype)
-        self.input_size, self.hidden_size = input_size, hidden_size
+        self.input_size = check_size(input_size, "input_size")
+        self.hidden_size = check_size(hidden_size, "hidden_size")
         self.u = nn.Linear(input_size, hidden_size, **factory)
         # g, a (and the discount) see [x_t, h_{t-1}]: one linear map per gate.
         self.gates = nn.ModuleList(nn.Linear(input_size + hidden_size, hidden_size, **factory)
@@ -72,15 +75,17 @@ class _AttentionCell(nn.Module):
                                              device=self.s0.device))
 
     def _check(self, x_t: Tensor, state: Optional[CellState]) -> CellState:
-        if not isinstance(x_t, Tensor) or x_t.dim() != 2 or x_t.shape[1] != self.input_size:
-            got = tuple(x_t.shape) if isinstance(x_t, Tensor) else type(x_t).__name__
-            raise ValueError(f"x_t must have shape (B, input_size = {self.input_size}), got {got}")
+        check_step_input(x_t, self.input_size, self.s0)
+        B, H = x_t.shape[0], self.hidden_size
         if state is None:
-            return self.initial_state(x_t.shape[0])
+            return self.initial_state(B)
         if not isinstance(state, CellState):
             raise TypeError(f"state must be a fastrwa.nn.CellState or None, "
                             f"got {type(state).__name__}")
-        return state
+        check_state_tensor(state.h, "state.h", (B, H), x_t)
+        if state.scan is None:
+            raise TypeError("state.scan must be a fastrwa.ScanState, got None")
+        return CellState(state.h, check_state(state.scan, "state.scan", self.s0, B, H))
 
 
 class RWACell(_AttentionCell):
@@ -174,10 +179,10 @@ class RRACell(nn.Module):
     def __init__(self, input_size: int, hidden_size: int, window: int = 5, device=None,
                  dtype=None):
         super().__init__()
-        if not isinstance(window, int) or window < 1:
-            raise ValueError(f"window must be a positive int, got {window!r}")
         factory = dict(device=device, dtype=dtype)
-        self.input_size, self.hidden_size, self.window = input_size, hidden_size, window
+        self.input_size = check_size(input_size, "input_size")
+        self.hidden_size = check_size(hidden_size, "hidden_size")
+        self.window = check_size(window, "window")
         self.lstm = nn.Linear(input_size + hidden_size, 4 * hidden_size, **factory)
         self.window_logits = nn.Parameter(torch.zeros(window, **factory))
         self.reset_parameters()
@@ -194,14 +199,16 @@ class RRACell(nn.Module):
                                                                            self.hidden_size))
 
     def forward(self, x_t: Tensor, state: Optional[RRAState] = None) -> tuple[Tensor, RRAState]:
-        if not isinstance(x_t, Tensor) or x_t.dim() != 2 or x_t.shape[1] != self.input_size:
-            got = tuple(x_t.shape) if isinstance(x_t, Tensor) else type(x_t).__name__
-            raise ValueError(f"x_t must have shape (B, input_size = {self.input_size}), got {got}")
+        check_step_input(x_t, self.input_size, self.lstm.weight)
+        B, H = x_t.shape[0], self.hidden_size
         if state is None:
-            state = self.initial_state(x_t.shape[0])
+            state = self.initial_state(B)
         elif not isinstance(state, RRAState):
             raise TypeError(f"state must be a fastrwa.nn.RRAState or None, "
                             f"got {type(state).__name__}")
+        check_state_tensor(state.h, "state.h", (B, H), x_t)
+        check_state_tensor(state.c, "state.c", (B, H), x_t)
+        check_state_tensor(state.history, "state.history", (B, self.window, H), x_t)
         i, f, g, o = self.lstm(torch.cat([x_t, state.h], dim=-1)).chunk(4, dim=-1)
         alpha = torch.softmax(self.window_logits, dim=0)                    # [K]
         r = torch.einsum("k,bkh->bh", alpha, state.history)
@@ -229,7 +236,10 @@ class Recurrent(nn.Module):
 
     def __init__(self, cell: nn.Module, batch_first: bool = True):
         super().__init__()
-        self.cell, self.batch_first = cell, batch_first
+        if not isinstance(cell, nn.Module) or not callable(getattr(cell, "initial_state", None)):
+            raise TypeError(f"cell must be a torch.nn.Module with an initial_state(batch) "
+                            f"method (e.g. fastrwa.nn.RWACell), got {type(cell).__name__}")
+        self.cell, self.batch_first = cell, check_flag(batch_first, "batch_first")
 
     def forward(self, x: Tensor, state=None):
         if not isinstance(x, Tensor) or x.dim() != 3:

@@ -14,6 +14,7 @@ from torch import Tensor, nn
 from .. import scan as _scan
 from ..ops.vocab import state_dtype
 from ..state import ScanState
+from .checks import check_size
 from .functional import ACTIVATIONS_OUT, rda_functions
 
 
@@ -40,9 +41,7 @@ class _ScanLayer(nn.Module):
                  bidirectional: bool, token_shift: bool, learn_initial_state: bool,
                  device=None, dtype=None):
         super().__init__()
-        for name, value in (("input_size", input_size), ("hidden_size", hidden_size)):
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        check_size(input_size, "input_size"), check_size(hidden_size, "hidden_size")
         self.input_size, self.hidden_size = input_size, hidden_size
         self.batch_first, self.bidirectional = batch_first, bidirectional
         self.token_shift, self.learn_initial_state = token_shift, learn_initial_state
