@@ -448,3 +448,27 @@ def test_damaged_data_files_and_foreign_checkpoints_are_clear_errors(tmp_path, c
     assert train_main(["--resume", str(tmp_path / "small"), "--steps", "3",
                        "--no-progress"]) == 2
     assert "does not fit this run" in capsys.readouterr().err
+
+
+def test_a_run_dir_that_cannot_be_made_is_a_clear_error(tmp_path, monkeypatch, capsys):
+    """Below a file, or in a directory the user may not write (simulated: tests run as root,
+    who may write anywhere): exit 2 with the reason and the path, no traceback."""
+    import pathlib
+
+    flags = ["--seq-len", 10, "--hidden", 4, "--batch-size", 2, "--steps", 1]
+    (tmp_path / "file").write_text("x")
+    assert _run(tmp_path, "file/run", *flags)[0] == 2
+    err = capsys.readouterr().err
+    assert "error:" in err and "file" in err and "Traceback" not in err
+    real_mkdir = pathlib.Path.mkdir
+
+    def read_only(self, *args, **kwargs):
+        if self.name == "locked":
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(pathlib.Path, "mkdir", read_only)
+    assert _run(tmp_path, "locked", *flags)[0] == 2
+    err = capsys.readouterr().err
+    assert "Permission denied" in err and "locked" in err
+    assert not (tmp_path / "file").is_dir() and (tmp_path / "file").read_text() == "x"
