@@ -1,6 +1,11 @@
-"""Models built from fastrwa layers: the byte-level language model."""
+"""Language models built from fastrwa layers (:class:`ByteLM`) and their recurrent
+baselines (:class:`RecurrentLM`), with :func:`build`, :func:`save_pretrained` and
+:func:`load_pretrained`."""
 
+from .baseline import RecurrentLM
 from .config import LMConfig
 from .lm import Block, ByteLM, InferenceCache, LMState
+from .pretrained import build, load_pretrained, save_pretrained
 
-__all__ = ["LMConfig", "ByteLM", "Block", "InferenceCache", "LMState"]
+__all__ = ["LMConfig", "ByteLM", "Block", "InferenceCache", "LMState", "RecurrentLM", "build",
+           "save_pretrained", "load_pretrained"]

@@ -9,6 +9,7 @@ from ..nn.functional import ACTIVATIONS, RDA_PRESETS
 from ..ops.vocab import ATTENTIONS
 
 BYTE_VOCAB = 256
+LAYERS = ("rda", "rwa", "lstm", "gru")
 
 
 @dataclasses.dataclass
@@ -20,7 +21,8 @@ class LMConfig:
             starts generation from an empty prompt. enwik8 and any byte file need no more.
         d_model: width of the residual stream and of every scan layer.
         n_layers: number of blocks (pre-norm -> scan layer -> residual -> MLP -> residual).
-        layer: "rda" or "rwa".
+        layer: "rda" or "rwa" (:class:`ByteLM`), or the baselines "lstm", "gru"
+            (:class:`RecurrentLM`: the same embedding, norm and head around PyTorch's RNN).
         attention, f_h, f_o: the RDA layer's ``f_a`` and output functions (ignored for "rwa").
         preset: an RDA preset ("exp-tanh", "sigmoid-id") that overrides the three above.
         token_shift: scan-layer gates also see the previous token's input.
@@ -57,8 +59,8 @@ class LMConfig:
         if self.vocab_size <= BYTE_VOCAB:
             raise ValueError(f"LMConfig.vocab_size must be > {BYTE_VOCAB} (bytes plus BOS), "
                              f"got {self.vocab_size}")
-        if self.layer not in ("rda", "rwa"):
-            raise ValueError(f"LMConfig.layer must be 'rda' or 'rwa', got {self.layer!r}")
+        if self.layer not in LAYERS:
+            raise ValueError(f"LMConfig.layer must be one of {LAYERS}, got {self.layer!r}")
         if self.attention not in ATTENTIONS:
             raise ValueError(f"LMConfig.attention must be one of {ATTENTIONS}, "
                              f"got {self.attention!r}")

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import os
-from pathlib import Path
 from typing import NamedTuple, Optional
 
 import torch
@@ -15,10 +13,8 @@ from ..nn import RDA, RWA, LayerState
 from ..ops.vocab import state_dtype
 from ..state import ScanState
 from .config import LMConfig
-
-_WEIGHTS, _CONFIG = "model.pt", "config.json"
-
-
+from .pretrained import load_pretrained, save_pretrained
+from .sampling import check_generate_args, sample
 
 
 class LMState(NamedTuple):
@@ -278,23 +274,11 @@ class ByteLM(nn.Module):
             ``(B, P + max_new_tokens)`` ids (the prompt, then the new tokens). Memory does not
             grow with ``max_new_tokens`` beyond this output: the state is fixed-size per layer.
         """
-        if prompt.dim() == 1:
+        if isinstance(prompt, Tensor) and prompt.dim() == 1:
             prompt = prompt[None]
-        prompt = self._check_tokens(prompt, 2, "prompt")
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) \
-                or max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
-        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) \
-                or not 0 < temperature < float("inf"):
-            raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
-        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int)
-                                  or top_k < 1):
-            raise ValueError(f"top_k must be a positive int or None, got {top_k!r}")
-        if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float))
-                                  or not 0 < top_p <= 1):
-            raise ValueError(f"top_p must be in (0, 1] or None, got {top_p!r}")
-        if isinstance(beam_size, bool) or not isinstance(beam_size, int) or beam_size < 1:
-            raise ValueError(f"beam_size must be a positive int, got {beam_size!r}")
+        check_generate_args(prompt, self.config.vocab_size, max_new_tokens, temperature, top_k,
+                            top_p, beam_size)
+        prompt = prompt.long()
         B, P = prompt.shape
         context = prompt if P else prompt.new_full((B, 1), self.config.bos_token)
         if beam_size > 1:
@@ -306,7 +290,7 @@ class ByteLM(nn.Module):
         cache = self.allocate_cache(B)
         logits = self.prefill(context, cache)
         for i in range(max_new_tokens):
-            token = _sample(logits, temperature, top_k, top_p, generator, self.config.bos_token)
+            token = sample(logits, temperature, top_k, top_p, generator, self.config.bos_token)
             out[:, P + i] = token
             if i + 1 < max_new_tokens:
                 logits = self.step_(token, cache)
@@ -340,43 +324,15 @@ class ByteLM(nn.Module):
 
     # -- persistence ----------------------------------------------------------------------
     def save_pretrained(self, directory: str | os.PathLike) -> None:
-        """Write ``config.json`` and ``model.pt`` (tensors only) into ``directory``."""
-        path = Path(directory)
-        path.mkdir(parents=True, exist_ok=True)
-        (path / _CONFIG).write_text(json.dumps(self.config.to_dict(), indent=2))
-        torch.save(self.state_dict(), path / _WEIGHTS)
+        """Write ``config.json`` and ``model.pt`` (tensors only) into ``directory``
+        (:func:`fastrwa.models.save_pretrained`)."""
+        save_pretrained(self, directory)
 
     @classmethod
     def load(cls, directory: str | os.PathLike, map_location=None) -> "ByteLM":
-        """Load a model written by :meth:`save_pretrained`.
-
-        Safe: the weights are read with ``torch.load(weights_only=True)``, which unpickles
-        tensors and plain containers only, never arbitrary objects.
-        """
-        path = Path(directory)
-        if not (path / _CONFIG).is_file() or not (path / _WEIGHTS).is_file():
-            raise FileNotFoundError(f"{path} must hold {_CONFIG} and {_WEIGHTS} "
-                                    f"(written by ByteLM.save_pretrained)")
-        model = cls(LMConfig.from_dict(json.loads((path / _CONFIG).read_text())))
-        weights = torch.load(path / _WEIGHTS, map_location=map_location, weights_only=True)
-        model.load_state_dict(weights)
+        """Load a model written by :meth:`save_pretrained` (:func:`fastrwa.models.load_pretrained`,
+        which reads tensors only: ``torch.load(weights_only=True)``)."""
+        model = load_pretrained(directory, map_location)
+        if not isinstance(model, cls):
+            raise ValueError(f"{directory} holds a {type(model).__name__}, not a {cls.__name__}")
         return model
-
-
-def _sample(logits: Tensor, temperature: float, top_k: Optional[int], top_p: Optional[float],
-            generator: Optional[torch.Generator], forbidden: int) -> Tensor:
-    """One token per row of ``logits`` ``(B, V)``, never ``forbidden`` (the BOS id: it starts
-    a text and is not a byte, so generated text could not be decoded with it)."""
-    logits = logits.float() / temperature
-    logits[:, forbidden] = float("-inf")
-    if top_k is not None and top_k < logits.shape[-1]:
-        kth = logits.topk(top_k, dim=-1).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p is not None and top_p < 1:
-        sorted_logits, order = logits.sort(dim=-1, descending=True)
-        cum = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
-        drop = cum - torch.softmax(sorted_logits, dim=-1) >= top_p   # keep the first to reach p
-        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-        logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
-    probs = torch.softmax(logits, dim=-1)
-    return torch.multinomial(probs, 1, generator=generator)[:, 0]

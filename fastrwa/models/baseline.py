@@ -1,0 +1,78 @@
+"""The recurrent baselines of the language-model comparison: LSTM or GRU between the same
+embedding, final norm and (tied) head as :class:`fastrwa.models.ByteLM`."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor, nn
+
+from .config import LMConfig
+from .sampling import check_generate_args, sample
+
+
+class RecurrentLM(nn.Module):
+    """Byte-level LM: embedding -> ``n_layers`` of ``torch.nn.LSTM``/``GRU`` (width
+    ``d_model``, cuDNN on a GPU) -> RMSNorm -> head; ``config.layer`` is "lstm" or "gru".
+
+    ``logits, state = model(tokens, state=None)`` as for :class:`ByteLM`; ``state`` is the
+    PyTorch RNN's (``(h, c)`` for an LSTM, ``h`` for a GRU, batch in dimension 1).
+
+    Example:
+        >>> import torch
+        >>> from fastrwa.models import LMConfig, RecurrentLM
+        >>> model = RecurrentLM(LMConfig(layer="gru", d_model=32, n_layers=2))
+        >>> logits, state = model(torch.randint(0, 256, (2, 16)))
+        >>> logits.shape
+        torch.Size([2, 16, 257])
+    """
+
+    def __init__(self, config: LMConfig):
+        super().__init__()
+        if config.layer not in ("lstm", "gru"):
+            raise ValueError(f"RecurrentLM needs LMConfig.layer 'lstm' or 'gru', "
+                             f"got {config.layer!r} (ByteLM runs 'rda' and 'rwa')")
+        self.config = config
+        d = config.d_model
+        self.embed = nn.Embedding(config.vocab_size, d)
+        rnn = nn.LSTM if config.layer == "lstm" else nn.GRU
+        self.rnn = rnn(d, d, config.n_layers, batch_first=True)
+        self.norm = nn.RMSNorm(d)
+        self.head = nn.Linear(d, config.vocab_size, bias=False)
+        nn.init.normal_(self.embed.weight, std=d ** -0.5)
+        if config.tie_embeddings:
+            self.head.weight = self.embed.weight
+
+    def forward(self, tokens: Tensor, state=None) -> tuple[Tensor, object]:
+        """Logits ``(B, T, vocab_size)`` and the RNN state after the last position."""
+        if not isinstance(tokens, Tensor) or tokens.dim() != 2 or tokens.is_floating_point():
+            got = f"{tuple(tokens.shape)} {tokens.dtype}" if isinstance(tokens, Tensor) \
+                else type(tokens).__name__
+            raise ValueError(f"tokens must be integer ids of shape (B, T), got {got}")
+        h, state = self.rnn(self.embed(tokens.long()), state)
+        return self.head(self.norm(h)), state
+
+    @torch.no_grad()
+    def generate(self, prompt: Tensor, max_new_tokens: int, temperature: float = 1.0,
+                 top_k: Optional[int] = None, top_p: Optional[float] = None,
+                 beam_size: int = 1, generator: Optional[torch.Generator] = None) -> Tensor:
+        """Sample a continuation of ``prompt`` ``(B, P)`` or ``(P,)``, as
+        :meth:`ByteLM.generate` (no beam search: ``beam_size`` must be 1)."""
+        if isinstance(prompt, Tensor) and prompt.dim() == 1:
+            prompt = prompt[None]
+        check_generate_args(prompt, self.config.vocab_size, max_new_tokens, temperature, top_k,
+                            top_p, beam_size)
+        if beam_size != 1:
+            raise ValueError("RecurrentLM.generate samples only: beam_size must be 1")
+        B, P = prompt.shape
+        context = prompt if P else prompt.new_full((B, 1), self.config.bos_token)
+        out = torch.cat([prompt, prompt.new_empty((B, max_new_tokens))], dim=1)
+        logits, state = self(context)
+        logits = logits[:, -1]
+        for i in range(max_new_tokens):
+            token = sample(logits, temperature, top_k, top_p, generator, self.config.bos_token)
+            out[:, P + i] = token
+            logits, state = self(token[:, None], state)
+            logits = logits[:, -1]
+        return out

@@ -1,0 +1,58 @@
+"""Sampling one token from logits, and the checks of ``generate``'s arguments (shared by
+:class:`fastrwa.models.ByteLM` and the baselines)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+
+def check_generate_args(prompt: object, vocab_size: int, max_new_tokens: object,
+                        temperature: object, top_k: object, top_p: object,
+                        beam_size: object) -> None:
+    """Raise ``TypeError``/``ValueError`` naming the argument of ``generate`` that is wrong."""
+    if not isinstance(prompt, Tensor) or prompt.dim() != 2:
+        got = tuple(prompt.shape) if isinstance(prompt, Tensor) else type(prompt).__name__
+        raise ValueError(f"prompt must be integer ids of shape (B, P) or (P,), got {got}")
+    if prompt.is_floating_point() or prompt.is_complex() or prompt.dtype == torch.bool:
+        raise TypeError(f"prompt must hold integer token ids, got dtype {prompt.dtype}")
+    if prompt.numel():
+        low, high = int(prompt.min()), int(prompt.max())
+        if low < 0 or high >= vocab_size:
+            raise ValueError(f"prompt must be ids in [0, {vocab_size}), "
+                             f"got values in [{low}, {high}]")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) \
+            or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) \
+            or not 0 < temperature < float("inf"):
+        raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int)
+                              or top_k < 1):
+        raise ValueError(f"top_k must be a positive int or None, got {top_k!r}")
+    if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float))
+                              or not 0 < top_p <= 1):
+        raise ValueError(f"top_p must be in (0, 1] or None, got {top_p!r}")
+    if isinstance(beam_size, bool) or not isinstance(beam_size, int) or beam_size < 1:
+        raise ValueError(f"beam_size must be a positive int, got {beam_size!r}")
+
+
+def sample(logits: Tensor, temperature: float, top_k: Optional[int], top_p: Optional[float],
+           generator: Optional[torch.Generator], forbidden: int) -> Tensor:
+    """One token per row of ``logits`` ``(B, V)``, never ``forbidden`` (the BOS id: it starts
+    a text and is not a byte, so generated text could not be decoded with it)."""
+    logits = logits.float() / temperature
+    logits[:, forbidden] = float("-inf")
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = logits.topk(top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        cum = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
+        drop = cum - torch.softmax(sorted_logits, dim=-1) >= top_p   # keep the first to reach p
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+        logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+    probs = torch.softmax(logits, dim=-1)
+    return torch.multinomial(probs, 1, generator=generator)[:, 0]
