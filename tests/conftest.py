@@ -112,3 +112,9 @@ def poison_fresh_buffers():
     """Every buffer the backend allocates starts as NaN, so an unwritten entry fails a test."""
     with poison_buffers():
         yield
+
+
+@pytest.fixture(autouse=True)
+def _corpus_cache(tmp_path, monkeypatch):
+    """Zip corpora are extracted into the test's own directory, not ~/.cache."""
+    monkeypatch.setenv("FASTRWA_CACHE", str(tmp_path / "cache"))

@@ -101,8 +101,10 @@ def test_corpus_split_zip_and_streams(tmp_path):
     raw = bytes(range(256)) * 8
     with zipfile.ZipFile(tmp_path / "enwik8.zip", "w") as z:
         z.writestr("enwik8", raw)
-    assert fdata.read_corpus(tmp_path / "enwik8.zip") == raw
-    parts = fdata.split_corpus(raw)
+    assert bytes(fdata.read_corpus(tmp_path / "enwik8.zip").tolist()) == raw
+    (tmp_path / "enwik8").write_bytes(raw)
+    assert bytes(fdata.read_corpus(tmp_path / "enwik8").tolist()) == raw
+    parts = fdata.split_corpus(fdata.read_corpus(tmp_path / "enwik8"))
     assert [len(parts[k]) for k in ("train", "valid", "test")] == [1844, 102, 102]
     assert bytes(torch.cat(list(parts.values())).tolist()) == raw
     n = 100_000_000                      # enwik8: exactly 90M / 5M / 5M
@@ -114,14 +116,56 @@ def test_corpus_split_zip_and_streams(tmp_path):
     assert not again and torch.equal(x1[:, 0], y[:, -1])    # consecutive segments continue
 
 
+def test_the_zip_is_extracted_once_and_the_corpus_is_mapped_not_copied(tmp_path):
+    """enwik8.zip is extracted into the cache once; every process then maps the same file
+    (the corpus's bytes are not read into each process's memory)."""
+    raw = bytes(range(256)) * 64
+    with zipfile.ZipFile(tmp_path / "enwik8.zip", "w") as z:
+        z.writestr("enwik8", raw)
+    first = fdata.read_corpus(tmp_path / "enwik8.zip")
+    cached = list((tmp_path / "cache").iterdir())
+    assert len(cached) == 1 and cached[0].read_bytes() == raw
+    mtime = cached[0].stat().st_mtime_ns
+    second = fdata.read_corpus(tmp_path / "enwik8.zip")
+    assert cached[0].stat().st_mtime_ns == mtime and torch.equal(first, second)
+    rss = lambda: int(open("/proc/self/statm").read().split()[1]) * 4096  # noqa: E731
+    big = tmp_path / "big"
+    big.write_bytes(b"\x07" * (64 << 20))
+    before = rss()
+    data = fdata.read_corpus(big)
+    assert len(data) == 64 << 20 and rss() - before < (16 << 20)   # mapped, not read in
+    assert int(data[12345]) == 7
+
+
+@pytest.mark.parametrize("n, streams, segment", [(2, 4, 3), (101, 4, 7), (100, 3, 200),
+                                                 (64, 8, 8)])
+def test_whole_split_scores_every_byte_once(n, streams, segment):
+    """Batched evaluation: every (previous byte -> next byte) pair of the split exactly once,
+    in order within each row, and no target past the end."""
+    data = torch.randint(0, 256, (n,), dtype=torch.uint8)
+    pairs, rows = [], None
+    for x, y in fdata.whole_split(data, streams, segment):
+        rows = x if rows is None else torch.cat([rows, x], dim=1)
+        keep = y >= 0
+        pairs += list(zip(x[keep].tolist(), y[keep].tolist()))
+    flat = rows.reshape(-1)[: n - 1]
+    assert torch.equal(flat, data[:-1].long())              # rows continue the split
+    assert sorted(pairs) == sorted(zip(data[:-1].tolist(), data[1:].tolist()))
+
+
 # -- the CLI ---------------------------------------------------------------------------------
 def _run(tmp_path, name, *flags):
     args = ["--run-dir", str(tmp_path / name), "--no-progress", *map(str, flags)]
     return train_main(args), tmp_path / name
 
 
-def _metrics(run_dir):
-    return [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+TIMING = ("tokens_per_s", "elapsed_s")   # measured, so they differ from run to run
+
+
+def _metrics(run_dir, timing=False):
+    records = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return records if timing else [{k: v for k, v in r.items() if k not in TIMING}
+                                   for r in records]
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -154,16 +198,19 @@ def test_mnist_and_text_tasks(tmp_path):
     corpus.write_bytes(b"the quick brown fox jumps over the lazy dog. " * 200)
     code, run = _run(tmp_path, "txt", "--task", "text", "--data", corpus, "--hidden", 16,
                      "--batch-size", 2, "--bptt", 16, "--steps", 3, "--log-every", 1,
-                     "--eval-bytes", 200)
+                     "--eval-bytes", 200, "--warmup", 0)
     assert code == 0 and 0 < _metrics(run)[-1]["bpc"] < 9
     with zipfile.ZipFile(tmp_path / "enwik8.zip", "w") as z:
         z.writestr("enwik8", corpus.read_bytes())
     code, run = _run(tmp_path, "enwik8", "--task", "enwik8", "--data", tmp_path / "enwik8.zip",
-                     "--hidden", 8, "--batch-size", 2, "--bptt", 16, "--steps", 2,
-                     "--log-every", 1, "--eval-bytes", 100)
+                     "--hidden", 8, "--layers", 1, "--batch-size", 2, "--bptt", 16,
+                     "--steps", 4, "--warmup", 0, "--lr", 0.02, "--log-every", 1,
+                     "--eval-bytes", 100)
     records = _metrics(run)
     assert code == 0 and {r["split"] for r in records} == {"train", "valid", "test"}
-    assert all(0 < r["bpc"] < 9 for r in records)
+    held_out = [r["bpc"] for r in records if r["split"] != "train"]
+    assert all(0 < bpc < 8 for bpc in held_out)             # learnt: better than uniform
+    assert [r for r in records if r["split"] == "test"][0]["whole"]
 
 
 def test_resume_of_a_finished_run_continues_exactly(tmp_path):
@@ -388,7 +435,7 @@ def test_resume_of_a_run_with_a_damaged_config_or_metrics_is_a_clear_error(tmp_p
     assert "is not a metrics record" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("model", ["rda-scan", "rwa-cell"])
+@pytest.mark.parametrize("model", ["rda-scan", "gru"])
 def test_torchrun_on_a_byte_corpus(tmp_path, model):
     """Two processes on a byte corpus (the carried state leaves the learned initial state
     without a gradient after the first segment; DDP must know it)."""
@@ -397,12 +444,70 @@ def test_torchrun_on_a_byte_corpus(tmp_path, model):
     run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                           "--nproc_per_node", "2", "-m", "fastrwa.train", "--task", "text",
                           "--data", str(corpus), "--model", model, "--hidden", "8",
-                          "--batch-size", "4", "--bptt", "16", "--steps", "5",
-                          "--eval-every", "5", "--eval-bytes", "200", "--no-progress",
-                          "--run-dir", str(tmp_path / "run")],
+                          "--layers", "2", "--batch-size", "2", "--accum", "2", "--bptt", "16",
+                          "--steps", "5", "--eval-every", "5", "--eval-bytes", "200",
+                          "--no-progress", "--run-dir", str(tmp_path / "run")],
                          env=ENV, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert [r["step"] for r in _metrics(tmp_path / "run") if r["split"] == "train"]
+    from fastrwa.models import load_pretrained
+
+    model = load_pretrained(tmp_path / "run" / "model")     # the export needs no training code
+    assert model.config.layer == {"rda-scan": "rda", "gru": "gru"}[model_name(model)]
+
+
+def model_name(model):
+    return "gru" if model.config.layer == "gru" else "rda-scan"
+
+
+def _lm_flags(corpus):
+    return ["--task", "text", "--data", corpus, "--hidden", 16, "--layers", 2, "--bptt", 16,
+            "--batch-size", 2, "--accum", 2, "--warmup", 3, "--log-every", 1,
+            "--eval-every", 4, "--checkpoint-every", 3, "--eval-bytes", 300]
+
+
+def test_language_model_resume_is_bit_identical(tmp_path):
+    """A ByteLM run stopped at a checkpoint and resumed follows the uninterrupted run to the
+    bit: weights, the warmup/cosine schedule, the carried states of every micro-batch."""
+    from fastrwa.models import load_pretrained
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_bytes(bytes((i * 7 + i // 13) % 251 for i in range(8_000)))
+    flags = _lm_flags(corpus)
+    assert _run(tmp_path, "full", *flags, "--steps", 9)[0] == 0
+    assert _run(tmp_path, "part", *flags, "--steps", 6, "--decay-steps", 9)[0] == 0
+    assert train_main(["--resume", str(tmp_path / "part"), "--steps", "9", "--no-progress"]) == 0
+    # (the shorter run's final evaluations, at step 6, stay in its history)
+    resumed = [r for r in _metrics(tmp_path / "part")
+               if r["step"] != 6 or r["split"] == "train"]
+    assert resumed == _metrics(tmp_path / "full")
+    full, part = (load_pretrained(tmp_path / name / "model") for name in ("full", "part"))
+    for (name, a), b in zip(full.state_dict().items(), part.state_dict().values()):
+        assert torch.equal(a, b), name
+    lrs = [r["lr"] for r in _metrics(tmp_path / "full") if r["split"] == "train"]
+    assert lrs[:3] == pytest.approx([2e-3 / 3, 4e-3 / 3, 2e-3]) and lrs[-1] == pytest.approx(2e-4)
+
+
+def test_language_model_run_writes_samples_best_and_export(tmp_path, capsys):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_bytes(b"the quick brown fox jumps over the lazy dog. " * 200)
+    code, run = _run(tmp_path, "lm", *_lm_flags(corpus), "--steps", 8)
+    assert code == 0
+    err = capsys.readouterr().err
+    assert "ByteLM (rda-scan)" in err and "parameters" in err
+    assert (run / "samples.txt").read_text(encoding="utf-8").count("--- step") == 2
+    for name in ("best", "model"):
+        assert {p.name for p in (run / name).iterdir()} == {"config.json", "model.pt"}
+    records = _metrics(run, timing=True)
+    assert all(r["tokens_per_s"] > 0 for r in records if r["split"] == "train")
+    assert all(r["elapsed_s"] > 0 for r in records)
+    test = [r for r in records if r["split"] == "test"][0]
+    assert test["whole"] and test["bytes"] == 9_000 // 20 - 1     # every byte of the split
+    assert _run(tmp_path, "lm", *_lm_flags(corpus), "--steps", 2, "--overwrite")[0] == 0
+    assert _run(tmp_path, "x", "--task", "text", "--data", corpus, "--model", "rwa-cell")[0] == 2
+    assert "not a language model" in capsys.readouterr().err
+    assert _run(tmp_path, "y", "--task", "text", "--data", corpus, "--lm", "heads=2")[0] == 2
+    assert "heads" in capsys.readouterr().err
 
 
 def test_plot_names_the_runs_it_cannot_overlay_and_reads_a_killed_run(tmp_path, capsys):

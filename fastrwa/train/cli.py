@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import sys
 import time
@@ -20,37 +21,64 @@ import torch.distributed as dist
 
 from ..ops.vocab import ATTENTIONS
 from .tasks import TASKS
-from .config import RESUMABLE_CHANGES, RunConfig
+from .config import AUTOCASTS, DEFAULTS, DEVICES, RESUMABLE_CHANGES, SCHEDULES, RunConfig
+from .device import process_group_backend, resolve_device
 from .loop import RunDirError, prepare_run_dir, train
-from .models import MODELS
+from .models import LM_LAYERS, MODELS
 from .problems import ALL_TASKS, make_problem
+
+
+def _lm_field(text: str) -> tuple[str, object]:
+    """``--lm KEY=VALUE``: the value read as JSON (numbers, true/false, null), else a string."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE (an LMConfig field), got {text!r}")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m fastrwa.train", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     defaults = RunConfig()
-    add = lambda flag, **kw: p.add_argument(flag, default=None, **kw)
+    seq, lm = DEFAULTS["sequence"], DEFAULTS["lm"]
+    per_kind = lambda name: f"default {seq[name]}, byte corpora {lm[name]}"  # noqa: E731
+    add = lambda flag, **kw: p.add_argument(flag, default=None, **kw)  # noqa: E731
     add("--task", choices=ALL_TASKS, help=f"default {defaults.task}; synthetic: {sorted(TASKS)}")
-    add("--model", choices=MODELS, help=f"default {defaults.model}")
+    add("--model", choices=MODELS, help=f"{per_kind('model')}; byte corpora take "
+                                        f"{sorted(LM_LAYERS)}")
     add("--seq-len", type=int, help=f"synthetic tasks' T (default {defaults.seq_len})")
-    add("--hidden", type=int, help=f"units per layer (default {defaults.hidden})")
-    add("--layers", type=int, help=f"stacked layers (default {defaults.layers})")
-    add("--attention", choices=ATTENTIONS,
-        help=f"f_a of RDA models (default {defaults.attention})")
-    add("--batch-size", type=int, help=f"per process (default {defaults.batch_size})")
-    add("--lr", type=float, help=f"Adam learning rate (default {defaults.lr})")
+    add("--hidden", type=int, help=f"units per layer, d_model of an LM ({per_kind('hidden')})")
+    add("--layers", type=int, help=f"stacked layers or LM blocks ({per_kind('layers')})")
+    add("--attention", choices=ATTENTIONS, help=f"f_a of RDA models ({per_kind('attention')})")
+    add("--batch-size", type=int, help=f"per process and micro-batch ({per_kind('batch_size')})")
+    add("--accum", type=int, help="micro-batches accumulated per optimizer step (default 1)")
+    add("--lr", type=float, help=f"peak AdamW learning rate ({per_kind('lr')})")
+    add("--weight-decay", type=float, help=f"AdamW weight decay of matrices, not of norms, "
+                                           f"biases or embeddings ({per_kind('weight_decay')})")
+    add("--warmup", type=int, help=f"linear warmup steps ({per_kind('warmup')})")
+    add("--schedule", choices=SCHEDULES, help=f"after warmup ({per_kind('schedule')})")
+    add("--decay-steps", type=int, help="steps the schedule decays over (default --steps; "
+                                         "fixed when a run starts, so --resume with more "
+                                         "--steps keeps it)")
     add("--clip", type=float, help=f"gradient-norm clipping, 0 = off (default {defaults.clip})")
-    add("--steps", type=int, help=f"optimizer steps (default {defaults.steps})")
+    add("--steps", type=int, help=f"optimizer steps ({per_kind('steps')})")
     add("--seed", type=int, help=f"default {defaults.seed}")
     add("--bptt", type=int, help=f"byte corpora: segment length (default {defaults.bptt})")
     add("--data", help="enwik8 (raw or .zip) / text: a file; mnist, pmnist: the IDX directory")
-    add("--eval-every", type=int, help=f"default {defaults.eval_every}")
-    add("--eval-batches", type=int, help=f"default {defaults.eval_batches}")
-    add("--eval-bytes", type=int, help=f"byte corpora: validation bytes, 0 = all "
-                                       f"(default {defaults.eval_bytes})")
+    add("--device", choices=DEVICES, help="auto: CUDA when present, else the CPU (default auto)")
+    add("--autocast", choices=AUTOCASTS, help="bf16: forward in bfloat16 autocast (default none)")
+    p.add_argument("--lm", type=_lm_field, action="append", metavar="KEY=VALUE",
+                   help="byte corpora: an LMConfig field of the model, e.g. --lm mlp_ratio=2 "
+                        "(repeatable; see docs/lm.md)")
+    add("--eval-every", type=int, help=f"steps between evaluations ({per_kind('eval_every')})")
+    add("--eval-batches", type=int, help=f"synthetic tasks (default {defaults.eval_batches})")
+    add("--eval-bytes", type=int, help="byte corpora: validation bytes scored, 0 = the whole "
+                                       "split (default 0; the test split is always whole)")
     add("--log-every", type=int, help=f"default {defaults.log_every}")
-    add("--checkpoint-every", type=int, help=f"default {defaults.checkpoint_every}")
+    add("--checkpoint-every", type=int, help=per_kind("checkpoint_every"))
     p.add_argument("--compile", action="store_true", default=None, help="torch.compile the model")
     p.add_argument("--no-progress", dest="progress", action="store_false", default=None,
                    help="no progress bar")
@@ -63,6 +91,8 @@ def parser() -> argparse.ArgumentParser:
 def _config(args: argparse.Namespace) -> tuple[RunConfig, dict]:
     fields = {f.name for f in dataclasses.fields(RunConfig)}
     given = {k: v for k, v in vars(args).items() if k in fields and v is not None}
+    if "lm" in given:
+        given["lm"] = dict(given["lm"])
     return RunConfig(**given), given
 
 
@@ -90,7 +120,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        try:
+            device = resolve_device(cfg.device)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        dist.init_process_group(process_group_backend(device))
     rank = dist.get_rank() if world > 1 else 0
     try:
         answer = [None, None, None]
@@ -138,6 +175,10 @@ def _report(cfg: RunConfig, run_dir: Path, last: dict) -> None:
             print(f"{cfg.task}: {split} {problem.metric} {value:.4g} vs naive baseline "
                   f"{problem.baseline:.4g} ({'beats' if better else 'does not beat'} it)")
         else:
-            print(f"{cfg.task}: {split} " + ", ".join(f"{k} {v:.4g}" for k, v in record.items()
-                                                      if k not in ("step", "split")))
+            whole = "" if record.get("whole", True) else \
+                f" (the first {record['bytes']:,} bytes of the split, not all of it)"
+            print(f"{cfg.task}: {split} " + ", ".join(
+                f"{k} {v:.4g}" for k, v in record.items()
+                if k not in ("step", "split", "bytes", "whole", "elapsed_s"))
+                + whole)
     print(f"learning curve: {png}")

@@ -7,40 +7,80 @@ import math
 from typing import Any, Optional
 
 # Flags that may change when a run is resumed (they do not change what has been computed).
-RESUMABLE_CHANGES = ("steps", "eval_every", "log_every", "checkpoint_every", "progress")
+RESUMABLE_CHANGES = ("steps", "eval_every", "log_every", "checkpoint_every", "progress",
+                     "device")
+LM_TASKS = ("enwik8", "text")
+DEVICES = ("auto", "cpu", "cuda")
+SCHEDULES = ("constant", "cosine")
+AUTOCASTS = ("none", "bf16")
+
+# Defaults per kind of task, for the fields left as None. The synthetic and image tasks
+# follow the RWA/RDA papers (250 units, batch 100, Adam 1e-3, clipping at norm 1); the byte
+# language models follow current LM practice (docs/lm.md): a 4-block ByteLM of width 256,
+# AdamW with weight decay, linear warmup then cosine decay, BPTT 128.
+DEFAULTS = {
+    "sequence": dict(model="rwa-scan", attention="exp", hidden=250, layers=1, batch_size=100, lr=1e-3, weight_decay=0.0,
+                     warmup=0, schedule="constant", steps=1000, eval_every=100,
+                     checkpoint_every=100),
+    "lm": dict(model="rda-scan", attention="sigmoid", hidden=256, layers=4, batch_size=32, lr=2e-3, weight_decay=0.1, warmup=200,
+               schedule="cosine", steps=5000, eval_every=500, checkpoint_every=500),
+}
 
 
 @dataclasses.dataclass
 class RunConfig:
-    """Defaults follow the RWA/RDA papers where they say (250 units, batch 100, Adam 1e-3,
-    gradient clipping at norm 1) and keep the default run (adding, T=100) to minutes on a CPU."""
+    """Every flag that shapes a run. Fields left ``None`` take the defaults of the task's
+    kind (:data:`DEFAULTS`): the papers' settings for the synthetic and image tasks, an LM
+    recipe for the byte corpora. ``lm`` holds :class:`fastrwa.models.LMConfig` fields for
+    the byte tasks (``--lm KEY=VALUE``)."""
 
     task: str = "adding"
-    model: str = "rwa-scan"
+    model: Optional[str] = None
     seq_len: int = 100
-    hidden: int = 250
-    layers: int = 1
-    attention: str = "exp"
-    batch_size: int = 100
-    lr: float = 1e-3
+    hidden: Optional[int] = None
+    layers: Optional[int] = None
+    attention: Optional[str] = None
+    batch_size: Optional[int] = None
+    lr: Optional[float] = None
+    weight_decay: Optional[float] = None
+    warmup: Optional[int] = None
+    schedule: Optional[str] = None
+    decay_steps: Optional[int] = None
+    accum: int = 1
     clip: float = 1.0
-    steps: int = 1000
+    steps: Optional[int] = None
     seed: int = 0
     bptt: int = 128
     data: Optional[str] = None
-    eval_every: int = 100
+    device: str = "auto"
+    autocast: str = "none"
+    lm: dict = dataclasses.field(default_factory=dict)
+    eval_every: Optional[int] = None
     eval_batches: int = 4
-    eval_bytes: int = 200_000
+    eval_bytes: int = 0
     log_every: int = 10
-    checkpoint_every: int = 100
+    checkpoint_every: Optional[int] = None
     compile: bool = False
     progress: bool = True
+
+    @property
+    def is_lm(self) -> bool:
+        return self.task in LM_TASKS
 
     def __post_init__(self) -> None:
         """Refuse values no run can use, naming the flag (``ValueError``)."""
         flag = lambda name: "--" + name.replace("_", "-")          # noqa: E731
+        for name, value in DEFAULTS["lm" if self.is_lm else "sequence"].items():
+            if getattr(self, name) is None:
+                setattr(self, name, value)
+        if self.decay_steps is None:        # the schedule's length, fixed when a run starts
+            self.decay_steps = self.steps
         for field in dataclasses.fields(self):
             value, kind = getattr(self, field.name), field.type
+            kind = {"Optional[int]": "int", "Optional[float]": "float",
+                    "Optional[str]": "str"}.get(kind, kind)
+            if field.name == "data":
+                continue
             if kind in ("int", int) and (isinstance(value, bool) or not isinstance(value, int)):
                 raise ValueError(f"{flag(field.name)} must be an integer, got {value!r}")
             if kind in ("float", float) and (isinstance(value, bool)
@@ -50,8 +90,10 @@ class RunConfig:
                 raise ValueError(f"{field.name} must be true or false, got {value!r}")
             if kind in ("str", str) and not isinstance(value, str):
                 raise ValueError(f"{flag(field.name)} must be a string, got {value!r}")
+            if kind in ("dict", dict) and not isinstance(value, dict):
+                raise ValueError(f"{field.name} must be a mapping, got {value!r}")
         for name in ("seq_len", "hidden", "layers", "batch_size", "steps", "bptt", "eval_every",
-                     "eval_batches", "log_every", "checkpoint_every"):
+                     "eval_batches", "log_every", "checkpoint_every", "accum", "decay_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{flag(name)} must be at least 1, got {getattr(self, name)}")
         if self.eval_bytes < 0:
@@ -60,6 +102,23 @@ class RunConfig:
             raise ValueError(f"--lr must be a finite number above 0, got {self.lr}")
         if not (math.isfinite(self.clip) and self.clip >= 0):
             raise ValueError(f"--clip must be a finite number, 0 (off) or more, got {self.clip}")
+        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+            raise ValueError(f"--weight-decay must be a finite number >= 0, "
+                             f"got {self.weight_decay}")
+        if self.warmup < 0:
+            raise ValueError(f"--warmup must be 0 (none) or more steps, got {self.warmup}")
+        for name, allowed in (("device", DEVICES), ("schedule", SCHEDULES),
+                              ("autocast", AUTOCASTS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{flag(name)} must be one of {allowed}, "
+                                 f"got {getattr(self, name)!r}")
+        reserved = sorted(set(self.lm) & {"d_model", "n_layers", "layer", "attention"})
+        if reserved:
+            raise ValueError(f"--lm {reserved[0]}=... is set by --hidden, --layers, --model and "
+                             f"--attention; use those flags")
+        if self.lm and not self.is_lm:
+            raise ValueError(f"--lm sets language-model fields; --task {self.task} is not a "
+                             f"byte corpus ({LM_TASKS})")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -10,12 +10,14 @@ import argparse
 import gzip
 import hashlib
 import math
+import os
 import struct
 import sys
 import urllib.request
 import zipfile
 import zlib
 from pathlib import Path
+from typing import Iterator
 
 import torch
 from torch import Tensor
@@ -25,34 +27,70 @@ ENWIK8_SIZE = 100_000_000
 ENWIK8_MD5 = "a1fa5ffddb56f4953e226637dabbb36a"   # published with the corpus
 
 
-def read_corpus(path: str | Path) -> bytes:
-    """The bytes of a corpus file: raw, or the single member of a ``.zip`` (enwik8.zip)."""
+def _cache_dir() -> Path:
+    return Path(os.environ.get("FASTRWA_CACHE", Path.home() / ".cache" / "fastrwa"))
+
+
+def _zip_member(path: Path) -> zipfile.ZipInfo:
+    try:
+        with zipfile.ZipFile(path) as archive:
+            members = [m for m in archive.infolist() if not m.is_dir()]
+    except (zipfile.BadZipFile, zlib.error, EOFError) as exc:
+        raise ValueError(f"--data {path}: the zip is damaged ({exc}); download it again")
+    if len(members) != 1:
+        raise ValueError(f"--data {path}: expected one file in the zip, "
+                         f"got {[m.filename for m in members]}")
+    return members[0]
+
+
+def _extract_once(path: Path) -> Path:
+    """The zip's single member as a file in the cache (``$FASTRWA_CACHE``, default
+    ``~/.cache/fastrwa``), extracted on first use through a temporary file and ``os.replace``
+    (processes that race write the same bytes); its CRC-32 is checked while extracting."""
+    member = _zip_member(path)
+    target = _cache_dir() / f"{Path(member.filename).name}-{member.file_size}-{member.CRC:08x}"
+    if target.is_file() and target.stat().st_size == member.file_size:
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
+    try:
+        with zipfile.ZipFile(path) as archive, archive.open(member) as src, open(tmp, "wb") as out:
+            while chunk := src.read(1 << 22):
+                out.write(chunk)
+    except (zipfile.BadZipFile, zlib.error, EOFError) as exc:
+        tmp.unlink(missing_ok=True)
+        raise ValueError(f"--data {path}: the zip is damaged ({exc}); download it again")
+    os.replace(tmp, target)
+    return target
+
+
+def read_corpus(path: str | Path) -> Tensor:
+    """The bytes of a corpus file as a ``uint8`` tensor mapped from disk (not read into each
+    process's memory): a raw file, or the single member of a ``.zip`` (enwik8.zip), extracted
+    once into the cache directory and mapped from there."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"--data {path}: no such file (enwik8: the raw 'enwik8' file or "
                                 f"'enwik8.zip'; get it with python -m fastrwa.train.data download-enwik8)")
     if zipfile.is_zipfile(path):
-        try:
-            with zipfile.ZipFile(path) as archive:
-                names = [n for n in archive.namelist() if not n.endswith("/")]
-                if len(names) != 1:
-                    raise ValueError(f"--data {path}: expected one file in the zip, got {names}")
-                return archive.read(names[0])
-        except (zipfile.BadZipFile, zlib.error, EOFError) as exc:
-            raise ValueError(f"--data {path}: the zip is damaged ({exc}); download it again")
-    return path.read_bytes()
+        path = _extract_once(path)
+    size = path.stat().st_size
+    if size == 0:
+        return torch.empty(0, dtype=torch.uint8)
+    return torch.from_file(str(path), shared=False, size=size, dtype=torch.uint8)
 
 
-def split_corpus(data: bytes) -> dict[str, Tensor]:
-    """Train / valid / test as the first 90%, next 5% and last 5% of the bytes: for enwik8's
-    100,000,000 bytes exactly the standard 90M / 5M / 5M."""
+def split_corpus(data: Tensor | bytes) -> dict[str, Tensor]:
+    """Train / valid / test as the first 90%, next 5% and last 5% of the bytes (views, no
+    copy): for enwik8's 100,000,000 bytes exactly the standard 90M / 5M / 5M."""
+    if isinstance(data, (bytes, bytearray)):
+        data = torch.frombuffer(bytearray(data), dtype=torch.uint8)
     n = len(data)
     held = n // 20
     if held < 2:
         raise ValueError(f"the corpus has {n} bytes; at least 40 are needed for a 90/5/5 split")
-    tensor = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-    return {"train": tensor[:n - 2 * held], "valid": tensor[n - 2 * held:n - held],
-            "test": tensor[n - held:]}
+    return {"train": data[:n - 2 * held], "valid": data[n - 2 * held:n - held],
+            "test": data[n - held:]}
 
 
 class ByteStreams:
@@ -61,6 +99,7 @@ class ByteStreams:
     Segment ``k`` gives inputs ``rows[:, k*L : (k+1)*L]`` and the next bytes as targets, so
     the recurrent state after segment ``k`` is the right initial state for segment ``k+1``.
     After the last segment the reading wraps around (``new_pass`` says when to reset state).
+    Each segment is gathered from ``data`` when asked for (a memory-mapped corpus stays on disk).
     """
 
     def __init__(self, data: Tensor, streams: int, segment: int):
@@ -71,10 +110,8 @@ class ByteStreams:
         if self.segments < 1:
             raise ValueError(f"{len(data)} bytes cannot give {streams} streams of even one "
                              f"segment of {segment} bytes; use a smaller --batch-size or --bptt")
-        usable = self.segments * segment
-        self.rows = torch.stack([data[i * per_row:i * per_row + usable + 1]
-                                 for i in range(streams)]).long()     # (streams, usable + 1)
-        self.segment = segment
+        self.data, self.segment = data, segment
+        self.starts = torch.arange(streams)[:, None] * per_row                 # (streams, 1)
 
     def __len__(self) -> int:
         return self.segments
@@ -82,9 +119,28 @@ class ByteStreams:
     def get(self, k: int) -> tuple[Tensor, Tensor, bool]:
         """``(inputs (streams, L), targets (streams, L), new_pass)`` of segment ``k``."""
         j = k % self.segments
-        lo = j * self.segment
-        return self.rows[:, lo:lo + self.segment], self.rows[:, lo + 1:lo + 1 + self.segment], \
-            j == 0
+        rows = self.data[self.starts + j * self.segment + torch.arange(self.segment + 1)].long()
+        return rows[:, :-1], rows[:, 1:], j == 0
+
+
+def whole_split(data: Tensor, streams: int, segment: int) -> Iterator[tuple[Tensor, Tensor]]:
+    """Every next-byte prediction of ``data`` (``len(data) - 1`` targets), batched: the split
+    is cut into ``streams`` contiguous rows read in segments of up to ``segment`` bytes, the
+    state to be carried from one segment to the next. Yields ``(inputs, targets)``
+    ``(streams, L)``; targets past the end of the split are ``-100`` (ignored by
+    ``cross_entropy``), so the sum of losses covers each byte exactly once."""
+    n = len(data) - 1
+    if n < 1:
+        raise ValueError(f"a split of {len(data)} bytes has nothing to predict")
+    streams = min(streams, n)
+    per_row = -(-n // streams)                                                 # ceil
+    padded = torch.zeros(streams * per_row + 1, dtype=torch.long)
+    padded[:n + 1] = data
+    valid = torch.arange(streams * per_row) < n
+    starts = torch.arange(streams)[:, None] * per_row
+    for lo in range(0, per_row, segment):
+        index = starts + lo + torch.arange(min(segment, per_row - lo))          # (streams, L)
+        yield padded[index], torch.where(valid[index], padded[index + 1], -100)
 
 
 def bits_per_byte(loss_nats: float) -> float:
@@ -151,7 +207,8 @@ def download_enwik8(directory: str | Path) -> Path:
     with urllib.request.urlopen(ENWIK8_URL) as response, partial.open("wb") as out:
         while chunk := response.read(1 << 20):
             out.write(chunk)
-    data = read_corpus(partial)
+    with zipfile.ZipFile(partial) as archive:
+        data = archive.read(_zip_member(partial))
     if len(data) != ENWIK8_SIZE or _md5(data) != ENWIK8_MD5:
         partial.unlink()
         raise ValueError(f"downloaded enwik8 has {len(data)} bytes and md5 {_md5(data)}; "

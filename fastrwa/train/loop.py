@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import sys
+import time
 import zipfile
 from pathlib import Path
 
@@ -11,19 +14,25 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
+from ..models import LMConfig, LMState, build, save_pretrained
 from ..nn import CellState, LayerState, RRAState
 from ..state import ScanState
 from .config import RunConfig
+from .device import placement
 from .metrics import read_records
-from .models import SequenceNet, detach_state
+from .models import LM_LAYERS, SequenceNet, detach_state
+from .optim import lr_factor, make_optimizer, set_lr
 from .problems import make_problem
 
 CHECKPOINT, CONFIG, METRICS = "checkpoint.pt", "config.json", "metrics.jsonl"
-PLOT = "learning_curve.png"
+PLOT, SAMPLES = "learning_curve.png", "samples.txt"
+BEST, EXPORT = "best", "model"   # language models: save_pretrained directories
 # Everything a run writes into its directory: --overwrite removes these and nothing else.
-RUN_FILES = (CONFIG, METRICS, CHECKPOINT, CHECKPOINT + ".tmp", METRICS + ".tmp", PLOT)
+RUN_FILES = (CONFIG, METRICS, CHECKPOINT, CHECKPOINT + ".tmp", METRICS + ".tmp", PLOT, SAMPLES)
+RUN_DIRS = (BEST, EXPORT)
+MODEL_FILES = ("config.json", "model.pt", "config.json.tmp", "model.pt.tmp")
 # NamedTuples that a carried recurrent state may contain: allowed by weights-only loading.
-torch.serialization.add_safe_globals([ScanState, LayerState, CellState, RRAState])
+torch.serialization.add_safe_globals([ScanState, LayerState, CellState, RRAState, LMState])
 
 
 class RunDirError(RuntimeError):
@@ -63,7 +72,12 @@ def _remove_run(run_dir: Path) -> None:
     """Remove the files of the fastrwa run in ``run_dir`` (``--overwrite``); refuse a
     directory that holds anything else, naming what is there."""
     entries = sorted(p.name for p in run_dir.iterdir())
-    others = [name for name in entries if name not in RUN_FILES]
+    others = [name for name in entries if name not in RUN_FILES + RUN_DIRS]
+    for name in RUN_DIRS:
+        if (run_dir / name).exists():
+            inside = sorted(p.name for p in (run_dir / name).iterdir()) \
+                if (run_dir / name).is_dir() else [None]
+            others += [f"{name}/{x}" for x in inside if x not in MODEL_FILES]
     if CONFIG not in entries or others:
         shown = ", ".join(others[:8]) + (" ..." if len(others) > 8 else "")
         raise RunDirError(
@@ -71,7 +85,12 @@ def _remove_run(run_dir: Path) -> None:
             + (f"holds other things: {shown}" if others else f"has no {CONFIG}")
             + "; choose another --run-dir")
     for name in entries:
-        (run_dir / name).unlink()
+        if name in RUN_DIRS:
+            for inner in (run_dir / name).iterdir():
+                inner.unlink()
+            (run_dir / name).rmdir()
+        else:
+            (run_dir / name).unlink()
 
 
 def save_checkpoint(path: Path, payload: dict) -> None:
@@ -120,13 +139,9 @@ def _truncate_metrics(path: Path, step: int) -> None:
     os.replace(tmp, path)
 
 
-def _rows(batch, rank: int, world: int):
-    """This rank's share of a global batch (rows ``rank::world`` blocks)."""
-    if world == 1:
-        return batch
-    size = batch.x.shape[0] // world
-    sl = slice(rank * size, (rank + 1) * size)
-    out = type(batch)(batch.x[sl], batch.target[sl], batch.mask[sl])
+def _slice(batch, lo: int, hi: int):
+    """Rows ``lo:hi`` of a batch (a process's share, or one accumulation micro-batch)."""
+    out = type(batch)(batch.x[lo:hi], batch.target[lo:hi], batch.mask[lo:hi])
     if hasattr(batch, "new_pass"):
         out.new_pass = batch.new_pass
     return out
@@ -140,16 +155,39 @@ def _mean_over_ranks(value: float, world: int) -> float:
     return float(t) / world
 
 
+def build_model(cfg: RunConfig, problem) -> torch.nn.Module:
+    """The network ``--model`` names: for a byte corpus a language model (``ByteLM`` for the
+    scan models, ``RecurrentLM`` for the LSTM/GRU baselines) configured by ``--hidden``,
+    ``--layers``, ``--attention`` and ``--lm``; otherwise a :class:`SequenceNet`."""
+    if not cfg.is_lm:
+        return SequenceNet(cfg.model, problem.input_size, cfg.hidden, cfg.layers,
+                           problem.output_size, vocab=problem.vocab, attention=cfg.attention)
+    if cfg.model not in LM_LAYERS:
+        raise ValueError(f"--model {cfg.model} is not a language model; --task {cfg.task} "
+                         f"trains one of {sorted(LM_LAYERS)}")
+    try:
+        config = LMConfig(layer=LM_LAYERS[cfg.model], d_model=cfg.hidden, n_layers=cfg.layers,
+                          attention=cfg.attention, **cfg.lm)
+    except TypeError as exc:           # an unknown field, or a bool given a number
+        raise ValueError(f"--lm: {exc}") from exc
+    return build(config)
+
+
+def _better(value: float, best, higher_is_better: bool) -> bool:
+    return best is None or (value > best if higher_is_better else value < best)
+
+
 def train(cfg: RunConfig, run_dir: Path, resume: bool = False) -> dict:
     """Train as configured; return the latest record per split ("train", "valid", "test").
     Rank 0 writes the run directory. The test split is evaluated once, after the last step."""
     rank, world = _world()
+    place = placement(cfg.device, cfg.autocast)
     torch.manual_seed(cfg.seed)
-    problem = make_problem(cfg, cfg.batch_size * world)
-    model = SequenceNet(cfg.model, problem.input_size, cfg.hidden, cfg.layers,
-                        problem.output_size, vocab=problem.vocab, attention=cfg.attention)
-    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
-    start, carried = 0, None
+    micro, accum = cfg.batch_size, cfg.accum
+    problem = make_problem(cfg, micro * accum * world)
+    model = build_model(cfg, problem).to(place.device)
+    optimizer = make_optimizer(model, cfg.lr, cfg.weight_decay)
+    start, carried, clock, best = 0, [None] * accum, 0.0, None
     if resume and (run_dir / CHECKPOINT).is_file():
         ckpt = load_checkpoint(run_dir / CHECKPOINT)
         if ckpt.get("world_size", 1) != world:
@@ -159,52 +197,94 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False) -> dict:
         try:
             model.load_state_dict(ckpt["model"])
             optimizer.load_state_dict(ckpt["optimizer"])
-            start, carried = ckpt["step"], ckpt["carried"][rank] if ckpt["carried"] else None
+            start, clock, best = ckpt["step"], ckpt.get("elapsed", 0.0), ckpt.get("best")
+            if ckpt["carried"]:
+                carried = place.to(list(ckpt["carried"][rank]))
             torch.set_rng_state(ckpt["rng"])
         except (KeyError, TypeError, ValueError, RuntimeError, IndexError) as exc:
             raise RunDirError(f"checkpoint {run_dir / CHECKPOINT} does not fit this run "
                               f"(written for another model or damaged: {type(exc).__name__}: "
                               f"{str(exc)[:300]}); remove it to restart the run") from exc
+        if len(carried) != accum:
+            raise RunDirError(f"checkpoint {run_dir / CHECKPOINT} carries {len(carried)} "
+                              f"states, this run accumulates {accum} micro-batches")
     if rank == 0:
         _truncate_metrics(run_dir / METRICS, start)
+        count = sum(p.numel() for p in dict.fromkeys(model.parameters()))
+        print(f"model: {type(model).__name__} ({cfg.model}), {count:,} parameters, on "
+              f"{place.device}" + (f", autocast {cfg.autocast}" if cfg.autocast != "none" else ""),
+              file=sys.stderr)
     # On a stateful task the carried state replaces a layer's learned initial state after the
     # first segment of a pass, so those parameters get no gradient then: DDP must look for
     # unused parameters or it waits for their gradients forever (a crash at the next step).
     net = torch.nn.parallel.DistributedDataParallel(
-        model, find_unused_parameters=problem.stateful) if world > 1 else model
+        model, device_ids=[place.device.index] if place.device.type == "cuda" else None,
+        find_unused_parameters=problem.stateful) if world > 1 else model
     forward = torch.compile(net) if cfg.compile else net
     last = {}   # the latest record per split
+    tokens, train_time = 0, 0.0   # since the last train record
     bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, dynamic_ncols=True,
                disable=rank != 0 or not cfg.progress, desc=f"{cfg.task} {cfg.model}")
     for step in bar:
+        began = time.perf_counter()
         model.train()
-        batch = _rows(problem.batch(step, cfg.batch_size * world), rank, world)
+        lr = cfg.lr * lr_factor(step, cfg.warmup, cfg.decay_steps, cfg.schedule)
+        set_lr(optimizer, lr)
+        batch = problem.batch(step, micro * accum * world)
+        batch = _slice(batch, rank * micro * accum, (rank + 1) * micro * accum)
         if problem.stateful and getattr(batch, "new_pass", False):
-            carried = None
-        output, state = forward(batch.x, carried)
-        loss, metric = problem.score(output, batch)
+            carried = [None] * accum
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        loss_sum = metric_sum = 0.0
+        for k in range(accum):
+            part = place.to(_slice(batch, k * micro, (k + 1) * micro))
+            # Gradients are averaged across processes once, after the last micro-batch.
+            sync = world == 1 or k == accum - 1
+            with contextlib.nullcontext() if sync else net.no_sync():
+                with place.autocast():
+                    output, state = forward(part.x, carried[k])
+                loss, metric = problem.score(output.float(), part)
+                (loss / accum).backward()
+            carried[k] = detach_state(state) if problem.stateful else None
+            loss_sum, metric_sum = loss_sum + float(loss.detach()), metric_sum + metric
         if cfg.clip > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
         optimizer.step()
-        carried = detach_state(state) if problem.stateful else None
+        tokens += batch.x.shape[0] * batch.x.shape[1] * world
+        train_time += time.perf_counter() - began
         done = step + 1
         records = []
         if done % cfg.log_every == 0 or done == cfg.steps:
             records.append({"step": done, "split": "train",
-                            "loss": _mean_over_ranks(float(loss.detach()), world),
-                            problem.metric: _mean_over_ranks(metric, world)})
+                            "loss": _mean_over_ranks(loss_sum / accum, world),
+                            problem.metric: _mean_over_ranks(metric_sum / accum, world),
+                            "lr": lr, "tokens_per_s": tokens / max(train_time, 1e-9)})
+            tokens, train_time = 0, 0.0
         splits = (["valid"] if done % cfg.eval_every == 0 or done == cfg.steps else []) + \
             (["test"] if done == cfg.steps else [])
         for split in splits:
             model.eval()
-            result = problem.evaluate(model, cfg.batch_size, split)
-            records.append({"step": done, "split": split,
-                            **{k: _mean_over_ranks(v, world) for k, v in result.items()}})
+            result = problem.evaluate(model, micro, split, place)
+            for key in ("loss", problem.metric):
+                result[key] = _mean_over_ranks(result[key], world)
+            records.append({"step": done, "split": split, **result})
+            if split != "valid" or rank != 0:
+                continue
+            if hasattr(model, "config") and _better(result[problem.metric], best,
+                                                    problem.higher_is_better):
+                best = result[problem.metric]
+                save_pretrained(model, run_dir / BEST)
+            text = problem.sample(model, done, place) if hasattr(problem, "sample") else None
+            if text is not None:
+                with open(run_dir / SAMPLES, "a", encoding="utf-8") as f:
+                    f.write(f"--- step {done} ---\n{text}\n")
+        clock += time.perf_counter() - began
         if records:
+            for r in records:
+                r["elapsed_s"] = clock
             last.update({r["split"]: r for r in records})
-            shown = {k: f"{v:.4g}" for k, v in records[0].items() if k not in ("step", "split")}
+            shown = {k: f"{v:.4g}" for k, v in records[0].items()
+                     if k in ("loss", problem.metric, "tokens_per_s")}
             bar.set_postfix({**shown, "baseline": f"{problem.baseline:.4g}"})
             if rank == 0:
                 with open(run_dir / METRICS, "a") as f:
@@ -213,13 +293,22 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False) -> dict:
         if done % cfg.checkpoint_every == 0 or done == cfg.steps:
             states = [None] * world
             if world > 1:
-                dist.all_gather_object(states, carried)
+                dist.all_gather_object(states, place_cpu(carried))
             else:
-                states = [carried]
+                states = [place_cpu(carried)]
             if rank == 0:
                 save_checkpoint(run_dir / CHECKPOINT, {
                     "model": model.state_dict(), "optimizer": optimizer.state_dict(),
                     "step": done, "rng": torch.get_rng_state(), "world_size": world,
+                    "elapsed": clock, "best": best,
                     "carried": states if problem.stateful else None})
+        if done == cfg.steps and rank == 0 and hasattr(model, "config"):
+            save_pretrained(model, run_dir / EXPORT)
     bar.close()
     return last
+
+
+def place_cpu(state):
+    """A carried state with every tensor on the CPU (for a checkpoint)."""
+    return torch.utils._pytree.tree_map(
+        lambda t: t.detach().cpu() if isinstance(t, torch.Tensor) else t, state)

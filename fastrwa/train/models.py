@@ -11,6 +11,8 @@ from torch import Tensor, nn
 from ..nn import RDA, RWA, RDACell, Recurrent, RRACell, RWACell
 
 MODELS = ("rda-scan", "rwa-scan", "rwa-cell", "rda-cell", "rra-cell", "lstm", "gru", "rnn")
+# The byte corpora's language models: --model -> fastrwa.models.LMConfig.layer
+LM_LAYERS = {"rda-scan": "rda", "rwa-scan": "rwa", "lstm": "lstm", "gru": "gru"}
 
 
 class SequenceNet(nn.Module):

@@ -11,9 +11,10 @@ import torch
 from torch import Tensor
 
 from . import data as _data
+from .device import Placement
+from .config import LM_TASKS
 from .tasks import TASKS, Batch, Task, make_task
 
-LM_TASKS = ("enwik8", "text")
 IMAGE_TASKS = ("mnist", "pmnist")
 ALL_TASKS = tuple(TASKS) + LM_TASKS + IMAGE_TASKS
 
@@ -37,24 +38,28 @@ class SyntheticProblem:
         return self.task.score(output, batch)
 
     @torch.no_grad()
-    def evaluate(self, model, size: int, split: str = "valid") -> dict:
+    def evaluate(self, model, size: int, split: str, place: Placement) -> dict:
         losses, metrics = [], []
         for k in range(self.eval_batches):
-            batch = self.task.batch(k, size, split)
-            loss, metric = self.score(model(batch.x)[0], batch)
+            batch = place.to(self.task.batch(k, size, split))
+            with place.autocast():
+                output = model(batch.x)[0]
+            loss, metric = self.score(output.float(), batch)
             losses.append(float(loss))
             metrics.append(metric)
         return {"loss": sum(losses) / len(losses), self.metric: sum(metrics) / len(metrics)}
 
 
 class ByteLMProblem:
-    """Next-byte prediction on a corpus split 90/5/5; bits per character; TBPTT segments of
-    ``bptt`` bytes with the state carried across consecutive segments (detached)."""
+    """Next-byte prediction on a corpus split 90/5/5 (memory-mapped); bits per byte; TBPTT
+    segments of ``bptt`` bytes with the state carried across consecutive segments (detached).
+    Evaluation scores every byte of a split (or its first ``eval_bytes``), batched."""
 
     stateful = True
     vocab, input_size, output_size = 256, 0, 256
     metric, higher_is_better = "bpc", False
     baseline = 8.0          # a uniform guess over 256 byte values
+    eval_streams = 32       # rows of a batched evaluation (each starts from the initial state)
 
     def __init__(self, path: str, streams: int, bptt: int, eval_bytes: int):
         self.splits = _data.split_corpus(_data.read_corpus(path))
@@ -68,24 +73,38 @@ class ByteLMProblem:
         return batch
 
     def score(self, output: Tensor, batch: Batch) -> tuple[Tensor, float]:
-        loss = torch.nn.functional.cross_entropy(output.reshape(-1, output.shape[-1]),
+        loss = torch.nn.functional.cross_entropy(output.reshape(-1, output.shape[-1]).float(),
                                                  batch.target.reshape(-1))
         return loss, _data.bits_per_byte(float(loss.detach()))
 
     @torch.no_grad()
-    def evaluate(self, model, size: int, split: str = "valid") -> dict:
-        """bpc over (up to ``eval_bytes`` of) a held-out split, state carried through."""
+    def evaluate(self, model, size: int, split: str, place: Placement) -> dict:
+        """bpc over a held-out split: the whole split for "test", the first ``eval_bytes``
+        (0: all) for "valid"; ``bytes`` says how many were scored, ``whole`` whether that is
+        the entire split."""
         data = self.splits[split]
-        data = data[:self.eval_bytes] if self.eval_bytes else data
-        streams = _data.ByteStreams(data, 1, min(self.bptt, len(data) - 1))
+        if split != "test" and self.eval_bytes:
+            data = data[:self.eval_bytes + 1]
         total, count, state = 0.0, 0, None
-        for k in range(len(streams)):
-            x, y, _ = streams.get(k)
-            out, state = model(x, state)
+        for x, y in _data.whole_split(data, self.eval_streams, 4 * self.bptt):
+            x, y = place.to((x, y))
+            with place.autocast():
+                out, state = model(x, state)
             total += float(torch.nn.functional.cross_entropy(
-                out.reshape(-1, out.shape[-1]), y.reshape(-1), reduction="sum"))
-            count += y.numel()
-        return {"loss": total / count, "bpc": _data.bits_per_byte(total / count)}
+                out.reshape(-1, out.shape[-1]).float(), y.reshape(-1), reduction="sum"))
+            count += int((y >= 0).sum())
+        return {"loss": total / count, "bpc": _data.bits_per_byte(total / count),
+                "bytes": count, "whole": count == len(self.splits[split]) - 1}
+
+    def sample(self, model, step: int, place: Placement, length: int = 200) -> str | None:
+        """A continuation of the validation split's first 64 bytes, or ``None`` for a model
+        without ``generate``."""
+        if not hasattr(model, "generate"):
+            return None
+        prompt = self.splits["valid"][:64].long().to(place.device)
+        gen = torch.Generator(device=place.device).manual_seed(step)
+        out = model.generate(prompt, length, temperature=0.8, top_k=40, generator=gen)
+        return bytes(out[0, len(prompt):].tolist()).decode("utf-8", errors="replace")
 
 
 class ImageProblem:
@@ -124,13 +143,14 @@ class ImageProblem:
         return loss, float((logits.argmax(-1) == batch.target[batch.mask]).float().mean())
 
     @torch.no_grad()
-    def evaluate(self, model, size: int, split: str = "valid") -> dict:
+    def evaluate(self, model, size: int, split: str, place: Placement) -> dict:
         n = min(len(self.test_labels), self.eval_batches * size)
         losses, correct = [], 0
         for lo in range(0, n, size):
-            batch = self._make(self.test_images, self.test_labels,
-                               torch.arange(lo, min(n, lo + size)))
-            out = model(batch.x)[0][batch.mask]
+            batch = place.to(self._make(self.test_images, self.test_labels,
+                                        torch.arange(lo, min(n, lo + size))))
+            with place.autocast():
+                out = model(batch.x)[0][batch.mask].float()
             losses.append(float(torch.nn.functional.cross_entropy(
                 out, batch.target[batch.mask], reduction="sum")))
             correct += int((out.argmax(-1) == batch.target[batch.mask]).sum())
