@@ -246,3 +246,31 @@ def test_step_in_place_token_dtypes_are_checked(dtype):
     with pytest.raises(TypeError, match="token must have dtype torch.int64"):
         model.step_(torch.tensor([1, 2]).to(dtype), cache)
     model.step_(torch.tensor([1, 2]), cache)     # int64: accepted
+
+
+@pytest.mark.parametrize("layer", ["rda", "lstm"])
+def test_stream_yields_what_generate_returns(layer):
+    from fastrwa.models import build
+
+    torch.manual_seed(0)
+    model = build(LMConfig(layer=layer, d_model=16, n_layers=2)).eval()
+    prompt = torch.tensor([[5, 6, 7], [8, 9, 10]])
+    want = model.generate(prompt, 12, top_k=20, generator=torch.Generator().manual_seed(3))
+    got = torch.stack(list(model.stream(prompt, 12, top_k=20,
+                                        generator=torch.Generator().manual_seed(3))), dim=1)
+    assert torch.equal(got, want[:, 3:]) and (got < 256).all()
+
+
+def test_pretrained_round_trip_for_every_layer(tmp_path):
+    from fastrwa.models import build, load_pretrained, save_pretrained
+
+    tokens = torch.randint(0, 256, (2, 9))
+    for layer in ("rda", "rwa", "lstm", "gru"):
+        model = build(LMConfig(layer=layer, d_model=16, n_layers=2)).eval()
+        save_pretrained(model, tmp_path / layer)
+        loaded = load_pretrained(tmp_path / layer)
+        assert type(loaded) is type(model)
+        torch.testing.assert_close(loaded(tokens)[0], model(tokens)[0], rtol=0, atol=0)
+    (tmp_path / "rda" / "config.json").write_text('{"d_model": "wide"}')
+    with pytest.raises((ValueError, TypeError)):
+        load_pretrained(tmp_path / "rda")

@@ -577,3 +577,21 @@ def test_a_run_dir_that_cannot_be_made_is_a_clear_error(tmp_path, monkeypatch, c
     err = capsys.readouterr().err
     assert "Permission denied" in err and "locked" in err
     assert not (tmp_path / "file").is_dir() and (tmp_path / "file").read_text() == "x"
+
+
+def test_generate_streams_from_a_run_directory(tmp_path, capsysbinary):
+    from fastrwa.generate import main as generate_main
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_bytes(b"the quick brown fox jumps over the lazy dog. " * 200)
+    code, run = _run(tmp_path, "lm", *_lm_flags(corpus), "--steps", 4)
+    assert code == 0
+    capsysbinary.readouterr()
+    assert generate_main([str(run), "--prompt", "the quick", "--max-new", "30"]) == 0
+    out = capsysbinary.readouterr()
+    assert out.out.startswith(b"the quick") and len(out.out) == len("the quick") + 30 + 1
+    assert b"bytes/s" in out.err
+    assert generate_main([str(run), "--best", "--max-new", "5", "--beam", "3"]) == 0
+    assert len(capsysbinary.readouterr().out) == 5 + 1
+    assert generate_main([str(tmp_path / "nowhere")]) == 2
+    assert b"no model there" in capsysbinary.readouterr().err

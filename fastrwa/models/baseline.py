@@ -3,7 +3,7 @@ embedding, final norm and (tied) head as :class:`fastrwa.models.ByteLM`."""
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Iterator, Optional
 
 import torch
 from torch import Tensor, nn
@@ -66,13 +66,30 @@ class RecurrentLM(nn.Module):
         if beam_size != 1:
             raise ValueError("RecurrentLM.generate samples only: beam_size must be 1")
         B, P = prompt.shape
-        context = prompt if P else prompt.new_full((B, 1), self.config.bos_token)
-        out = torch.cat([prompt, prompt.new_empty((B, max_new_tokens))], dim=1)
-        logits, state = self(context)
-        logits = logits[:, -1]
-        for i in range(max_new_tokens):
-            token = sample(logits, temperature, top_k, top_p, generator, self.config.bos_token)
+        out = torch.cat([prompt.long(), prompt.new_empty((B, max_new_tokens), dtype=torch.long)],
+                        dim=1)
+        for i, token in enumerate(self.stream(prompt, max_new_tokens, temperature, top_k, top_p,
+                                              generator)):
             out[:, P + i] = token
-            logits, state = self(token[:, None], state)
-            logits = logits[:, -1]
         return out
+
+    @torch.no_grad()
+    def stream(self, prompt: Tensor, max_new_tokens: int, temperature: float = 1.0,
+               top_k: Optional[int] = None, top_p: Optional[float] = None,
+               generator: Optional[torch.Generator] = None) -> Iterator[Tensor]:
+        """Yield each sampled token ``(B,)`` as :meth:`ByteLM.stream` does."""
+        if isinstance(prompt, Tensor) and prompt.dim() == 1:
+            prompt = prompt[None]
+        check_generate_args(prompt, self.config.vocab_size, max_new_tokens, temperature, top_k,
+                            top_p, 1)
+        B, P = prompt.shape
+        context = prompt.long() if P else prompt.new_full((B, 1), self.config.bos_token).long()
+        if max_new_tokens == 0:
+            return
+        logits, state = self(context)
+        for i in range(max_new_tokens):
+            token = sample(logits[:, -1], temperature, top_k, top_p, generator,
+                           self.config.bos_token)
+            yield token
+            if i + 1 < max_new_tokens:
+                logits, state = self(token[:, None], state)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import NamedTuple, Optional
+from typing import Iterator, NamedTuple, Optional
 
 import torch
 from torch import Tensor, nn
@@ -285,16 +285,44 @@ class ByteLM(nn.Module):
             return self._beam_search(prompt, context, max_new_tokens, beam_size)
         out = prompt.new_empty((B, P + max_new_tokens))
         out[:, :P] = prompt
+        for i, token in enumerate(self._stream(context, max_new_tokens, temperature, top_k,
+                                               top_p, generator)):
+            out[:, P + i] = token
+        return out
+
+    @torch.no_grad()
+    def stream(self, prompt: Tensor, max_new_tokens: int, temperature: float = 1.0,
+               top_k: Optional[int] = None, top_p: Optional[float] = None,
+               generator: Optional[torch.Generator] = None) -> Iterator[Tensor]:
+        """Sample as :meth:`generate`, yielding each new token ``(B,)`` as soon as it is
+        drawn (for printing text as it is produced). State: one fixed-size cache.
+
+        Example:
+            >>> import torch
+            >>> from fastrwa.models import ByteLM, LMConfig
+            >>> model = ByteLM(LMConfig(d_model=16, n_layers=1))
+            >>> [int(t) < 256 for t in model.stream(torch.tensor([104]), 3)]
+            [True, True, True]
+        """
+        if isinstance(prompt, Tensor) and prompt.dim() == 1:
+            prompt = prompt[None]
+        check_generate_args(prompt, self.config.vocab_size, max_new_tokens, temperature, top_k,
+                            top_p, 1)
+        prompt = prompt.long()
+        context = prompt if prompt.shape[1] else \
+            prompt.new_full((prompt.shape[0], 1), self.config.bos_token)
+        yield from self._stream(context, max_new_tokens, temperature, top_k, top_p, generator)
+
+    def _stream(self, context, max_new_tokens, temperature, top_k, top_p, generator):
         if max_new_tokens == 0:
-            return out
-        cache = self.allocate_cache(B)
+            return
+        cache = self.allocate_cache(context.shape[0])
         logits = self.prefill(context, cache)
         for i in range(max_new_tokens):
             token = sample(logits, temperature, top_k, top_p, generator, self.config.bos_token)
-            out[:, P + i] = token
+            yield token
             if i + 1 < max_new_tokens:
                 logits = self.step_(token, cache)
-        return out
 
     def _beam_search(self, prompt: Tensor, context: Tensor, max_new: int, K: int) -> Tensor:
         B, P = prompt.shape

@@ -1,0 +1,80 @@
+"""``python -m fastrwa.generate RUN_DIR``: continue a prompt with a trained byte LM.
+
+``RUN_DIR`` is a training run's directory (its final ``model/`` export, or ``best/`` with
+``--best``) or any directory written by ``fastrwa.models.save_pretrained``. The text is
+printed as it is generated (streaming, O(1) state per layer); ``--beam N`` runs beam search
+and prints the best beam at the end. Needs no training code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from .models import load_pretrained
+
+
+def _model_dir(run_dir: Path, best: bool) -> Path:
+    for candidate in ([run_dir / "best"] if best else [run_dir / "model", run_dir]):
+        if (candidate / "config.json").is_file() and (candidate / "model.pt").is_file():
+            return candidate
+    raise FileNotFoundError(
+        f"{run_dir}: no model there " + ("(no best/ export: the run has not evaluated yet)"
+                                         if best else "(a run's model/ export appears when it "
+                                         "finishes; --best takes the best one so far)"))
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m fastrwa.generate", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    p.add_argument("--prompt", default="", help="text to continue (UTF-8; default: none)")
+    p.add_argument("--max-new", type=int, default=500, help="bytes to generate (default 500)")
+    p.add_argument("--temperature", type=float, default=0.8, help="default 0.8")
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--beam", type=int, default=1, help="beam search width (default 1: sample)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--best", action="store_true", help="the best-validation model of the run")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    device = torch.device("cuda" if args.device == "cuda" or (
+        args.device == "auto" and torch.cuda.is_available()) else "cpu")
+    try:
+        model = load_pretrained(_model_dir(args.run_dir, args.best)).to(device)
+        prompt = torch.tensor(list(args.prompt.encode("utf-8")), dtype=torch.long, device=device)
+        gen = torch.Generator(device=device).manual_seed(args.seed)
+        out = sys.stdout.buffer
+        out.write(args.prompt.encode("utf-8"))
+        began, count = time.perf_counter(), 0
+        if args.beam > 1:
+            tokens = model.generate(prompt, args.max_new, beam_size=args.beam)[0, len(prompt):]
+            out.write(bytes(tokens.tolist()))
+            count = len(tokens)
+        else:
+            for token in model.stream(prompt, args.max_new, args.temperature, args.top_k,
+                                      args.top_p, generator=gen):
+                out.write(bytes([int(token[0])]))
+                out.flush()
+                count += 1
+        out.write(b"\n")
+        out.flush()
+        seconds = time.perf_counter() - began
+        print(f"{count} bytes in {seconds:.2f} s ({count / max(seconds, 1e-9):,.0f} bytes/s)",
+              file=sys.stderr)
+        return 0
+    except (FileNotFoundError, ValueError, TypeError, RuntimeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
