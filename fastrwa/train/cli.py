@@ -179,6 +179,6 @@ def _report(cfg: RunConfig, run_dir: Path, last: dict) -> None:
                 f" (the first {record['bytes']:,} bytes of the split, not all of it)"
             print(f"{cfg.task}: {split} " + ", ".join(
                 f"{k} {v:.4g}" for k, v in record.items()
-                if k not in ("step", "split", "bytes", "whole", "elapsed_s"))
+                if k not in ("step", "split", "bytes", "whole", "elapsed_s", "train_s"))
                 + whole)
     print(f"learning curve: {png}")

@@ -187,7 +187,7 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False) -> dict:
     problem = make_problem(cfg, micro * accum * world)
     model = build_model(cfg, problem).to(place.device)
     optimizer = make_optimizer(model, cfg.lr, cfg.weight_decay)
-    start, carried, clock, best = 0, [None] * accum, 0.0, None
+    start, carried, clock, train_clock, best = 0, [None] * accum, 0.0, 0.0, None
     if resume and (run_dir / CHECKPOINT).is_file():
         ckpt = load_checkpoint(run_dir / CHECKPOINT)
         if ckpt.get("world_size", 1) != world:
@@ -197,7 +197,8 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False) -> dict:
         try:
             model.load_state_dict(ckpt["model"])
             optimizer.load_state_dict(ckpt["optimizer"])
-            start, clock, best = ckpt["step"], ckpt.get("elapsed", 0.0), ckpt.get("best")
+            start, best = ckpt["step"], ckpt.get("best")
+            clock, train_clock = ckpt.get("elapsed", 0.0), ckpt.get("train_elapsed", 0.0)
             if ckpt["carried"]:
                 carried = place.to(list(ckpt["carried"][rank]))
             torch.set_rng_state(ckpt["rng"])
@@ -252,6 +253,7 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False) -> dict:
         optimizer.step()
         tokens += batch.x.shape[0] * batch.x.shape[1] * world
         train_time += time.perf_counter() - began
+        train_clock += time.perf_counter() - began
         done = step + 1
         records = []
         if done % cfg.log_every == 0 or done == cfg.steps:
@@ -280,8 +282,8 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False) -> dict:
                     f.write(f"--- step {done} ---\n{text}\n")
         clock += time.perf_counter() - began
         if records:
-            for r in records:
-                r["elapsed_s"] = clock
+            for r in records:       # wall-clock, and the part of it spent on training steps
+                r["elapsed_s"], r["train_s"] = clock, train_clock
             last.update({r["split"]: r for r in records})
             shown = {k: f"{v:.4g}" for k, v in records[0].items()
                      if k in ("loss", problem.metric, "tokens_per_s")}
@@ -300,7 +302,7 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False) -> dict:
                 save_checkpoint(run_dir / CHECKPOINT, {
                     "model": model.state_dict(), "optimizer": optimizer.state_dict(),
                     "step": done, "rng": torch.get_rng_state(), "world_size": world,
-                    "elapsed": clock, "best": best,
+                    "elapsed": clock, "train_elapsed": train_clock, "best": best,
                     "carried": states if problem.stateful else None})
         if done == cfg.steps and rank == 0 and hasattr(model, "config"):
             save_pretrained(model, run_dir / EXPORT)

@@ -1,0 +1,184 @@
+"""The language-model comparison, in one command: ``python bench/lm.py [--minutes M]``.
+
+Trains the fastrwa byte LM (``ByteLM``, RDA blocks) and the LSTM and GRU baselines
+(``RecurrentLM``: the same embedding, norm, tied head, data and loop) through the trainer's
+CLI, each on the same corpus with the same batch, BPTT, optimizer and schedule, at equal
+parameter counts (the baselines' width is solved to within 5% of the fastrwa model's; the
+counts are printed). Two comparisons:
+
+* ``--equal time`` (default): every model trains for ``--minutes`` of training time. Its step
+  count comes from a short calibration run (seconds per step), and its cosine schedule
+  decays over exactly those steps.
+* ``--equal steps``: every model trains for ``--steps`` steps.
+
+Writes the runs under ``OUT/runs/``, ``OUT/lm.json`` (every run's records and settings), ``OUT/lm.png`` (validation bpc
+against step and against training seconds) and prints a markdown table: parameters,
+steps, s/step, tokens/s, the ratio of tokens/s to LSTM's, final validation bpc on the first
+``--eval-bytes`` of the split, and test bpc on the whole test split. docs/lm.md records a run.
+``--quick`` runs each model for a few steps on a slice (CI).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+import torch
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from fastrwa.models import LMConfig, build  # noqa: E402
+
+CORPUS = ROOT.parent / "shared" / "data" / "text-corpus.txt"
+LAYER = {"rda-scan": "rda", "rwa-scan": "rwa", "lstm": "lstm", "gru": "gru"}
+
+
+def params(model: str, d_model: int, n_layers: int, lm: dict) -> int:
+    config = LMConfig(layer=LAYER[model], d_model=d_model, n_layers=n_layers,
+                      **(lm if LAYER[model] in ("rda", "rwa") else {}))
+    return sum(p.numel() for p in dict.fromkeys(build(config).parameters()))
+
+
+def matched_width(model: str, target: int, n_layers: int) -> int:
+    """The width (a multiple of 8) whose parameter count is closest to ``target``."""
+    counts = {}
+    for d in range(8, 8192, 8):            # parameters grow with d: stop past the target
+        counts[d] = params(model, d, n_layers, {})
+        if counts[d] > target:
+            break
+    return min(counts, key=lambda d: abs(counts[d] - target))
+
+
+def run(name: str, flags: list, out: pathlib.Path) -> list[dict]:
+    """One training run through the CLI; its metrics records."""
+    run_dir = out / "runs" / name
+    cmd = [sys.executable, "-m", "fastrwa.train", *map(str, flags), "--run-dir", str(run_dir),
+           "--overwrite", "--no-progress"]
+    print("$", " ".join(cmd[1:]), flush=True)
+    subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", type=pathlib.Path, default=CORPUS)
+    p.add_argument("--equal", choices=("time", "steps"), default="time")
+    p.add_argument("--minutes", type=float, default=20.0, help="training time per model")
+    p.add_argument("--steps", type=int, default=1000, help="--equal steps: steps per model")
+    p.add_argument("--models", default="rda-scan,lstm,gru")
+    p.add_argument("--d-model", type=int, default=256, help="the fastrwa model's width")
+    p.add_argument("--layers", type=int, default=4, help="the fastrwa model's blocks")
+    p.add_argument("--baseline-layers", type=int, default=2)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--bptt", type=int, default=128)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--evals", type=int, default=10, help="evaluations per run")
+    p.add_argument("--eval-bytes", type=int, default=100_000)
+    p.add_argument("--lm", action="append", default=[], metavar="KEY=VALUE",
+                   help="LMConfig fields of the fastrwa model")
+    p.add_argument("--out", type=pathlib.Path, default=ROOT / "bench" / "results" / "lm")
+    p.add_argument("--quick", action="store_true")
+    args = p.parse_args(argv)
+    if not args.data.is_file():
+        print(f"error: --data {args.data}: no such file", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.quick:              # seconds: tiny models on the corpus's first 100 KB
+        args.minutes, args.steps, args.d_model, args.layers = 0.05, 4, 32, 2
+        args.batch_size, args.bptt, args.evals, args.eval_bytes = 4, 32, 2, 2000
+        sliced = args.out / "corpus-100k.txt"
+        sliced.write_bytes(args.data.read_bytes()[:100_000])
+        args.data = sliced
+    lm = dict(item.split("=", 1) for item in args.lm)
+    models = args.models.split(",")
+    fast = [m for m in models if LAYER[m] in ("rda", "rwa")]
+    target = params(fast[0] if fast else models[0], args.d_model, args.layers,
+                    {k: json.loads(v) if v[:1] in "0123456789-tfn[{" else v
+                     for k, v in lm.items()})
+    shapes = {m: (args.d_model, args.layers) if LAYER[m] in ("rda", "rwa") else
+              (matched_width(m, target, args.baseline_layers), args.baseline_layers)
+              for m in models}
+    counts = {m: params(m, *shapes[m], {}) if LAYER[m] in ("lstm", "gru") else target
+              for m in models}
+    for m in models:
+        print(f"{m}: d_model {shapes[m][0]}, {shapes[m][1]} layers, {counts[m]:,} parameters "
+              f"({100 * (counts[m] / target - 1):+.1f}% of the fastrwa model's)", flush=True)
+    common = ["--task", "text", "--data", args.data, "--batch-size", args.batch_size,
+              "--bptt", args.bptt, "--lr", args.lr, "--eval-bytes", args.eval_bytes,
+              "--log-every", 10 if not args.quick else 1, "--device", "cpu"]
+    results = []
+    for m in models:
+        d, layers = shapes[m]
+        flags = [*common, "--model", m, "--hidden", d, "--layers", layers]
+        if LAYER[m] in ("rda", "rwa"):
+            flags += [x for item in args.lm for x in ("--lm", item)]
+        steps = args.steps
+        if args.equal == "time":
+            calib = run(f"{m}-calibration", [*flags, "--steps", 8, "--warmup", 0,
+                                             "--eval-every", 1000], args.out)
+            train = [r for r in calib if r["split"] == "train"]
+            per_step = train[-1]["train_s"] / train[-1]["step"]
+            steps = max(2, int(args.minutes * 60 / per_step))
+        began = time.perf_counter()
+        records = run(m, [*flags, "--steps", steps, "--eval-every", max(1, steps // args.evals),
+                          "--checkpoint-every", steps], args.out)
+        train = [r for r in records if r["split"] == "train"]
+        final = {s: [r for r in records if r["split"] == s][-1] for s in ("valid", "test")}
+        results.append(dict(model=m, d_model=d, layers=layers, params=counts[m], steps=steps,
+                            s_per_step=train[-1]["train_s"] / steps,
+                            tokens_per_s=steps * args.batch_size * args.bptt / train[-1]["train_s"],
+                            train_s=train[-1]["train_s"], wall_s=time.perf_counter() - began,
+                            valid_bpc=final["valid"]["bpc"], test_bpc=final["test"]["bpc"],
+                            test_bytes=final["test"]["bytes"], records=records))
+    lstm = next((r["tokens_per_s"] for r in results if r["model"] == "lstm"), None)
+    summary = dict(equal=args.equal, minutes=args.minutes, data=str(args.data),
+                   torch=torch.__version__, threads=torch.get_num_threads(),
+                   cpu=os.cpu_count(), settings={k: str(v) for k, v in vars(args).items()},
+                   runs=results)
+    (args.out / "lm.json").write_text(json.dumps(summary, indent=1))
+    _plot(results, args.out / "lm.png")
+    print(f"\n| model | d_model x layers | params | steps | s/step | tokens/s | vs LSTM "
+          f"| valid bpc ({args.eval_bytes:,} B) | test bpc (whole split) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in results:
+        ratio = f"{r['tokens_per_s'] / lstm:.2f}x" if lstm else "-"
+        print(f"| {r['model']} | {r['d_model']} x {r['layers']} | {r['params']:,} | {r['steps']} "
+              f"| {r['s_per_step']:.3f} | {r['tokens_per_s']:,.0f} | {ratio} "
+              f"| {r['valid_bpc']:.3f} | {r['test_bpc']:.3f} |")
+    print(f"\n{args.out / 'lm.json'}\n{args.out / 'lm.png'}")
+    return 0
+
+
+def _plot(results: list[dict], path: pathlib.Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (by_step, by_time) = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for r in results:
+        valid = [x for x in r["records"] if x["split"] == "valid"]
+        label = f"{r['model']} ({r['params'] / 1e6:.2f}M)"
+        by_step.plot([x["step"] for x in valid], [x["bpc"] for x in valid], marker=".",
+                     label=label)
+        by_time.plot([x["train_s"] / 60 for x in valid], [x["bpc"] for x in valid], marker=".",
+                     label=label)
+    by_step.set(xlabel="step", ylabel="validation bits per byte", title="against steps")
+    by_time.set(xlabel="training minutes", title="against training time")
+    for ax in (by_step, by_time):
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
