@@ -121,10 +121,10 @@ def main(argv: list[str] | None = None) -> int:
             flags += [x for item in args.lm for x in ("--lm", item)]
         steps = args.steps
         if args.equal == "time":
-            calib = run(f"{m}-calibration", [*flags, "--steps", 8, "--warmup", 0,
-                                             "--eval-every", 1000], args.out)
-            train = [r for r in calib if r["split"] == "train"]
-            per_step = train[-1]["train_s"] / train[-1]["step"]
+            calib = run(f"{m}-calibration", [*flags, "--steps", 12, "--warmup", 0,
+                                             "--log-every", 1, "--eval-every", 1000], args.out)
+            train = {r["step"]: r["train_s"] for r in calib if r["split"] == "train"}
+            per_step = (train[12] - train[4]) / 8          # (the first steps warm caches up)
             steps = max(2, int(args.minutes * 60 / per_step))
         began = time.perf_counter()
         records = run(m, [*flags, "--steps", steps, "--eval-every", max(1, steps // args.evals),

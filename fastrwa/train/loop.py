@@ -161,7 +161,7 @@ def build_model(cfg: RunConfig, problem) -> torch.nn.Module:
     ``--layers``, ``--attention`` and ``--lm``; otherwise a :class:`SequenceNet`."""
     if not cfg.is_lm:
         return SequenceNet(cfg.model, problem.input_size, cfg.hidden, cfg.layers,
-                           problem.output_size, vocab=problem.vocab, attention=cfg.attention)
+                           problem.output_size, attention=cfg.attention)
     if cfg.model not in LM_LAYERS:
         raise ValueError(f"--model {cfg.model} is not a language model; --task {cfg.task} "
                          f"trains one of {sorted(LM_LAYERS)}")

@@ -1,9 +1,9 @@
-"""The networks ``--model`` names: one class for every recurrent core, for vector inputs
-(the synthetic tasks, pixels) and for byte tokens (enwik8, text)."""
+"""The networks ``--model`` names for vector inputs (the synthetic tasks, pixels): one class
+for every recurrent core. Byte corpora train the language models of :mod:`fastrwa.models`
+(:data:`LM_LAYERS`)."""
 
 from __future__ import annotations
 
-from typing import Optional
 
 import torch
 from torch import Tensor, nn
@@ -16,22 +16,21 @@ LM_LAYERS = {"rda-scan": "rda", "rwa-scan": "rwa", "lstm": "lstm", "gru": "gru"}
 
 
 class SequenceNet(nn.Module):
-    """``[embedding] -> layers x recurrent core -> linear head``, outputs at every step.
+    """``layers x recurrent core -> linear head``, outputs at every step.
 
     Args:
         kind: one of :data:`MODELS`.
-        input_size: features per step (ignored when ``vocab`` is given).
+        input_size: features per step.
         hidden: units per layer (the papers use 250).
         layers: stacked recurrent layers.
         output_size: head outputs per step.
-        vocab: if set, inputs are token ids embedded into ``hidden`` features.
         attention: ``f_a`` of the RDA layers and cells.
 
     ``out, state = net(x, state=None)``; ``state`` can be carried to the next call (TBPTT).
     """
 
     def __init__(self, kind: str, input_size: int, hidden: int, layers: int, output_size: int,
-                 vocab: Optional[int] = None, attention: str = "exp"):
+                 attention: str = "exp"):
         super().__init__()
         if kind not in MODELS:
             raise ValueError(f"--model must be one of {MODELS}, got {kind!r}")
@@ -39,8 +38,7 @@ class SequenceNet(nn.Module):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         self.kind = kind
-        self.embed = nn.Embedding(vocab, hidden) if vocab else None
-        features = hidden if vocab else input_size
+        features = input_size
         sizes = [features] + [hidden] * layers
         if kind in ("lstm", "gru", "rnn"):
             self.core = getattr(nn, kind.upper())(features, hidden, layers, batch_first=True)
@@ -56,8 +54,6 @@ class SequenceNet(nn.Module):
         self.head = nn.Linear(hidden, output_size)
 
     def forward(self, x: Tensor, state=None) -> tuple[Tensor, object]:
-        if self.embed is not None:
-            x = self.embed(x)
         if isinstance(self.core, nn.RNNBase):
             h, state = self.core(x, state)
             return self.head(h), state

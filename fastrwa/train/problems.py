@@ -23,7 +23,6 @@ class SyntheticProblem:
     """A :class:`fastrwa.train.tasks.Task`; validation batches come from their own seeds."""
 
     stateful = False
-    vocab = None
 
     def __init__(self, task: Task, eval_batches: int):
         self.task, self.eval_batches = task, eval_batches
@@ -56,7 +55,7 @@ class ByteLMProblem:
     Evaluation scores every byte of a split (or its first ``eval_bytes``), batched."""
 
     stateful = True
-    vocab, input_size, output_size = 256, 0, 256
+    input_size, output_size = 0, 256
     metric, higher_is_better = "bpc", False
     baseline = 8.0          # a uniform guess over 256 byte values
     eval_streams = 32       # rows of a batched evaluation (each starts from the initial state)
@@ -112,7 +111,7 @@ class ImageProblem:
     Validation and test both read the standard test set (MNIST has no separate validation)."""
 
     stateful = False
-    vocab, input_size, output_size = None, 1, 10
+    input_size, output_size = 1, 10
     metric, higher_is_better, baseline = "accuracy", True, 0.1
 
     def __init__(self, directory: str, permuted: bool, seed: int, eval_batches: int):
