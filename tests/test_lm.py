@@ -274,3 +274,25 @@ def test_pretrained_round_trip_for_every_layer(tmp_path):
     (tmp_path / "rda" / "config.json").write_text('{"d_model": "wide"}')
     with pytest.raises((ValueError, TypeError)):
         load_pretrained(tmp_path / "rda")
+
+
+def test_spread_discount_init_gives_each_block_its_memory_lengths():
+    from fastrwa.models.lm import longest_timescale
+
+    model = ByteLM(LMConfig(d_model=16, n_layers=3, discount_init="spread"))
+    for depth, block in enumerate(model.blocks):
+        H = block.mix.hidden_size
+        bias = block.mix.proj.bias.detach().view(4, H)[3].double()
+        tau = 1 / (1 - torch.sigmoid(bias))                      # memory length in tokens
+        assert tau[0] == pytest.approx(2.0) and tau[-1] == pytest.approx(
+            longest_timescale(depth, 3), rel=1e-5)
+        assert (tau[1:] > tau[:-1]).all()
+    assert [longest_timescale(d, 3) for d in range(3)] == [16.0, 128.0, 1024.0]
+    paper = ByteLM(LMConfig(d_model=16, n_layers=1))
+    assert torch.equal(paper.blocks[0].mix.proj.bias.view(4, 16)[3], torch.ones(16))
+    with pytest.raises(ValueError, match="discount_init"):
+        LMConfig(discount_init="wide")
+    with pytest.raises(ValueError, match="shortest must be a number > 1"):
+        paper.blocks[0].mix.set_discount_timescales(1.0, 10.0)
+    with pytest.raises(ValueError, match="longest"):
+        paper.blocks[0].mix.set_discount_timescales(10.0, 5.0)

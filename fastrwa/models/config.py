@@ -10,6 +10,7 @@ from ..ops.vocab import ATTENTIONS
 
 BYTE_VOCAB = 256
 LAYERS = ("rda", "rwa", "lstm", "gru")
+DISCOUNT_INITS = ("paper", "spread")
 
 
 @dataclasses.dataclass
@@ -26,6 +27,10 @@ class LMConfig:
         attention, f_h, f_o: the RDA layer's ``f_a`` and output functions (ignored for "rwa").
         preset: an RDA preset ("exp-tanh", "sigmoid-id") that overrides the three above.
         token_shift: scan-layer gates also see the previous token's input.
+        discount_init: "paper" (the RDA paper's discount bias of 1 in every channel: a memory
+            of about 3.7 tokens) or "spread" (per channel, memory lengths log-uniform from 2
+            tokens to a longest one that grows with depth: 16 in the first block, 1024 in the
+            last; :meth:`fastrwa.nn.RDA.set_discount_timescales`). RDA only.
         mlp_ratio: hidden width of each MLP over ``d_model``.
         tie_embeddings: the output head reuses the input embedding matrix.
     """
@@ -39,6 +44,7 @@ class LMConfig:
     f_o: str = "identity"
     preset: str | None = None
     token_shift: bool = True
+    discount_init: str = "paper"
     mlp_ratio: int = 4
     tie_embeddings: bool = True
 
@@ -68,6 +74,9 @@ class LMConfig:
             if getattr(self, name) not in ACTIVATIONS:
                 raise ValueError(f"LMConfig.{name} must be one of {sorted(ACTIVATIONS)}, "
                                  f"got {getattr(self, name)!r}")
+        if self.discount_init not in DISCOUNT_INITS:
+            raise ValueError(f"LMConfig.discount_init must be one of {DISCOUNT_INITS}, "
+                             f"got {self.discount_init!r}")
         if self.preset is not None and self.preset not in RDA_PRESETS:
             raise ValueError(f"LMConfig.preset must be one of {sorted(RDA_PRESETS)} or None, "
                              f"got {self.preset!r}")

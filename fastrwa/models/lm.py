@@ -17,6 +17,12 @@ from .pretrained import load_pretrained, save_pretrained
 from .sampling import check_generate_args, sample
 
 
+def longest_timescale(depth: int, n_layers: int) -> float:
+    """``discount_init="spread"``: block ``depth``'s longest memory, 16 tokens in the first
+    block to 1024 in the last (log-spaced)."""
+    return 2.0 ** (4 + 6 * depth / max(1, n_layers - 1))
+
+
 class LMState(NamedTuple):
     """The model's streaming state: one :class:`fastrwa.nn.LayerState` per block."""
 
@@ -155,6 +161,9 @@ class ByteLM(nn.Module):
         self.config = config
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
+        if config.layer == "rda" and config.discount_init == "spread":
+            for depth, block in enumerate(self.blocks):
+                block.mix.set_discount_timescales(2.0, longest_timescale(depth, config.n_layers))
         self.norm = nn.RMSNorm(config.d_model)
         self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         nn.init.normal_(self.embed.weight, std=config.d_model ** -0.5)

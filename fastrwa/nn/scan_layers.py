@@ -6,6 +6,7 @@ advances one token with O(1) state. docs/api.md ("Layers: fastrwa.nn") lists the
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple, Optional
 
 import torch
@@ -343,6 +344,29 @@ class RDA(_ScanLayer):
                          learn_initial_state=learn_initial_state, device=device, dtype=dtype)
         self.attention, self.f_h_name, self.f_o_name = attention, f_h, f_o
         self._f_h, self._f_o = f_h_fn, f_o_fn
+
+    def set_discount_timescales(self, shortest: float, longest: float) -> None:
+        """Initialise the discount gate's bias so that the channels' memory lengths
+        ``1 / (1 - gamma)`` (in tokens, at a zero pre-activation) are spread log-uniformly
+        from ``shortest`` to ``longest`` (both > 1), as gated linear RNNs initialise their
+        forget gates: ``bias_j = log(tau_j - 1)``. The paper's bias of 1 is ``tau = 3.7``.
+
+        Example:
+            >>> import fastrwa
+            >>> layer = fastrwa.nn.RDA(8, 16)
+            >>> layer.set_discount_timescales(2.0, 1000.0)
+        """
+        for name, value in (("shortest", shortest), ("longest", longest)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 1:
+                raise ValueError(f"{name} must be a number > 1 (a memory length in tokens), "
+                                 f"got {value!r}")
+        if longest < shortest:
+            raise ValueError(f"longest ({longest}) must be >= shortest ({shortest})")
+        H = self.hidden_size
+        tau = torch.logspace(math.log10(shortest), math.log10(longest), H, dtype=torch.float64)
+        with torch.no_grad():
+            bias = self.proj.bias.view(self.num_directions, self.num_gates, H)
+            bias[:, 3].copy_(torch.log(tau - 1).to(bias.dtype))
 
     def _scan(self, gates, state, reverse, step):
         u, g, a, c = gates
