@@ -85,7 +85,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="LMConfig fields of the fastrwa model")
     p.add_argument("--out", type=pathlib.Path, default=ROOT / "bench" / "results" / "lm")
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--table", type=pathlib.Path, metavar="LM_JSON",
+                   help="print the table of an earlier run's lm.json and stop")
     args = p.parse_args(argv)
+    if args.table:
+        print(table(json.loads(args.table.read_text())))
+        return 0
     if not args.data.is_file():
         print(f"error: --data {args.data}: no such file", file=sys.stderr)
         return 2
@@ -137,23 +142,48 @@ def main(argv: list[str] | None = None) -> int:
                             train_s=train[-1]["train_s"], wall_s=time.perf_counter() - began,
                             valid_bpc=final["valid"]["bpc"], test_bpc=final["test"]["bpc"],
                             test_bytes=final["test"]["bytes"], records=records))
-    lstm = next((r["tokens_per_s"] for r in results if r["model"] == "lstm"), None)
     summary = dict(equal=args.equal, minutes=args.minutes, data=str(args.data),
                    torch=torch.__version__, threads=torch.get_num_threads(),
                    cpu=os.cpu_count(), settings={k: str(v) for k, v in vars(args).items()},
                    runs=results)
     (args.out / "lm.json").write_text(json.dumps(summary, indent=1))
     _plot(results, args.out / "lm.png")
-    print(f"\n| model | d_model x layers | params | steps | s/step | tokens/s | vs LSTM "
-          f"| valid bpc ({args.eval_bytes:,} B) | test bpc (whole split) |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for r in results:
-        ratio = f"{r['tokens_per_s'] / lstm:.2f}x" if lstm else "-"
-        print(f"| {r['model']} | {r['d_model']} x {r['layers']} | {r['params']:,} | {r['steps']} "
-              f"| {r['s_per_step']:.3f} | {r['tokens_per_s']:,.0f} | {ratio} "
-              f"| {r['valid_bpc']:.3f} | {r['test_bpc']:.3f} |")
+    print(table(summary))
     print(f"\n{args.out / 'lm.json'}\n{args.out / 'lm.png'}")
     return 0
+
+
+def bpc_at(records: list[dict], key: str, x: float) -> float | None:
+    """Validation bpc at ``key`` ("step" or "train_s") = ``x``, linear between evaluations
+    (``None`` beyond the run's last evaluation)."""
+    valid = [(r[key], r["bpc"]) for r in records if r["split"] == "valid"]
+    for (x0, y0), (x1, y1) in zip(valid, valid[1:]):
+        if x0 <= x <= x1:
+            return y0 + (y1 - y0) * (x - x0) / max(x1 - x0, 1e-12)
+    return valid[-1][1] if valid and abs(valid[-1][0] - x) < 1e-9 else None
+
+
+def table(summary: dict) -> str:
+    """The markdown table of a run of this script (also: ``--table OUT/lm.json``). Besides
+    each run's final numbers, validation bpc at the shortest run's training time and at the
+    smallest step count, read off the curves (the evaluations are ~1/10 of a run apart)."""
+    runs = summary["runs"]
+    lstm = next((r["tokens_per_s"] for r in runs if r["model"] == "lstm"), None)
+    t_min = min(r["train_s"] for r in runs)
+    s_min = min(r["steps"] for r in runs)
+    eval_bytes = int(summary["settings"]["eval_bytes"])
+    lines = [f"| model | d_model x layers | params | steps | training min | tokens/s | vs LSTM "
+             f"| valid bpc ({eval_bytes:,} B) | at {t_min / 60:.1f} min | at step {s_min} "
+             f"| test bpc (whole split) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in runs:
+        ratio = f"{r['tokens_per_s'] / lstm:.2f}x" if lstm else "-"
+        at_t, at_s = bpc_at(r["records"], "train_s", t_min), bpc_at(r["records"], "step", s_min)
+        fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
+        lines.append(f"| {r['model']} | {r['d_model']} x {r['layers']} | {r['params']:,} "
+                     f"| {r['steps']} | {r['train_s'] / 60:.1f} | {r['tokens_per_s']:,.0f} "
+                     f"| {ratio} | {r['valid_bpc']:.3f} | {fmt(at_t)} | {fmt(at_s)} "
+                     f"| {r['test_bpc']:.3f} |")
+    return "\n".join(lines)
 
 
 def _plot(results: list[dict], path: pathlib.Path) -> None:
