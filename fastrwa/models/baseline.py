@@ -9,7 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from .config import LMConfig
-from .sampling import check_generate_args, sample
+from .sampling import collect, prepare_prompt, sample
 
 
 class RecurrentLM(nn.Module):
@@ -59,31 +59,20 @@ class RecurrentLM(nn.Module):
                  beam_size: int = 1, generator: Optional[torch.Generator] = None) -> Tensor:
         """Sample a continuation of ``prompt`` ``(B, P)`` or ``(P,)``, as
         :meth:`ByteLM.generate` (no beam search: ``beam_size`` must be 1)."""
-        if isinstance(prompt, Tensor) and prompt.dim() == 1:
-            prompt = prompt[None]
-        check_generate_args(prompt, self.config.vocab_size, max_new_tokens, temperature, top_k,
-                            top_p, beam_size)
+        prompt, _ = prepare_prompt(prompt, self.config.vocab_size, self.config.bos_token,
+                                   max_new_tokens, temperature, top_k, top_p, beam_size)
         if beam_size != 1:
             raise ValueError("RecurrentLM.generate samples only: beam_size must be 1")
-        B, P = prompt.shape
-        out = torch.cat([prompt.long(), prompt.new_empty((B, max_new_tokens), dtype=torch.long)],
-                        dim=1)
-        for i, token in enumerate(self.stream(prompt, max_new_tokens, temperature, top_k, top_p,
-                                              generator)):
-            out[:, P + i] = token
-        return out
+        return collect(prompt, self.stream(prompt, max_new_tokens, temperature, top_k, top_p,
+                                           generator), max_new_tokens)
 
     @torch.no_grad()
     def stream(self, prompt: Tensor, max_new_tokens: int, temperature: float = 1.0,
                top_k: Optional[int] = None, top_p: Optional[float] = None,
                generator: Optional[torch.Generator] = None) -> Iterator[Tensor]:
         """Yield each sampled token ``(B,)`` as :meth:`ByteLM.stream` does."""
-        if isinstance(prompt, Tensor) and prompt.dim() == 1:
-            prompt = prompt[None]
-        check_generate_args(prompt, self.config.vocab_size, max_new_tokens, temperature, top_k,
-                            top_p, 1)
-        B, P = prompt.shape
-        context = prompt.long() if P else prompt.new_full((B, 1), self.config.bos_token).long()
+        _, context = prepare_prompt(prompt, self.config.vocab_size, self.config.bos_token,
+                                    max_new_tokens, temperature, top_k, top_p, 1)
         if max_new_tokens == 0:
             return
         logits, state = self(context)

@@ -14,7 +14,7 @@ from ..ops.vocab import state_dtype
 from ..state import ScanState
 from .config import LMConfig
 from .pretrained import load_pretrained, save_pretrained
-from .sampling import check_generate_args, sample
+from .sampling import collect, prepare_prompt, sample
 
 
 def longest_timescale(depth: int, n_layers: int) -> float:
@@ -283,21 +283,12 @@ class ByteLM(nn.Module):
             ``(B, P + max_new_tokens)`` ids (the prompt, then the new tokens). Memory does not
             grow with ``max_new_tokens`` beyond this output: the state is fixed-size per layer.
         """
-        if isinstance(prompt, Tensor) and prompt.dim() == 1:
-            prompt = prompt[None]
-        check_generate_args(prompt, self.config.vocab_size, max_new_tokens, temperature, top_k,
-                            top_p, beam_size)
-        prompt = prompt.long()
-        B, P = prompt.shape
-        context = prompt if P else prompt.new_full((B, 1), self.config.bos_token)
+        prompt, context = prepare_prompt(prompt, self.config.vocab_size, self.config.bos_token,
+                                         max_new_tokens, temperature, top_k, top_p, beam_size)
         if beam_size > 1:
             return self._beam_search(prompt, context, max_new_tokens, beam_size)
-        out = prompt.new_empty((B, P + max_new_tokens))
-        out[:, :P] = prompt
-        for i, token in enumerate(self._stream(context, max_new_tokens, temperature, top_k,
-                                               top_p, generator)):
-            out[:, P + i] = token
-        return out
+        return collect(prompt, self._stream(context, max_new_tokens, temperature, top_k, top_p,
+                                            generator), max_new_tokens)
 
     @torch.no_grad()
     def stream(self, prompt: Tensor, max_new_tokens: int, temperature: float = 1.0,
@@ -313,13 +304,8 @@ class ByteLM(nn.Module):
             >>> [int(t) < 256 for t in model.stream(torch.tensor([104]), 3)]
             [True, True, True]
         """
-        if isinstance(prompt, Tensor) and prompt.dim() == 1:
-            prompt = prompt[None]
-        check_generate_args(prompt, self.config.vocab_size, max_new_tokens, temperature, top_k,
-                            top_p, 1)
-        prompt = prompt.long()
-        context = prompt if prompt.shape[1] else \
-            prompt.new_full((prompt.shape[0], 1), self.config.bos_token)
+        _, context = prepare_prompt(prompt, self.config.vocab_size, self.config.bos_token,
+                                    max_new_tokens, temperature, top_k, top_p, 1)
         yield from self._stream(context, max_new_tokens, temperature, top_k, top_p, generator)
 
     def _stream(self, context, max_new_tokens, temperature, top_k, top_p, generator):

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Iterator, Optional
 
 import torch
 from torch import Tensor
@@ -37,6 +37,30 @@ def check_generate_args(prompt: object, vocab_size: int, max_new_tokens: object,
         raise ValueError(f"top_p must be in (0, 1] or None, got {top_p!r}")
     if isinstance(beam_size, bool) or not isinstance(beam_size, int) or beam_size < 1:
         raise ValueError(f"beam_size must be a positive int, got {beam_size!r}")
+
+
+def prepare_prompt(prompt: object, vocab_size: int, bos_token: int, max_new_tokens: object,
+                   temperature: object, top_k: object, top_p: object,
+                   beam_size: object) -> tuple[Tensor, Tensor]:
+    """Check ``generate``'s arguments; ``(prompt, context)``: the prompt as ``(B, P)`` int64
+    ids, and what the model reads first (the prompt, or the BOS id for an empty one)."""
+    if isinstance(prompt, Tensor) and prompt.dim() == 1:
+        prompt = prompt[None]
+    check_generate_args(prompt, vocab_size, max_new_tokens, temperature, top_k, top_p,
+                        beam_size)
+    prompt = prompt.long()
+    context = prompt if prompt.shape[1] else prompt.new_full((prompt.shape[0], 1), bos_token)
+    return prompt, context
+
+
+def collect(prompt: Tensor, tokens: Iterator[Tensor], max_new_tokens: int) -> Tensor:
+    """``(B, P + max_new_tokens)``: the prompt, then each ``(B,)`` token of ``tokens``."""
+    B, P = prompt.shape
+    out = prompt.new_empty((B, P + max_new_tokens))
+    out[:, :P] = prompt
+    for i, token in enumerate(tokens):
+        out[:, P + i] = token
+    return out
 
 
 def sample(logits: Tensor, temperature: float, top_k: Optional[int], top_p: Optional[float],
