@@ -35,7 +35,6 @@ sys.path.insert(0, str(ROOT))
 
 from fastrwa.models import LMConfig, build  # noqa: E402
 
-CORPUS = ROOT.parent / "shared" / "data" / "text-corpus.txt"
 LAYER = {"rda-scan": "rda", "rwa-scan": "rwa", "lstm": "lstm", "gru": "gru"}
 
 
@@ -68,7 +67,7 @@ def run(name: str, flags: list, out: pathlib.Path) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", type=pathlib.Path, default=CORPUS)
+    p.add_argument("--data", type=pathlib.Path, help="a byte corpus file (required)")
     p.add_argument("--equal", choices=("time", "steps"), default="time")
     p.add_argument("--minutes", type=float, default=20.0, help="training time per model")
     p.add_argument("--steps", type=int, default=1000, help="--equal steps: steps per model")
@@ -91,8 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.table:
         print(table(json.loads(args.table.read_text())))
         return 0
-    if not args.data.is_file():
-        print(f"error: --data {args.data}: no such file", file=sys.stderr)
+    if args.data is None or not args.data.is_file():
+        print(f"error: --data FILE: a byte corpus is needed, got {args.data}", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     if args.quick:              # seconds: tiny models on the corpus's first 100 KB
@@ -142,9 +141,11 @@ def main(argv: list[str] | None = None) -> int:
                             train_s=train[-1]["train_s"], wall_s=time.perf_counter() - began,
                             valid_bpc=final["valid"]["bpc"], test_bpc=final["test"]["bpc"],
                             test_bytes=final["test"]["bytes"], records=records))
-    summary = dict(equal=args.equal, minutes=args.minutes, data=str(args.data),
+    summary = dict(equal=args.equal, minutes=args.minutes,
+                   data=f"{args.data.name} ({args.data.stat().st_size:,} bytes)",
                    torch=torch.__version__, threads=torch.get_num_threads(),
-                   cpu=os.cpu_count(), settings={k: str(v) for k, v in vars(args).items()},
+                   cpu=os.cpu_count(), settings={k: str(v) for k, v in vars(args).items()
+                                                 if k not in ("data", "out")},
                    runs=results)
     (args.out / "lm.json").write_text(json.dumps(summary, indent=1))
     _plot(results, args.out / "lm.png")
