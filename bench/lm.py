@@ -34,6 +34,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from fastrwa.models import LMConfig, build  # noqa: E402
+from fastrwa.train.config import parse_lm_field  # noqa: E402
 
 LAYER = {"rda-scan": "rda", "rwa-scan": "rwa", "lstm": "lstm", "gru": "gru"}
 
@@ -100,12 +101,10 @@ def main(argv: list[str] | None = None) -> int:
         sliced = args.out / "corpus-100k.txt"
         sliced.write_bytes(args.data.read_bytes()[:100_000])
         args.data = sliced
-    lm = dict(item.split("=", 1) for item in args.lm)
+    lm = dict(parse_lm_field(item) for item in args.lm)
     models = args.models.split(",")
     fast = [m for m in models if LAYER[m] in ("rda", "rwa")]
-    target = params(fast[0] if fast else models[0], args.d_model, args.layers,
-                    {k: json.loads(v) if v[:1] in "0123456789-tfn[{" else v
-                     for k, v in lm.items()})
+    target = params(fast[0] if fast else models[0], args.d_model, args.layers, lm)
     shapes = {m: (args.d_model, args.layers) if LAYER[m] in ("rda", "rwa") else
               (matched_width(m, target, args.baseline_layers), args.baseline_layers)
               for m in models}

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import sys
 import time
@@ -21,22 +20,12 @@ import torch.distributed as dist
 
 from ..ops.vocab import ATTENTIONS
 from .tasks import TASKS
-from .config import AUTOCASTS, DEFAULTS, DEVICES, RESUMABLE_CHANGES, SCHEDULES, RunConfig
+from .config import (AUTOCASTS, DEFAULTS, DEVICES, RESUMABLE_CHANGES, SCHEDULES, RunConfig,
+                     parse_lm_field)
 from .device import process_group_backend, resolve_device
 from .loop import RunDirError, prepare_run_dir, train
 from .models import LM_LAYERS, MODELS
 from .problems import ALL_TASKS, make_problem
-
-
-def _lm_field(text: str) -> tuple[str, object]:
-    """``--lm KEY=VALUE``: the value read as JSON (numbers, true/false, null), else a string."""
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE (an LMConfig field), got {text!r}")
-    try:
-        return key, json.loads(value)
-    except json.JSONDecodeError:
-        return key, value
 
 
 def parser() -> argparse.ArgumentParser:
@@ -70,7 +59,7 @@ def parser() -> argparse.ArgumentParser:
     add("--data", help="enwik8 (raw or .zip) / text: a file; mnist, pmnist: the IDX directory")
     add("--device", choices=DEVICES, help="auto: CUDA when present, else the CPU (default auto)")
     add("--autocast", choices=AUTOCASTS, help="bf16: forward in bfloat16 autocast (default none)")
-    p.add_argument("--lm", type=_lm_field, action="append", metavar="KEY=VALUE",
+    p.add_argument("--lm", type=parse_lm_field, action="append", metavar="KEY=VALUE",
                    help="byte corpora: an LMConfig field of the model, e.g. --lm mlp_ratio=2 "
                         "(repeatable; see docs/lm.md)")
     add("--eval-every", type=int, help=f"steps between evaluations ({per_kind('eval_every')})")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import json
 import math
 from typing import Any, Optional
 
@@ -19,11 +21,12 @@ AUTOCASTS = ("none", "bf16")
 # language models follow current LM practice (docs/lm.md): a 4-block ByteLM of width 256,
 # AdamW with weight decay, linear warmup then cosine decay, BPTT 128.
 DEFAULTS = {
-    "sequence": dict(model="rwa-scan", attention="exp", hidden=250, layers=1, batch_size=100, lr=1e-3, weight_decay=0.0,
-                     warmup=0, schedule="constant", steps=1000, eval_every=100,
-                     checkpoint_every=100),
-    "lm": dict(model="rda-scan", attention="sigmoid", hidden=256, layers=4, batch_size=32, lr=2e-3, weight_decay=0.1, warmup=200,
-               schedule="cosine", steps=5000, eval_every=500, checkpoint_every=500),
+    "sequence": dict(model="rwa-scan", attention="exp", hidden=250, layers=1, batch_size=100,
+                     lr=1e-3, weight_decay=0.0, warmup=0, schedule="constant", steps=1000,
+                     eval_every=100, checkpoint_every=100),
+    "lm": dict(model="rda-scan", attention="sigmoid", hidden=256, layers=4, batch_size=32,
+               lr=2e-3, weight_decay=0.1, warmup=200, schedule="cosine", steps=5000,
+               eval_every=500, checkpoint_every=500),
 }
 
 
@@ -136,3 +139,14 @@ class RunConfig:
         return [f"{name}: saved {getattr(saved, name)!r}, given {getattr(self, name)!r}"
                 for name in (f.name for f in dataclasses.fields(self))
                 if name not in RESUMABLE_CHANGES and getattr(self, name) != getattr(saved, name)]
+
+
+def parse_lm_field(text: str) -> tuple[str, object]:
+    """``--lm KEY=VALUE``: the value read as JSON (numbers, true/false, null), else a string."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE (an LMConfig field), got {text!r}")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value

@@ -18,7 +18,7 @@ from ..models import LMConfig, LMState, build, save_pretrained
 from ..nn import CellState, LayerState, RRAState
 from ..state import ScanState
 from .config import RunConfig
-from .device import placement
+from .device import Placement, placement
 from .metrics import read_records
 from .models import LM_LAYERS, SequenceNet, detach_state
 from .optim import lr_factor, make_optimizer, set_lr
@@ -31,6 +31,7 @@ BEST, EXPORT = "best", "model"   # language models: save_pretrained directories
 RUN_FILES = (CONFIG, METRICS, CHECKPOINT, CHECKPOINT + ".tmp", METRICS + ".tmp", PLOT, SAMPLES)
 RUN_DIRS = (BEST, EXPORT)
 MODEL_FILES = ("config.json", "model.pt", "config.json.tmp", "model.pt.tmp")
+CPU = Placement(torch.device("cpu"), None)   # where checkpointed states go
 # NamedTuples that a carried recurrent state may contain: allowed by weights-only loading.
 torch.serialization.add_safe_globals([ScanState, LayerState, CellState, RRAState, LMState])
 
@@ -295,9 +296,9 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False) -> dict:
         if done % cfg.checkpoint_every == 0 or done == cfg.steps:
             states = [None] * world
             if world > 1:
-                dist.all_gather_object(states, place_cpu(carried))
+                dist.all_gather_object(states, CPU.to(carried))
             else:
-                states = [place_cpu(carried)]
+                states = [CPU.to(carried)]
             if rank == 0:
                 save_checkpoint(run_dir / CHECKPOINT, {
                     "model": model.state_dict(), "optimizer": optimizer.state_dict(),
@@ -309,8 +310,3 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False) -> dict:
     bar.close()
     return last
 
-
-def place_cpu(state):
-    """A carried state with every tensor on the CPU (for a checkpoint)."""
-    return torch.utils._pytree.tree_map(
-        lambda t: t.detach().cpu() if isinstance(t, torch.Tensor) else t, state)
