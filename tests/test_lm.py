@@ -11,7 +11,8 @@ from helpers import ATTENTIONS
 from fastrwa.testing import LiveTensorMeter, NewStorageCounter, storages
 from fastrwa.nn.functional import rms_norm_into
 
-VARIANTS = [dict(layer="rwa")] + [dict(layer="rda", attention=a) for a in ATTENTIONS]
+VARIANTS = ([dict(layer="rwa")] + [dict(layer="rda", attention=a) for a in ATTENTIONS]
+            + [dict(layer="rda", output_gate=True)])
 TOL_FP32 = 2e-5  # logits, streaming vs parallel
 
 
@@ -20,7 +21,8 @@ def tiny(**kw):
     return ByteLM(LMConfig(d_model=16, n_layers=2, mlp_ratio=2, **kw)).eval()
 
 
-@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "-".join(v.values()))
+@pytest.mark.parametrize("variant", VARIANTS,
+                         ids=lambda v: "-".join(f"{k}={v}" for k, v in v.items()))
 def test_prefill_then_steps_equals_full_logits_at_every_split(variant):
     model = tiny(**variant)
     tokens = torch.randint(0, 256, (2, 10), generator=torch.Generator().manual_seed(1))
@@ -38,8 +40,9 @@ def test_prefill_then_steps_equals_full_logits_at_every_split(variant):
 
 
 @pytest.mark.parametrize("variant", [dict(layer="rwa"), dict(layer="rda", token_shift=True),
-                                     dict(layer="rda", preset="sigmoid-id", dtype="bfloat16")],
-                         ids=["rwa", "rda-token-shift", "rda-sigmoid-id-bf16"])
+                                     dict(layer="rda", preset="sigmoid-id", dtype="bfloat16"),
+                                     dict(layer="rda", output_gate=True)],
+                         ids=["rwa", "rda-token-shift", "rda-sigmoid-id-bf16", "rda-output-gate"])
 def test_streaming_step_allocates_nothing_after_warm_up(variant):
     """Every op of ByteLM.step_ writes into a tensor that existed before the step."""
     dtype = getattr(torch, variant.pop("dtype", "float32"))
@@ -143,7 +146,7 @@ def test_tied_embeddings_survive_loading(tmp_path):
 
 def test_training_reaches_every_parameter_and_reduces_loss():
     torch.manual_seed(4)
-    model = tiny(layer="rda", attention="exp").train()
+    model = tiny(layer="rda", attention="exp", output_gate=True).train()
     data = torch.randint(0, 256, (4, 33))
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     losses = []
@@ -215,6 +218,7 @@ def test_a_fresh_cache_starts_from_the_learned_initial_state():
 @pytest.mark.parametrize("call,error,words", [
     (lambda: LMConfig(token_shift="no"), TypeError, "token_shift must be True or False"),
     (lambda: LMConfig(tie_embeddings=1), TypeError, "tie_embeddings must be True or False"),
+    (lambda: LMConfig(output_gate="yes"), TypeError, "output_gate must be True or False"),
     (lambda: LMConfig(d_model=True), ValueError, "d_model must be a positive int"),
 ])
 def test_config_types_are_checked(call, error, words):

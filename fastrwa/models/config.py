@@ -31,6 +31,9 @@ class LMConfig:
             of about 3.7 tokens) or "spread" (per channel, memory lengths log-uniform from 2
             tokens to a longest one that grows with depth: 16 in the first block, 1024 in the
             last; :meth:`fastrwa.nn.RDA.set_discount_timescales`). RDA only.
+        output_gate: each block multiplies its scan layer's output by ``sigmoid(W x)`` of
+            the block's normalised input before the residual add (a ``d_model x d_model``
+            projection more per block, as gated linear RNNs gate their outputs).
         mlp_ratio: hidden width of each MLP over ``d_model``.
         tie_embeddings: the output head reuses the input embedding matrix.
     """
@@ -45,6 +48,7 @@ class LMConfig:
     preset: str | None = None
     token_shift: bool = True
     discount_init: str = "paper"
+    output_gate: bool = False
     mlp_ratio: int = 4
     tie_embeddings: bool = True
 
@@ -58,7 +62,7 @@ class LMConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"LMConfig.{name} must be a positive int, got {value!r}")
-        for name in ("token_shift", "tie_embeddings"):
+        for name in ("token_shift", "output_gate", "tie_embeddings"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"LMConfig.{name} must be True or False, got "
                                 f"{getattr(self, name)!r}")

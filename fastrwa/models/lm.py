@@ -30,7 +30,8 @@ class LMState(NamedTuple):
 
 
 class Block(nn.Module):
-    """Pre-norm -> scan layer -> residual -> pre-norm -> MLP -> residual."""
+    """Pre-norm -> scan layer (times ``sigmoid(gate(x))`` with ``output_gate``) -> residual
+    -> pre-norm -> MLP -> residual."""
 
     def __init__(self, config: LMConfig):
         super().__init__()
@@ -41,26 +42,32 @@ class Block(nn.Module):
         else:
             self.mix = RDA(d, d, attention=config.attention, f_h=config.f_h, f_o=config.f_o,
                            preset=config.preset, token_shift=config.token_shift)
+        self.gate = nn.Linear(d, d) if config.output_gate else None
         self.norm2 = nn.RMSNorm(d)
         self.mlp = nn.Sequential(nn.Linear(d, config.mlp_ratio * d), nn.GELU(),
                                  nn.Linear(config.mlp_ratio * d, d))
 
     def forward(self, x: Tensor, state: Optional[LayerState]) -> tuple[Tensor, LayerState]:
-        h, state = self.mix(self.norm1(x), state)
-        x = x + h
+        normed = self.norm1(x)
+        h, state = self.mix(normed, state)
+        x = x + self._gated(h, normed)
         return x + self.mlp(self.norm2(x)), state
 
     def step(self, x: Tensor, state: LayerState) -> tuple[Tensor, LayerState]:
-        h, state = self.mix.step(self.norm1(x), state)
-        x = x + h
+        normed = self.norm1(x)
+        h, state = self.mix.step(normed, state)
+        x = x + self._gated(h, normed)
         return x + self.mlp(self.norm2(x)), state
+
+    def _gated(self, h: Tensor, normed: Tensor) -> Tensor:
+        return h if self.gate is None else h * torch.sigmoid(self.gate(normed))
 
     def step_workspace(self, batch: int, dtype: torch.dtype) -> dict:
         """Buffers for :meth:`step_` (``batch`` rows), allocated once per decode."""
         d, dev = self.norm1.normalized_shape[0], self.mlp[0].weight.device
         new = lambda *shape: torch.empty(*shape, dtype=dtype, device=dev)  # noqa: E731
         return dict(mix=self.mix.step_workspace(batch, dtype), normed=new(batch, d),
-                    h=new(batch, d), hidden=new(batch, self.mlp[0].out_features),
+                    h=new(batch, d), gate=new(batch, d), hidden=new(batch, self.mlp[0].out_features),
                     rstd=torch.empty(batch, 1, dtype=state_dtype(dtype), device=dev),
                     wide=torch.empty(batch, d, dtype=state_dtype(dtype), device=dev))
 
@@ -70,6 +77,9 @@ class Block(nn.Module):
         normed, h = work["normed"], work["h"]
         rms_norm_into(x, self.norm1, normed, work["rstd"], work["wide"])
         self.mix.step_(normed, state, h, work["mix"])
+        if self.gate is not None:
+            torch.addmm(self.gate.bias, normed, self.gate.weight.t(), out=work["gate"])
+            h.mul_(work["gate"].sigmoid_())
         x.add_(h)
         rms_norm_into(x, self.norm2, normed, work["rstd"], work["wide"])
         up, down = self.mlp[0], self.mlp[2]
