@@ -1,14 +1,16 @@
 """The public scan and step functions: ``weighted_scan``, ``rwa_scan``, ``rda_scan``,
-``rwa_step``, ``rda_step``."""
+``rwa_step``, ``rda_step``, their in-place forms and the prepared in-place steps."""
 
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 
 from .checks import (check_attention, check_cu_seqlens, check_flag, check_inputs,
                      check_no_overlap, check_state)
 from .ops import registry
-from .ops.autograd import step_inplace, weighted_scan_op
+from .ops.autograd import prepare_step_inplace, step_inplace, weighted_scan_op
 from .ops.contract import ScanArgs
 from .ops.vocab import state_dtype
 from .state import ScanState
@@ -221,7 +223,8 @@ def rda_step(
     return _step([("z_t", z_t), ("a_t", a_t), ("g_t", g_t)], attention, "sigmoid", state)
 
 
-def _step_inplace(named, attention, discount, state, out):
+def _check_step_inplace(named, state, out) -> tuple[list, ScanState]:
+    """The checks of the in-place steps; ``(tensors, state)``."""
     z_t = check_inputs(named, "BD")
     B, D = z_t.shape
     if state is None:
@@ -240,10 +243,25 @@ def _step_inplace(named, attention, discount, state, out):
     if not torch.compiler.is_compiling():   # (a compiled graph has no storage to compare)
         check_no_overlap([("out", out), ("state.m", state.m), ("state.n", state.n),
                           ("state.d", state.d)], named)
-    tensors = [x for _, x in named]
-    step_inplace(tensors[0], tensors[1], tensors[2] if len(tensors) > 2 else None,
-                 tuple(state), out, attention, discount)
+    tensors = [x for _, x in named] + ([None] if len(named) == 2 else [])
+    return tensors, state
+
+
+def _step_inplace(named, attention, discount, state, out):
+    (z, a, g), state = _check_step_inplace(named, state, out)
+    step_inplace(z, a, g, tuple(state), out, attention, discount)
     return out
+
+
+def _prepare(named, attention, discount, state, out) -> Callable[[], torch.Tensor]:
+    (z, a, g), state = _check_step_inplace(named, state, out)
+    run = prepare_step_inplace(z, a, g, tuple(state), out, attention, discount)
+
+    def step() -> torch.Tensor:
+        run()
+        return out
+
+    return step
 
 
 def rwa_step_(z_t: torch.Tensor, a_t: torch.Tensor, state: ScanState,
@@ -292,3 +310,53 @@ def rda_step_(z_t: torch.Tensor, a_t: torch.Tensor, g_t: torch.Tensor, state: Sc
     attention = check_attention(attention)
     return _step_inplace([("z_t", z_t), ("a_t", a_t), ("g_t", g_t)], attention, "sigmoid",
                          state, out)
+
+
+def prepare_rwa_step_(z_t: torch.Tensor, a_t: torch.Tensor, state: ScanState,
+                      out: torch.Tensor) -> Callable[[], torch.Tensor]:
+    """:func:`rwa_step_` bound to these tensors and checked once, for decode loops that write
+    each step's inputs into the same buffers: every call of the returned function runs one
+    step on the values the tensors hold at that moment (``state`` updated, ``y_t`` written
+    into ``out``) and returns ``out``, without checking again.
+
+    The checks of :func:`rwa_step_` run here; the tensors must then keep their memory (no
+    resize, no ``set_``; writing into them is the point) and the backend is the one in force
+    now. On CPU (the "numba" backend) a call costs a few microseconds (the kernel's own
+    time), against tens for :func:`rwa_step_`, which checks every time. Inference only.
+
+    Example:
+        >>> import torch, fastrwa
+        >>> z, a, y = torch.empty(2, 3), torch.empty(2, 3), torch.empty(2, 3)
+        >>> st = fastrwa.ScanState.empty(2, 3)
+        >>> step = fastrwa.prepare_rwa_step_(z, a, st, y)
+        >>> with torch.no_grad():
+        ...     for t in range(4):
+        ...         _ = z.normal_(), a.normal_()
+        ...         y_t = step()           # y (and st) updated in place
+        >>> y_t is y
+        True
+    """
+    return _prepare([("z_t", z_t), ("a_t", a_t)], "exp", None, state, out)
+
+
+def prepare_rda_step_(z_t: torch.Tensor, a_t: torch.Tensor, g_t: torch.Tensor,
+                      state: ScanState, out: torch.Tensor,
+                      attention: str = "exp") -> Callable[[], torch.Tensor]:
+    """:func:`rda_step_` bound to these tensors and checked once (see
+    :func:`prepare_rwa_step_`): each call of the returned function runs one step in place
+    on the values ``z_t, a_t, g_t`` hold then, and returns ``out``.
+
+    Example:
+        >>> import torch, fastrwa
+        >>> z, a, g, y = (torch.empty(1, 4) for _ in range(4))
+        >>> st = fastrwa.ScanState.empty(1, 4)
+        >>> step = fastrwa.prepare_rda_step_(z, a, g, st, y, attention="sigmoid")
+        >>> with torch.no_grad():
+        ...     _ = z.normal_(), a.normal_(), g.normal_()
+        ...     y_t = step()
+        >>> y_t.shape
+        torch.Size([1, 4])
+    """
+    attention = check_attention(attention)
+    return _prepare([("z_t", z_t), ("a_t", a_t), ("g_t", g_t)], attention, "sigmoid", state,
+                    out)

@@ -56,6 +56,28 @@ def test_in_place_step_equals_step(kind, attention, token_shift):
         torch.testing.assert_close(mine.scan.average(), state.scan.average())
 
 
+def test_in_place_step_follows_the_backend_in_force(monkeypatch):
+    """step_ keeps its prepared scan step in ``work``, but a change of backend between two
+    steps is seen: the next step runs on the backend now in force."""
+    from fastrwa.ops import registry
+
+    layer = RDA(4, 6, attention="sigmoid").eval()
+    x = torch.randn(2, 5, 4)
+    _, state = layer(x[:, :3])
+    out, work = torch.empty(2, 6), layer.step_workspace(2)
+    torch_backend, calls = registry.load("torch"), []
+    original = torch_backend.step_
+    monkeypatch.setattr(torch_backend, "step_", lambda *a: calls.append(1) or original(*a))
+    with torch.no_grad(), fastrwa.use_backend("numba"):
+        layer.step_(x[:, 3], state, out, work)
+    assert calls == []
+    expected, _ = layer.step(x[:, 4], state)
+    with torch.no_grad(), fastrwa.use_backend("torch"):
+        layer.step_(x[:, 4], state, out, work)
+    assert calls == [1]
+    torch.testing.assert_close(out, expected, atol=1e-6, rtol=0)
+
+
 def test_bidirectional_halves_are_a_forward_and_a_reversed_layer():
     torch.manual_seed(1)
     bi = RDA(6, 5, attention="softplus", bidirectional=True)

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from .. import scan as _scan
+from ..ops.registry import get_backend
 from ..ops.vocab import state_dtype
 from ..state import ScanState
 from .checks import check_size
@@ -244,6 +245,22 @@ class _ScanLayer(nn.Module):
         return out
 
     def _step_scan_(self, work: dict, scan: ScanState) -> None:
+        """The scan's in-place step on the gates in ``work``. Eager calls run it prepared
+        (``fastrwa.prepare_*_step_``: checked once per state and backend, the preparation
+        kept in ``work``); compiled ones call the op."""
+        args = self._step_args(work, scan)
+        if torch.compiler.is_compiling():
+            self._steps[0](*args)
+            return
+        key = (get_backend(),) + tuple((t.data_ptr(), t.shape, t.stride(), t.dtype)
+                                       for t in scan)
+        prepared = work.get("prepared")
+        if prepared is None or prepared[0] != key:
+            work["prepared"] = prepared = (key, self._steps[1](*args))
+        prepared[1]()
+
+    def _step_args(self, work: dict, scan: ScanState) -> tuple:
+        """The arguments of this layer's in-place step function (``_steps``)."""
         raise NotImplementedError
 
     def _output_(self, y: Tensor, out: Tensor) -> None:
@@ -252,6 +269,12 @@ class _ScanLayer(nn.Module):
     def extra_repr(self) -> str:
         return (f"{self.input_size}, {self.hidden_size}, batch_first={self.batch_first}, "
                 f"bidirectional={self.bidirectional}, token_shift={self.token_shift}")
+
+
+# each layer's in-place step and its prepared form (the class bodies' own ``_scan`` methods
+# hide the module there)
+_RWA_STEPS = (_scan.rwa_step_, _scan.prepare_rwa_step_)
+_RDA_STEPS = (_scan.rda_step_, _scan.prepare_rda_step_)
 
 
 class RWA(_ScanLayer):
@@ -300,8 +323,10 @@ class RWA(_ScanLayer):
     def _output(self, y):
         return torch.tanh(y)
 
-    def _step_scan_(self, work, scan):
-        _scan.rwa_step_(work["z"], work["a"], scan, work["y"])
+    _steps = _RWA_STEPS
+
+    def _step_args(self, work, scan):
+        return work["z"], work["a"], scan, work["y"]
 
     def _output_(self, y, out):
         torch.tanh(y, out=out)
@@ -380,10 +405,12 @@ class RDA(_ScanLayer):
     def _output(self, y):
         return self._f_o(self._f_h(y))
 
-    def _step_scan_(self, work, scan):
+    _steps = _RDA_STEPS
+
+    def _step_args(self, work, scan):
         H = self.hidden_size
         work["g"].copy_(work["proj"][:, 3 * H:4 * H])
-        _scan.rda_step_(work["z"], work["a"], work["g"], scan, work["y"], self.attention)
+        return work["z"], work["a"], work["g"], scan, work["y"], self.attention
 
     def _output_(self, y, out):
         ACTIVATIONS_OUT[self.f_h_name](y, out)

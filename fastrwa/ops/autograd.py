@@ -15,7 +15,7 @@ recomputes them (:mod:`fastrwa.ops.contract`).
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from torch import Tensor
@@ -143,10 +143,10 @@ def weighted_scan_op(args: ScanArgs) -> tuple[Tensor, tuple]:
     return y, (m, n, d)
 
 
-def _step_into(args: ScanArgs, state: tuple, out: Tensor) -> None:
-    """The resolved backend's in-place step; where it declines, its forward from ``state``
-    and a copy into ``state`` and ``out``."""
-    backend = registry.resolve(args.z.device, args.z.dtype)
+def _step_into(args: ScanArgs, state: tuple, out: Tensor, backend=None) -> None:
+    """The backend's (by default the resolved one's) in-place step; where it declines, its
+    forward from ``state`` and a copy into ``state`` and ``out``."""
+    backend = backend or registry.resolve(args.z.device, args.z.dtype)
     if backend.step_(args, state, out):
         return
     y, final, _ = backend.forward(args._replace(initial_state=state), output_final_state=True,
@@ -182,3 +182,15 @@ def step_inplace(z: Tensor, a: Tensor, g: Optional[Tensor], state: tuple, out: T
     args = ScanArgs(z[:, None], a[:, None], None if g is None else g[:, None], attention,
                     discount, None, False, None)
     _step_into(args, state, out)
+
+
+def prepare_step_inplace(z: Tensor, a: Tensor, g: Optional[Tensor], state: tuple, out: Tensor,
+                         attention: str, discount: Optional[str]) -> Callable[[], None]:
+    """:func:`step_inplace` bound to these validated tensors: the backend resolved once, and
+    its prepared step (:meth:`fastrwa.ops.contract.Backend.prepare_step_`) where it has one."""
+    args = ScanArgs(z[:, None], a[:, None], None if g is None else g[:, None], attention,
+                    discount, None, False, None)
+    backend = registry.resolve(z.device, z.dtype)
+    prepare = getattr(backend, "prepare_step_", None)
+    fast = prepare(args, state, out) if prepare is not None else None
+    return fast if fast is not None else lambda: _step_into(args, state, out, backend)

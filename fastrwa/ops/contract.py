@@ -105,6 +105,13 @@ class Backend(Protocol):
         ``(B, D)`` tensor that receives ``y``. Returns ``False``, doing nothing, where it
         does not apply (the caller then runs :meth:`forward` and copies)."""
 
+    def prepare_step_(self, args: ScanArgs, state: State, out: Tensor
+                      ) -> Optional[Callable[[], None]]:
+        """Optional: :meth:`step_` bound to these tensors, as a function of no arguments that
+        runs one step on what they hold when it is called (their memory stays put), with
+        the per-call work (dtype and layout tests, views) done once here. ``None`` where
+        :meth:`step_` would decline (the caller then calls :meth:`step_` each time)."""
+
 
 class Knobs:
     """A backend's options in force: ``Knobs(Options)``; a backend exposes ``knobs.get`` as

@@ -249,22 +249,44 @@ def _step_scratch(numel: int, dtype: np.dtype) -> np.ndarray:
     return cache[1]
 
 
+def _step_applies(args: ScanArgs, state, out) -> bool:
+    """Every tensor a contiguous CPU tensor in a dtype the step kernel reads."""
+    z, g = args.z, args.g
+    cdt = state_dtype(z.dtype)
+    tensors = (z, args.a, out) + (() if g is None else (g,))
+    if z.dtype == torch.float16 or any(x.dtype != z.dtype or not x.is_contiguous()
+                                        or x.device.type != "cpu" for x in tensors):
+        return False
+    return all(s.dtype == cdt and s.is_contiguous() and s.device.type == "cpu" for s in state)
+
+
+def _step_arguments(args: ScanArgs, state, out, scratch) -> tuple:
+    z, a, g, attention, discount = args[:5]
+    m, n, d = state
+    consts = _consts(m.dtype)
+    return (_flat(z), _flat(a), _flat(a if g is None else g), _flat(m), _flat(n), _flat(d),
+            _flat(out), ATTENTION_CODE[attention], DISCOUNT_CODE[discount], consts,
+            scratch if scratch is not None else _step_scratch(m.numel(), consts.dtype))
+
+
 def step_(args: ScanArgs, state, out) -> bool:
     """One streaming step in place (contract: :meth:`fastrwa.ops.contract.Backend.step_`):
     ``state`` ``(m, n~, d~)`` updated where it lies and ``y`` written into ``out``. Returns
     ``False`` (doing nothing) unless every tensor is a contiguous CPU tensor in a dtype the
     kernel reads (float32/bfloat16 inputs with a float32 state, or all float64)."""
-    z, a, g, attention, discount = args[:5]
-    m, n, d = state
-    cdt = state_dtype(z.dtype)
-    tensors = (z, a, out) + (() if g is None else (g,))
-    if z.dtype == torch.float16 or any(x.dtype != z.dtype or not x.is_contiguous()
-                                        or x.device.type != "cpu" for x in tensors):
+    if not _step_applies(args, state, out):
         return False
-    if any(s.dtype != cdt or not s.is_contiguous() or s.device.type != "cpu" for s in state):
-        return False
-    consts = _consts(cdt)
-    step.step_inplace(_flat(z), _flat(a), _flat(a if g is None else g), _flat(m), _flat(n),
-                      _flat(d), _flat(out), ATTENTION_CODE[attention], DISCOUNT_CODE[discount],
-                      consts, _step_scratch(m.numel(), consts.dtype))
+    step.step_inplace(*_step_arguments(args, state, out, None))
     return True
+
+
+def prepare_step_(args: ScanArgs, state, out):
+    """:func:`step_` bound to these tensors (contract:
+    :meth:`fastrwa.ops.contract.Backend.prepare_step_`): the NumPy views and the scratch
+    made once, each call only the kernel's. ``None`` where :func:`step_` would decline."""
+    if not _step_applies(args, state, out):
+        return None
+    npt = _consts(state[0].dtype).dtype
+    bound = _step_arguments(args, state, out, np.zeros((5, state[0].numel()), npt))
+    kernel = step.step_inplace
+    return lambda: kernel(*bound)
