@@ -1,0 +1,134 @@
+"""The ByteLM ablation, in one command: ``python bench/ablate.py --data FILE``.
+
+Trains the fastrwa byte LM once per row through the trainer's CLI, each row one change from
+the defaults (an ``LMConfig`` field, the learning rate, or depth against width at equal
+parameters), all else equal: the same corpus, batch, BPTT, seed, steps and schedule. The
+study runs at a reduced size (``--d-model 128 --layers 4`` by default, ~0.3 s/step on two
+cores) so that a dozen rows fit in well under an hour; a choice it favours is then checked in
+the full-size comparison (``bench/lm.py``). A second seed of the defaults shows the
+run-to-run variation that a row has to beat.
+
+Writes ``OUT/ablate.json`` (every run's records) and prints a markdown table: what, parameters,
+validation bpc on the first ``--eval-bytes`` of the split, test bpc on the whole test split,
+s/step. ``--only NAME,...`` runs a subset; ``--table OUT/ablate.json`` reprints a table.
+docs/lm.md records a run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+
+import torch
+
+from lm import matched_width, params, run  # (lm puts the repository on sys.path)
+from fastrwa.train.config import parse_lm_field  # noqa: E402
+
+# name -> trainer flags beyond the base ones, LMConfig fields (--lm), and blocks (None: the
+# base depth; else the width is solved for the base model's parameter count)
+ROWS = {
+    "defaults": ([], [], None),
+    "defaults, seed 1": (["--seed", "1"], [], None),
+    "discount_init=spread": ([], ["discount_init=spread"], None),
+    "token_shift=false": ([], ["token_shift=false"], None),
+    "output_gate=true": ([], ["output_gate=true"], None),
+    "f_h=tanh": ([], ["f_h=tanh"], None),
+    "f_o=tanh": ([], ["f_o=tanh"], None),
+    "attention=exp": (["--attention", "exp"], [], None),
+    "mlp_ratio=2": ([], ["mlp_ratio=2"], None),
+    "lr 1e-3": (["--lr", "1e-3"], [], None),
+    "lr 4e-3": (["--lr", "4e-3"], [], None),
+    "2 layers, equal params": ([], [], 2),
+    "8 layers, equal params": ([], [], 8),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", type=pathlib.Path, help="a byte corpus file (required)")
+    p.add_argument("--d-model", type=int, default=128)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--steps", type=int, default=400)
+    p.add_argument("--warmup", type=int, default=40)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--bptt", type=int, default=128)
+    p.add_argument("--eval-bytes", type=int, default=100_000)
+    p.add_argument("--only", help="comma-separated row names (default: every row)")
+    p.add_argument("--out", type=pathlib.Path,
+                   default=pathlib.Path(__file__).parent / "results" / "ablate")
+    p.add_argument("--quick", action="store_true", help="tiny runs of two rows (CI)")
+    p.add_argument("--table", type=pathlib.Path, metavar="ABLATE_JSON",
+                   help="print the table of an earlier run's ablate.json and stop")
+    args = p.parse_args(argv)
+    if args.table:
+        print(table(json.loads(args.table.read_text())))
+        return 0
+    if args.data is None or not args.data.is_file():
+        print(f"error: --data FILE: a byte corpus is needed, got {args.data}", file=sys.stderr)
+        return 2
+    names = list(ROWS) if not args.only else args.only.split(",")
+    unknown = [n for n in names if n not in ROWS]
+    if unknown:
+        print(f"error: --only: unknown rows {unknown}; known: {list(ROWS)}", file=sys.stderr)
+        return 2
+    if args.quick:
+        args.d_model, args.steps, args.warmup, args.batch_size = 16, 4, 1, 4
+        args.bptt, args.eval_bytes = 16, 2000
+        names = names if args.only else ["defaults", "2 layers, equal params"]
+    args.out.mkdir(parents=True, exist_ok=True)
+    base = ["--task", "text", "--data", args.data, "--model", "rda-scan", "--batch-size",
+            args.batch_size, "--bptt", args.bptt, "--steps", args.steps, "--warmup",
+            args.warmup, "--eval-every", max(1, args.steps // 4), "--eval-bytes",
+            args.eval_bytes, "--log-every", 10, "--device", "cpu",
+            "--checkpoint-every", args.steps]
+    rows = []
+    for name in names:
+        extra, lm, layers = ROWS[name]
+        width, layers = args.d_model, layers or args.layers
+        if layers != args.layers:       # depth against width at equal parameters
+            width = matched_width("rda-scan", _params(args.d_model, args.layers), layers)
+        flags = [*base, "--hidden", width, "--layers", layers, *extra,
+                 *[x for item in lm for x in ("--lm", item)]]
+        slug = "".join(c if c.isalnum() else "-" for c in name)
+        records = run(slug, flags, args.out)
+        train = [r for r in records if r["split"] == "train"]
+        final = {s: [r for r in records if r["split"] == s][-1] for s in ("valid", "test")}
+        rows.append(dict(name=name, d_model=width, layers=layers, flags=[str(f) for f in flags],
+                         params=_params(width, layers, lm),
+                         s_per_step=train[-1]["train_s"] / args.steps,
+                         valid_bpc=final["valid"]["bpc"], test_bpc=final["test"]["bpc"],
+                         records=records))
+        print(table(dict(rows=rows[-1:], settings=_settings(args))), flush=True)
+    summary = dict(settings=_settings(args), rows=rows)
+    (args.out / "ablate.json").write_text(json.dumps(summary, indent=1))
+    print(table(summary))
+    print(f"\n{args.out / 'ablate.json'}")
+    return 0
+
+
+def _params(d_model: int, layers: int, lm: list[str] = ()) -> int:
+    return params("rda-scan", d_model, layers, dict(parse_lm_field(item) for item in lm))
+
+
+def _settings(args) -> dict:
+    return dict(torch=torch.__version__, threads=torch.get_num_threads(),
+                data=f"{args.data.name} ({args.data.stat().st_size:,} bytes)",
+                **{k: str(v) for k, v in vars(args).items() if k not in ("data", "out")})
+
+
+def table(summary: dict) -> str:
+    """The markdown table of a run of this script (also: ``--table OUT/ablate.json``)."""
+    eval_bytes = int(summary["settings"]["eval_bytes"])
+    lines = [f"| what | d_model x layers | params | valid bpc ({eval_bytes:,} B) "
+             f"| test bpc (whole split) | s/step |", "|---|---|---|---|---|---|"]
+    for r in summary["rows"]:
+        lines.append(f"| {r['name']} | {r['d_model']} x {r['layers']} | {r['params']:,} "
+                     f"| {r['valid_bpc']:.3f} | {r['test_bpc']:.3f} | {r['s_per_step']:.3f} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
