@@ -28,6 +28,16 @@ def _model_dir(run_dir: Path, best: bool) -> Path:
                                          "finishes; --best takes the best one so far)"))
 
 
+def _speed(count: int, began: float, first: float | None, end: float) -> str:
+    """``N bytes in S s``, and when streaming: the first byte's delay (prefill, set-up) and
+    the rate of the bytes after it."""
+    text = f"{count} bytes in {end - began:.2f} s"
+    if first is None or count < 2:
+        return text + f" ({count / max(end - began, 1e-9):,.0f} bytes/s)"
+    return (text + f": the first after {1e3 * (first - began):.0f} ms, then "
+            f"{(count - 1) / max(end - first, 1e-9):,.0f} bytes/s")
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m fastrwa.generate", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -54,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         gen = torch.Generator(device=device).manual_seed(args.seed)
         out = sys.stdout.buffer
         out.write(args.prompt.encode("utf-8"))
-        began, count = time.perf_counter(), 0
+        began, first, count = time.perf_counter(), None, 0
         if args.beam > 1:
             tokens = model.generate(prompt, args.max_new, beam_size=args.beam)[0, len(prompt):]
             out.write(bytes(tokens.tolist()))
@@ -65,11 +75,10 @@ def main(argv: list[str] | None = None) -> int:
                 out.write(bytes([int(token[0])]))
                 out.flush()
                 count += 1
+                first = first or time.perf_counter()
         out.write(b"\n")
         out.flush()
-        seconds = time.perf_counter() - began
-        print(f"{count} bytes in {seconds:.2f} s ({count / max(seconds, 1e-9):,.0f} bytes/s)",
-              file=sys.stderr)
+        print(_speed(count, began, first, time.perf_counter()), file=sys.stderr)
         return 0
     except (FileNotFoundError, ValueError, TypeError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
