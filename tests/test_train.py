@@ -595,3 +595,24 @@ def test_generate_streams_from_a_run_directory(tmp_path, capsysbinary):
     assert len(capsysbinary.readouterr().out) == 5 + 1
     assert generate_main([str(tmp_path / "nowhere")]) == 2
     assert b"no model there" in capsysbinary.readouterr().err
+
+
+def test_torchrun_resume_picks_the_process_group_for_the_saved_device(tmp_path):
+    """Under torchrun the process group (nccl or gloo) is chosen before rank 0 reads the run;
+    on --resume without --device it must follow the saved run's device, not the default."""
+    from fastrwa.train import cli
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"device": "cpu", "task": "text"}))
+
+    def device(*argv):
+        args = cli.parser().parse_args(list(argv))
+        cfg, given = cli._config(args)
+        return cli.run_device(args, cfg, given)
+
+    assert device("--resume", str(run)) == "cpu"
+    assert device("--resume", str(run), "--device", "cuda") == "cuda"
+    assert device("--task", "text") == "auto"
+    (run / "config.json").write_text("{not json")
+    assert device("--resume", str(run)) == "auto"     # rank 0 reports the bad file next

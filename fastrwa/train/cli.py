@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import sys
 import time
@@ -23,7 +24,7 @@ from .tasks import TASKS
 from .config import (AUTOCASTS, DEFAULTS, DEVICES, RESUMABLE_CHANGES, SCHEDULES, RunConfig,
                      parse_lm_field)
 from .device import process_group_backend, resolve_device
-from .loop import RunDirError, prepare_run_dir, train
+from .loop import CONFIG, RunDirError, prepare_run_dir, train
 from .models import LM_LAYERS, MODELS
 from .problems import ALL_TASKS, make_problem
 
@@ -100,6 +101,19 @@ def _resolve_run(args, cfg: RunConfig, given: dict) -> tuple[Path, RunConfig]:
     return run_dir, prepare_run_dir(run_dir, cfg, resume=False, overwrite=args.overwrite)
 
 
+def run_device(args, cfg: RunConfig, given: dict) -> str:
+    """The ``--device`` the run will train on, known before the process group exists (which
+    must match it): the flag when given, else on ``--resume`` the saved run's (read here
+    without checks: rank 0 validates the directory next), else the default."""
+    if "device" in given or args.resume is None:
+        return cfg.device
+    try:
+        saved = json.loads((Path(args.resume) / CONFIG).read_text()).get("device")
+    except (OSError, ValueError, AttributeError):
+        return cfg.device
+    return saved if saved in DEVICES else cfg.device
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
@@ -110,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1 and not dist.is_initialized():
         try:
-            device = resolve_device(cfg.device)
+            device = resolve_device(run_device(args, cfg, given))
         except ValueError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
