@@ -454,6 +454,24 @@ def test_torchrun_on_a_byte_corpus(tmp_path, model):
 
     model = load_pretrained(tmp_path / "run" / "model")     # the export needs no training code
     assert model.config.layer == {"rda-scan": "rda", "gru": "gru"}[model_name(model)]
+    # each process scored half of the test split's rows; their sums make the whole split's
+    from fastrwa.train.device import placement
+    from fastrwa.train.problems import ByteLMProblem
+
+    test = [r for r in _metrics(tmp_path / "run") if r["split"] == "test"][-1]
+    alone = ByteLMProblem(str(corpus), 2, 16, 200).evaluate(model.eval(), 2, "test",
+                                                            placement("cpu", None))
+    assert test["bytes"] == alone["bytes"] and test["whole"]
+    assert abs(test["bpc"] - alone["bpc"]) < 1e-6, (test, alone)
+
+
+def test_whole_split_shards_cover_every_byte_once():
+    data = torch.arange(1000)            # (ids, not bytes: each target names its position)
+    for world in (1, 2, 3, 8, 11):
+        targets = [y for rank in range(world) for _, y in fdata.whole_split(data, 8, 30,
+                                                                              (rank, world))]
+        kept = torch.cat([y[y >= 0] for y in targets]).sort().values
+        assert torch.equal(kept, torch.arange(1, 1000)), world
 
 
 def model_name(model):

@@ -123,12 +123,15 @@ class ByteStreams:
         return rows[:, :-1], rows[:, 1:], j == 0
 
 
-def whole_split(data: Tensor, streams: int, segment: int) -> Iterator[tuple[Tensor, Tensor]]:
+def whole_split(data: Tensor, streams: int, segment: int,
+                shard: tuple[int, int] = (0, 1)) -> Iterator[tuple[Tensor, Tensor]]:
     """Every next-byte prediction of ``data`` (``len(data) - 1`` targets), batched: the split
     is cut into ``streams`` contiguous rows read in segments of up to ``segment`` bytes, the
     state to be carried from one segment to the next. Yields ``(inputs, targets)``
-    ``(streams, L)``; targets past the end of the split are ``-100`` (ignored by
-    ``cross_entropy``), so the sum of losses covers each byte exactly once."""
+    ``(rows, L)``; targets past the end of the split are ``-100`` (ignored by
+    ``cross_entropy``), so the sum of losses covers each byte exactly once. ``shard=(k, n)``
+    keeps rows ``k, k + n, ...`` (process ``k`` of ``n``): the shards' sums add up to the
+    whole split's; a shard with no rows yields nothing."""
     n = len(data) - 1
     if n < 1:
         raise ValueError(f"a split of {len(data)} bytes has nothing to predict")
@@ -137,7 +140,9 @@ def whole_split(data: Tensor, streams: int, segment: int) -> Iterator[tuple[Tens
     padded = torch.zeros(streams * per_row + 1, dtype=torch.long)
     padded[:n + 1] = data
     valid = torch.arange(streams * per_row) < n
-    starts = torch.arange(streams)[:, None] * per_row
+    starts = torch.arange(streams)[shard[0]::shard[1], None] * per_row
+    if not len(starts):
+        return
     for lo in range(0, per_row, segment):
         index = starts + lo + torch.arange(min(segment, per_row - lo))          # (streams, L)
         yield padded[index], torch.where(valid[index], padded[index + 1], -100)

@@ -267,9 +267,12 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False) -> dict:
             (["test"] if done == cfg.steps else [])
         for split in splits:
             model.eval()
-            result = problem.evaluate(model, micro, split, place)
-            for key in ("loss", problem.metric):
-                result[key] = _mean_over_ranks(result[key], world)
+            if getattr(problem, "shards_evaluation", False):
+                result = problem.evaluate(model, micro, split, place, shard=(rank, world))
+            else:       # (every process evaluates the same batches)
+                result = problem.evaluate(model, micro, split, place)
+                for key in ("loss", problem.metric):
+                    result[key] = _mean_over_ranks(result[key], world)
             records.append({"step": done, "split": split, **result})
             if split != "valid" or rank != 0:
                 continue

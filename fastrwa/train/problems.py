@@ -8,6 +8,7 @@ outputs, evaluates, and says whether the recurrent state is carried from step to
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
 from . import data as _data
@@ -55,6 +56,7 @@ class ByteLMProblem:
     Evaluation scores every byte of a split (or its first ``eval_bytes``), batched."""
 
     stateful = True
+    shards_evaluation = True    # evaluate(shard=(rank, world)) returns the global result
     input_size, output_size = 0, 256
     metric, higher_is_better = "bpc", False
     baseline = 8.0          # a uniform guess over 256 byte values
@@ -77,21 +79,28 @@ class ByteLMProblem:
         return loss, _data.bits_per_byte(float(loss.detach()))
 
     @torch.no_grad()
-    def evaluate(self, model, size: int, split: str, place: Placement) -> dict:
+    def evaluate(self, model, size: int, split: str, place: Placement,
+                 shard: tuple[int, int] = (0, 1)) -> dict:
         """bpc over a held-out split: the whole split for "test", the first ``eval_bytes``
         (0: all) for "valid"; ``bytes`` says how many were scored, ``whole`` whether that is
-        the entire split."""
+        the entire split. Under torchrun (``shard=(rank, world)``) each process scores its
+        share of the rows and the sums are added up: every process returns the whole
+        result."""
         data = self.splits[split]
         if split != "test" and self.eval_bytes:
             data = data[:self.eval_bytes + 1]
         total, count, state = 0.0, 0, None
-        for x, y in _data.whole_split(data, self.eval_streams, 4 * self.bptt):
+        for x, y in _data.whole_split(data, self.eval_streams, 4 * self.bptt, shard):
             x, y = place.to((x, y))
             with place.autocast():
                 out, state = model(x, state)
             total += float(torch.nn.functional.cross_entropy(
                 out.reshape(-1, out.shape[-1]).float(), y.reshape(-1), reduction="sum"))
             count += int((y >= 0).sum())
+        if shard[1] > 1:
+            sums = torch.tensor([total, count], dtype=torch.float64)
+            dist.all_reduce(sums)
+            total, count = float(sums[0]), int(sums[1])
         return {"loss": total / count, "bpc": _data.bits_per_byte(total / count),
                 "bytes": count, "whole": count == len(self.splits[split]) - 1}
 
