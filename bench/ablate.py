@@ -23,7 +23,7 @@ import sys
 
 import torch
 
-from lm import matched_width, params, run  # (lm puts the repository on sys.path)
+from lm import matched_width, params, run, table_or_missing_data  # (puts the repo on sys.path)
 from fastrwa.train.config import parse_lm_field  # noqa: E402
 
 # name -> trainer flags beyond the base ones, LMConfig fields (--lm), and blocks (None: the
@@ -63,12 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--table", type=pathlib.Path, metavar="ABLATE_JSON",
                    help="print the table of an earlier run's ablate.json and stop")
     args = p.parse_args(argv)
-    if args.table:
-        print(table(json.loads(args.table.read_text())))
-        return 0
-    if args.data is None or not args.data.is_file():
-        print(f"error: --data FILE: a byte corpus is needed, got {args.data}", file=sys.stderr)
-        return 2
+    done = table_or_missing_data(args, table)
+    if done is not None:
+        return done
     names = list(ROWS) if not args.only else args.only.split(",")
     unknown = [n for n in names if n not in ROWS]
     if unknown:

@@ -55,6 +55,18 @@ def matched_width(model: str, target: int, n_layers: int) -> int:
     return min(counts, key=lambda d: abs(counts[d] - target))
 
 
+def table_or_missing_data(args, table) -> int | None:
+    """``--table JSON``: print that run's table (exit status 0); no ``--data`` file: say so
+    (status 2); else ``None``: go on."""
+    if args.table:
+        print(table(json.loads(args.table.read_text())))
+        return 0
+    if args.data is None or not args.data.is_file():
+        print(f"error: --data FILE: a byte corpus is needed, got {args.data}", file=sys.stderr)
+        return 2
+    return None
+
+
 def run(name: str, flags: list, out: pathlib.Path) -> list[dict]:
     """One training run through the CLI; its metrics records."""
     run_dir = out / "runs" / name
@@ -88,12 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--table", type=pathlib.Path, metavar="LM_JSON",
                    help="print the table of an earlier run's lm.json and stop")
     args = p.parse_args(argv)
-    if args.table:
-        print(table(json.loads(args.table.read_text())))
-        return 0
-    if args.data is None or not args.data.is_file():
-        print(f"error: --data FILE: a byte corpus is needed, got {args.data}", file=sys.stderr)
-        return 2
+    done = table_or_missing_data(args, table)
+    if done is not None:
+        return done
     args.out.mkdir(parents=True, exist_ok=True)
     if args.quick:              # seconds: tiny models on the corpus's first 100 KB
         args.minutes, args.steps, args.d_model, args.layers = 0.05, 4, 32, 2
