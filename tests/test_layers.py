@@ -17,6 +17,8 @@ def make_layer(kind, attention, **kw):
     torch.manual_seed(0)
     if kind == "rwa":
         return RWA(6, 5, **kw)
+    if kind == "rda-identity":      # f_h = f_o = identity: the step writes the output itself
+        return RDA(6, 5, attention=attention, f_h="identity", **kw)
     return RDA(6, 5, attention=attention, **kw)
 
 
@@ -38,17 +40,18 @@ def test_prefix_then_steps_equals_parallel_at_every_split(kind, attention, token
             torch.testing.assert_close(state.scan.average(), final.scan.average())
 
 
-@pytest.mark.parametrize("kind,attention", LAYERS)
+@pytest.mark.parametrize("kind,attention", LAYERS + [("rda-identity", "sigmoid")])
 @pytest.mark.parametrize("token_shift", [False, True])
-def test_in_place_step_equals_step(kind, attention, token_shift):
+@pytest.mark.parametrize("batch", [1, 3])     # (one row: the kernel reads the gate columns in place)
+def test_in_place_step_equals_step(kind, attention, token_shift, batch):
     """layer.step_ (state updated in place, output into a buffer) equals layer.step."""
     layer = make_layer(kind, attention, token_shift=token_shift)
-    x = torch.randn(3, 6, 6)
+    x = torch.randn(batch, 6, 6)
     with torch.no_grad():
         _, state = layer(x[:, :2])
         mine = LayerState(type(state.scan)(*(s.clone() for s in state.scan)),
                           None if state.last_input is None else state.last_input.clone())
-        work, out = layer.step_workspace(3), torch.empty(3, 5)
+        work, out = layer.step_workspace(batch), torch.empty(batch, 5)
         for t in range(2, 6):
             want, state = layer.step(x[:, t], state)
             assert layer.step_(x[:, t], mine, out, work) is out

@@ -194,11 +194,20 @@ class _ScanLayer(nn.Module):
     # -- allocation-free streaming ----------------------------------------------------------
     def step_workspace(self, batch: int, dtype: Optional[torch.dtype] = None) -> dict:
         """Buffers :meth:`step_` writes into, for ``batch`` rows: allocate once per decode."""
-        H, dev = self.hidden_size, self.proj.weight.device
+        H, I, dev = self.hidden_size, self.input_size, self.proj.weight.device
         dtype = dtype or self.proj.weight.dtype
         new = lambda width: torch.empty(batch, width, dtype=dtype, device=dev)  # noqa: E731
-        return dict(inp=new(self.proj.in_features), proj=new(self.proj.out_features),
-                    z=new(H), a=new(H), g=new(H), y=new(H))
+        inp, proj = new(self.proj.in_features), new(self.proj.out_features)
+        work = dict(inp=inp, inp_x=inp[:, :I], inp_last=inp[:, I:], proj=proj,
+                    u=proj[:, :H], tanh_g=proj[:, H:2 * H], z=new(H), y=new(H))
+        # the gate logits the scan kernel reads (which wants each contiguous): the
+        # projection's own columns where they are (one row), else buffers copied into
+        gates = (("a", 2), ("g", 3)) if self._discounted else (("a", 2),)
+        for name, k in gates:
+            view = proj[:, k * H:(k + 1) * H]
+            work[name + "_logits"] = view
+            work[name] = view if view.is_contiguous() else new(H)
+        return work
 
     @torch.no_grad()
     def step_(self, x_t: Tensor, state: LayerState, out: Tensor,
@@ -222,46 +231,57 @@ class _ScanLayer(nn.Module):
         if not isinstance(state, LayerState):
             raise TypeError(f"state must be a fastrwa.nn.LayerState to update in place, "
                             f"got {type(state).__name__}")
-        B, I, H = x_t.shape[0], self.input_size, self.hidden_size
-        work = work if work is not None else self.step_workspace(B, x_t.dtype)
+        work = work if work is not None else self.step_workspace(x_t.shape[0], x_t.dtype)
         inp = x_t
         if self.token_shift and torch.compiler.is_compiling():
             # (inductor fuses the concatenation; the copies below into one buffer, then
             # overwriting last_input, make its CPU code generator fail in PyTorch 2.13)
             inp = torch.cat([x_t, state.last_input], 1)
         elif self.token_shift:
-            work["inp"][:, :I].copy_(x_t)
-            work["inp"][:, I:].copy_(state.last_input)
+            work["inp_x"].copy_(x_t)
+            work["inp_last"].copy_(state.last_input)
             inp = work["inp"]
-        p = work["proj"]
-        torch.addmm(self.proj.bias, inp, self.proj.weight.t(), out=p)
-        torch.tanh(p[:, H:2 * H], out=work["z"])
-        work["z"].mul_(p[:, :H])                                  # z = u * tanh(g)
-        work["a"].copy_(p[:, 2 * H:3 * H])                        # contiguous for the kernel
-        self._step_scan_(work, state.scan)
-        self._output_(work["y"], out)
+        torch.addmm(self.proj.bias, inp, self.proj.weight.t(), out=work["proj"])
+        torch.tanh(work["tanh_g"], out=work["z"])
+        work["z"].mul_(work["u"])                                 # z = u * tanh(g)
+        for name in ("a", "g") if self._discounted else ("a",):
+            if work[name] is not work[name + "_logits"]:          # (B > 1: copy the columns)
+                work[name].copy_(work[name + "_logits"])
+        y = work["y"]
+        if self._writes_output and out.dtype == y.dtype and out.shape == y.shape \
+                and out.is_contiguous():
+            y = out
+        self._step_scan_(work, state.scan, y)
+        if y is not out:
+            self._output_(y, out)
         if self.token_shift:
             state.last_input.copy_(x_t)
         return out
 
-    def _step_scan_(self, work: dict, scan: ScanState) -> None:
-        """The scan's in-place step on the gates in ``work``. Eager calls run it prepared
-        (``fastrwa.prepare_*_step_``: checked once per state and backend, the preparation
-        kept in ``work``); compiled ones call the op."""
-        args = self._step_args(work, scan)
+    def _step_scan_(self, work: dict, scan: ScanState, y: Tensor) -> None:
+        """The scan's in-place step on the gates in ``work``, its average into ``y``. Eager
+        calls run it prepared (``fastrwa.prepare_*_step_``: checked once per state, output
+        and backend, the preparation kept in ``work``); compiled ones call the op."""
+        args = self._step_args(work, scan, y)
         if torch.compiler.is_compiling():
             self._steps[0](*args)
             return
         key = (get_backend(),) + tuple((t.data_ptr(), t.shape, t.stride(), t.dtype)
-                                       for t in scan)
+                                       for t in (*scan, y))
         prepared = work.get("prepared")
         if prepared is None or prepared[0] != key:
             work["prepared"] = prepared = (key, self._steps[1](*args))
         prepared[1]()
 
-    def _step_args(self, work: dict, scan: ScanState) -> tuple:
+    def _step_args(self, work: dict, scan: ScanState, y: Tensor) -> tuple:
         """The arguments of this layer's in-place step function (``_steps``)."""
         raise NotImplementedError
+
+    @property
+    def _writes_output(self) -> bool:
+        """Whether the output function is the identity, so that the step writes the layer's
+        output directly."""
+        return False
 
     def _output_(self, y: Tensor, out: Tensor) -> None:
         raise NotImplementedError
@@ -325,8 +345,8 @@ class RWA(_ScanLayer):
 
     _steps = _RWA_STEPS
 
-    def _step_args(self, work, scan):
-        return work["z"], work["a"], scan, work["y"]
+    def _step_args(self, work, scan, y):
+        return work["z"], work["a"], scan, y
 
     def _output_(self, y, out):
         torch.tanh(y, out=out)
@@ -407,10 +427,12 @@ class RDA(_ScanLayer):
 
     _steps = _RDA_STEPS
 
-    def _step_args(self, work, scan):
-        H = self.hidden_size
-        work["g"].copy_(work["proj"][:, 3 * H:4 * H])
-        return work["z"], work["a"], work["g"], scan, work["y"], self.attention
+    def _step_args(self, work, scan, y):
+        return work["z"], work["a"], work["g"], scan, y, self.attention
+
+    @property
+    def _writes_output(self):
+        return self.f_h_name == self.f_o_name == "identity"
 
     def _output_(self, y, out):
         ACTIVATIONS_OUT[self.f_h_name](y, out)
