@@ -72,12 +72,47 @@ def matvecs(model: ByteLM):
     return run, len(calls) + 1
 
 
+def measure(model: ByteLM, config: LMConfig, n_bytes: int, repeats: int) -> dict:
+    """The stream's steady rate and memory, and the parts of one step (see the module doc)."""
+    prompt = torch.tensor(list(b"The "))
+    gen = torch.Generator().manual_seed(0)
+    for _ in model.stream(prompt, 20, generator=gen):      # warm-up (kernels load)
+        pass
+    before = rss_mb()
+    first, count = None, 0
+    for _ in model.stream(prompt, n_bytes, generator=gen):
+        count += 1
+        first = first or time.perf_counter()
+    steady = (count - 1) / (time.perf_counter() - first)
+    after = rss_mb()
+    cache = model.allocate_cache(1)
+    token = torch.tensor([65])
+    with torch.no_grad():
+        model.prefill(prompt[None], cache)
+        step_us = per_call_us(lambda: model.step_(token, cache), repeats)
+        logits = model.step_(token, cache).clone()
+        sample_us = per_call_us(lambda: sample(logits, 1.0, None, None, gen, 256), repeats)
+        run, n_matvec = matvecs(model)
+        matvec_us = per_call_us(run, repeats)
+        z, a, g, y = (torch.randn(1, config.d_model) for _ in range(4))
+        state = fastrwa.ScanState.empty(1, config.d_model)
+        scan_step = (fastrwa.prepare_rwa_step_(z, a, state, y) if config.layer == "rwa" else
+                     fastrwa.prepare_rda_step_(z, a, g, state, y, config.attention))
+        scan_us = per_call_us(scan_step, repeats) * config.n_layers
+    return dict(bytes=count, steady_bytes_per_s=steady, rss_mb_before=before,
+                rss_mb_after=after, step_us=step_us, sample_us=sample_us, matvec_us=matvec_us,
+                matvecs=n_matvec, scan_kernel_us=scan_us,
+                other_us=step_us - matvec_us - scan_us, matvec_bound_bytes_per_s=1e6 / matvec_us)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--d-model", type=int, default=256)
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--bytes", type=int, default=2000)
+    p.add_argument("--threads", default=f"1,{torch.get_num_threads()}",
+                   help="torch thread counts to measure, comma-separated")
     p.add_argument("--lm", action="append", default=[], metavar="KEY=VALUE",
                    help="LMConfig fields (as the trainer's --lm)")
     p.add_argument("--out", type=pathlib.Path,
@@ -91,60 +126,33 @@ def main(argv: list[str] | None = None) -> int:
                       **dict(parse_lm_field(item) for item in args.lm))
     torch.manual_seed(0)
     model = ByteLM(config).eval()
-    repeats = 20 if args.quick else 300
-
-    # the stream, as the generate CLI runs it
-    prompt = torch.tensor(list(b"The "))
-    gen = torch.Generator().manual_seed(0)
-    for _ in model.stream(prompt, 20, generator=gen):      # warm-up (kernels load)
-        pass
-    before = rss_mb()
-    began, first, count = time.perf_counter(), None, 0
-    for _ in model.stream(prompt, args.bytes, generator=gen):
-        count += 1
-        first = first or time.perf_counter()
-    steady = (count - 1) / (time.perf_counter() - first)
-    after = rss_mb()
-
-    # its parts
-    cache = model.allocate_cache(1)
-    token = torch.tensor([65])
-    with torch.no_grad():
-        model.prefill(prompt[None], cache)
-        step_us = per_call_us(lambda: model.step_(token, cache), repeats)
-        logits = model.step_(token, cache).clone()
-        sample_us = per_call_us(lambda: sample(logits, 1.0, None, None, gen, 256), repeats)
-        run, n_matvec = matvecs(model)
-        matvec_us = per_call_us(run, repeats)
-        z, a, g, y = (torch.randn(1, args.d_model) for _ in range(4))
-        state = fastrwa.ScanState.empty(1, args.d_model)
-        scan_step = fastrwa.prepare_rda_step_(z, a, g, state, y, config.attention)
-        scan_us = per_call_us(scan_step, repeats) * args.layers
     params = sum(p.numel() for p in dict.fromkeys(model.parameters()))
-    result = dict(config=config.to_dict(), params=params, threads=torch.get_num_threads(),
-                  torch=torch.__version__, bytes=count,
-                  steady_bytes_per_s=steady, first_byte_ms=1e3 * (first - began),
-                  rss_mb_before=before, rss_mb_after=after, step_us=step_us,
-                  sample_us=sample_us, matvec_us=matvec_us, matvecs=n_matvec,
-                  scan_kernel_us=scan_us,
-                  other_us=step_us - matvec_us - scan_us,
-                  matvec_bound_bytes_per_s=1e6 / matvec_us)
+    threads = list(dict.fromkeys(int(t) for t in args.threads.split(",")))
+    runs = {}
+    for n in threads:
+        torch.set_num_threads(n)
+        runs[n] = measure(model, config, args.bytes, 20 if args.quick else 300)
+    result = dict(config=config.to_dict(), params=params, torch=torch.__version__,
+                  cpu_count=os.cpu_count(), by_threads=runs)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "generation.json").write_text(json.dumps(result, indent=1))
     print(f"ByteLM d_model {args.d_model} x {args.layers} blocks ({params:,} parameters), "
-          f"batch 1, {torch.get_num_threads()} threads")
-    rows = [("stream (as python -m fastrwa.generate)", f"{steady:,.0f} bytes/s",
-             f"{count} bytes; resident memory {before:.0f} -> {after:.0f} MB"),
-            ("ByteLM.step_ (one byte)", f"{step_us:,.0f} us", ""),
-            ("sample (one byte)", f"{sample_us:,.0f} us", "temperature 1, no top-k/p"),
-            (f"  matrix-vector products alone ({n_matvec})", f"{matvec_us:,.0f} us",
-             f"alone they would allow {1e6 / matvec_us:,.0f} bytes/s"),
-            (f"  scan steps alone ({args.layers}, prepared)", f"{scan_us:,.0f} us", ""),
-            ("  the rest of step_ (norms, gates, copies, Python)",
-             f"{step_us - matvec_us - scan_us:,.0f} us", "")]
+          f"batch 1; one column per torch.set_num_threads")
+    rows = [("stream (as python -m fastrwa.generate), bytes/s", "steady_bytes_per_s", ",.0f"),
+            ("resident memory before -> after, MB", "rss", ""),
+            ("ByteLM.step_ (one byte), us", "step_us", ",.0f"),
+            ("sample (one byte), us", "sample_us", ",.0f"),
+            ("  matrix-vector products alone, us", "matvec_us", ",.0f"),
+            ("  scan steps alone (prepared), us", "scan_kernel_us", ",.0f"),
+            ("  the rest of step_ (norms, gates, copies, Python), us", "other_us", ",.0f"),
+            ("bytes/s the matrix-vector products alone would allow", "matvec_bound_bytes_per_s",
+             ",.0f")]
     width = max(len(r[0]) for r in rows)
-    for name, value, note in rows:
-        print(f"{name:<{width}}  {value:>14}  {note}")
+    print(f"{'':<{width}}  " + "  ".join(f"{f'{n} thread(s)':>14}" for n in runs))
+    for name, key, fmt in rows:
+        cells = [f"{r['rss_mb_before']:.0f} -> {r['rss_mb_after']:.0f}" if key == "rss"
+                 else format(r[key], fmt) for r in runs.values()]
+        print(f"{name:<{width}}  " + "  ".join(f"{c:>14}" for c in cells))
     print(args.out / "generation.json")
     return 0
 
