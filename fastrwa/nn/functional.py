@@ -30,7 +30,9 @@ def rms_norm_into(x: torch.Tensor, norm: torch.nn.RMSNorm, out: torch.Tensor,
     ``rstd`` ``(B, 1)`` and ``wide`` ``(B, D)`` are buffers in that precision (float32, or
     float64 for float64 ``x``); ``wide`` is only used when ``out`` is in a lower one."""
     eps = norm.eps if norm.eps is not None else torch.finfo(rstd.dtype).eps
-    torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=rstd.dtype, out=rstd)
+    # (a dtype argument makes vector_norm copy its input, even to the dtype it has)
+    wider = {} if x.dtype == rstd.dtype else dict(dtype=rstd.dtype)
+    torch.linalg.vector_norm(x, dim=-1, keepdim=True, out=rstd, **wider)
     rstd.square_().div_(x.shape[-1]).add_(eps).rsqrt_()
     target = out if out.dtype == rstd.dtype else wide     # float32/float64: no rounding step
     torch.mul(x, rstd, out=target)
