@@ -51,11 +51,26 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--best", action="store_true", help="the best-validation model of the run")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument("--threads", type=int, default=1,
+                   help="CPU threads (default 1: at batch 1 each op is too small to share, "
+                        "and the thread pool's hand-offs cost more than they save)")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.threads < 1:
+        print(f"error: --threads must be at least 1, got {args.threads}", file=sys.stderr)
+        return 2
+    threads = torch.get_num_threads()
+    torch.set_num_threads(args.threads)
+    try:
+        return _generate(args)
+    finally:
+        torch.set_num_threads(threads)      # (main may be called from a program)
+
+
+def _generate(args) -> int:
     device = torch.device("cuda" if args.device == "cuda" or (
         args.device == "auto" and torch.cuda.is_available()) else "cpu")
     try:

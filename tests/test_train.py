@@ -613,6 +613,11 @@ def test_generate_streams_from_a_run_directory(tmp_path, capsysbinary):
     assert len(capsysbinary.readouterr().out) == 5 + 1
     assert generate_main([str(tmp_path / "nowhere")]) == 2
     assert b"no model there" in capsysbinary.readouterr().err
+    threads = torch.get_num_threads()
+    assert generate_main([str(run), "--max-new", "3", "--threads", "2"]) == 0
+    assert torch.get_num_threads() == threads        # main gives the caller's count back
+    assert generate_main([str(run), "--threads", "0"]) == 2
+    assert b"--threads must be at least 1" in capsysbinary.readouterr().err
 
 
 def test_torchrun_resume_picks_the_process_group_for_the_saved_device(tmp_path):
