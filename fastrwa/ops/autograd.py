@@ -156,14 +156,20 @@ def _step_into(args: ScanArgs, state: tuple, out: Tensor, backend=None) -> None:
     out.copy_(y[:, 0])
 
 
+def _step_args(z: Tensor, a: Tensor, g: Optional[Tensor], attention: str,
+               discount: Optional[str]) -> ScanArgs:
+    """One step's ``(B, D)`` inputs as the backends take them: a scan of length 1."""
+    return ScanArgs(z[:, None], a[:, None], None if g is None else g[:, None], attention,
+                    discount, None, False, None)
+
+
 @torch.library.custom_op("fastrwa::step_", mutates_args=("m", "n", "d", "out"))
 def step_op(z: Tensor, a: Tensor, g: Optional[Tensor], m: Tensor, n: Tensor, d: Tensor,
             out: Tensor, attention: str, discount: str) -> None:
     """One streaming step on ``(B, D)`` inputs: ``(m, n, d)`` updated and ``y`` written into
     ``out``, in place. An op so that a compiled decode step keeps it as one node."""
-    args = ScanArgs(z[:, None], a[:, None], None if g is None else g[:, None], attention,
-                    None if discount == _NONE else discount, None, False, None)
-    _step_into(args, (m, n, d), out)
+    _step_into(_step_args(z, a, g, attention, None if discount == _NONE else discount),
+               (m, n, d), out)
 
 
 @step_op.register_fake
@@ -179,17 +185,14 @@ def step_inplace(z: Tensor, a: Tensor, g: Optional[Tensor], state: tuple, out: T
     if torch.compiler.is_compiling():
         step_op(z, a, g, *state, out, attention, _NONE if discount is None else discount)
         return
-    args = ScanArgs(z[:, None], a[:, None], None if g is None else g[:, None], attention,
-                    discount, None, False, None)
-    _step_into(args, state, out)
+    _step_into(_step_args(z, a, g, attention, discount), state, out)
 
 
 def prepare_step_inplace(z: Tensor, a: Tensor, g: Optional[Tensor], state: tuple, out: Tensor,
                          attention: str, discount: Optional[str]) -> Callable[[], None]:
     """:func:`step_inplace` bound to these validated tensors: the backend resolved once, and
     its prepared step (:meth:`fastrwa.ops.contract.Backend.prepare_step_`) where it has one."""
-    args = ScanArgs(z[:, None], a[:, None], None if g is None else g[:, None], attention,
-                    discount, None, False, None)
+    args = _step_args(z, a, g, attention, discount)
     backend = registry.resolve(z.device, z.dtype)
     prepare = getattr(backend, "prepare_step_", None)
     fast = prepare(args, state, out) if prepare is not None else None
