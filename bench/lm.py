@@ -45,11 +45,12 @@ def params(model: str, d_model: int, n_layers: int, lm: dict) -> int:
     return sum(p.numel() for p in dict.fromkeys(build(config).parameters()))
 
 
-def matched_width(model: str, target: int, n_layers: int) -> int:
-    """The width (a multiple of 8) whose parameter count is closest to ``target``."""
+def matched_width(model: str, target: int, n_layers: int, lm: dict | None = None) -> int:
+    """The width (a multiple of 8) whose parameter count, with the ``LMConfig`` fields
+    ``lm``, is closest to ``target``."""
     counts = {}
     for d in range(8, 8192, 8):            # parameters grow with d: stop past the target
-        counts[d] = params(model, d, n_layers, {})
+        counts[d] = params(model, d, n_layers, lm or {})
         if counts[d] > target:
             break
     return min(counts, key=lambda d: abs(counts[d] - target))

@@ -12,7 +12,7 @@ from fastrwa.testing import LiveTensorMeter, NewStorageCounter, storages
 from fastrwa.nn.functional import rms_norm_into
 
 VARIANTS = ([dict(layer="rwa")] + [dict(layer="rda", attention=a) for a in ATTENTIONS]
-            + [dict(layer="rda", output_gate=True)])
+            + [dict(layer="rda", output_gate=False)])
 TOL_FP32 = 2e-5  # logits, streaming vs parallel
 
 
@@ -41,8 +41,8 @@ def test_prefill_then_steps_equals_full_logits_at_every_split(variant):
 
 @pytest.mark.parametrize("variant", [dict(layer="rwa"), dict(layer="rda", token_shift=True),
                                      dict(layer="rda", preset="sigmoid-id", dtype="bfloat16"),
-                                     dict(layer="rda", output_gate=True)],
-                         ids=["rwa", "rda-token-shift", "rda-sigmoid-id-bf16", "rda-output-gate"])
+                                     dict(layer="rda", output_gate=False)],
+                         ids=["rwa", "rda-token-shift", "rda-sigmoid-id-bf16", "rda-no-output-gate"])
 def test_streaming_step_allocates_nothing_after_warm_up(variant):
     """Every op of ByteLM.step_ writes into a tensor that existed before the step."""
     dtype = getattr(torch, variant.pop("dtype", "float32"))
@@ -135,6 +135,23 @@ def test_save_and_load_round_trip(tmp_path):
     assert loaded.config == model.config
     with pytest.raises(FileNotFoundError, match="config.json"):
         ByteLM.load(tmp_path / "missing")
+
+
+def test_a_saved_config_without_output_gate_loads_the_model_it_was_saved_from(tmp_path):
+    """A config.json written before LMConfig had ``output_gate`` came from a model without
+    the gate: it loads as that model, though the field's default is now on."""
+    import json
+
+    assert LMConfig().output_gate
+    model = tiny(output_gate=False)
+    model.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    del saved["output_gate"]
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    loaded = ByteLM.load(tmp_path)
+    assert loaded.config == model.config
+    tokens = torch.randint(0, 256, (2, 9))
+    torch.testing.assert_close(loaded(tokens)[0], model(tokens)[0], rtol=0, atol=0)
 
 
 def test_tied_embeddings_survive_loading(tmp_path):

@@ -506,6 +506,33 @@ def test_language_model_resume_is_bit_identical(tmp_path):
     assert lrs[:3] == pytest.approx([2e-3 / 3, 4e-3 / 3, 2e-3]) and lrs[-1] == pytest.approx(2e-4)
 
 
+def test_language_model_run_records_every_lm_field_and_old_runs_resume_as_built(tmp_path):
+    """A new run's config.json holds every LMConfig field, so a resume builds the model the
+    run started with whatever the defaults are by then; a run saved before ``output_gate``
+    existed (no such field) resumes without the gate; ``--lm`` on resume names fields over
+    the saved ones."""
+    from fastrwa.models import LMConfig
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_bytes(bytes((i * 7 + i // 13) % 251 for i in range(8_000)))
+    assert _run(tmp_path, "new", *_lm_flags(corpus), "--steps", 3)[0] == 0
+    lm = json.loads((tmp_path / "new" / "config.json").read_text())["lm"]
+    expected = LMConfig().to_dict()
+    for flagged in ("layer", "d_model", "n_layers", "attention"):
+        del expected[flagged]
+    assert lm == expected
+    flags = [*_lm_flags(corpus), "--lm", "output_gate=false", "--steps", 3]
+    assert _run(tmp_path, "old", *flags)[0] == 0
+    saved = json.loads((tmp_path / "old" / "config.json").read_text())
+    saved["lm"] = {}            # as written before the field existed
+    (tmp_path / "old" / "config.json").write_text(json.dumps(saved))
+    assert train_main(["--resume", str(tmp_path / "old"), "--steps", "5", "--no-progress",
+                       "--task", "text", "--lm", "output_gate=false"]) == 0
+    assert [r["step"] for r in _metrics(tmp_path / "old") if r["split"] == "train"][-1] == 5
+    assert train_main(["--resume", str(tmp_path / "old"), "--steps", "6", "--no-progress",
+                       "--task", "text", "--lm", "token_shift=false"]) == 2
+
+
 def test_language_model_run_writes_samples_best_and_export(tmp_path, capsys):
     corpus = tmp_path / "corpus.txt"
     corpus.write_bytes(b"the quick brown fox jumps over the lazy dog. " * 200)

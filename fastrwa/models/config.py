@@ -33,7 +33,9 @@ class LMConfig:
             last; :meth:`fastrwa.nn.RDA.set_discount_timescales`). RDA only.
         output_gate: each block multiplies its scan layer's output by ``sigmoid(W x)`` of
             the block's normalised input before the residual add (a ``d_model x d_model``
-            projection more per block, as gated linear RNNs gate their outputs).
+            projection more per block, as gated linear RNNs gate their outputs). A saved
+            ``config.json`` without this field was written by a model without the gate and
+            loads as ``False`` (:func:`fastrwa.models.load_pretrained`).
         mlp_ratio: hidden width of each MLP over ``d_model``.
         tie_embeddings: the output head reuses the input embedding matrix.
     """
@@ -48,7 +50,7 @@ class LMConfig:
     preset: str | None = None
     token_shift: bool = True
     discount_init: str = "paper"
-    output_gate: bool = False
+    output_gate: bool = True
     mlp_ratio: int = 4
     tie_embeddings: bool = True
 
@@ -95,3 +97,9 @@ class LMConfig:
         if unknown:
             raise ValueError(f"unknown LMConfig fields {unknown}; known: {sorted(known)}")
         return cls(**data)
+
+
+# A saved model (load_pretrained) or run (--resume) whose configuration lacks one of these
+# fields was written before the field existed, by a model built without it: it loads as it
+# was built, whatever the field's default is now.
+FIELDS_BEFORE_THEY_EXISTED = {"output_gate": False}

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .config import LMConfig
+from .config import FIELDS_BEFORE_THEY_EXISTED, LMConfig
 
 WEIGHTS, CONFIG = "model.pt", "config.json"
 
@@ -64,7 +64,8 @@ def load_pretrained(directory: str | os.PathLike, map_location=None) -> nn.Modul
         raise FileNotFoundError(f"{path} must hold {CONFIG} and {WEIGHTS} (written by "
                                 f"save_pretrained, or a run's model/ or best/ directory)")
     try:
-        config = LMConfig.from_dict(json.loads((path / CONFIG).read_text()))
+        config = LMConfig.from_dict({**FIELDS_BEFORE_THEY_EXISTED,
+                                     **json.loads((path / CONFIG).read_text())})
     except (ValueError, TypeError) as exc:
         raise ValueError(f"{path / CONFIG} is not a language-model configuration ({exc})") from exc
     model = build(config)

@@ -91,6 +91,8 @@ def _resolve_run(args, cfg: RunConfig, given: dict) -> tuple[Path, RunConfig]:
         if args.run_dir is not None and args.run_dir != args.resume:
             raise RunDirError("--resume RUN_DIR and --run-dir name different directories")
         saved = prepare_run_dir(args.resume, cfg, resume=True, overwrite=False)
+        if "lm" in given:              # --lm on resume names fields, over the saved ones
+            given = {**given, "lm": {**saved.lm, **given["lm"]}}
         clash = RunConfig(**{**saved.to_dict(), **given}).incompatible_with(saved)
         if clash:
             raise RunDirError(f"--resume {args.resume}: flags that cannot change on resume: "

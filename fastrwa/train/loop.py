@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import sys
@@ -15,6 +16,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from ..models import LMConfig, LMState, build, save_pretrained
+from ..models.config import FIELDS_BEFORE_THEY_EXISTED
 from ..nn import CellState, LayerState, RRAState
 from ..state import ScanState
 from .config import RunConfig
@@ -53,10 +55,14 @@ def prepare_run_dir(run_dir: Path, cfg: RunConfig, resume: bool, overwrite: bool
         if not (run_dir / CONFIG).is_file():
             raise RunDirError(f"--resume {run_dir}: no {CONFIG} there (not a run directory)")
         try:
-            return RunConfig.from_dict(json.loads((run_dir / CONFIG).read_text()))
+            saved = RunConfig.from_dict(json.loads((run_dir / CONFIG).read_text()))
         except ValueError as exc:      # not JSON, or not a run's configuration
             raise RunDirError(f"--resume {run_dir}: {CONFIG} is not a fastrwa run "
                               f"configuration ({exc})") from exc
+        if saved.is_lm:                # a run older than a field was built without it
+            saved.lm = {**FIELDS_BEFORE_THEY_EXISTED, **saved.lm}
+        return saved
+    cfg = with_every_lm_field(cfg)     # (an unusable --lm is refused before anything is removed)
     if run_dir.exists() and not run_dir.is_dir():
         raise RunDirError(f"--run-dir {run_dir} is a file, not a directory")
     if run_dir.exists() and any(run_dir.iterdir()):
@@ -166,12 +172,28 @@ def build_model(cfg: RunConfig, problem) -> torch.nn.Module:
     if cfg.model not in LM_LAYERS:
         raise ValueError(f"--model {cfg.model} is not a language model; --task {cfg.task} "
                          f"trains one of {sorted(LM_LAYERS)}")
+    return build(lm_config(cfg))
+
+
+def lm_config(cfg: RunConfig) -> LMConfig:
+    """The :class:`LMConfig` of a language-model run: ``--model``, ``--hidden``, ``--layers``,
+    ``--attention``, then the ``--lm`` fields over the defaults."""
     try:
-        config = LMConfig(layer=LM_LAYERS[cfg.model], d_model=cfg.hidden, n_layers=cfg.layers,
-                          attention=cfg.attention, **cfg.lm)
+        return LMConfig(layer=LM_LAYERS[cfg.model], d_model=cfg.hidden, n_layers=cfg.layers,
+                        attention=cfg.attention, **cfg.lm)
     except TypeError as exc:           # an unknown field, or a bool given a number
         raise ValueError(f"--lm: {exc}") from exc
-    return build(config)
+
+
+def with_every_lm_field(cfg: RunConfig) -> RunConfig:
+    """A new language-model run records every ``LMConfig`` field in ``lm``, not only those
+    given, so that a resume builds the same model whatever the defaults are by then."""
+    if not cfg.is_lm or cfg.model not in LM_LAYERS:
+        return cfg
+    fields = lm_config(cfg).to_dict()
+    for reserved in ("layer", "d_model", "n_layers", "attention"):   # their own flags
+        del fields[reserved]
+    return dataclasses.replace(cfg, lm=fields)
 
 
 def _better(value: float, best, higher_is_better: bool) -> bool:
