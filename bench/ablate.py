@@ -2,8 +2,8 @@
 
 Trains the fastrwa byte LM once per row through the trainer's CLI, each row one change from
 a base (the defaults with the output gate off): an ``LMConfig`` field, the learning rate, or
-depth against width at equal parameters, all else equal: the same corpus, batch, BPTT, seed, steps and schedule. The
-study runs at a reduced size (``--d-model 128 --layers 4`` by default, ~0.3 s/step on two
+depth against width at equal parameters, all else equal: the same corpus, batch, BPTT, seed,
+steps and schedule. The study runs at a reduced size (``--d-model 128 --layers 4`` by default, ~0.3 s/step on two
 cores) so that a dozen rows fit in well under an hour; a choice it favours is then checked in
 the full-size comparison (``bench/lm.py``). A second seed of the base shows the
 run-to-run variation that a row has to beat.

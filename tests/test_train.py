@@ -553,6 +553,11 @@ def test_language_model_run_writes_samples_best_and_export(tmp_path, capsys):
     assert "not a language model" in capsys.readouterr().err
     assert _run(tmp_path, "y", "--task", "text", "--data", corpus, "--lm", "heads=2")[0] == 2
     assert "heads" in capsys.readouterr().err
+    assert _run(tmp_path, "y", "--task", "text", "--data", corpus, "--lm", "attention=exp")[0] == 2
+    assert "--attention" in capsys.readouterr().err
+    # an unusable --lm is refused before --overwrite removes the run it would replace
+    assert _run(tmp_path, "lm", *_lm_flags(corpus), "--lm", "heads=2", "--overwrite")[0] == 2
+    assert (run / "metrics.jsonl").is_file() and (run / "model" / "model.pt").is_file()
 
 
 def test_plot_names_the_runs_it_cannot_overlay_and_reads_a_killed_run(tmp_path, capsys):

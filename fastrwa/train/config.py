@@ -12,6 +12,9 @@ from typing import Any, Optional
 RESUMABLE_CHANGES = ("steps", "eval_every", "log_every", "checkpoint_every", "progress",
                      "device")
 LM_TASKS = ("enwik8", "text")
+# LMConfig fields that a run sets by its own flags (--model, --hidden, --layers, --attention),
+# never through --lm.
+LM_FLAG_FIELDS = ("layer", "d_model", "n_layers", "attention")
 DEVICES = ("auto", "cpu", "cuda")
 SCHEDULES = ("constant", "cosine")
 AUTOCASTS = ("none", "bf16")
@@ -115,7 +118,7 @@ class RunConfig:
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{flag(name)} must be one of {allowed}, "
                                  f"got {getattr(self, name)!r}")
-        reserved = sorted(set(self.lm) & {"d_model", "n_layers", "layer", "attention"})
+        reserved = sorted(set(self.lm) & set(LM_FLAG_FIELDS))
         if reserved:
             raise ValueError(f"--lm {reserved[0]}=... is set by --hidden, --layers, --model and "
                              f"--attention; use those flags")

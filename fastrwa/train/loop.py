@@ -19,7 +19,7 @@ from ..models import LMConfig, LMState, build, save_pretrained
 from ..models.config import FIELDS_BEFORE_THEY_EXISTED
 from ..nn import CellState, LayerState, RRAState
 from ..state import ScanState
-from .config import RunConfig
+from .config import LM_FLAG_FIELDS, RunConfig
 from .device import Placement, placement
 from .metrics import read_records
 from .models import LM_LAYERS, SequenceNet, detach_state
@@ -191,7 +191,7 @@ def with_every_lm_field(cfg: RunConfig) -> RunConfig:
     if not cfg.is_lm or cfg.model not in LM_LAYERS:
         return cfg
     fields = lm_config(cfg).to_dict()
-    for reserved in ("layer", "d_model", "n_layers", "attention"):   # their own flags
+    for reserved in LM_FLAG_FIELDS:
         del fields[reserved]
     return dataclasses.replace(cfg, lm=fields)
 
