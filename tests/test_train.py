@@ -509,8 +509,8 @@ def test_language_model_resume_is_bit_identical(tmp_path):
 def test_language_model_run_records_every_lm_field_and_old_runs_resume_as_built(tmp_path):
     """A new run's config.json holds every LMConfig field, so a resume builds the model the
     run started with whatever the defaults are by then; a run saved before ``output_gate``
-    existed (no such field) resumes without the gate; ``--lm`` on resume names fields over
-    the saved ones."""
+    existed (no such field) resumes without the gate; ``--lm`` on resume (no ``--task``
+    needed) names fields over the saved ones."""
     from fastrwa.models import LMConfig
 
     corpus = tmp_path / "corpus.txt"
@@ -527,10 +527,10 @@ def test_language_model_run_records_every_lm_field_and_old_runs_resume_as_built(
     saved["lm"] = {}            # as written before the field existed
     (tmp_path / "old" / "config.json").write_text(json.dumps(saved))
     assert train_main(["--resume", str(tmp_path / "old"), "--steps", "5", "--no-progress",
-                       "--task", "text", "--lm", "output_gate=false"]) == 0
+                       "--lm", "output_gate=false"]) == 0
     assert [r["step"] for r in _metrics(tmp_path / "old") if r["split"] == "train"][-1] == 5
     assert train_main(["--resume", str(tmp_path / "old"), "--steps", "6", "--no-progress",
-                       "--task", "text", "--lm", "token_shift=false"]) == 2
+                       "--lm", "token_shift=false"]) == 2
 
 
 def test_language_model_run_writes_samples_best_and_export(tmp_path, capsys):

@@ -83,7 +83,10 @@ def _config(args: argparse.Namespace) -> tuple[RunConfig, dict]:
     given = {k: v for k, v in vars(args).items() if k in fields and v is not None}
     if "lm" in given:
         given["lm"] = dict(given["lm"])
-    return RunConfig(**given), given
+    checked = given
+    if args.resume is not None and "task" not in given:   # --lm fits the saved run's task:
+        checked = {k: v for k, v in given.items() if k != "lm"}   # checked once it is read
+    return RunConfig(**checked), given
 
 
 def _resolve_run(args, cfg: RunConfig, given: dict) -> tuple[Path, RunConfig]:
