@@ -3,10 +3,10 @@
 Trains the fastrwa byte LM once per row through the trainer's CLI, each row one change from
 a base (the defaults with the output gate off): an ``LMConfig`` field, the learning rate, or
 depth against width at equal parameters, all else equal: the same corpus, batch, BPTT, seed,
-steps and schedule. The study runs at a reduced size (``--d-model 128 --layers 4`` by default, ~0.3 s/step on two
-cores) so that a dozen rows fit in well under an hour; a choice it favours is then checked in
-the full-size comparison (``bench/lm.py``). A second seed of the base shows the
-run-to-run variation that a row has to beat.
+steps and schedule. The study runs at a reduced size (``--d-model 128 --layers 4`` by
+default, ~0.3 s/step on two cores) so that a dozen rows fit in well under an hour; a choice
+it favours is then checked in the full-size comparison (``bench/lm.py``). A second seed of
+the base shows the run-to-run variation that a row has to beat.
 
 Writes ``OUT/ablate.json`` (every run's records) and prints a markdown table: what, parameters,
 validation bpc on the first ``--eval-bytes`` of the split, test bpc on the whole test split,
@@ -119,14 +119,16 @@ def retime(path: pathlib.Path, out: pathlib.Path) -> int:
     may have shared the machine; their bpc does not depend on that, their times do)."""
     summary = json.loads(path.read_text())
     out.mkdir(parents=True, exist_ok=True)
-    for row in summary["rows"]:
+    sliced = {}            # corpus -> its first 1 MB (a small test split: the final
+    for row in summary["rows"]:                 # evaluation of a run is not what is timed)
         flags = list(row["flags"])
-        corpus = pathlib.Path(flags[flags.index("--data") + 1])
-        sliced = out / "retime-corpus.txt"      # (a small test split: the final evaluation
-        with open(corpus, "rb") as f:           # of a run is not what is timed)
-            sliced.write_bytes(f.read(1_000_000))
+        corpus = flags[flags.index("--data") + 1]
+        if corpus not in sliced:
+            sliced[corpus] = out / f"retime-corpus-{len(sliced)}.txt"
+            with open(corpus, "rb") as f:
+                sliced[corpus].write_bytes(f.read(1_000_000))
         for flag, value in (("--steps", "30"), ("--eval-every", "1000"), ("--log-every", "1"),
-                            ("--checkpoint-every", "1000"), ("--data", str(sliced))):
+                            ("--checkpoint-every", "1000"), ("--data", str(sliced[corpus]))):
             flags[flags.index(flag) + 1] = value
         records = run("retime", flags + ["--warmup", "0"], out)
         train = {r["step"]: r["train_s"] for r in records if r["split"] == "train"}

@@ -42,7 +42,8 @@ def test_prefill_then_steps_equals_full_logits_at_every_split(variant):
 @pytest.mark.parametrize("variant", [dict(layer="rwa"), dict(layer="rda", token_shift=True),
                                      dict(layer="rda", preset="sigmoid-id", dtype="bfloat16"),
                                      dict(layer="rda", output_gate=False)],
-                         ids=["rwa", "rda-token-shift", "rda-sigmoid-id-bf16", "rda-no-output-gate"])
+                         ids=["rwa", "rda-token-shift", "rda-sigmoid-id-bf16",
+                              "rda-no-output-gate"])
 def test_streaming_step_allocates_nothing_after_warm_up(variant):
     """Every op of ByteLM.step_ writes into a tensor that existed before the step."""
     dtype = getattr(torch, variant.pop("dtype", "float32"))
