@@ -18,25 +18,30 @@ Two kinds of ``backend`` items are deselected for Triton (pytest reports them as
 not passed): a ``chunk`` other than ``None`` (the torch and numba backends' chunk length;
 Triton has no such knob, so they would repeat the ``None`` case), and a ``dtype`` of float64
 (Triton refuses it; tests/test_backend.py checks the error).
+
+``python -m pytest --cuda`` (on a machine with a CUDA GPU) runs the Triton column compiled,
+on CUDA tensors, twice per test: "triton-looped" and "triton-three_phase", each with the same
+small blocks. Inside those items the default device is CUDA, so tensors a test makes without
+naming a device are CUDA tensors; the helpers draw random numbers on the CPU (reproducible
+across devices) and move them. Tests marked ``cuda`` run only under ``--cuda``; without it
+they are deselected (reported, not passed), which is how CI, with no GPU, treats them.
 """
 
+import contextlib
 import dataclasses
 import hashlib
 import os
+import sys
 
+import pytest
 import torch
 
-# Kernels pick interpreter or compiler when they are decorated, so this must precede any
-# import of the Triton kernels. With a GPU present the kernels compile for it instead.
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+import fastrwa
+from fastrwa.ops.registry import REGISTRY
+from fastrwa.testing import backend_options, poison_buffers
+from helpers import TOL
 
-import pytest  # noqa: E402
-
-import fastrwa  # noqa: E402
-from fastrwa.ops.registry import REGISTRY  # noqa: E402
-from fastrwa.testing import backend_options, poison_buffers  # noqa: E402
-from helpers import TOL  # noqa: E402
+TRITON_KERNELS = "fastrwa.ops.backends.triton.scan_fwd"
 
 # Triton's blocks in the op tests: chunks of 4 steps, 4 channels (2 in the backward, as the
 # backward's channel block differs from the forward's by default).
@@ -51,6 +56,7 @@ class BackendCase:
     options: dict                 # knobs forced for the test
     dtype: torch.dtype            # the most precise input dtype the backend takes
     interpreted: bool = False     # slow: the streaming tests try fewer split points
+    device: str = "cpu"           # where the test's tensors live (the default device)
 
     @property
     def tol(self) -> dict:
@@ -64,44 +70,88 @@ class BackendCase:
         return sorted({0, 1, T // 2, T - 1, T}) if self.interpreted else list(range(T + 1))
 
 
+TRITON_ALGORITHMS = ("looped", "three_phase")
 CASES = {
     "torch": BackendCase("torch", {}, torch.float64),
     "numba": BackendCase("numba", {}, torch.float64),
     "triton": BackendCase("triton", TRITON_SMALL, torch.float32, interpreted=True),
 }
 assert set(CASES) == set(REGISTRY), "a registered backend has no test case"
-TRITON_ALGORITHMS = ("looped", "three_phase")
+# Under --cuda the "triton" column is replaced by one column per forward algorithm.
+CUDA_CASES = {
+    f"triton-{alg}": BackendCase("triton", dict(TRITON_SMALL, algorithm=alg), torch.float32,
+                                 device="cuda")
+    for alg in TRITON_ALGORITHMS
+}
+
+
+def pytest_addoption(parser):
+    parser.addoption("--cuda", action="store_true",
+                     help="run the Triton column of the op tests compiled, on CUDA tensors, "
+                          "once per forward algorithm, and the tests marked 'cuda' "
+                          "(needs a CUDA GPU)")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "cuda: needs a CUDA GPU; runs only under --cuda")
+    if config.getoption("--cuda"):
+        if not torch.cuda.is_available():
+            raise pytest.UsageError("--cuda needs a CUDA GPU, and torch sees none")
+        if os.environ.get("TRITON_INTERPRET") == "1":
+            raise pytest.UsageError("--cuda compiles the Triton kernels; unset TRITON_INTERPRET")
+    else:
+        # The kernels pick interpreter or compiler when they are decorated (on first use of
+        # the backend), so this must come before that; the CPU tensors need the interpreter.
+        assert TRITON_KERNELS not in sys.modules, "Triton kernels imported before configure"
+        os.environ["TRITON_INTERPRET"] = "1"
+
+
+def backend_cases(config) -> dict[str, BackendCase]:
+    """The columns of the ``backend`` matrix for this run."""
+    if not config.getoption("--cuda"):
+        return CASES
+    return {k: c for k, c in CASES.items() if k != "triton"} | CUDA_CASES
+
+
+def pytest_generate_tests(metafunc):
+    cases = backend_cases(metafunc.config)
+    for name, pick in (("backend", lambda c: True), ("exact_backend", lambda c: c.exact)):
+        if name in metafunc.fixturenames:
+            metafunc.parametrize(name, [k for k, c in cases.items() if pick(c)], indirect=True)
 
 
 def _enter(case: BackendCase, nodeid: str):
     options = dict(case.options)
-    if case.name == "triton":
+    if case.name == "triton" and "algorithm" not in options:
         digest = hashlib.sha256(nodeid.encode()).digest()[0]
         options["algorithm"] = TRITON_ALGORITHMS[digest % len(TRITON_ALGORITHMS)]
-    with backend_options(case.name, **options), fastrwa.use_backend(case.name):
+    device = torch.device(case.device) if case.device != "cpu" else contextlib.nullcontext()
+    with backend_options(case.name, **options), fastrwa.use_backend(case.name), device:
         yield case
 
 
-@pytest.fixture(params=list(CASES))
+@pytest.fixture
 def backend(request):
-    """Run the test once per backend; yields its :class:`BackendCase`."""
-    yield from _enter(CASES[request.param], request.node.nodeid)
+    """Run the test once per backend column; yields its :class:`BackendCase`."""
+    yield from _enter(backend_cases(request.config)[request.param], request.node.nodeid)
 
 
-@pytest.fixture(params=[k for k, c in CASES.items() if c.exact])
+@pytest.fixture
 def exact_backend(request):
     """Run the test once per backend that computes in float64."""
-    yield from _enter(CASES[request.param], request.node.nodeid)
+    yield from _enter(backend_cases(request.config)[request.param], request.node.nodeid)
 
 
 def pytest_collection_modifyitems(config, items):
+    cuda = config.getoption("--cuda")
     keep, drop = [], []
     for item in items:
         params = getattr(item, "callspec", None)
         params = params.params if params else {}
         triton = str(params.get("backend", "")).startswith("triton")
         repeat = params.get("chunk") is not None or params.get("dtype") == torch.float64
-        (drop if triton and repeat else keep).append(item)
+        needs_gpu = item.get_closest_marker("cuda") is not None and not cuda
+        (drop if (triton and repeat) or needs_gpu else keep).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep

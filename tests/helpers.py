@@ -20,14 +20,22 @@ TOL = {
 }
 
 
+def randn(*shape, gen, uniform=False):
+    """float64 numbers drawn on the CPU from ``gen`` (the same on every device), moved to the
+    default device (CUDA in the ``--cuda`` columns, see conftest.py)."""
+    draw = torch.rand if uniform else torch.randn
+    x = draw(*shape, generator=gen, dtype=torch.float64, device="cpu")
+    return x.to(torch.get_default_device())
+
+
 def make_inputs(B, T, D, dtype=torch.float64, attention="exp", scale=1.0, seed=0, decay=True):
     """Random ``(z, a, g)``; "relu" logits are shifted so most weights are positive."""
     gen = torch.Generator().manual_seed(seed)
-    z = torch.randn(B, T, D, generator=gen, dtype=torch.float64)
-    a = torch.randn(B, T, D, generator=gen, dtype=torch.float64) * scale
+    z = randn(B, T, D, gen=gen)
+    a = randn(B, T, D, gen=gen) * scale
     if attention == "relu":
         a = a + 0.5 * scale
-    g = torch.randn(B, T, D, generator=gen, dtype=torch.float64) * 2 if decay else None
+    g = randn(B, T, D, gen=gen) * 2 if decay else None
     cast = lambda x: None if x is None else x.to(dtype)
     return cast(z), cast(a), cast(g)
 
@@ -35,9 +43,9 @@ def make_inputs(B, T, D, dtype=torch.float64, attention="exp", scale=1.0, seed=0
 def make_state(B, D, dtype=torch.float64, seed=1):
     """A canonical random state (``d >= 1``), as a scan would hand out."""
     gen = torch.Generator().manual_seed(seed)
-    m = torch.randn(B, D, generator=gen, dtype=torch.float64)
-    n = torch.randn(B, D, generator=gen, dtype=torch.float64)
-    d = 1 + torch.rand(B, D, generator=gen, dtype=torch.float64)
+    m = randn(B, D, gen=gen)
+    n = randn(B, D, gen=gen)
+    d = 1 + randn(B, D, gen=gen, uniform=True)
     return ScanState(m.to(dtype), n.to(dtype), d.to(dtype))
 
 
@@ -95,15 +103,14 @@ def loss_and_grads(fn, leaves, seed=0):
     """
     y, state = fn()
     gen = torch.Generator().manual_seed(seed)
-    loss = (y.double() * torch.randn(y.shape, generator=gen, dtype=torch.float64)).sum()
+    weights = lambda x: randn(*x.shape, gen=gen).to(x.device)
+    loss = (y.double() * weights(y)).sum()
     if state is not None:
         seen = state.d > 0   # an empty state (nothing seen) has no log-total or average
         log_total = torch.where(seen, state.m + torch.log(torch.where(seen, state.d, 1)), 0)
-        loss = loss + (log_total.double() * torch.randn(log_total.shape, generator=gen,
-                                                         dtype=torch.float64)).sum()
+        loss = loss + (log_total.double() * weights(log_total)).sum()
         avg = state.average()
-        loss = loss + (avg.double() * torch.randn(avg.shape, generator=gen,
-                                                  dtype=torch.float64)).sum()
+        loss = loss + (avg.double() * weights(avg)).sum()
     leaves = [x for x in leaves if x is not None]
     return torch.autograd.grad(loss, leaves, allow_unused=False)
 
