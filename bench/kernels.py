@@ -42,8 +42,8 @@ def _kernels():
     from fastrwa.ops.backends.triton import host as tb, scan_bwd, scan_fwd, step
 
     opts = tb.Options()
-    fwd = (tb.FWD_WARPS, dict(BT=opts.block_t, BD=opts.block_d))
-    bwd = (tb.BWD_WARPS, dict(BT=opts.block_t, BD=opts.block_d_backward))
+    fwd = (opts.warps, dict(BT=opts.block_t, BD=opts.block_d))
+    bwd = (opts.warps_backward, dict(BT=opts.block_t, BD=opts.block_d_backward))
     return [
         (scan_fwd.fwd_looped_kernel, *fwd), (scan_fwd.fwd_summary_kernel, *fwd),
         (scan_fwd.fwd_carry_kernel, *fwd), (scan_fwd.fwd_output_kernel, *fwd),
@@ -72,6 +72,11 @@ def jobs(quick: bool):
         return [j for j in out if j[0] == "fwd_looped_kernel" and j[1] == "rda-softplus"
                 and j[4] == "sm_90a" and j[5] == "bfloat16"]
     return out
+
+
+def _stages() -> int:
+    from fastrwa.ops.backends.triton import host as tb
+    return tb.Options().stages
 
 
 def _find(name: str):
@@ -104,7 +109,7 @@ def compile_one(job):
             signature[arg] = "i32"
     kernel = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=const),
                             target=GPUTarget("cuda", ARCHS[arch], 32),
-                            options={"num_warps": warps})
+                            options={"num_warps": warps, "num_stages": _stages()})
     with tempfile.TemporaryDirectory() as tmp:
         cubin, ptx = os.path.join(tmp, "k.cubin"), os.path.join(tmp, "k.ptx")
         with open(cubin, "wb") as f:

@@ -44,6 +44,37 @@ def test_heuristic():
         triton_host.set_options(algorithm="fast")
 
 
+@pytest.mark.parametrize("knob,value", [("block_t", 24), ("block_d", 0), ("warps", 3),
+                                        ("warps_backward", 6), ("stages", 0)])
+def test_launch_knobs_are_checked(knob, value):
+    with pytest.raises(ValueError, match=f"{knob} must be"):
+        triton_host.set_options(**{knob: value})
+    assert getattr(triton_host.options(), knob) == getattr(triton_host.Options(), knob)
+
+
+def test_warps_and_stages_reach_the_launch(monkeypatch):
+    """The sweep (bench/gpu_sweep.py) sets warps and stages through the options; every
+    launch of the forward and the backward takes them."""
+    seen = []
+    for module in (triton_host.scan_fwd, triton_host.scan_bwd):
+        for name in dir(module):
+            kernel = getattr(module, name)
+            if name.endswith("_kernel") and hasattr(kernel, "run"):
+                run = kernel.run
+                def spy(*args, _run=run, **kwargs):
+                    seen.append((kwargs.get("num_warps"), kwargs.get("num_stages")))
+                    return _run(*args, **kwargs)
+                monkeypatch.setattr(kernel, "run", spy)
+    z, a, g = (x.requires_grad_() for x in make_inputs(1, 9, 3, dtype=torch.float32))
+    for algorithm in ("looped", "three_phase"):
+        with fastrwa.use_backend("triton"), backend_options(
+                "triton", algorithm=algorithm, warps=2, warps_backward=8, stages=1, **SMALL):
+            y, _ = fastrwa.rda_scan(z, a, g)
+            y.sum().backward()
+    assert len(seen) == (1 + 1) + (3 + 3)        # looped: 1 + 1 launches, three-phase: 3 + 3
+    assert seen.count((2, 1)) == 1 + 3 and seen.count((8, 1)) == 1 + 3, seen
+
+
 def test_ahead_of_time_compile_has_no_spill():
     """One kernel compiled for sm_90a from this CPU-only machine (the full table: bench/kernels.py)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

@@ -31,27 +31,36 @@ from ...vocab import ATTENTION_CODE, DISCOUNT_CODE, state_dtype
 from . import scan_bwd, scan_fwd, step
 
 PROGRAMS_PER_SM = 2
-# Warps per program. With the default blocks every kernel compiles for sm_80 and sm_90a
-# without spills (python bench/kernels.py); the backward holds about twice the live blocks of
-# the forward, hence its narrower channel block.
-FWD_WARPS = 4
-BWD_WARPS = 4
 
 
 @dataclasses.dataclass(frozen=True)
 class Options:
-    """Launch knobs; tests force them, users normally keep the defaults."""
+    """Launch knobs; tests and bench/gpu_sweep.py force them, users keep the defaults.
+
+    With the default blocks every kernel compiles for sm_80 and sm_90a without spills
+    (python bench/kernels.py); the backward holds about twice the live blocks of the forward,
+    hence its narrower channel block.
+    """
 
     algorithm: str = "auto"          # "auto" | "looped" | "three_phase"
     block_t: int = 32                # BT: steps per chunk (forward and backward)
-    block_d: int = 32                # BD: channels per program in the forward
+    block_d: int = 32                # BD: channels per program in the forward (and step)
     block_d_backward: int = 16       # BD: channels per program in the backward
+    warps: int = 4                   # warps per program, forward and step kernels
+    warps_backward: int = 4          # warps per program, backward kernels
+    stages: int = 3                  # software-pipelining depth (Triton's num_stages)
 
 
 def _check(opts: Options) -> None:
     if opts.algorithm not in ("auto", "looped", "three_phase"):
         raise ValueError(f"algorithm must be 'auto', 'looped' or 'three_phase', "
                          f"got {opts.algorithm!r}")
+    for name in ("block_t", "block_d", "block_d_backward", "warps", "warps_backward"):
+        value = getattr(opts, name)
+        if not (isinstance(value, int) and value >= 1 and value & (value - 1) == 0):
+            raise ValueError(f"{name} must be a power of two, got {value!r}")
+    if not (isinstance(opts.stages, int) and opts.stages >= 1):
+        raise ValueError(f"stages must be an integer >= 1, got {opts.stages!r}")
 
 
 _knobs = Knobs(Options, _check)
@@ -147,27 +156,28 @@ def forward(args: ScanArgs, *, output_final_state: bool, save: bool) -> ForwardR
     cu, co, cs = lay.pointers(z)
     algorithm = choose_algorithm(lay.n_seq, D, lay.max_len, opts, z.device)
     flags = dict(IS_VARLEN=cu_seqlens is not None, BT=BT, BD=BD)
+    launch = dict(num_warps=opts.warps, num_stages=opts.stages)
     n_d = triton.cdiv(D, BD)
     if T == 1 and cu_seqlens is None and not save_for_backward:
         # Streaming inference: one fused step launch.
         step.step_kernel[(B, n_d)](z, a, g, y, h0, ht, D, B, ATTN=ATTN, DISCOUNT=DISCOUNT,
-                                   HAS_INIT=init is not None, BD=BD, num_warps=FWD_WARPS)
+                                   HAS_INIT=init is not None, BD=BD, **launch)
     elif algorithm == "looped":
         scan_fwd.fwd_looped_kernel[(lay.n_seq, n_d)](
             z, a, g, y, h0, ht, hc, cu, co, lay.T, D, lay.n_seq, lay.rows,
             ATTN=ATTN, DISCOUNT=DISCOUNT, HAS_INIT=init is not None, STORE_FINAL=need_final,
-            SAVE_CHUNKS=save_for_backward, REVERSE=reverse, num_warps=FWD_WARPS, **flags)
+            SAVE_CHUNKS=save_for_backward, REVERSE=reverse, **launch, **flags)
     else:
         summary = empty((4, lay.rows, D), f32, z.device)
         scan_fwd.fwd_summary_kernel[(lay.n_chunks, n_d)](
             z, a, g, summary, cu, co, cs, lay.T, D, lay.rows,
-            ATTN=ATTN, DISCOUNT=DISCOUNT, REVERSE=reverse, num_warps=FWD_WARPS, **flags)
+            ATTN=ATTN, DISCOUNT=DISCOUNT, REVERSE=reverse, **launch, **flags)
         scan_fwd.fwd_carry_kernel[(lay.n_seq, n_d)](
             summary, h0, ht, hc, cu, co, lay.T, D, lay.n_seq, lay.rows,
-            HAS_INIT=init is not None, STORE_FINAL=need_final, num_warps=FWD_WARPS, **flags)
+            HAS_INIT=init is not None, STORE_FINAL=need_final, **launch, **flags)
         scan_fwd.fwd_output_kernel[(lay.n_chunks, n_d)](
             z, a, g, y, hc, cu, co, cs, lay.T, D, lay.rows,
-            ATTN=ATTN, DISCOUNT=DISCOUNT, REVERSE=reverse, num_warps=FWD_WARPS, **flags)
+            ATTN=ATTN, DISCOUNT=DISCOUNT, REVERSE=reverse, **launch, **flags)
     final = tuple(x.clone() for x in ht.unbind(0)) if output_final_state else None
     saved = [hc] if save_for_backward else []
     return ForwardResult(y, final, saved)
@@ -221,24 +231,25 @@ def backward(args: ScanArgs, saved: list, m_final, gy, g_final) -> Gradients:
     cu, co, cs = lay.pointers(z)
     algorithm = choose_algorithm(lay.n_seq, D, lay.max_len, opts, z.device)
     flags = dict(IS_VARLEN=cu_seqlens is not None, REVERSE=reverse, BT=BT, BD=BD)
+    launch = dict(num_warps=opts.warps_backward, num_stages=opts.stages)
     n_d = triton.cdiv(D, BD)
     if algorithm == "looped":
         scan_bwd.bwd_looped_kernel[(lay.n_seq, n_d)](
             z, a, g, gy, gz, ga, gg, h0, dh0, ht, dht, hc, cu, co, lay.T, D, lay.n_seq,
             lay.rows, ATTN=ATTN, DISCOUNT=DISCOUNT, HAS_INIT=init is not None,
-            HAS_FINAL_GRAD=has_final_grad, num_warps=BWD_WARPS, **flags)
+            HAS_FINAL_GRAD=has_final_grad, **launch, **flags)
     else:
         summary = empty((4, lay.rows, D), f32, z.device)
         ac = empty((3, lay.rows, D), f32, z.device)
         scan_bwd.bwd_summary_kernel[(lay.n_chunks, n_d)](
             z, a, g, gy, hc, summary, cu, co, cs, lay.T, D, lay.rows,
-            ATTN=ATTN, DISCOUNT=DISCOUNT, num_warps=BWD_WARPS, **flags)
+            ATTN=ATTN, DISCOUNT=DISCOUNT, **launch, **flags)
         scan_bwd.bwd_carry_kernel[(lay.n_seq, n_d)](
             g, summary, ac, h0, dh0, ht, dht, cu, co, lay.T, D, lay.n_seq, lay.rows,
             DISCOUNT=DISCOUNT, HAS_INIT=init is not None, HAS_FINAL_GRAD=has_final_grad,
-            num_warps=BWD_WARPS, **flags)
+            **launch, **flags)
         scan_bwd.bwd_grads_kernel[(lay.n_chunks, n_d)](
             z, a, g, gy, gz, ga, gg, hc, ac, cu, co, cs, lay.T, D, lay.rows,
-            ATTN=ATTN, DISCOUNT=DISCOUNT, num_warps=BWD_WARPS, **flags)
+            ATTN=ATTN, DISCOUNT=DISCOUNT, **launch, **flags)
     g_init = tuple(x.clone() for x in dh0.unbind(0)) if init is not None else None
     return Gradients(gz, ga, (gg if has_g else None), g_init)

@@ -1,0 +1,133 @@
+"""The GPU run's report: its rows, the JSON file, the plot and the short table.
+
+JSON shape (read by tools; checked by :func:`validate`)::
+
+    {"device": str, "torch": str, "triton": str,
+     "rows": [{"what": "op"|"layer"|"peer", "name": str, "dtype": str, "shape": [B, T, D],
+               "algorithm": str|null, "pass": "fwd"|"fwd+bwd", "ms": float,
+               "ratio_to_copy": float|null}, ...],
+     "lstm_ratio": float|null}
+
+Extra keys are allowed beside these (the run adds "sweep", "crossover", "streaming",
+"training", "checks"); the keys above keep their types.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any, Iterable
+
+WHATS = ("op", "layer", "peer")
+PASSES = ("fwd", "fwd+bwd")
+ROW_KEYS = ("what", "name", "dtype", "shape", "algorithm", "pass", "ms", "ratio_to_copy")
+
+
+def row(what: str, name: str, dtype: str, shape: Iterable[int], algorithm: str | None,
+        pass_: str, ms: float, ratio_to_copy: float | None = None, **extra: Any) -> dict:
+    """One measured row; raises ValueError on a field outside the JSON shape."""
+    r = dict(what=what, name=name, dtype=dtype, shape=[int(s) for s in shape],
+             algorithm=algorithm, ms=float(ms), ratio_to_copy=ratio_to_copy, **extra)
+    r["pass"] = pass_
+    _check_row(r)
+    return r
+
+
+def _check_row(r: dict) -> None:
+    missing = [k for k in ROW_KEYS if k not in r]
+    if missing:
+        raise ValueError(f"row {r.get('name')!r} lacks {missing}")
+    if r["what"] not in WHATS:
+        raise ValueError(f"row 'what' must be one of {WHATS}, got {r['what']!r}")
+    if r["pass"] not in PASSES:
+        raise ValueError(f"row 'pass' must be one of {PASSES}, got {r['pass']!r}")
+    if not isinstance(r["name"], str) or not isinstance(r["dtype"], str):
+        raise ValueError(f"row 'name' and 'dtype' must be strings, got {r['name']!r}, "
+                         f"{r['dtype']!r}")
+    if len(r["shape"]) != 3 or not all(isinstance(s, int) and s > 0 for s in r["shape"]):
+        raise ValueError(f"row 'shape' must be [B, T, D] of positive ints, got {r['shape']!r}")
+    if r["algorithm"] is not None and not isinstance(r["algorithm"], str):
+        raise ValueError(f"row 'algorithm' must be a string or None, got {r['algorithm']!r}")
+    if not (isinstance(r["ms"], float) and math.isfinite(r["ms"]) and r["ms"] > 0):
+        raise ValueError(f"row 'ms' must be a positive finite float, got {r['ms']!r}")
+    ratio = r["ratio_to_copy"]
+    if ratio is not None and not (isinstance(ratio, float) and math.isfinite(ratio) and ratio > 0):
+        raise ValueError(f"row 'ratio_to_copy' must be a positive float or None, got {ratio!r}")
+
+
+def validate(report: dict) -> None:
+    """Raise ValueError unless ``report`` has the JSON shape above."""
+    for key in ("device", "torch", "triton"):
+        if not isinstance(report.get(key), str):
+            raise ValueError(f"report {key!r} must be a string, got {report.get(key)!r}")
+    if not isinstance(report.get("rows"), list):
+        raise ValueError("report 'rows' must be a list")
+    for r in report["rows"]:
+        _check_row(r)
+    lstm = report.get("lstm_ratio", "absent")
+    if lstm is not None and not (isinstance(lstm, float) and math.isfinite(lstm)):
+        raise ValueError(f"report 'lstm_ratio' must be a float or None, got {lstm!r}")
+
+
+def device_slug(device: str) -> str:
+    """'NVIDIA H100 80GB HBM3' -> 'nvidia-h100-80gb-hbm3' (for the file name)."""
+    slug = "".join(c.lower() if c.isalnum() else "-" for c in device)
+    return "-".join(part for part in slug.split("-") if part)
+
+
+def write_json(report: dict, out_dir: str) -> str:
+    """Validate and write ``gpu-<device>.json`` under ``out_dir`` (atomically); its path."""
+    validate(report)
+    path = os.path.join(out_dir, f"gpu-{device_slug(report['device'])}.json")
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(report, f, indent=1)
+    os.replace(tmp, path)
+    return path
+
+
+def table(report: dict) -> str:
+    """The short table printed last: one line per row, grouped as measured."""
+    lines = [f"{report['device']} | torch {report['torch']} | triton {report['triton']}",
+             f"{'what':<6}{'name':<28}{'dtype':<9}{'shape':<18}{'alg':<12}{'pass':<8}"
+             f"{'ms':>10}{'x copy':>8}"]
+    for r in report["rows"]:
+        shape = "x".join(str(s) for s in r["shape"])
+        ratio = "" if r["ratio_to_copy"] is None else f"{r['ratio_to_copy']:.2f}"
+        lines.append(f"{r['what']:<6}{r['name'][:27]:<28}{r['dtype']:<9}{shape:<18}"
+                     f"{(r['algorithm'] or '-'):<12}{r['pass']:<8}{r['ms']:>10.3f}{ratio:>8}")
+    if report.get("lstm_ratio") is not None:
+        lines.append(f"nn.RDA / cuDNN LSTM, forward+backward tokens/s: {report['lstm_ratio']:.1f}x")
+    return "\n".join(lines)
+
+
+def plot(report: dict, path: str) -> None:
+    """Bars of each op/peer row's ratio to copy_, one panel per shape x pass."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in report["rows"] if r["ratio_to_copy"] is not None]
+    panels = sorted({(tuple(r["shape"]), r["pass"]) for r in rows})
+    if not panels:
+        return
+    fig, axes = plt.subplots(len(panels), 1, figsize=(10, 2.2 + 0.9 * len(rows) / len(panels)),
+                             squeeze=False)
+    for ax, (shape, pass_) in zip(axes[:, 0], panels):
+        mine = [r for r in rows if tuple(r["shape"]) == shape and r["pass"] == pass_]
+        labels = [f"{r['name']} {r['algorithm'] or ''} {r['dtype']}".replace("  ", " ")
+                  for r in mine]
+        colors = ["tab:blue" if r["what"] == "op" else "tab:gray" for r in mine]
+        ax.barh(range(len(mine)), [r["ratio_to_copy"] for r in mine], color=colors)
+        ax.set_yticks(range(len(mine)), labels, fontsize=7)
+        ax.axvline(1.0, color="k", lw=0.8)
+        ax.invert_yaxis()
+        ax.set_title(f"B, T, D = {shape}, {pass_}: bandwidth / copy_ (blue fastrwa, grey peers)",
+                     fontsize=9)
+    axes[-1, 0].set_xlabel("achieved bytes/s over copy_ of the same bytes (higher is better)")
+    fig.suptitle(f"{report['device']}, torch {report['torch']}, triton {report['triton']}",
+                 fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
