@@ -92,6 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--bptt", type=int, default=128)
     p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--autocast", choices=("none", "bf16"), default="none",
+                   help="bf16: the forward in bfloat16 autocast (a GPU run)")
     p.add_argument("--evals", type=int, default=10, help="evaluations per run")
     p.add_argument("--eval-bytes", type=int, default=100_000)
     p.add_argument("--lm", action="append", default=[], metavar="KEY=VALUE",
@@ -125,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
               f"({100 * (counts[m] / target - 1):+.1f}% of the fastrwa model's)", flush=True)
     common = ["--task", "text", "--data", args.data, "--batch-size", args.batch_size,
               "--bptt", args.bptt, "--lr", args.lr, "--eval-bytes", args.eval_bytes,
-              "--log-every", 10 if not args.quick else 1, "--device", "cpu"]
+              "--log-every", 10 if not args.quick else 1, "--device", args.device,
+              "--autocast", args.autocast]
     results = []
     for m in models:
         d, layers = shapes[m]

@@ -270,6 +270,23 @@ def test_step_in_place_token_dtypes_are_checked(dtype):
     model.step_(torch.tensor([1, 2]), cache)     # int64: accepted
 
 
+def test_step_in_place_without_the_id_check_matches_and_skips_only_the_check():
+    """check=False (for CUDA-graph capture) computes the same logits; the range check is
+    the one thing it leaves out."""
+    model = tiny().eval()
+    tokens = torch.randint(0, 256, (2, 6), generator=torch.Generator().manual_seed(5))
+    checked, unchecked = model.allocate_cache(2), model.allocate_cache(2)
+    for t in range(6):
+        want = model.step_(tokens[:, t], checked).clone()
+        assert torch.equal(model.step_(tokens[:, t], unchecked, check=False), want), t
+    bad = torch.tensor([1, 999])
+    with pytest.raises(ValueError, match="token must be ids"):
+        model.step_(bad, checked)
+    with pytest.raises((IndexError, RuntimeError)) as caught:
+        model.step_(bad, unchecked, check=False)
+    assert "token must be ids" not in str(caught.value)
+
+
 @pytest.mark.parametrize("layer", ["rda", "lstm"])
 def test_stream_yields_what_generate_returns(layer):
     from fastrwa.models import build

@@ -244,12 +244,23 @@ class ByteLM(nn.Module):
         return logits[:, -1]
 
     @torch.no_grad()
-    def step_(self, token: Tensor, cache: InferenceCache) -> Tensor:
+    def step_(self, token: Tensor, cache: InferenceCache, check: bool = True) -> Tensor:
         """One token ``(B,)`` with the state in ``cache``, updated in place; returns logits.
 
         Allocates nothing on CPU: every intermediate lives in ``cache.work``, and the
         returned ``(B, vocab_size)`` logits are ``cache.work["logits"]``, overwritten by the
         next step (clone them to keep them). Matches :meth:`step` (tests/test_lm.py).
+        ``check=False`` skips the range check of the ids, which reads them back to the host:
+        then the step can be captured in a CUDA graph (an id out of range is then an indexing
+        error of the device, not a ValueError).
+
+        Example:
+            >>> import torch
+            >>> from fastrwa.models import ByteLM, LMConfig
+            >>> model = ByteLM(LMConfig(d_model=16, n_layers=1)).eval()
+            >>> cache = model.allocate_cache(2)
+            >>> model.step_(torch.tensor([65, 66]), cache).shape
+            torch.Size([2, 257])
         """
         if not isinstance(token, Tensor) or token.dim() != 1 or token.shape[0] != cache.batch:
             got = f"{tuple(token.shape)} {token.dtype}" if isinstance(token, Tensor) \
@@ -260,7 +271,7 @@ class ByteLM(nn.Module):
             raise TypeError(f"token must have dtype torch.int64 (the in-place step converts "
                             f"nothing), got {token.dtype}")
         work = cache.work
-        if not torch.compiler.is_compiling():   # (a compiled step leaves it to index_select)
+        if check and not torch.compiler.is_compiling():   # (compiled: left to index_select)
             low, high = torch.aminmax(token, out=(work["token_range"][0],
                                                   work["token_range"][1]))
             if low.item() < 0 or high.item() >= self.config.vocab_size:
