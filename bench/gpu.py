@@ -1,84 +1,136 @@
-"""GPU throughput of the Triton kernels, for users who have a CUDA GPU.
+"""The GPU run in one call: correctness at scale, the kernels against copy_ and their peers,
+layers, streaming, and the launch-knob sweep; JSON, a plot, and a short table printed last.
 
-    python bench/gpu.py [--batch 16 --length 4096 --channels 256]
+    python bench/gpu.py --out DIR [--only checks,ops,peers,layers,streaming,sweep,crossover]
+                        [--training LM_JSON]
 
-Times forward and forward+backward of rwa_scan and rda_scan with ``triton.testing.do_bench``
-for both forward algorithms, float32 and bfloat16, and reports achieved bandwidth (the
-minimum bytes of docs/math.md over time) in GB/s and as a share of the device's peak
-(from its memory clock and bus width), beside ``copy_`` of the same bytes.
+Sections (all by default):
 
-Never run on this project's machines (they have no GPU): no number from it is quoted in
-docs/ until someone measures one on a GPU.
+* checks: rda_scan against the float64 PyTorch backend at the bench shapes' scale, and past
+  2**31 elements (bench/gpu_ops.py);
+* ops: rwa_scan and rda_scan, both forward algorithms, float32 and bfloat16, forward and
+  forward+backward, at B/T/D = 16/4096/1024, 1/1M/256 and 8/16K/2048, against copy_;
+* peers: flash-linear-attention's HGRN kernels, accelerated-scan, a torch.logcumsumexp
+  formulation, at the same shapes (each skipped, with the reason, when it does not import);
+* layers: fastrwa.nn.RDA against cuDNN LSTM and GRU (bench/gpu_layers.py);
+* streaming: ByteLM ms per token at batch 1 and 64, eager and from a CUDA graph;
+* sweep, crossover: launch knobs and the algorithm heuristic (bench/gpu_sweep.py).
+
+``--training`` adds a bench/lm.py result (a GPU training run) to the report. Writes
+``DIR/gpu-<device>.json`` (the shape in bench/gpu_report.py) after every section, so a run cut
+short keeps what it measured, and ``DIR/gpu-<device>.png``. Exits 2 when no CUDA GPU is
+visible (nothing is measured on a CPU). bench/gpu_run.sh is the whole device command.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
+import time
 
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-def peak_bandwidth_gbs(device: torch.device) -> float | None:
-    """Theoretical DRAM bandwidth from the memory clock and bus width, if the driver reports them."""
-    props = torch.cuda.get_device_properties(device)
-    clock_khz = getattr(props, "memory_clock_rate", None)
-    bus_bits = getattr(props, "memory_bus_width", None)
-    if not clock_khz or not bus_bits:
-        return None
-    return 2 * clock_khz * 1e3 * bus_bits / 8 / 1e9   # double data rate
+import gpu_report  # noqa: E402
+
+SECTIONS = ("checks", "ops", "peers", "layers", "streaming", "sweep", "crossover")
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--length", type=int, default=4096)
-    p.add_argument("--channels", type=int, default=256)
-    args = p.parse_args()
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="bench-results/gpu", help="folder for the JSON and the PNG")
+    p.add_argument("--only", default=",".join(SECTIONS),
+                   help=f"comma-separated sections, of {', '.join(SECTIONS)}")
+    p.add_argument("--training", help="a bench/lm.py lm.json to add under 'training'")
+    args = p.parse_args(argv)
+    args.sections = [s for s in args.only.split(",") if s]
+    unknown = sorted(set(args.sections) - set(SECTIONS))
+    if unknown:
+        p.error(f"--only: unknown sections {unknown}; choose from {list(SECTIONS)}")
+    if args.training and not os.path.isfile(args.training):
+        p.error(f"--training: no file {args.training}")
+    return args
+
+
+def empty_report(device: str, torch_version: str, triton_version: str) -> dict:
+    return dict(device=device, torch=torch_version, triton=triton_version, rows=[],
+                lstm_ratio=None, started=time.strftime("%Y-%m-%d %H:%M:%S"))
+
+
+def log(entry: dict) -> None:
+    print(json.dumps(entry, default=str), flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    import triton
+
+    import gpu_layers
+    import gpu_ops
+    import gpu_sweep
+
+    os.makedirs(args.out, exist_ok=True)
+    device = torch.cuda.get_device_name(0)
+    report = empty_report(device, torch.__version__, triton.__version__)
+    report["sms"] = torch.cuda.get_device_properties(0).multi_processor_count
+    missing: dict = {}
+    copy = gpu_ops.CopyTimer("cuda")
+    failed = []
+    for section in args.sections:
+        began = time.perf_counter()
+        print(f"== {section}", flush=True)
+        try:
+            if section == "checks":
+                report["checks"] = gpu_ops.correctness_checks(log)
+            elif section in ("ops", "peers"):
+                for shape in gpu_ops.SHAPES:
+                    for dtype_name in gpu_ops.DTYPES:
+                        if section == "ops":
+                            report["rows"] += gpu_ops.op_rows(shape, dtype_name, copy, log)
+                        else:
+                            report["rows"] += gpu_ops.peer_rows(shape, dtype_name, copy, log,
+                                                                missing)
+                        torch.cuda.empty_cache()
+                report["peers_missing"] = missing
+            elif section == "layers":
+                rows, report["lstm_ratio"] = gpu_layers.layer_rows(log)
+                report["rows"] += rows
+            elif section == "streaming":
+                report["streaming"] = gpu_layers.streaming(log)
+            elif section == "sweep":
+                report["sweep"] = gpu_sweep.sweep(log)
+            elif section == "crossover":
+                report["crossover"] = gpu_sweep.crossover(log)
+        except Exception as e:  # noqa: BLE001 (one broken section must not lose the others)
+            failed.append(section)
+            report.setdefault("section_errors", {})[section] = f"{type(e).__name__}: {e}"
+            print(f"section {section} failed: {type(e).__name__}: {e}", flush=True)
+        report.setdefault("section_seconds", {})[section] = time.perf_counter() - began
+        torch.cuda.empty_cache()
+        gpu_report.write_json(report, args.out)
+    report["copy_gb_per_s"] = {str(n): n / ms / 1e6 for n, ms in copy.cache.items()}
+    if args.training:
+        with open(args.training) as f:
+            report["training"] = json.load(f)
+    path = gpu_report.write_json(report, args.out)
+    gpu_report.plot(report, path[:-len(".json")] + ".png")
+    print(gpu_report.table(report))
+    if failed:
+        print(f"sections that failed: {failed} (see section_errors in {path})")
+    return 1 if failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     if not torch.cuda.is_available():
-        print("bench/gpu.py needs a CUDA GPU; none is visible here.")
-        return 0
-    import triton.testing
-
-    import fastrwa
-    from fastrwa.ops.backends.triton import host as triton_backend
-
-    dev = torch.device("cuda")
-    B, T, D = args.batch, args.length, args.channels
-    peak = peak_bandwidth_gbs(dev)
-    print(f"{torch.cuda.get_device_name(dev)}, B={B} T={T} D={D}, "
-          f"peak {'unknown' if peak is None else f'{peak:.0f} GB/s'}")
-    print(f"{'op':<10}{'algorithm':<13}{'dtype':<10}{'pass':<9}{'ms':>8}{'GB/s':>8}"
-          f"{'% peak':>8}{'copy GB/s':>11}")
-    for dtype in (torch.float32, torch.bfloat16):
-        z, a, g, gy = (torch.randn(B, T, D, device=dev, dtype=dtype) for _ in range(4))
-        for op in ("rwa_scan", "rda_scan"):
-            n_in = 2 if op == "rwa_scan" else 3
-            inputs = [x.clone().requires_grad_() for x in (z, a, g)[:n_in]]
-            fn = getattr(fastrwa, op)
-            for algorithm in ("looped", "three_phase"):
-                triton_backend.set_options(algorithm=algorithm)
-                with fastrwa.use_backend("triton"):
-                    def fwd():
-                        with torch.no_grad():
-                            fn(*inputs)
-
-                    def fwd_bwd():
-                        y, _ = fn(*inputs)
-                        torch.autograd.grad(y, inputs, gy)
-
-                    for name, run, n_tensors in (("fwd", fwd, n_in + 1),
-                                                 ("fwd+bwd", fwd_bwd, 3 * n_in + 2)):
-                        nbytes = n_tensors * z.numel() * z.element_size()
-                        ms = triton.testing.do_bench(run)
-                        src = torch.empty(nbytes // 2, dtype=torch.uint8, device=dev)
-                        dst = torch.empty_like(src)
-                        copy_ms = triton.testing.do_bench(lambda: dst.copy_(src))
-                        gbs = nbytes / ms / 1e6
-                        share = "" if peak is None else f"{100 * gbs / peak:.0f}%"
-                        print(f"{op:<10}{algorithm:<13}{str(dtype)[6:]:<10}{name:<9}{ms:>8.3f}"
-                              f"{gbs:>8.0f}{share:>8}{nbytes / copy_ms / 1e6:>11.0f}")
-    return 0
+        print("bench/gpu.py needs a CUDA GPU, and torch sees none here; nothing was measured.",
+              file=sys.stderr)
+        return 2
+    return run(args)
 
 
 if __name__ == "__main__":

@@ -90,12 +90,12 @@ def write_json(report: dict, out_dir: str) -> str:
 def table(report: dict) -> str:
     """The short table printed last: one line per row, grouped as measured."""
     lines = [f"{report['device']} | torch {report['torch']} | triton {report['triton']}",
-             f"{'what':<6}{'name':<28}{'dtype':<9}{'shape':<18}{'alg':<12}{'pass':<8}"
+             f"{'what':<6}{'name':<28}{'dtype':<18}{'shape':<16}{'alg':<12}{'pass':<8}"
              f"{'ms':>10}{'x copy':>8}"]
     for r in report["rows"]:
         shape = "x".join(str(s) for s in r["shape"])
         ratio = "" if r["ratio_to_copy"] is None else f"{r['ratio_to_copy']:.2f}"
-        lines.append(f"{r['what']:<6}{r['name'][:27]:<28}{r['dtype']:<9}{shape:<18}"
+        lines.append(f"{r['what']:<6}{r['name'][:27]:<28}{r['dtype']:<18}{shape:<16}"
                      f"{(r['algorithm'] or '-'):<12}{r['pass']:<8}{r['ms']:>10.3f}{ratio:>8}")
     if report.get("lstm_ratio") is not None:
         lines.append(f"nn.RDA / cuDNN LSTM, forward+backward tokens/s: {report['lstm_ratio']:.1f}x")

@@ -3,12 +3,14 @@ registers, spills, stack, local and shared memory.
 
     python bench/kernels.py            # the full table: every kernel x constexpr variant x arch x dtype
     python bench/kernels.py --quick    # one kernel, one arch (what the test suite runs)
+    python bench/kernels.py --option block_t=4 --option block_d=4 --option block_d_backward=2
+                                       # the blocks of the op tests' Triton columns
 
 Exits 1 on any compile failure or spill. Registers and memory come from ``cuobjdump
 -res-usage`` on Triton's cubin; spill bytes from ``ptxas -v`` (the ptxas Triton uses for that
 arch) on Triton's PTX. "shared" is static + the dynamic shared memory Triton launches with.
-Launch shapes (BT, BD, warps) are the launcher's defaults in
-fastrwa/ops/backends/triton/host.py.
+Launch shapes (BT, BD, warps, stages) are the launcher's defaults in
+fastrwa/ops/backends/triton/host.py unless ``--option`` sets them.
 """
 
 from __future__ import annotations
@@ -38,10 +40,10 @@ IO_POINTERS = {"z_ptr", "a_ptr", "g_ptr", "y_ptr", "gy_ptr", "gz_ptr", "ga_ptr",
 INDEX_POINTERS = {"cu_ptr", "co_ptr", "cs_ptr"}
 
 
-def _kernels():
+def _kernels(opts=None):
     from fastrwa.ops.backends.triton import host as tb, scan_bwd, scan_fwd, step
 
-    opts = tb.Options()
+    opts = opts or tb.Options()
     fwd = (opts.warps, dict(BT=opts.block_t, BD=opts.block_d))
     bwd = (opts.warps_backward, dict(BT=opts.block_t, BD=opts.block_d_backward))
     return [
@@ -53,10 +55,11 @@ def _kernels():
     ]
 
 
-def jobs(quick: bool):
+def jobs(quick: bool, opts=None):
     """Every (kernel, variant, arch, dtype) to compile; kernels without a constexpr skip it."""
     out, seen = [], set()
-    for fn, warps, blocks in _kernels():
+    stages = (opts or _default_options()).stages
+    for fn, warps, blocks in _kernels(opts):
         variants = [(label, attn, disc, {}) for label, attn, disc in MATH] + EXTRA_FLAGS
         for label, attn, disc, extra in variants:
             const = dict(FLAGS, ATTN=attn, DISCOUNT=disc, **blocks, **extra)
@@ -67,16 +70,16 @@ def jobs(quick: bool):
             seen.add(key)
             for arch in ARCHS:
                 for dtype in DTYPES:
-                    out.append((fn.__name__, label, const, warps, arch, dtype))
+                    out.append((fn.__name__, label, const, (warps, stages), arch, dtype))
     if quick:
         return [j for j in out if j[0] == "fwd_looped_kernel" and j[1] == "rda-softplus"
                 and j[4] == "sm_90a" and j[5] == "bfloat16"]
     return out
 
 
-def _stages() -> int:
+def _default_options():
     from fastrwa.ops.backends.triton import host as tb
-    return tb.Options().stages
+    return tb.Options()
 
 
 def _find(name: str):
@@ -93,7 +96,7 @@ def compile_one(job):
     from triton.backends.nvidia.compiler import get_ptxas
     from triton.compiler import ASTSource
 
-    name, label, const, warps, arch, dtype = job
+    name, label, const, (warps, stages), arch, dtype = job
     fn = _find(name)
     signature = {}
     for arg in fn.arg_names:
@@ -109,7 +112,7 @@ def compile_one(job):
             signature[arg] = "i32"
     kernel = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=const),
                             target=GPUTarget("cuda", ARCHS[arch], 32),
-                            options={"num_warps": warps, "num_stages": _stages()})
+                            options={"num_warps": warps, "num_stages": stages})
     with tempfile.TemporaryDirectory() as tmp:
         cubin, ptx = os.path.join(tmp, "k.cubin"), os.path.join(tmp, "k.ptx")
         with open(cubin, "wb") as f:
@@ -130,12 +133,31 @@ def compile_one(job):
                 shared=field("SHARED") + kernel.metadata.shared)
 
 
+def options_from(items: list[str]):
+    """``["block_t=4", ...]`` -> the backend's Options with those knobs (checked)."""
+    import dataclasses
+
+    from fastrwa.ops.backends.triton import host as tb
+    knobs = {}
+    for item in items:
+        key, _, value = item.partition("=")
+        if key not in {f.name for f in dataclasses.fields(tb.Options)} or key == "algorithm":
+            raise SystemExit(f"--option {item!r}: not a launch knob of the Triton backend")
+        knobs[key] = int(value)
+    opts = dataclasses.replace(tb.Options(), **knobs)
+    tb._check(opts)
+    return opts
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="compile one kernel only")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--option", action="append", default=[], metavar="KNOB=INT",
+                   help="a launch knob of the Triton backend's Options instead of its default, "
+                        "e.g. --option block_t=4 (repeatable)")
     args = p.parse_args()
-    todo = jobs(args.quick)
+    todo = jobs(args.quick, options_from(args.option))
     header = f"{'kernel':<20}{'variant':<22}{'arch':<8}{'dtype':<10}{'warps':>6}{'BTxBD':>7}{'regs':>6}" \
              f"{'spill B':>9}{'stack':>7}{'local':>7}{'shared B':>10}"
     print(header)

@@ -103,3 +103,26 @@ def test_prepared_step_replays_in_a_cuda_graph():
 def test_default_blocks_are_what_the_launcher_uses():
     """The tests above run the launcher's defaults, not the op suite's small blocks."""
     assert triton_host.options().block_t >= 16 and triton_host.options().block_d >= 16
+
+
+def test_byte_lm_step_replays_in_a_cuda_graph():
+    """ByteLM.step_(check=False) captured once, replayed per token, equals the eager step."""
+    from fastrwa.models import ByteLM, LMConfig
+    torch.manual_seed(0)
+    model = ByteLM(LMConfig(d_model=64, n_layers=2)).cuda().eval()
+    tokens = torch.randint(0, 256, (3, 10))
+    eager, graphed = model.allocate_cache(3), model.allocate_cache(3)
+    token = torch.empty(3, dtype=torch.int64)
+    with torch.no_grad():
+        token.copy_(tokens[:, 0])
+        model.step_(token, graphed, check=False)              # warm-up (compiles), then reset
+        graphed.load_(eager.state)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            logits = model.step_(token, graphed, check=False)
+        graphed.load_(eager.state)
+        for t in range(10):
+            want = model.step_(tokens[:, t], eager).clone()
+            token.copy_(tokens[:, t])
+            graph.replay()
+            assert torch.allclose(logits, want, atol=1e-5, rtol=1e-5), t

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The whole GPU run, as one device command from the repository root (carry .whl and .carry,
+# made by bench/gpu_prepare.sh):
+#     bash bench/gpu_run.sh [tests,memcheck,bench,tune,train]
+# Writes under $OUT (or bench-results/gpu): log.txt, memcheck.txt, gpu-<device>.json and .png,
+# lm.json, and prints the short table last. Steps run in order; a failing step is reported
+# and the next still runs; the exit status is the number of failed steps.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+steps=${1:-tests,memcheck,bench,tune,train}
+out=${OUT:-bench-results/gpu}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl && export PYTHONPATH=$PYTHONPATH:/tmp/site
+fi
+failed=0
+step() { [[ ",$steps," == *",$1,"* ]]; }
+note() { echo "== $* ($(date +%T))" | tee -a "$out/log.txt"; }
+note "$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader)"
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" \
+    | tee -a "$out/log.txt"
+if step tests; then
+    note "pytest --cuda (the Triton columns and tests/test_cuda.py)"
+    python3 -m pytest -q -p no:cacheprovider --cuda -k "triton or test_cuda" --maxfail=20 tests \
+        2>&1 | tail -n 40 | tee -a "$out/log.txt" || failed=$((failed + 1))
+fi
+if step memcheck; then
+    note "compute-sanitizer --tool memcheck"
+    compute-sanitizer --tool memcheck --error-exitcode 1 python3 bench/gpu_memcheck.py \
+        > "$out/memcheck.txt" 2>&1 || failed=$((failed + 1))
+    tail -n 3 "$out/memcheck.txt" | tee -a "$out/log.txt"
+fi
+training=()
+if step train && [ -f .carry/text-corpus.txt ]; then
+    note "ByteLM, bf16 autocast, 3 minutes on the corpus"
+    python3 bench/lm.py --data .carry/text-corpus.txt --models rda-scan --device cuda \
+        --autocast bf16 --minutes 3 --d-model 512 --layers 8 --batch-size 32 --bptt 512 \
+        --evals 4 --out /tmp/lm 2>&1 | tail -n 5 | tee -a "$out/log.txt" || failed=$((failed + 1))
+    [ -f /tmp/lm/lm.json ] && cp /tmp/lm/lm.json "$out/lm.json" && training=(--training /tmp/lm/lm.json)
+fi
+sections=""
+step bench && sections="checks,ops,peers,layers,streaming"
+step tune && sections="${sections:+$sections,}sweep,crossover"
+if [ -n "$sections" ]; then
+    note "bench/gpu.py --only $sections"
+    python3 bench/gpu.py --out "$out" --only "$sections" "${training[@]}" 2>&1 \
+        | tee -a "$out/log.txt" | grep -v '^{' || failed=$((failed + 1))
+fi
+echo "failed steps: $failed"
+exit $failed

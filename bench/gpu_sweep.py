@@ -1,0 +1,98 @@
+"""Launch-knob sweep and the looped/three-phase crossover, measured on a GPU.
+
+* :func:`sweep`: for each algorithm and pass (forward; forward+backward) of ``rda_scan`` at
+  B=16, T=4096, D=1024, every (block_t, block_d or block_d_backward, warps) of a small grid
+  in float32, then pipelining stages for the best, and the best few again in bfloat16. Each
+  entry is the median ms; the best per (algorithm, pass, dtype) is what the launcher's
+  defaults (``Options`` in fastrwa/ops/backends/triton/host.py) should become.
+* :func:`crossover`: looped against three-phase, forward and forward+backward, as the count of
+  programs (``B * ceil(D / block_d)``) grows at T=16384, to place the heuristic's threshold
+  (``PROGRAMS_PER_SM`` in fastrwa/ops/backends/triton/host.py).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+import fastrwa
+from fastrwa.ops.backends.triton import host as triton_host
+from fastrwa.testing import backend_options
+from gpu_ops import DTYPES, bench_ms, random_inputs
+
+GRID_T = (16, 32, 64)
+GRID_D = (16, 32, 64)
+GRID_WARPS = (2, 4, 8)
+GRID_STAGES = (1, 2, 3, 4)
+KNOBS = ("block_t", "block_d", "block_d_backward", "warps", "warps_backward", "stages")
+
+
+def _time(shape, dtype, pass_: str, knobs: dict) -> float:
+    z, a, g = (x.requires_grad_() for x in random_inputs(3, shape, dtype, "cuda"))
+    gy = random_inputs(1, shape, dtype, "cuda", seed=1)[0]
+    with fastrwa.use_backend("triton"), backend_options("triton", **knobs):
+        if pass_ == "fwd":
+            def fn():
+                with torch.no_grad():
+                    fastrwa.rda_scan(z, a, g)
+        else:
+            def fn():
+                y, _ = fastrwa.rda_scan(z, a, g)
+                torch.autograd.grad(y, (z, a, g), gy)
+        return bench_ms(fn)
+
+
+def _try(shape, dtype_name, algorithm, pass_, knobs) -> dict:
+    entry = dict(dtype=dtype_name, algorithm=algorithm, pass_=pass_, **knobs)
+    try:
+        entry["ms"] = _time(shape, DTYPES[dtype_name], pass_, dict(algorithm=algorithm, **knobs))
+    except Exception as e:  # noqa: BLE001 (a config that does not compile or run is a result)
+        entry["error"] = f"{type(e).__name__}: {str(e)[:120]}"
+    return entry
+
+
+def sweep(log, shape=(16, 4096, 1024), keep: int = 5) -> list[dict]:
+    """float32: every (block_t, block_d, warps) of the grid, then pipelining stages for the
+    best; bfloat16: the ``keep`` best float32 points. The forward's knobs vary for "fwd"; for
+    "fwd+bwd" the forward keeps its defaults and the backward's vary. Failures are recorded."""
+    out = []
+    for algorithm, pass_ in itertools.product(("looped", "three_phase"), ("fwd", "fwd+bwd")):
+        grid = []
+        for bt, bd, warps in itertools.product(GRID_T, GRID_D, GRID_WARPS):
+            grid.append(dict(block_t=bt, **(dict(block_d=bd, warps=warps) if pass_ == "fwd"
+                                            else dict(block_d_backward=bd, warps_backward=warps))))
+        mine = [_try(shape, "float32", algorithm, pass_, knobs) for knobs in grid]
+        ranked = sorted((e for e in mine if "ms" in e), key=lambda e: e["ms"])
+        if ranked:
+            knobs = {k: v for k, v in ranked[0].items() if k in KNOBS}
+            mine += [_try(shape, "float32", algorithm, pass_, dict(knobs, stages=st))
+                     for st in GRID_STAGES]
+        for best in ranked[:keep]:
+            knobs = {k: v for k, v in best.items() if k in KNOBS}
+            mine.append(_try(shape, "bfloat16", algorithm, pass_, knobs))
+        for dtype_name in DTYPES:
+            timed = [e for e in mine if e["dtype"] == dtype_name and "ms" in e]
+            if timed:
+                log(dict(best=min(timed, key=lambda e: e["ms"]), tried=len(timed)))
+        out += mine
+    return out
+
+
+def crossover(log, T: int = 16384, widths=(256, 1024), batches=(1, 2, 4, 8, 16, 32, 64)):
+    """ms of both algorithms as programs grow; the smallest program count where looped wins."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    bd = triton_host.Options().block_d
+    out = []
+    for D, B in itertools.product(widths, batches):
+        if B * T * D * 4 * 8 > torch.cuda.get_device_properties(0).total_memory // 2:
+            continue
+        for pass_ in ("fwd", "fwd+bwd"):
+            ms = {alg: _time((B, T, D), torch.float32, pass_, dict(algorithm=alg))
+                  for alg in ("looped", "three_phase")}
+            programs = B * -(-D // bd)
+            out.append(dict(B=B, T=T, D=D, pass_=pass_, programs=programs,
+                            programs_per_sm=programs / sms, **{f"{k}_ms": v for k, v in ms.items()},
+                            looped_wins=ms["looped"] <= ms["three_phase"]))
+            log(out[-1])
+    return out

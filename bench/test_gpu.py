@@ -1,0 +1,87 @@
+"""What of the GPU run can be checked without a GPU: the report's JSON shape, its table and
+plot, the arguments, the exit without CUDA, the shell scripts' syntax."""
+
+import json
+import pathlib
+import subprocess
+
+import pytest
+import torch
+
+import gpu
+import gpu_report
+
+BENCH = pathlib.Path(__file__).resolve().parent
+
+
+def report(**over):
+    rows = [gpu_report.row("op", "rda-exp", "float32", (16, 4096, 1024), "looped", "fwd", 1.5, 0.8),
+            gpu_report.row("peer", "fla.chunk_hgrn", "bfloat16", (16, 4096, 1024), None,
+                           "fwd+bwd", 3.0, 0.4),
+            gpu_report.row("layer", "nn.RDA", "float32", (16, 4096, 1024), None, "fwd+bwd", 9.0,
+                           tokens_per_s=7e6)]
+    return dict(gpu.empty_report("NVIDIA H100 80GB HBM3", "2.11.0", "3.6.0"), rows=rows,
+                lstm_ratio=12.5) | over
+
+
+def test_report_round_trips_in_the_issue_s_json_shape(tmp_path):
+    path = gpu_report.write_json(report(), str(tmp_path))
+    assert pathlib.Path(path).name == "gpu-nvidia-h100-80gb-hbm3.json"
+    data = json.loads(pathlib.Path(path).read_text())
+    gpu_report.validate(data)
+    assert set(data) >= {"device", "torch", "triton", "rows", "lstm_ratio"}
+    r = data["rows"][0]
+    assert {k: r[k] for k in gpu_report.ROW_KEYS} == {
+        "what": "op", "name": "rda-exp", "dtype": "float32", "shape": [16, 4096, 1024],
+        "algorithm": "looped", "pass": "fwd", "ms": 1.5, "ratio_to_copy": 0.8}
+
+
+@pytest.mark.parametrize("field,value,words", [
+    ("what", "kernel", "'what' must be one of"), ("pass_", "bwd", "'pass' must be one of"),
+    ("shape", (16, 4096), "'shape' must be"), ("ms", float("nan"), "'ms' must be"),
+    ("ms", 0.0, "'ms' must be"), ("ratio_to_copy", -1.0, "'ratio_to_copy' must be")])
+def test_a_row_outside_the_shape_is_refused(field, value, words):
+    args = dict(what="op", name="rwa", dtype="float32", shape=(1, 2, 3), algorithm=None,
+                pass_="fwd", ms=1.0, ratio_to_copy=None)
+    args[field] = value
+    with pytest.raises(ValueError, match=words):
+        gpu_report.row(**args)
+
+
+def test_a_report_outside_the_shape_is_not_written(tmp_path):
+    with pytest.raises(ValueError, match="'device' must be a string"):
+        gpu_report.write_json(report(device=None), str(tmp_path))
+    with pytest.raises(ValueError, match="'lstm_ratio' must be"):
+        gpu_report.validate(report(lstm_ratio="fast"))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_table_and_plot(tmp_path):
+    text = gpu_report.table(report())
+    lines = text.splitlines()
+    assert "NVIDIA H100" in lines[0] and len(lines) == 2 + 3 + 1
+    assert "rda-exp" in lines[2] and "0.80" in lines[2] and lines[-1].endswith("12.5x")
+    png = tmp_path / "gpu.png"
+    gpu_report.plot(report(), str(png))
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_arguments_are_checked(capsys):
+    with pytest.raises(SystemExit):
+        gpu.parse_args(["--only", "ops,speed"])
+    assert "unknown sections ['speed']" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        gpu.parse_args(["--training", "/no/such/lm.json"])
+    assert gpu.parse_args(["--only", "ops,peers"]).sections == ["ops", "peers"]
+
+
+def test_without_cuda_it_says_so_and_measures_nothing(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert gpu.main(["--out", str(tmp_path / "out")]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("script", ["gpu_run.sh", "gpu_prepare.sh"])
+def test_shell_scripts_parse(script):
+    subprocess.run(["bash", "-n", str(BENCH / script)], check=True)
