@@ -10,13 +10,19 @@ JSON shape (read by tools; checked by :func:`validate`)::
 
 Extra keys are allowed beside these (the run adds "sweep", "crossover", "streaming",
 "training", "checks"); the keys above keep their types.
+
+The run is split over several device calls (bench/gpu_run.sh); their reports are joined with
+
+    python bench/gpu_report.py merge A.json B.json ... --out bench/results
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
+import sys
 from typing import Any, Iterable
 
 WHATS = ("op", "layer", "peer")
@@ -131,3 +137,48 @@ def plot(report: dict, path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def merge(reports: list[dict]) -> dict:
+    """One report from the reports of several calls on the same device and versions: rows
+    in order, the other keys from the last report that has them (``lstm_ratio`` from the last
+    that measured it). Raises ValueError when device or versions differ."""
+    if not reports:
+        raise ValueError("merge needs at least one report")
+    first = reports[0]
+    for r in reports:
+        validate(r)
+        for key in ("device", "torch", "triton"):
+            if r[key] != first[key]:
+                raise ValueError(f"cannot merge reports of different {key}: {first[key]!r} "
+                                 f"and {r[key]!r}")
+    out = dict(first, rows=[], lstm_ratio=None)
+    for r in reports:
+        out.update({k: v for k, v in r.items() if k not in ("rows", "lstm_ratio")})
+        out["rows"] += r["rows"]
+        if r.get("lstm_ratio") is not None:
+            out["lstm_ratio"] = r["lstm_ratio"]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="Join the GPU run's reports: python "
+                                            "bench/gpu_report.py merge A.json B.json --out DIR")
+    p.add_argument("command", choices=["merge"])
+    p.add_argument("reports", nargs="+")
+    p.add_argument("--out", required=True, help="folder for gpu-<device>.json and .png")
+    args = p.parse_args(argv)
+    reports = []
+    for path in args.reports:
+        with open(path) as f:
+            reports.append(json.load(f))
+    merged = merge(reports)
+    os.makedirs(args.out, exist_ok=True)
+    path = write_json(merged, args.out)
+    plot(merged, path[:-len(".json")] + ".png")
+    print(table(merged))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
-# The whole GPU run, as one device command from the repository root (carry .whl and .carry,
-# made by bench/gpu_prepare.sh):
-#     bash bench/gpu_run.sh [tests,memcheck,bench,tune,train]
-# Writes under $OUT (or bench-results/gpu): log.txt, memcheck.txt, gpu-<device>.json and .png,
-# lm.json, and prints the short table last. Steps run in order; a failing step is reported
-# and the next still runs; the exit status is the number of failed steps.
+# The whole GPU run, as device commands from the repository root (carry .whl and .carry,
+# made by bench/gpu_prepare.sh). Each call of the device tool may run 10 minutes, so the
+# steps are meant to be split over calls (estimates, not yet measured):
+#     bash bench/gpu_run.sh tests,memcheck     # ~6 min
+#     bash bench/gpu_run.sh bench              # ~5 min: every op, peer and layer row
+#     bash bench/gpu_run.sh tune               # ~8 min
+#     bash bench/gpu_run.sh train              # ~4 min
+# then join the calls' reports: python bench/gpu_report.py merge A.json B.json --out DIR
+# Writes under $OUT (or bench-results/gpu): log.txt, pytest.txt, memcheck.txt,
+# gpu-<device>.json and .png, lm.json, and prints the short table last. A step that fails or
+# outruns its time limit is reported and the next still runs; the exit status is the number
+# of failed steps.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-steps=${1:-tests,memcheck,bench,tune,train}
+steps=${1:-tests,memcheck,bench,train,tune}
 out=${OUT:-bench-results/gpu}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
@@ -22,30 +28,35 @@ note "$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noh
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" \
     | tee -a "$out/log.txt"
 if step tests; then
+    # xdist spreads Triton's compiles (one per kernel specialisation) over 8 processes.
     note "pytest --cuda (the Triton columns and tests/test_cuda.py)"
-    python3 -m pytest -q -p no:cacheprovider --cuda -k "triton or test_cuda" --maxfail=20 tests \
-        2>&1 | tail -n 40 | tee -a "$out/log.txt" || failed=$((failed + 1))
+    timeout 330 python3 -m pytest -q -p no:cacheprovider -n 8 --cuda --maxfail=30 \
+        -k "triton or test_cuda" tests > "$out/pytest.txt" 2>&1 || failed=$((failed + 1))
+    tail -n 25 "$out/pytest.txt" | tee -a "$out/log.txt"
 fi
 if step memcheck; then
     note "compute-sanitizer --tool memcheck"
-    compute-sanitizer --tool memcheck --error-exitcode 1 python3 bench/gpu_memcheck.py \
-        > "$out/memcheck.txt" 2>&1 || failed=$((failed + 1))
-    tail -n 3 "$out/memcheck.txt" | tee -a "$out/log.txt"
+    timeout 200 compute-sanitizer --tool memcheck --error-exitcode 1 \
+        python3 bench/gpu_memcheck.py > "$out/memcheck.txt" 2>&1 || failed=$((failed + 1))
+    tail -n 4 "$out/memcheck.txt" | tee -a "$out/log.txt"
 fi
 training=()
 if step train && [ -f .carry/text-corpus.txt ]; then
-    note "ByteLM, bf16 autocast, 3 minutes on the corpus"
-    python3 bench/lm.py --data .carry/text-corpus.txt --models rda-scan --device cuda \
-        --autocast bf16 --minutes 3 --d-model 512 --layers 8 --batch-size 32 --bptt 512 \
-        --evals 4 --out /tmp/lm 2>&1 | tail -n 5 | tee -a "$out/log.txt" || failed=$((failed + 1))
-    [ -f /tmp/lm/lm.json ] && cp /tmp/lm/lm.json "$out/lm.json" && training=(--training /tmp/lm/lm.json)
+    note "ByteLM 512 x 8, bf16 autocast, 3 minutes on the corpus"
+    timeout 300 python3 bench/lm.py --data .carry/text-corpus.txt --models rda-scan \
+        --device cuda --autocast bf16 --minutes 3 --d-model 512 --layers 8 --batch-size 32 \
+        --bptt 512 --evals 4 --out /tmp/lm 2>&1 | tail -n 5 | tee -a "$out/log.txt" \
+        || failed=$((failed + 1))
+    if [ -f /tmp/lm/lm.json ]; then
+        cp /tmp/lm/lm.json "$out/lm.json" && training=(--training /tmp/lm/lm.json)
+    fi
 fi
 sections=""
 step bench && sections="checks,ops,peers,layers,streaming"
 step tune && sections="${sections:+$sections,}sweep,crossover"
 if [ -n "$sections" ]; then
     note "bench/gpu.py --only $sections"
-    python3 bench/gpu.py --out "$out" --only "$sections" "${training[@]}" 2>&1 \
+    timeout 540 python3 bench/gpu.py --out "$out" --only "$sections" "${training[@]}" 2>&1 \
         | tee -a "$out/log.txt" | grep -v '^{' || failed=$((failed + 1))
 fi
 echo "failed steps: $failed"

@@ -85,3 +85,21 @@ def test_without_cuda_it_says_so_and_measures_nothing(monkeypatch, tmp_path, cap
 @pytest.mark.parametrize("script", ["gpu_run.sh", "gpu_prepare.sh"])
 def test_shell_scripts_parse(script):
     subprocess.run(["bash", "-n", str(BENCH / script)], check=True)
+
+
+def test_reports_of_several_calls_merge(tmp_path):
+    a = report(lstm_ratio=None, checks=[{"ok": True}])
+    b = report(rows=report()["rows"][:1], sweep=[{"ms": 1.0}])
+    merged = gpu_report.merge([a, b])
+    assert len(merged["rows"]) == 4 and merged["lstm_ratio"] == 12.5
+    assert merged["checks"] == [{"ok": True}] and merged["sweep"] == [{"ms": 1.0}]
+    with pytest.raises(ValueError, match="different triton"):
+        gpu_report.merge([a, report(triton="3.9.0")])
+    paths = []
+    for i, r in enumerate((a, b)):
+        (tmp_path / f"{i}").mkdir()
+        paths.append(gpu_report.write_json(r, str(tmp_path / f"{i}")))
+    assert gpu_report.main(["merge", *paths, "--out", str(tmp_path / "joined")]) == 0
+    joined = json.loads((tmp_path / "joined" / "gpu-nvidia-h100-80gb-hbm3.json").read_text())
+    assert len(joined["rows"]) == 4
+    assert (tmp_path / "joined" / "gpu-nvidia-h100-80gb-hbm3.png").exists()

@@ -25,9 +25,10 @@ small blocks. Inside those items the default device is CUDA, so tensors a test m
 naming a device are CUDA tensors; the helpers draw random numbers on the CPU (reproducible
 across devices) and move them. Tests marked ``cuda`` run only under ``--cuda``; without it
 they are deselected (reported, not passed), which is how CI, with no GPU, treats them.
+Tests marked ``interpreter`` run the Triton backend on CPU tensors on purpose (traffic
+counted by the interpreter, launch arguments spied on); under ``--cuda`` they are deselected.
 """
 
-import contextlib
 import dataclasses
 import hashlib
 import os
@@ -94,6 +95,7 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "cuda: needs a CUDA GPU; runs only under --cuda")
+    config.addinivalue_line("markers", "interpreter: runs Triton on CPU tensors; not under --cuda")
     if config.getoption("--cuda"):
         if not torch.cuda.is_available():
             raise pytest.UsageError("--cuda needs a CUDA GPU, and torch sees none")
@@ -125,8 +127,8 @@ def _enter(case: BackendCase, nodeid: str):
     if case.name == "triton" and "algorithm" not in options:
         digest = hashlib.sha256(nodeid.encode()).digest()[0]
         options["algorithm"] = TRITON_ALGORITHMS[digest % len(TRITON_ALGORITHMS)]
-    device = torch.device(case.device) if case.device != "cpu" else contextlib.nullcontext()
-    with backend_options(case.name, **options), fastrwa.use_backend(case.name), device:
+    with backend_options(case.name, **options), fastrwa.use_backend(case.name), \
+            torch.device(case.device):
         yield case
 
 
@@ -151,7 +153,8 @@ def pytest_collection_modifyitems(config, items):
         triton = str(params.get("backend", "")).startswith("triton")
         repeat = params.get("chunk") is not None or params.get("dtype") == torch.float64
         needs_gpu = item.get_closest_marker("cuda") is not None and not cuda
-        (drop if (triton and repeat) or needs_gpu else keep).append(item)
+        needs_cpu = item.get_closest_marker("interpreter") is not None and cuda
+        (drop if (triton and repeat) or needs_gpu or needs_cpu else keep).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep

@@ -124,8 +124,8 @@ def test_auto_warns_once_and_falls_back_when_the_numba_kernels_fail_to_load(monk
     assert registry.resolve_name(torch.device("cpu"), torch.float32) == "numba"
 
 
-PAIRS = [(f, b) for f in ("torch", "numba", "triton") for b in ("torch", "numba", "triton")
-         if f != b]
+PAIRS = [pytest.param(f, b, marks=[pytest.mark.interpreter] if "triton" in (f, b) else [])
+         for f in ("torch", "numba", "triton") for b in ("torch", "numba", "triton") if f != b]
 
 
 @pytest.mark.parametrize("forward,outside", PAIRS)

@@ -22,6 +22,7 @@ SMALL = dict(block_t=4, block_d=4, block_d_backward=2)
 BENCH = pathlib.Path(__file__).resolve().parents[3] / "bench"
 
 
+@pytest.mark.interpreter
 def test_algorithms_agree():
     z, a, g = make_inputs(2, 23, 5, dtype=torch.float32, attention="relu", seed=13)
     with fastrwa.use_backend("triton"):
@@ -52,6 +53,7 @@ def test_launch_knobs_are_checked(knob, value):
     assert getattr(triton_host.options(), knob) == getattr(triton_host.Options(), knob)
 
 
+@pytest.mark.interpreter
 def test_warps_and_stages_reach_the_launch(monkeypatch):
     """The sweep (bench/gpu_sweep.py) sets warps and stages through the options; every
     launch of the forward and the backward takes them."""
@@ -84,6 +86,7 @@ def test_ahead_of_time_compile_has_no_spill():
     assert "fwd_looped_kernel" in out.stdout and "1 compiled, 0 failed or spilled" in out.stdout
 
 
+@pytest.mark.interpreter
 def test_memory_traffic_meets_targets():
     """Bytes the kernels move, counted under the interpreter, against the minimum (every
     input read once, every output written once)."""
