@@ -13,7 +13,7 @@ Extra keys are allowed beside these (the run adds "sweep", "crossover", "streami
 
 The run is split over several device calls (bench/gpu_run.sh); their reports are joined with
 
-    python bench/gpu_report.py merge A.json B.json ... --out bench/results
+    python bench/gpu_report.py merge A.json B.json ... [--training lm.json] --out bench/results
 """
 
 from __future__ import annotations
@@ -167,12 +167,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("command", choices=["merge"])
     p.add_argument("reports", nargs="+")
     p.add_argument("--out", required=True, help="folder for gpu-<device>.json and .png")
+    p.add_argument("--training", help="a bench/lm.py lm.json (the train step) to add")
     args = p.parse_args(argv)
     reports = []
     for path in args.reports:
         with open(path) as f:
             reports.append(json.load(f))
     merged = merge(reports)
+    if args.training:
+        with open(args.training) as f:
+            merged["training"] = json.load(f)
     os.makedirs(args.out, exist_ok=True)
     path = write_json(merged, args.out)
     plot(merged, path[:-len(".json")] + ".png")

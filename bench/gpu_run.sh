@@ -6,7 +6,8 @@
 #     bash bench/gpu_run.sh bench              # ~5 min: every op, peer and layer row
 #     bash bench/gpu_run.sh tune               # ~8 min
 #     bash bench/gpu_run.sh train              # ~4 min
-# then join the calls' reports: python bench/gpu_report.py merge A.json B.json --out DIR
+# then join the calls' reports:
+#     python bench/gpu_report.py merge A.json B.json --training lm.json --out bench/results
 # Writes under $OUT (or bench-results/gpu): log.txt, pytest.txt, memcheck.txt,
 # gpu-<device>.json and .png, lm.json, and prints the short table last. A step that fails or
 # outruns its time limit is reported and the next still runs; the exit status is the number

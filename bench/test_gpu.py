@@ -99,7 +99,10 @@ def test_reports_of_several_calls_merge(tmp_path):
     for i, r in enumerate((a, b)):
         (tmp_path / f"{i}").mkdir()
         paths.append(gpu_report.write_json(r, str(tmp_path / f"{i}")))
-    assert gpu_report.main(["merge", *paths, "--out", str(tmp_path / "joined")]) == 0
+    lm = tmp_path / "lm.json"
+    lm.write_text(json.dumps({"runs": [{"model": "rda-scan", "tokens_per_s": 1e6}]}))
+    assert gpu_report.main(["merge", *paths, "--training", str(lm),
+                            "--out", str(tmp_path / "joined")]) == 0
     joined = json.loads((tmp_path / "joined" / "gpu-nvidia-h100-80gb-hbm3.json").read_text())
-    assert len(joined["rows"]) == 4
+    assert len(joined["rows"]) == 4 and joined["training"]["runs"][0]["model"] == "rda-scan"
     assert (tmp_path / "joined" / "gpu-nvidia-h100-80gb-hbm3.png").exists()
