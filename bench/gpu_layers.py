@@ -38,23 +38,17 @@ def layer_rows(log, shape=LAYER_SHAPE) -> tuple[list[dict], float | None]:
             layer = _layer(name, H).cuda()
             x = torch.randn(B, T, H, device="cuda", requires_grad=True)
             gy = torch.randn(B, T, H, device="cuda")
-            ctx = (lambda: torch.autocast("cuda", dtype=autocast)) if autocast else None
+            def cast():
+                return torch.autocast("cuda", dtype=autocast, enabled=autocast is not None)
 
             def fwd_bwd():
-                if ctx is None:
+                with cast():
                     out = layer(x)[0]
-                else:
-                    with ctx():
-                        out = layer(x)[0]
                 out.backward(gy.to(out.dtype))
 
             def fwd():
-                with torch.no_grad():
-                    if ctx is None:
-                        layer(x)
-                    else:
-                        with ctx():
-                            layer(x)
+                with torch.no_grad(), cast():
+                    layer(x)
             for pass_, fn in (("fwd", fwd), ("fwd+bwd", fwd_bwd)):
                 try:
                     ms = bench_ms(fn)
@@ -68,7 +62,7 @@ def layer_rows(log, shape=LAYER_SHAPE) -> tuple[list[dict], float | None]:
                 log(rows[-1])
             del layer, x, gy
             torch.cuda.empty_cache()
-    rda, lstm = (tokens.get((name, "float32", "fwd+bwd")) for name in ("nn.RDA", "nn.LSTM (cuDNN)"))
+    rda, lstm = (tokens.get((n, "float32", "fwd+bwd")) for n in ("nn.RDA", "nn.LSTM (cuDNN)"))
     return rows, (rda / lstm if rda and lstm else None)
 
 

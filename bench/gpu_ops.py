@@ -59,7 +59,7 @@ def random_inputs(n: int, shape, dtype, device, seed=0):
             for _ in range(n)]
 
 
-def timed(fn_fwd, leaves, gy) -> dict:
+def timed(fn_fwd, leaves, gy, passes=("fwd", "fwd+bwd")) -> dict:
     """ms of the forward (no autograd) and of forward + the gradients of ``leaves``."""
     def fwd():
         with torch.no_grad():
@@ -68,7 +68,8 @@ def timed(fn_fwd, leaves, gy) -> dict:
     def fwd_bwd():
         y = fn_fwd(*leaves)
         torch.autograd.grad(y, leaves, gy)
-    return {"fwd": bench_ms(fwd), "fwd+bwd": bench_ms(fwd_bwd)}
+    runs = {"fwd": fwd, "fwd+bwd": fwd_bwd}
+    return {pass_: bench_ms(runs[pass_]) for pass_ in passes}
 
 
 def fastrwa_fn(op: str) -> Callable:

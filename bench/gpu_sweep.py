@@ -19,7 +19,7 @@ import torch
 import fastrwa
 from fastrwa.ops.backends.triton import host as triton_host
 from fastrwa.testing import backend_options
-from gpu_ops import DTYPES, bench_ms, random_inputs
+from gpu_ops import DTYPES, fastrwa_fn, random_inputs, timed
 
 GRID_T = (16, 32, 64)
 GRID_D = (16, 32, 64)
@@ -29,18 +29,10 @@ KNOBS = ("block_t", "block_d", "block_d_backward", "warps", "warps_backward", "s
 
 
 def _time(shape, dtype, pass_: str, knobs: dict) -> float:
-    z, a, g = (x.requires_grad_() for x in random_inputs(3, shape, dtype, "cuda"))
+    leaves = [x.requires_grad_() for x in random_inputs(3, shape, dtype, "cuda")]
     gy = random_inputs(1, shape, dtype, "cuda", seed=1)[0]
     with fastrwa.use_backend("triton"), backend_options("triton", **knobs):
-        if pass_ == "fwd":
-            def fn():
-                with torch.no_grad():
-                    fastrwa.rda_scan(z, a, g)
-        else:
-            def fn():
-                y, _ = fastrwa.rda_scan(z, a, g)
-                torch.autograd.grad(y, (z, a, g), gy)
-        return bench_ms(fn)
+        return timed(fastrwa_fn("rda-exp"), leaves, gy, passes=(pass_,))[pass_]
 
 
 def _try(shape, dtype_name, algorithm, pass_, knobs) -> dict:
@@ -81,18 +73,18 @@ def sweep(log, shape=(16, 4096, 1024), keep: int = 5) -> list[dict]:
 
 def crossover(log, T: int = 16384, widths=(256, 1024), batches=(1, 2, 4, 8, 16, 32, 64)):
     """ms of both algorithms as programs grow; the smallest program count where looped wins."""
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    props = torch.cuda.get_device_properties(0)
     bd = triton_host.Options().block_d
     out = []
     for D, B in itertools.product(widths, batches):
-        if B * T * D * 4 * 8 > torch.cuda.get_device_properties(0).total_memory // 2:
+        if B * T * D * 4 * 8 > props.total_memory // 2:
             continue
         for pass_ in ("fwd", "fwd+bwd"):
             ms = {alg: _time((B, T, D), torch.float32, pass_, dict(algorithm=alg))
                   for alg in ("looped", "three_phase")}
             programs = B * -(-D // bd)
             out.append(dict(B=B, T=T, D=D, pass_=pass_, programs=programs,
-                            programs_per_sm=programs / sms, **{f"{k}_ms": v for k, v in ms.items()},
-                            looped_wins=ms["looped"] <= ms["three_phase"]))
+                            programs_per_sm=programs / props.multi_processor_count,
+                            **{f"{k}_ms": v for k, v in ms.items()}, looped_wins=ms["looped"] <= ms["three_phase"]))
             log(out[-1])
     return out
