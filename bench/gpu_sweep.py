@@ -85,6 +85,7 @@ def crossover(log, T: int = 16384, widths=(256, 1024), batches=(1, 2, 4, 8, 16, 
             programs = B * -(-D // bd)
             out.append(dict(B=B, T=T, D=D, pass_=pass_, programs=programs,
                             programs_per_sm=programs / props.multi_processor_count,
-                            **{f"{k}_ms": v for k, v in ms.items()}, looped_wins=ms["looped"] <= ms["three_phase"]))
+                            **{f"{k}_ms": v for k, v in ms.items()},
+                            looped_wins=ms["looped"] <= ms["three_phase"]))
             log(out[-1])
     return out
