@@ -18,7 +18,7 @@ from typing import Callable
 import torch
 
 import fastrwa
-from fastrwa.ops.vocab import ATTENTIONS
+from fastrwa.kernels.codes import ATTENTIONS
 from fastrwa.reference import rda_scan_reference, rwa_scan_reference
 
 

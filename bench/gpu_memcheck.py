@@ -19,7 +19,7 @@ def main() -> int:
         print("bench/gpu_memcheck.py needs a CUDA GPU", file=sys.stderr)
         return 2
     import fastrwa
-    from fastrwa.ops.vocab import ATTENTIONS
+    from fastrwa.kernels.codes import ATTENTIONS
     from fastrwa.testing import backend_options
 
     torch.manual_seed(0)

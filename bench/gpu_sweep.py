@@ -4,10 +4,10 @@
   B=16, T=4096, D=1024, every (block_t, block_d or block_d_backward, warps) of a small grid
   in float32, then pipelining stages for the best, and the best few again in bfloat16. Each
   entry is the median ms; the best per (algorithm, pass, dtype) is what the launcher's
-  defaults (``Options`` in fastrwa/ops/backends/triton/host.py) should become.
+  defaults (``Options`` in fastrwa/ops/triton_host.py) should become.
 * :func:`crossover`: looped against three-phase, forward and forward+backward, as the count of
   programs (``B * ceil(D / block_d)``) grows at T=16384, to place the heuristic's threshold
-  (``PROGRAMS_PER_SM`` in fastrwa/ops/backends/triton/host.py).
+  (``PROGRAMS_PER_SM`` in fastrwa/ops/triton_host.py).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import itertools
 import torch
 
 import fastrwa
-from fastrwa.ops.backends.triton import host as triton_host
+from fastrwa.ops import triton_host
 from fastrwa.testing import backend_options
 from gpu_ops import DTYPES, fastrwa_fn, random_inputs, timed
 

@@ -10,7 +10,7 @@ Exits 1 on any compile failure or spill. Registers and memory come from ``cuobjd
 -res-usage`` on Triton's cubin; spill bytes from ``ptxas -v`` (the ptxas Triton uses for that
 arch) on Triton's PTX. "shared" is static + the dynamic shared memory Triton launches with.
 Launch shapes (BT, BD, warps, stages) are the launcher's defaults in
-fastrwa/ops/backends/triton/host.py unless ``--option`` sets them.
+fastrwa/ops/triton_host.py unless ``--option`` sets them.
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ INDEX_POINTERS = {"cu_ptr", "co_ptr", "cs_ptr"}
 
 
 def _kernels(opts=None):
-    from fastrwa.ops.backends.triton import host as tb, scan_bwd, scan_fwd, step
+    from fastrwa.kernels.triton import scan_bwd, scan_fwd, step
+    from fastrwa.ops import triton_host as tb
 
     opts = opts or tb.Options()
     fwd = (opts.warps, dict(BT=opts.block_t, BD=opts.block_d))
@@ -78,7 +79,7 @@ def jobs(quick: bool, opts=None):
 
 
 def _default_options():
-    from fastrwa.ops.backends.triton import host as tb
+    from fastrwa.ops import triton_host as tb
     return tb.Options()
 
 
@@ -137,7 +138,7 @@ def options_from(items: list[str]):
     """``["block_t=4", ...]`` -> the backend's Options with those knobs (checked)."""
     import dataclasses
 
-    from fastrwa.ops.backends.triton import host as tb
+    from fastrwa.ops import triton_host as tb
     knobs = {}
     for item in items:
         key, _, value = item.partition("=")

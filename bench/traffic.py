@@ -23,8 +23,8 @@ os.environ["TRITON_INTERPRET"] = "1"   # before triton and the kernels are impor
 import torch  # noqa: E402
 from triton.runtime import interpreter  # noqa: E402
 
-from fastrwa.ops.backends.triton import host as triton_backend  # noqa: E402
-from fastrwa.ops.contract import ScanArgs  # noqa: E402
+from fastrwa.ops import triton_host as triton_backend  # noqa: E402
+from fastrwa.ops.dispatch import ScanArgs  # noqa: E402
 
 COUNTS = {"bytes": 0, "launches": 0}
 _load = interpreter.InterpreterBuilder.create_masked_load

@@ -8,15 +8,13 @@ Public API::
     y_t, state = fastrwa.rwa_step(z_t, a_t, state=None)
     y_t, state = fastrwa.rda_step(z_t, a_t, g_t, state=None, attention="exp")
     fastrwa.rwa_step_(z_t, a_t, state, out); fastrwa.rda_step_(z_t, a_t, g_t, state, out)
-    step = fastrwa.prepare_rda_step_(z_t, a_t, g_t, state, out); step()   # (checked once)
     with fastrwa.use_backend("torch"): ...
 
 The sequential reference that defines every answer is :mod:`fastrwa.reference`.
 """
 
-from .ops.registry import get_backend, use_backend
-from .scan import (prepare_rda_step_, prepare_rwa_step_, rda_scan, rda_step, rda_step_,
-                   rwa_scan, rwa_step, rwa_step_, weighted_scan)
+from .ops.dispatch import get_backend, use_backend
+from .scan import rda_scan, rda_step, rda_step_, rwa_scan, rwa_step, rwa_step_, weighted_scan
 from .state import ScanState
 
 from . import nn  # noqa: E402  (layers and cells: fastrwa.nn.RWA, fastrwa.nn.RDA, ...)
@@ -25,8 +23,6 @@ __all__ = [
     "ScanState",
     "get_backend",
     "nn",
-    "prepare_rda_step_",
-    "prepare_rwa_step_",
     "rda_scan",
     "rda_step",
     "rda_step_",

@@ -6,7 +6,8 @@ from typing import Sequence
 
 import torch
 
-from .ops.vocab import ATTENTIONS, state_dtype
+from .kernels.codes import ATTENTIONS
+from .ops.dispatch import state_dtype
 from .state import ScanState
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)

@@ -12,7 +12,7 @@ import time
 import torch
 
 from . import rda_scan, rda_step, rwa_scan
-from .ops.vocab import ATTENTIONS
+from .kernels.codes import ATTENTIONS
 from .reference import rda_scan_reference, rwa_scan_reference
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}

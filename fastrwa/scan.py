@@ -1,18 +1,18 @@
 """The public scan and step functions: ``weighted_scan``, ``rwa_scan``, ``rda_scan``,
-``rwa_step``, ``rda_step``, their in-place forms and the prepared in-place steps."""
+``rwa_step``, ``rda_step`` and the in-place steps ``rwa_step_``, ``rda_step_``.
+
+Each validates its arguments (:mod:`fastrwa.checks`), resolves the backend once
+(:func:`fastrwa.ops.dispatch.resolve`) and calls the custom op (:mod:`fastrwa.ops.autograd`)
+with the backend's name."""
 
 from __future__ import annotations
-
-from typing import Callable
 
 import torch
 
 from .checks import (check_attention, check_cu_seqlens, check_flag, check_inputs,
                      check_no_overlap, check_state)
-from .ops import registry
-from .ops.autograd import prepare_step_inplace, step_inplace, weighted_scan_op
-from .ops.contract import ScanArgs
-from .ops.vocab import state_dtype
+from .ops.autograd import step_inplace, weighted_scan_op
+from .ops.dispatch import ScanArgs, resolve, state_dtype
 from .state import ScanState
 
 
@@ -34,11 +34,9 @@ def _run(named, attention, discount, initial_state, output_final_state, reverse,
         if state is None:
             state = ScanState.empty(n_states, D, dtype=state_dtype(z.dtype), device=z.device)
         return y, state
-    if not torch.compiler.is_compiling():
-        registry.resolve(z.device, z.dtype)   # fail here, before the op, on an unusable backend
     args = ScanArgs(z, a, g, attention, discount, None if state is None else tuple(state),
                     reverse, cu_seqlens)
-    y, final = weighted_scan_op(args)
+    y, final = weighted_scan_op(args, resolve(z.device, z.dtype))
     return y, (ScanState(*final) if output_final_state else None)
 
 
@@ -249,19 +247,8 @@ def _check_step_inplace(named, state, out) -> tuple[list, ScanState]:
 
 def _step_inplace(named, attention, discount, state, out):
     (z, a, g), state = _check_step_inplace(named, state, out)
-    step_inplace(z, a, g, tuple(state), out, attention, discount)
+    step_inplace(z, a, g, tuple(state), out, attention, discount, resolve(z.device, z.dtype))
     return out
-
-
-def _prepare(named, attention, discount, state, out) -> Callable[[], torch.Tensor]:
-    (z, a, g), state = _check_step_inplace(named, state, out)
-    run = prepare_step_inplace(z, a, g, tuple(state), out, attention, discount)
-
-    def step() -> torch.Tensor:
-        run()
-        return out
-
-    return step
 
 
 def rwa_step_(z_t: torch.Tensor, a_t: torch.Tensor, state: ScanState,
@@ -310,53 +297,3 @@ def rda_step_(z_t: torch.Tensor, a_t: torch.Tensor, g_t: torch.Tensor, state: Sc
     attention = check_attention(attention)
     return _step_inplace([("z_t", z_t), ("a_t", a_t), ("g_t", g_t)], attention, "sigmoid",
                          state, out)
-
-
-def prepare_rwa_step_(z_t: torch.Tensor, a_t: torch.Tensor, state: ScanState,
-                      out: torch.Tensor) -> Callable[[], torch.Tensor]:
-    """:func:`rwa_step_` bound to these tensors and checked once, for decode loops that write
-    each step's inputs into the same buffers: every call of the returned function runs one
-    step on the values the tensors hold at that moment (``state`` updated, ``y_t`` written
-    into ``out``) and returns ``out``, without checking again.
-
-    The checks of :func:`rwa_step_` run here; the tensors must then keep their memory (no
-    resize, no ``set_``; writing into them is the point) and the backend is the one in force
-    now. On CPU (the "numba" backend) a call costs a few microseconds (the kernel's own
-    time), against tens for :func:`rwa_step_`, which checks every time. Inference only.
-
-    Example:
-        >>> import torch, fastrwa
-        >>> z, a, y = torch.empty(2, 3), torch.empty(2, 3), torch.empty(2, 3)
-        >>> st = fastrwa.ScanState.empty(2, 3)
-        >>> step = fastrwa.prepare_rwa_step_(z, a, st, y)
-        >>> with torch.no_grad():
-        ...     for t in range(4):
-        ...         _ = z.normal_(), a.normal_()
-        ...         y_t = step()           # y (and st) updated in place
-        >>> y_t is y
-        True
-    """
-    return _prepare([("z_t", z_t), ("a_t", a_t)], "exp", None, state, out)
-
-
-def prepare_rda_step_(z_t: torch.Tensor, a_t: torch.Tensor, g_t: torch.Tensor,
-                      state: ScanState, out: torch.Tensor,
-                      attention: str = "exp") -> Callable[[], torch.Tensor]:
-    """:func:`rda_step_` bound to these tensors and checked once (see
-    :func:`prepare_rwa_step_`): each call of the returned function runs one step in place
-    on the values ``z_t, a_t, g_t`` hold then, and returns ``out``.
-
-    Example:
-        >>> import torch, fastrwa
-        >>> z, a, g, y = (torch.empty(1, 4) for _ in range(4))
-        >>> st = fastrwa.ScanState.empty(1, 4)
-        >>> step = fastrwa.prepare_rda_step_(z, a, g, st, y, attention="sigmoid")
-        >>> with torch.no_grad():
-        ...     _ = z.normal_(), a.normal_(), g.normal_()
-        ...     y_t = step()
-        >>> y_t.shape
-        torch.Size([1, 4])
-    """
-    attention = check_attention(attention)
-    return _prepare([("z_t", z_t), ("a_t", a_t), ("g_t", g_t)], attention, "sigmoid", state,
-                    out)

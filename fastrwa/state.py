@@ -6,12 +6,7 @@ from typing import NamedTuple
 
 import torch
 
-
-def safe_average(n: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
-    """``n / d``, and ``0`` where ``d = 0`` (nothing seen); finite under autograd too. A NaN
-    in ``n`` or ``d`` stays NaN."""
-    empty = d == 0
-    return torch.where(empty, 0, n / torch.where(empty, 1, d))
+from .ops.chunked import safe_average
 
 
 class ScanState(NamedTuple):

@@ -31,7 +31,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from .ops import buffers, registry
+from .ops import buffers, dispatch
 
 
 class NewStorageCounter(TorchDispatchMode):
@@ -133,7 +133,7 @@ def backend_options(name: str, **changes: Any) -> Iterator[Any]:
         >>> with backend_options("torch", chunk_size=2), fastrwa.use_backend("torch"):
         ...     y, _ = fastrwa.rwa_scan(torch.randn(1, 5, 2), torch.randn(1, 5, 2))
     """
-    backend = registry.load(name)
+    backend = dispatch.load(name)
     previous = backend.set_options(**changes)
     try:
         yield backend.options()

@@ -38,11 +38,11 @@ import pytest
 import torch
 
 import fastrwa
-from fastrwa.ops.registry import REGISTRY
+from fastrwa.ops.dispatch import BACKENDS
 from fastrwa.testing import backend_options, poison_buffers
 from helpers import TOL
 
-TRITON_KERNELS = "fastrwa.ops.backends.triton.scan_fwd"
+TRITON_KERNELS = "fastrwa.kernels.triton.scan_fwd"
 
 # Triton's blocks in the op tests: chunks of 4 steps, 4 channels (2 in the backward, as the
 # backward's channel block differs from the forward's by default).
@@ -53,7 +53,7 @@ TRITON_SMALL = dict(block_t=4, block_d=4, block_d_backward=2)
 class BackendCase:
     """One column of the op test matrix."""
 
-    name: str                     # the registry name
+    name: str                     # the backend's name
     options: dict                 # knobs forced for the test
     dtype: torch.dtype            # the most precise input dtype the backend takes
     interpreted: bool = False     # slow: the streaming tests try fewer split points
@@ -77,7 +77,7 @@ CASES = {
     "numba": BackendCase("numba", {}, torch.float64),
     "triton": BackendCase("triton", TRITON_SMALL, torch.float32, interpreted=True),
 }
-assert set(CASES) == set(REGISTRY), "a registered backend has no test case"
+assert set(CASES) == set(BACKENDS), "a registered backend has no test case"
 # Under --cuda the "triton" column is replaced by one column per forward algorithm.
 CUDA_CASES = {
     f"triton-{alg}": BackendCase("triton", dict(TRITON_SMALL, algorithm=alg), torch.float32,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 import fastrwa
-from fastrwa.ops.vocab import ATTENTIONS
+from fastrwa.kernels.codes import ATTENTIONS
 from fastrwa.reference import rda_scan_reference, weighted_scan_reference
 from fastrwa.state import ScanState
 from fastrwa.testing import backend_options

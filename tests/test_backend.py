@@ -1,12 +1,12 @@
-"""Backend selection: the registry, use_backend, FASTRWA_BACKEND, "auto", the missing Triton
+"""Backend selection: the dispatch module, use_backend, FASTRWA_BACKEND, "auto", the missing Triton
 backend, and gradients taken outside the block that ran the forward."""
 
 import pytest
 import torch
 
 import fastrwa
-from fastrwa.ops import registry
-from fastrwa.ops.contract import Backend
+from fastrwa.ops import dispatch
+from fastrwa.ops.dispatch import Backend
 from fastrwa.reference import rda_scan_reference
 from helpers import TOL, assert_close, make_inputs, make_state
 
@@ -19,24 +19,27 @@ def test_default_is_auto_and_picks_the_compiled_cpu_kernels_on_cpu(monkeypatch):
     monkeypatch.delenv("FASTRWA_BACKEND", raising=False)
     assert fastrwa.get_backend() == "auto"
     for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
-        assert registry.resolve_name(torch.device("cpu"), dtype) == "numba"
-    assert registry.resolve_name(torch.device("meta"), torch.float32) == "torch"
+        assert dispatch.resolve(torch.device("cpu"), dtype) == "numba"
+    assert dispatch.resolve(torch.device("meta"), torch.float32) == "torch"
 
 
-def test_every_registered_backend_satisfies_the_contract():
-    assert registry.AUTO_ORDER[-1] == "torch" and set(registry.AUTO_ORDER) == set(registry.REGISTRY)
-    for name in registry.REGISTRY:
-        module = registry.load(name)
-        for member in ("Options", "options", "set_options", "forward", "saved_like", "backward",
-                       "step_"):
+def test_every_backend_satisfies_the_contract():
+    """The contract is four members (one optional); every backend has the three required
+    ones, and its knobs for fastrwa.testing.backend_options."""
+    contract = [name for name in vars(Backend) if not name.startswith("_")]
+    assert sorted(contract) == ["backward", "forward", "saved_like", "step_"]
+    assert dispatch.BACKENDS[-1] == "torch"
+    for name in dispatch.BACKENDS:
+        module = dispatch.load(name)
+        for member in ("forward", "saved_like", "backward"):
             assert callable(getattr(module, member, None)), (name, member)
         assert isinstance(module.options(), module.Options), name
-    assert Backend.__doc__
+    assert callable(dispatch.load("numba").step_)
 
 
 def test_numba_backend_refuses_non_cpu_tensors():
     with fastrwa.use_backend("numba"), pytest.raises(RuntimeError, match="numba.*CPU.*meta"):
-        registry.resolve(torch.device("meta"), torch.float32)
+        dispatch.resolve(torch.device("meta"), torch.float32)
 
 
 def test_use_backend_nests_and_restores(monkeypatch):
@@ -76,7 +79,7 @@ def test_triton_backend_refuses_float64():
 
 def test_auto_keeps_cpu_tensors_off_triton_even_under_the_interpreter(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert registry.resolve_name(torch.device("cpu"), torch.float32) == "numba"
+    assert dispatch.resolve(torch.device("cpu"), torch.float32) == "numba"
 
 
 def test_unknown_backend_name():
@@ -87,7 +90,7 @@ def test_unknown_backend_name():
 
 def test_poisoned_buffers_catch_unwritten_entries(monkeypatch):
     """The NaN poison the suite runs with makes a skipped write visible."""
-    from fastrwa.ops.backends.torch import chunked
+    from fastrwa.ops import chunked
 
     real_scan = chunked.scan
 
@@ -104,24 +107,24 @@ def test_poisoned_buffers_catch_unwritten_entries(monkeypatch):
 
 
 def test_auto_warns_once_and_falls_back_when_the_numba_kernels_fail_to_load(monkeypatch):
-    entry = registry.REGISTRY["numba"]
+    def failing_load(name):
+        if name == "numba":
+            raise RuntimeError("cannot cache function: no locator available")
+        return loaded(name)
 
-    def failing_load():
-        raise RuntimeError("cannot cache function: no locator available")
-
-    registry.clear_cache()
-    monkeypatch.setitem(registry.REGISTRY, "numba",
-                        type(entry)(entry.name, entry.refusal, entry.auto, failing_load))
+    loaded = dispatch.load
+    dispatch.clear_cache()
+    monkeypatch.setattr(dispatch, "load", failing_load)
     try:
         with pytest.warns(RuntimeWarning, match="'numba'.*RuntimeError.*no locator.*'torch'"):
-            assert registry.resolve_name(torch.device("cpu"), torch.float32) == "torch"
-        assert registry.resolve_name(torch.device("cpu"), torch.float32) == "torch"  # no 2nd warning
+            assert dispatch.resolve(torch.device("cpu"), torch.float32) == "torch"
+        assert dispatch.resolve(torch.device("cpu"), torch.float32) == "torch"  # no 2nd warning
         with fastrwa.use_backend("numba"), pytest.raises(RuntimeError, match="no locator"):
             fastrwa.rwa_scan(torch.randn(1, 4, 2), torch.randn(1, 4, 2))
     finally:
         monkeypatch.undo()
-        registry.clear_cache()
-    assert registry.resolve_name(torch.device("cpu"), torch.float32) == "numba"
+        dispatch.clear_cache()
+    assert dispatch.resolve(torch.device("cpu"), torch.float32) == "numba"
 
 
 PAIRS = [pytest.param(f, b, marks=[pytest.mark.interpreter] if "triton" in (f, b) else [])

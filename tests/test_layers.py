@@ -60,17 +60,18 @@ def test_in_place_step_equals_step(kind, attention, token_shift, batch):
 
 
 def test_in_place_step_follows_the_backend_in_force(monkeypatch):
-    """step_ keeps its prepared scan step in ``work``, but a change of backend between two
-    steps is seen: the next step runs on the backend now in force."""
-    from fastrwa.ops import registry
+    """A change of backend between two in-place steps is seen: the next step runs on the
+    backend now in force (the numba backend keeps views of the step's tensors)."""
+    from fastrwa.ops import dispatch
 
     layer = RDA(4, 6, attention="sigmoid").eval()
     x = torch.randn(2, 5, 4)
     _, state = layer(x[:, :3])
     out, work = torch.empty(2, 6), layer.step_workspace(2)
-    torch_backend, calls = registry.load("torch"), []
-    original = torch_backend.step_
-    monkeypatch.setattr(torch_backend, "step_", lambda *a: calls.append(1) or original(*a))
+    torch_backend, calls = dispatch.load("torch"), []
+    original = torch_backend.forward
+    monkeypatch.setattr(torch_backend, "forward",
+                        lambda *a, **k: calls.append(1) or original(*a, **k))
     with torch.no_grad(), fastrwa.use_backend("numba"):
         layer.step_(x[:, 3], state, out, work)
     assert calls == []

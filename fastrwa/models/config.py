@@ -6,7 +6,7 @@ import dataclasses
 from typing import Any
 
 from ..nn.functional import ACTIVATIONS, RDA_PRESETS
-from ..ops.vocab import ATTENTIONS
+from ..kernels.codes import ATTENTIONS
 
 BYTE_VOCAB = 256
 LAYERS = ("rda", "rwa", "lstm", "gru")

@@ -10,7 +10,7 @@ from torch import Tensor, nn
 
 from ..nn.functional import rms_norm_into
 from ..nn import RDA, RWA, LayerState
-from ..ops.vocab import state_dtype
+from ..ops.dispatch import state_dtype
 from ..state import ScanState
 from .config import LMConfig
 from .pretrained import load_pretrained, save_pretrained

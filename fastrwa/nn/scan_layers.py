@@ -13,8 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from .. import scan as _scan
-from ..ops.registry import get_backend
-from ..ops.vocab import state_dtype
+from ..ops.dispatch import state_dtype
 from ..state import ScanState
 from .checks import check_size
 from .functional import ACTIVATIONS_OUT, rda_functions
@@ -259,22 +258,8 @@ class _ScanLayer(nn.Module):
         return out
 
     def _step_scan_(self, work: dict, scan: ScanState, y: Tensor) -> None:
-        """The scan's in-place step on the gates in ``work``, its average into ``y``. Eager
-        calls run it prepared (``fastrwa.prepare_*_step_``: checked once per state, output
-        and backend, the preparation kept in ``work``); compiled ones call the op."""
-        args = self._step_args(work, scan, y)
-        if torch.compiler.is_compiling():
-            self._steps[0](*args)
-            return
-        key = (get_backend(),) + tuple((t.data_ptr(), t.shape, t.stride(), t.dtype)
-                                       for t in (*scan, y))
-        prepared = work.get("prepared")
-        if prepared is None or prepared[0] != key:
-            work["prepared"] = prepared = (key, self._steps[1](*args))
-        prepared[1]()
-
-    def _step_args(self, work: dict, scan: ScanState, y: Tensor) -> tuple:
-        """The arguments of this layer's in-place step function (``_steps``)."""
+        """The scan's in-place step (``fastrwa.rwa_step_`` / ``rda_step_``) on the gates in
+        ``work``, its average into ``y``."""
         raise NotImplementedError
 
     @property
@@ -289,12 +274,6 @@ class _ScanLayer(nn.Module):
     def extra_repr(self) -> str:
         return (f"{self.input_size}, {self.hidden_size}, batch_first={self.batch_first}, "
                 f"bidirectional={self.bidirectional}, token_shift={self.token_shift}")
-
-
-# each layer's in-place step and its prepared form (the class bodies' own ``_scan`` methods
-# hide the module there)
-_RWA_STEPS = (_scan.rwa_step_, _scan.prepare_rwa_step_)
-_RDA_STEPS = (_scan.rda_step_, _scan.prepare_rda_step_)
 
 
 class RWA(_ScanLayer):
@@ -343,10 +322,8 @@ class RWA(_ScanLayer):
     def _output(self, y):
         return torch.tanh(y)
 
-    _steps = _RWA_STEPS
-
-    def _step_args(self, work, scan, y):
-        return work["z"], work["a"], scan, y
+    def _step_scan_(self, work, scan, y):
+        _scan.rwa_step_(work["z"], work["a"], scan, y)
 
     def _output_(self, y, out):
         torch.tanh(y, out=out)
@@ -425,10 +402,8 @@ class RDA(_ScanLayer):
     def _output(self, y):
         return self._f_o(self._f_h(y))
 
-    _steps = _RDA_STEPS
-
-    def _step_args(self, work, scan, y):
-        return work["z"], work["a"], work["g"], scan, y, self.attention
+    def _step_scan_(self, work, scan, y):
+        _scan.rda_step_(work["z"], work["a"], work["g"], scan, y, self.attention)
 
     @property
     def _writes_output(self):

@@ -1,4 +1,6 @@
-"""The weighted scan below the public functions: the custom op and its autograd
-(:mod:`.autograd`), the backend contract (:mod:`.contract`), the registry that picks a
-backend (:mod:`.registry`), the backends themselves (:mod:`.backends`), and the shared
-vocabulary (:mod:`.vocab`). docs/architecture.md describes the layers."""
+"""The weighted scan below the public functions: the custom ops and their autograd
+(:mod:`.autograd`), which backend runs and what a backend takes and returns
+(:mod:`.dispatch`), the backends' host code (:mod:`.numba_host`, :mod:`.triton_host`,
+:mod:`.torch_host` with :mod:`.chunked` and :mod:`.transforms`) and output allocation
+(:mod:`.buffers`). The device code is in ``kernels/`` (``fastrwa.kernels``).
+docs/architecture.md describes the layers."""

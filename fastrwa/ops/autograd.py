@@ -1,28 +1,26 @@
 """The weighted scan as PyTorch custom ops with a registered autograd formula.
 
 ``fastrwa::weighted_scan`` runs a backend's forward; ``fastrwa::weighted_scan_backward`` its
-analytic backward. Registering them with ``torch.library`` (fake implementations for shape
-propagation, ``register_autograd`` for the gradient) makes them opaque single nodes to
-``torch.compile``: a model using fastrwa compiles with ``fullgraph=True`` and no graph break.
-Eager calls take the same path, so there is one autograd implementation.
+analytic backward; ``fastrwa::step_`` one streaming step in place. Registering them with
+``torch.library`` (fake implementations for shape propagation, ``register_autograd`` for the
+gradient) makes them opaque single nodes to ``torch.compile``: a model using fastrwa compiles
+with ``fullgraph=True`` and no graph break. Eager calls take the same path, so there is one
+autograd implementation.
 
-The forward's backend is resolved when the op runs (:func:`fastrwa.ops.registry.resolve`),
-so ``use_backend`` and ``FASTRWA_BACKEND`` work the same in eager and compiled code. The
-backward runs on the backend the forward ran on (recorded when autograd saves the inputs),
-wherever ``.backward()`` is called; a backward handed another backend's saved tensors
-recomputes them (:mod:`fastrwa.ops.contract`).
+Every op takes the backend's name as an argument (the public function resolved it once,
+:func:`fastrwa.ops.dispatch.resolve`); the backward runs on the backend the forward ran on,
+wherever ``.backward()`` is called. A backward handed another backend's saved tensors
+recomputes them (:class:`fastrwa.ops.dispatch.Backend`).
 """
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 from torch import Tensor
 
-from . import registry
-from .contract import ScanArgs
-from .vocab import state_dtype
+from .dispatch import ScanArgs, load, state_dtype
 
 _NONE = "none"   # the op schema has no Optional[str]: "none" stands for no discount
 
@@ -35,21 +33,20 @@ def _args(z, a, g, m0, n0, d0, cu_seqlens, attention, discount, reverse) -> Scan
 @torch.library.custom_op("fastrwa::weighted_scan", mutates_args=())
 def scan_op(z: Tensor, a: Tensor, g: Optional[Tensor], m0: Optional[Tensor],
             n0: Optional[Tensor], d0: Optional[Tensor], cu_seqlens: Optional[Tensor],
-            attention: str, discount: str, reverse: bool, save: bool
+            attention: str, discount: str, reverse: bool, save: bool, backend: str
             ) -> tuple[Tensor, Tensor, Tensor, Tensor, list[Tensor]]:
     """``(y, m, n, d, saved)``: the output, the final state, and what the backward needs."""
     args = _args(z, a, g, m0, n0, d0, cu_seqlens, attention, discount, reverse)
-    y, (m, n, d), saved = registry.resolve(z.device, z.dtype).forward(
-        args, output_final_state=True, save=save)
+    y, (m, n, d), saved = load(backend).forward(args, output_final_state=True, save=save)
     return y, m, n, d, list(saved)
 
 
 @scan_op.register_fake
-def _scan_fake(z, a, g, m0, n0, d0, cu_seqlens, attention, discount, reverse, save):
+def _scan_fake(z, a, g, m0, n0, d0, cu_seqlens, attention, discount, reverse, save, backend):
     args = _args(z, a, g, m0, n0, d0, cu_seqlens, attention, discount, reverse)
     state = [z.new_empty((args.n_sequences, z.shape[2]), dtype=state_dtype(z.dtype))
              for _ in range(3)]
-    saved = registry.resolve(z.device, z.dtype).saved_like(args) if save else []
+    saved = load(backend).saved_like(args) if save else []
     return (torch.empty_like(z), *state, saved)
 
 
@@ -62,7 +59,7 @@ def scan_backward_op(z: Tensor, a: Tensor, g: Optional[Tensor], m0: Optional[Ten
     """``(gz, ga, gg, gm0, gn0, gd0)``; empty tensors stand for gradients of absent inputs."""
     args = _args(z, a, g, m0, n0, d0, cu_seqlens, attention, discount, reverse)
     g_final = None if gn is None and gd is None else (gn, gd)
-    gz, ga, gg, g_init = registry.load(backend).backward(args, list(saved), m_final, gy,
+    gz, ga, gg, g_init = load(backend).backward(args, list(saved), m_final, gy,
                                                          g_final)
     absent = lambda: z.new_empty(0)  # one fresh tensor each: outputs may not alias
     gg = absent() if gg is None else gg
@@ -80,10 +77,10 @@ def _scan_backward_fake(z, a, g, m0, n0, d0, cu_seqlens, saved, m_final, gy, gn,
 
 
 def _setup_context(ctx, inputs, output):
-    z, a, g, m0, n0, d0, cu_seqlens, attention, discount, reverse, save = inputs
+    z, a, g, m0, n0, d0, cu_seqlens, attention, discount, reverse, save, backend = inputs
     _, m, _, _, saved = output
     ctx.save_for_backward(z, a, g, m0, n0, d0, cu_seqlens, m, *saved)
-    ctx.options = (attention, discount, reverse, registry.resolve_name(z.device, z.dtype))
+    ctx.options = (attention, discount, reverse, backend)
 
 
 def _backward(ctx, gy, gm, gn, gd, g_saved):
@@ -100,7 +97,7 @@ def _backward(ctx, gy, gm, gn, gd, g_saved):
         gg = None
     if m0 is None:
         gm0 = gn0 = gd0 = None
-    return gz, ga, gg, gm0, gn0, gd0, None, None, None, None, None
+    return gz, ga, gg, gm0, gn0, gd0, None, None, None, None, None, None
 
 
 torch.library.register_autograd("fastrwa::weighted_scan", _backward, setup_context=_setup_context)
@@ -123,9 +120,9 @@ NO_FUNCTORCH = (
     "of vmap")
 
 
-def weighted_scan_op(args: ScanArgs) -> tuple[Tensor, tuple]:
-    """Run the op on validated ``args``; ``(y, (m, n, d))``. Saves for the backward only
-    when a gradient can flow."""
+def weighted_scan_op(args: ScanArgs, backend: str) -> tuple[Tensor, tuple]:
+    """Run the op on validated ``args`` on ``backend``; ``(y, (m, n, d))``. Saves for the
+    backward only when a gradient can flow."""
     z, a, g, attention, discount, state, reverse, cu_seqlens = args
     if torch._C._are_functorch_transforms_active():
         raise RuntimeError(NO_FUNCTORCH)
@@ -135,22 +132,22 @@ def weighted_scan_op(args: ScanArgs) -> tuple[Tensor, tuple]:
     if not save and not torch.compiler.is_compiling():
         # Inference in eager mode: the same backend call the op makes, without the custom-op
         # dispatch (tens of microseconds, a quarter of a B=1, T=1K call).
-        y, final, _ = registry.resolve(z.device, z.dtype).forward(
-            args, output_final_state=True, save=False)
+        y, final, _ = load(backend).forward(args, output_final_state=True, save=False)
         return y, final
     y, m, n, d, _ = scan_op(z, a, g, m0, n0, d0, cu_seqlens, attention,
-                            _NONE if discount is None else discount, reverse, save)
+                            _NONE if discount is None else discount, reverse, save, backend)
     return y, (m, n, d)
 
 
-def _step_into(args: ScanArgs, state: tuple, out: Tensor, backend=None) -> None:
-    """The backend's (by default the resolved one's) in-place step; where it declines, its
-    forward from ``state`` and a copy into ``state`` and ``out``."""
-    backend = backend or registry.resolve(args.z.device, args.z.dtype)
-    if backend.step_(args, state, out):
+def _step_into(args: ScanArgs, state: tuple, out: Tensor, backend: str) -> None:
+    """The backend's in-place step (:meth:`fastrwa.ops.dispatch.Backend.step_`); where it
+    has none or declines, its forward from ``state`` and a copy into ``state`` and ``out``."""
+    module = load(backend)
+    step = getattr(module, "step_", None)      # (optional in the contract)
+    if step is not None and step(args, state, out):
         return
-    y, final, _ = backend.forward(args._replace(initial_state=state), output_final_state=True,
-                                  save=False)
+    y, final, _ = module.forward(args._replace(initial_state=state), output_final_state=True,
+                                 save=False)
     for buf, value in zip(state, final):
         buf.copy_(value)
     out.copy_(y[:, 0])
@@ -165,35 +162,25 @@ def _step_args(z: Tensor, a: Tensor, g: Optional[Tensor], attention: str,
 
 @torch.library.custom_op("fastrwa::step_", mutates_args=("m", "n", "d", "out"))
 def step_op(z: Tensor, a: Tensor, g: Optional[Tensor], m: Tensor, n: Tensor, d: Tensor,
-            out: Tensor, attention: str, discount: str) -> None:
+            out: Tensor, attention: str, discount: str, backend: str) -> None:
     """One streaming step on ``(B, D)`` inputs: ``(m, n, d)`` updated and ``y`` written into
     ``out``, in place. An op so that a compiled decode step keeps it as one node."""
     _step_into(_step_args(z, a, g, attention, None if discount == _NONE else discount),
-               (m, n, d), out)
+               (m, n, d), out, backend)
 
 
 @step_op.register_fake
-def _step_fake(z, a, g, m, n, d, out, attention, discount) -> None:
+def _step_fake(z, a, g, m, n, d, out, attention, discount, backend) -> None:
     return None
 
 
 def step_inplace(z: Tensor, a: Tensor, g: Optional[Tensor], state: tuple, out: Tensor,
-                 attention: str, discount: Optional[str]) -> None:
+                 attention: str, discount: Optional[str], backend: str) -> None:
     """One in-place streaming step on validated ``(B, D)`` inputs (inference only). Eager
     calls skip the custom-op dispatch (it costs about as much as a small step); compiled code
     sees the op."""
     if torch.compiler.is_compiling():
-        step_op(z, a, g, *state, out, attention, _NONE if discount is None else discount)
+        step_op(z, a, g, *state, out, attention, _NONE if discount is None else discount,
+                backend)
         return
-    _step_into(_step_args(z, a, g, attention, discount), state, out)
-
-
-def prepare_step_inplace(z: Tensor, a: Tensor, g: Optional[Tensor], state: tuple, out: Tensor,
-                         attention: str, discount: Optional[str]) -> Callable[[], None]:
-    """:func:`step_inplace` bound to these validated tensors: the backend resolved once, and
-    its prepared step (:meth:`fastrwa.ops.contract.Backend.prepare_step_`) where it has one."""
-    args = _step_args(z, a, g, attention, discount)
-    backend = registry.resolve(z.device, z.dtype)
-    prepare = getattr(backend, "prepare_step_", None)
-    fast = prepare(args, state, out) if prepare is not None else None
-    return fast if fast is not None else lambda: _step_into(args, state, out, backend)
+    _step_into(_step_args(z, a, g, attention, discount), state, out, backend)

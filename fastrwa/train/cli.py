@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ..ops.vocab import ATTENTIONS
+from ..kernels.codes import ATTENTIONS
 from .tasks import TASKS
 from .config import (AUTOCASTS, DEFAULTS, DEVICES, RESUMABLE_CHANGES, SCHEDULES, RunConfig,
                      parse_lm_field)

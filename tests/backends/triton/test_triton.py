@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import fastrwa
-from fastrwa.ops.backends.triton import host as triton_host
+from fastrwa.ops import triton_host
 from fastrwa.testing import backend_options
 from helpers import assert_close, make_inputs
 

@@ -1,6 +1,6 @@
 """The "torch" backend: forward and analytic backward of the weighted scan on PyTorch ops.
 
-Satisfies :class:`fastrwa.ops.contract.Backend`. Runs on any device PyTorch supports (on
+Satisfies :class:`fastrwa.ops.dispatch.Backend`. Runs on any device PyTorch supports (on
 CPU "auto" prefers the compiled "numba" backend, when numba imports). Both passes use the
 chunked scan of :mod:`.chunked`. Arithmetic and state are float32 (float64 for float64
 inputs).
@@ -17,12 +17,10 @@ import dataclasses
 
 import torch
 
-from ....state import safe_average
-from ...buffers import empty as _empty
-from ...contract import ForwardResult, Gradients, Knobs, ScanArgs
-from ...vocab import state_dtype
+from .buffers import empty as _empty
+from .dispatch import ForwardResult, Gradients, Knobs, ScanArgs, state_dtype
 from . import chunked
-from .chunked import exp_nonpositive_
+from .chunked import exp_nonpositive_, safe_average
 from .transforms import attention_grad, decay_grad, log_decay, log_weight
 
 
@@ -53,7 +51,7 @@ def _rows(state, i):
 
 
 def forward(args: ScanArgs, *, output_final_state: bool, save: bool) -> ForwardResult:
-    """The scan (contract: :meth:`fastrwa.ops.contract.Backend.forward`). Nothing is saved:
+    """The scan (contract: :meth:`fastrwa.ops.dispatch.Backend.forward`). Nothing is saved:
     the backward recomputes everything from the inputs."""
     y, final = _forward(*args[:6], output_final_state, args.reverse, args.cu_seqlens)
     return ForwardResult(y, final, [])
@@ -62,11 +60,6 @@ def forward(args: ScanArgs, *, output_final_state: bool, save: bool) -> ForwardR
 def saved_like(args: ScanArgs) -> list:
     """What :func:`forward` saves: nothing."""
     return []
-
-
-def step_(args: ScanArgs, state, out) -> bool:
-    """No in-place step here: the caller runs :func:`forward` and copies."""
-    return False
 
 
 def _forward(z, a, g, attention, discount, init, output_final_state, reverse, cu_seqlens=None):
@@ -106,7 +99,7 @@ def _shift_decay(lam: torch.Tensor, reverse: bool) -> torch.Tensor:
 
 
 def backward(args: ScanArgs, saved: list, m_final, gy, g_final) -> Gradients:
-    """Gradients of the scan (contract: :meth:`fastrwa.ops.contract.Backend.backward`);
+    """Gradients of the scan (contract: :meth:`fastrwa.ops.dispatch.Backend.backward`);
     docs/math.md §4 derives them."""
     return Gradients(*_backward(*args, gy, g_final))
 

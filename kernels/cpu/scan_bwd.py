@@ -30,9 +30,8 @@ from __future__ import annotations
 import numpy as np
 
 from .fmath import load, prefetch_row, store
-from .jit import kernel
-from .layout import unpack_flags
-from ...vocab import EXP, NO_DISCOUNT
+from . import kernel
+from ..codes import EXP, NO_DISCOUNT
 from .rows import (attention_grad_row, decay_grad_row, log_decay_grad_rows,
                    log_weight_grad_rows)
 from .scan_fwd import input_row, step_row, time_index
@@ -67,20 +66,17 @@ def adjoint_row(rho, sigma, gl, glam, z, z_off, sd, sy, take, keep, r, gy, off, 
 
 
 @kernel
-def backward(task_lo, task_hi, io, st, ix, flags):
+def backward(task_lo, task_hi, z, a, g, gy, gz, ga, gg, state0, g_final, g_init, ck, consts,
+             strides, seq_b, seq_lo, seq_hi, ck_off, T, D, chunk, block, attention, discount,
+             reverse, has_init, has_g_final):
     """Gradients into ``gz, ga, gg`` (flat ``(B, T, D)``) and ``g_init`` (``(3, N, D)``),
     for tasks ``[task_lo, task_hi)``.
 
-    Arguments as :mod:`.layout` names them and as :func:`.scan_fwd.forward` reads them
-    (``gy`` and the gradients contiguous, the inputs' rows possibly strided); ``g_final``
-    holds the ``(2, N, D)`` gradients of the final ``n~, d~`` (used with ``has_g_final``);
-    ``ck`` the chunk-start states the forward saved.
+    Arguments as :func:`.scan_fwd.forward` reads them (``gy`` and the gradients contiguous,
+    the inputs' rows possibly strided); ``g_final`` holds the ``(2, N, D)`` gradients of the
+    final ``n~, d~`` (used with ``has_g_final``); ``ck`` the chunk-start states the forward
+    saved.
     """
-    z, a, g, gy, gz, ga, gg = io
-    state0, g_final, g_init, ck, consts = st
-    strides, seq_b, seq_lo, seq_hi, ck_off = ix
-    T, D, chunk, block, attention, discount, reverse, has_init, _, has_g_final = \
-        unpack_flags(flags)
     floor, zero, one = consts[0], consts[1], consts[2]
     n_seq = seq_b.shape[0]
     nd = n_seq * D

@@ -4,7 +4,7 @@
 ``lam = log gamma``; ``attention_grad`` and ``decay_grad`` apply ``dl/da`` and ``dlam/dg``. All are written
 so that logits of +-1e4 give no inf/NaN (the softplus case uses a series where ``softplus``
 underflows; the series below ``SOFTPLUS_SERIES_BELOW`` is derived in
-:mod:`fastrwa.ops.vocab`). The reference keeps its own plain formulas.
+:mod:`fastrwa.kernels.codes`). The reference keeps its own plain formulas.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ...vocab import ATTENTIONS, DISCOUNTS, SOFTPLUS_SERIES_BELOW as _SOFTPLUS_SERIES_BELOW
+from ..kernels.codes import ATTENTIONS, DISCOUNTS, SOFTPLUS_SERIES_BELOW as _SOFTPLUS_SERIES_BELOW
 
 
 def log_weight(a: torch.Tensor, kind: str) -> torch.Tensor:

@@ -1,23 +1,23 @@
 """Device helpers shared by the scan kernels: the combine, the attention and discount
 functions in log space, their derivatives, and loading one chunk.
 
-Constexpr codes ``ATTN`` and ``DISCOUNT`` are those of :mod:`fastrwa.ops.vocab`.
+Constexpr codes ``ATTN`` and ``DISCOUNT`` are those of :mod:`fastrwa.kernels.codes`.
 """
 
 import triton
 import triton.language as tl
 
-from ... import vocab
+from .. import codes
 
 NEG_INF = tl.constexpr(float("-inf"))
 POS_INF = tl.constexpr(float("inf"))
-EXP = tl.constexpr(vocab.EXP)
-SIGMOID = tl.constexpr(vocab.SIGMOID)
-SOFTPLUS = tl.constexpr(vocab.SOFTPLUS)
-NO_DISCOUNT = tl.constexpr(vocab.NO_DISCOUNT)
-LOG_DISCOUNT = tl.constexpr(vocab.LOG_DISCOUNT)
-# log softplus(a) and its derivative switch to a series below this logit (see vocab.py).
-SOFTPLUS_SERIES_BELOW = tl.constexpr(vocab.SOFTPLUS_SERIES_BELOW)
+EXP = tl.constexpr(codes.EXP)
+SIGMOID = tl.constexpr(codes.SIGMOID)
+SOFTPLUS = tl.constexpr(codes.SOFTPLUS)
+NO_DISCOUNT = tl.constexpr(codes.NO_DISCOUNT)
+LOG_DISCOUNT = tl.constexpr(codes.LOG_DISCOUNT)
+# log softplus(a) and its derivative switch to a series below this logit (see codes.py).
+SOFTPLUS_SERIES_BELOW = tl.constexpr(codes.SOFTPLUS_SERIES_BELOW)
 
 
 @triton.jit

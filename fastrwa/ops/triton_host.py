@@ -1,6 +1,7 @@
-"""The "triton" backend: host launchers for the kernels beside this file.
+"""The "triton" backend: the launchers of the Triton kernels in ``kernels/triton/``
+(``scan_fwd.py``, ``scan_bwd.py``, ``step.py``).
 
-Satisfies :class:`fastrwa.ops.contract.Backend`. Runs on CUDA tensors, or on CPU tensors
+Satisfies :class:`fastrwa.ops.dispatch.Backend`. Runs on CUDA tensors, or on CPU tensors
 under ``TRITON_INTERPRET=1`` (how this project tests it without a GPU).
 
 Forward algorithms (``Options.algorithm``):
@@ -20,15 +21,14 @@ state, ``3 * D`` floats per chunk of ``BT`` steps, and the backward recomputes t
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import torch
 import triton
 
-from ...buffers import empty, empty_like
-from ...contract import ForwardResult, Gradients, Knobs, ScanArgs
-from ...vocab import ATTENTION_CODE, DISCOUNT_CODE, state_dtype
-from . import scan_bwd, scan_fwd, step
+from ..kernels.codes import ATTENTION_CODE, DISCOUNT_CODE
+from ..kernels.triton import scan_bwd, scan_fwd, step
+from .buffers import empty, empty_like
+from .dispatch import ForwardResult, Gradients, Knobs, ScanArgs, state_dtype
 
 PROGRAMS_PER_SM = 2
 
@@ -65,11 +65,6 @@ def _check(opts: Options) -> None:
 
 _knobs = Knobs(Options, _check)
 options, set_options = _knobs.get, _knobs.set
-
-
-def available() -> bool:
-    """True where kernels can run: a CUDA device, or the Triton interpreter."""
-    return torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def _num_sms(device: torch.device) -> int:
@@ -136,7 +131,7 @@ def _codes(attention, discount, g):
 
 
 def forward(args: ScanArgs, *, output_final_state: bool, save: bool) -> ForwardResult:
-    """The scan (contract: :meth:`fastrwa.ops.contract.Backend.forward`); ``saved`` is the
+    """The scan (contract: :meth:`fastrwa.ops.dispatch.Backend.forward`); ``saved`` is the
     ``(3, chunks, D)`` state entering every chunk of ``block_t`` steps."""
     z, a, g, attention, discount, init, reverse, cu_seqlens = args
     save_for_backward = save
@@ -195,13 +190,8 @@ def saved_like(args: ScanArgs) -> list:
     return [z.new_empty((3, n_chunks, D), dtype=f32)]
 
 
-def step_(args: ScanArgs, state, out) -> bool:
-    """No in-place step here: a ``T = 1`` :func:`forward` is already one fused launch."""
-    return False
-
-
 def backward(args: ScanArgs, saved: list, m_final, gy, g_final) -> Gradients:
-    """Gradients (contract: :meth:`fastrwa.ops.contract.Backend.backward`). Without this
+    """Gradients (contract: :meth:`fastrwa.ops.dispatch.Backend.backward`). Without this
     backend's ``saved`` (at the current ``block_t``) the chunk states are recomputed first."""
     z, a, g, attention, discount, init, reverse, cu_seqlens = args
     opts = options()

@@ -1,11 +1,14 @@
-"""CPU forward of the weighted scan: a compiled loop over time, vectorised over channels.
+"""CPU forward of the weighted scan and its streaming step: a compiled loop over time,
+vectorised over channels.
 
-One task per (sequence, channel block); a call runs tasks ``[task_lo, task_hi)``, and the
-launcher spreads the ranges over threads (``threads.py``). A task walks its sequence one step at a time with the state
-``(m, n~, d~)`` of its ``w`` channels in three small arrays (L1-resident), reading each input
-once and writing ``y`` once: the minimum traffic (docs/math.md). With ``save`` it also
-writes the state entering every chunk of ``chunk`` steps (``3 * w`` floats per chunk), which
-is all the backward (``scan_bwd.py``) needs to recompute the rest.
+One task per (sequence, channel block); :func:`forward` runs tasks ``[task_lo, task_hi)``, and
+the launcher (``fastrwa/ops/numba_host.py``) spreads ranges of tasks over threads. A task
+walks its sequence one step at a time with the state ``(m, n~, d~)`` of its ``w`` channels
+in three small arrays (L1-resident), reading each input once and writing ``y`` once: the
+minimum traffic (docs/math.md). With ``save`` it also writes the state entering every chunk
+of ``chunk`` steps (``3 * w`` floats per chunk), which is all the backward (``scan_bwd.py``)
+needs to recompute the rest. :func:`step_inplace` is one step for every channel of a batch,
+in place, for decoding.
 
 The step is written without branches so the channel loop vectorises: ``-inf`` (nothing seen
 yet) is held as the finite ``floor`` (``consts[0]``), so ``l - m`` is never ``inf - inf``
@@ -18,10 +21,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..codes import EXP, NO_DISCOUNT
+from . import kernel
 from .fmath import fexp, load, store
-from .jit import kernel
-from .layout import unpack_flags
-from ...vocab import EXP, NO_DISCOUNT
 from .rows import log_decay_row, log_weight_row
 
 
@@ -79,19 +81,20 @@ def input_row(strides, k, b, t, lo):
 
 
 @kernel
-def forward(task_lo, task_hi, io, st, ix, flags):
+def forward(task_lo, task_hi, z, a, g, y, state0, final, ck, consts, strides, seq_b, seq_lo,
+            seq_hi, ck_off, T, D, chunk, block, attention, discount, reverse, has_init, save):
     """Forward of tasks ``[task_lo, task_hi)`` of all (sequence, channel block) pairs.
 
-    Arguments as :mod:`.layout` names them. ``z, a, g, y``: flat ``(B, T, D)`` (``g``
-    unused without a discount); ``y`` is contiguous, the inputs' rows may be strided
-    (``strides``, see :func:`input_row`), e.g. gate slices of a projection. ``state0`` and
-    ``final``: ``(3, N, D)`` ``(m, n~, d~)``. With ``save``, ``ck`` receives the state
-    entering every chunk of ``chunk`` steps.
+    Data: ``z, a, g, y`` flat ``(B, T, D)`` in the inputs' type (``uint16`` holds
+    bfloat16; ``g`` unused without a discount); ``y`` is contiguous, the inputs' rows may be
+    strided (``strides``: the B and T element strides of z, a, g; see :func:`input_row`),
+    e.g. gate slices of a projection. State, in the compute type: ``state0`` and ``final``
+    ``(3, N, D)`` ``(m, n~, d~)``; with ``save``, ``ck`` ``(3, chunks, D)`` receives the
+    state entering every chunk of ``chunk`` steps; ``consts`` ``[floor, 0, 1, -inf]``.
+    Index: sequence ``i`` is batch row ``seq_b[i]``, steps ``[seq_lo[i], seq_hi[i])``; its
+    chunk ``k``'s state is row ``ck_off[i] + k`` of ``ck``. Scalars: ``block`` channels per
+    task; ``attention``, ``discount``: codes of :mod:`fastrwa.kernels.codes`.
     """
-    z, a, g, y = io
-    state0, final, ck, consts = st
-    strides, seq_b, seq_lo, seq_hi, ck_off = ix
-    T, D, chunk, block, attention, discount, reverse, has_init, save, _ = unpack_flags(flags)
     floor, zero, one, ninf = consts[0], consts[1], consts[2], consts[3]
     n_seq = seq_b.shape[0]
     n_blk = (D + block - 1) // block
@@ -138,3 +141,28 @@ def forward(task_lo, task_hi, io, st, ix, flags):
             final[base + j] = ninf if m[j] <= floor else m[j]
             final[n_seq * D + base + j] = n[j]
             final[2 * n_seq * D + base + j] = d[j]
+
+
+@kernel
+def step_inplace(z, a, g, m, n, d, y, attention, discount, consts, scratch):
+    """``z, a, g, y``: flat ``(B * D,)`` (``uint16`` holds bfloat16); ``m, n, d``: the state,
+    flat, compute type, updated in place (``-inf`` in ``m`` for nothing seen, as stored).
+    ``scratch``: ``(5, B * D)`` in the compute type (``l``, ``lam`` and three rows the step
+    could save)."""
+    floor, zero, ninf = consts[0], consts[1], consts[3]
+    w = m.shape[0]
+    tb, d1, take, keep = scratch[0:2].reshape(-1), scratch[2], scratch[3], scratch[4]
+    for j in range(w):
+        tb[w + j] = zero
+        m[j] = floor if m[j] < floor else m[j]
+    if discount != NO_DISCOUNT:
+        log_decay_row(discount, g, 0, tb, w, w)
+    if attention == EXP:
+        step_row(m, n, d, tb, w, z, 0, a, 0, y, 0, d1, 0, take, 0, keep, 0, True, w, floor,
+                 zero, consts[2])
+    else:
+        log_weight_row(attention, a, 0, tb, 0, w)
+        step_row(m, n, d, tb, w, z, 0, tb, 0, y, 0, d1, 0, take, 0, keep, 0, True, w, floor,
+                 zero, consts[2])
+    for j in range(w):
+        m[j] = ninf if m[j] <= floor else m[j]

@@ -1,5 +1,10 @@
-"""How the CPU kernels are compiled: the numba options (one place), and the on-disk cache
-kept consistent across the kernel files. Every kernel module imports :data:`kernel` from here.
+"""The CPU kernels of the weighted scan, compiled by numba: ``scan_fwd`` (forward and the
+in-place streaming step), ``scan_bwd`` (backward), on the row operations of ``rows`` and the
+vectorisable float math of ``fmath``. Launched by ``fastrwa/ops/numba_host.py``, which runs
+a call's tasks on one thread or on a pool of plain threads (the kernels release the GIL).
+
+This module holds how they are compiled: the numba options (one place), and the on-disk
+cache kept consistent across the kernel files. Every kernel module imports :data:`kernel`.
 
 Options: ``nogil`` (calls run on several threads at once), ``cache`` (machine code kept on
 disk beside the package), ``error_model="numpy"`` (a division by zero gives inf/NaN as in
@@ -21,7 +26,7 @@ kernel = njit(**OPTIONS)
 
 def drop_stale_cache() -> None:
     """numba keys each cached function on its own source file only, but the kernels call one
-    another across files (``team`` -> ``scan_fwd`` -> ``rows`` -> ``fmath``): after an edit
+    another across files (``scan_bwd`` -> ``scan_fwd`` -> ``rows`` -> ``fmath``): after an edit
     of one file, the others would load machine code built from the old one. A hash of every
     ``*.py`` here is kept beside the cache; when it differs, the cached functions are dropped
     and recompile on first use. (An installed package that cannot write here caches

@@ -6,7 +6,7 @@ wheels carry no vector math library), which would make the CPU scan compute-boun
 by bit casts (an ``@intrinsic`` that emits an LLVM ``bitcast``), so a loop over a row of
 channels becomes AVX2/AVX-512 code. float64 keeps the C library (it exists for exactness, not
 speed). Accuracy of the float32 functions: within 2 ulp of the C library over their domain
-(tests/test_cpu_backend.py checks it).
+(tests/backends/numba/test_numba.py checks it).
 
 Every function is overloaded on the numba type: ``fexp(x)`` for a float32 ``x`` is the
 polynomial, for a float64 ``x`` it is ``math.exp``. bfloat16 data travels as ``uint16`` and is

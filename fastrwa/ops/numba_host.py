@@ -1,11 +1,14 @@
-"""The "numba" backend: host launchers for the compiled CPU kernels beside this file.
+"""The "numba" backend: the launcher of the compiled CPU kernels in ``kernels/cpu/``
+(``scan_fwd.py``: ``forward`` and ``step_inplace``; ``scan_bwd.py``: ``backward``).
 
-Satisfies :class:`fastrwa.ops.contract.Backend`. Runs on CPU tensors: one compiled loop over
-time per (sequence, channel block), vectorised across channels, the tasks split over
-``torch.get_num_threads()`` threads (:mod:`.threads`: PyTorch's own OpenMP team where
-possible; the kernels release the GIL). It reads every input once and writes every output
-once; the forward also saves the state entering each chunk of ``Options.chunk`` steps
-(``3 * D`` floats), from which the backward recomputes everything else (docs/math.md §4).
+Satisfies :class:`fastrwa.ops.dispatch.Backend`. Runs on CPU tensors: one compiled loop over
+time per (sequence, channel block), vectorised across channels. A call's tasks run on the
+caller's thread when the call is small, else in ``torch.get_num_threads()`` ranges of about
+equal work on a pool of plain threads (the kernels release the GIL; every range runs the
+same machine code, so results do not depend on the split). It reads every input once and
+writes every output once; the forward also saves the state entering each chunk of
+``Options.chunk`` steps (``3 * D`` floats), from which the backward recomputes everything
+else (docs/math.md §4).
 
 Why numba (docs/benchmarks.md has the long form): it is a wheel on PyPI for every platform
 PyTorch's CPU wheels cover, it compiles on first use with its own bundled LLVM (no C
@@ -17,17 +20,25 @@ float32 around the kernels (one extra pass each way: numba has no float16 arithm
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
+import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
 
-from ...buffers import empty as _empty
-from ...contract import ForwardResult, Gradients, Knobs, ScanArgs
-from ...vocab import ATTENTION_CODE, DISCOUNT_CODE, state_dtype
-from . import layout, step, threads
+from ..kernels.codes import ATTENTION_CODE, DISCOUNT_CODE
+from ..kernels.cpu.scan_bwd import backward as backward_kernel
+from ..kernels.cpu.scan_fwd import forward as forward_kernel, step_inplace as step_kernel
+from .buffers import empty as _empty
+from .dispatch import ForwardResult, Gradients, Knobs, ScanArgs, state_dtype
+
+# Elements below which a call runs on the caller's thread alone: waking other threads costs
+# tens of microseconds, more than it saves below ~100K elements.
+SERIAL_BELOW = 1 << 17
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,11 +79,16 @@ def _row_strides(*inputs: torch.Tensor) -> np.ndarray:
     return np.array([st for x in inputs for st in x.stride()[:2]], dtype=np.int64)
 
 
+def threads() -> int:
+    """How many threads a call may use: PyTorch's intra-op setting."""
+    return max(1, torch.get_num_threads())
+
+
 def _block(n_seq: int, D: int) -> int:
     if options().block is not None:
         return options().block
     block = max(D, 1)
-    while block > 32 and n_seq * -(-D // block) < 2 * threads.threads():
+    while block > 32 and n_seq * -(-D // block) < 2 * threads():
         block = max(32, -(-block // 2))
     return block
 
@@ -124,21 +140,67 @@ def _state(init, n_seq, D, cdt):
     return torch.stack([s.to(cdt) for s in init]).reshape(3, n_seq, D).contiguous(), True
 
 
-def _index_and_flags(z, a, g, sequences, chunk: int, block: int, args: ScanArgs,
-                     has_init: bool, save: bool, has_g_final: bool):
-    """The kernels' ``ix`` group and ``flags`` (:mod:`.layout`)."""
-    seq_b, lo, hi, ck_off = sequences
-    ix = layout.group(layout.INDEX, strides=_row_strides(z, a, g), seq_b=seq_b, seq_lo=lo,
-                      seq_hi=hi, ck_off=ck_off)
-    flags = layout.pack_flags(T=z.shape[1], D=z.shape[2], chunk=chunk, block=block,
-                              attention=ATTENTION_CODE[args.attention],
-                              discount=DISCOUNT_CODE[args.discount], reverse=args.reverse,
-                              has_init=has_init, save=save, has_g_final=has_g_final)
-    return ix, flags
+@dataclasses.dataclass
+class _Pool:
+    """The thread pool and the process that made it (a forked child inherits the object but
+    not its threads: a call from another pid makes a new pool)."""
+
+    executor: ThreadPoolExecutor | None = None
+    pid: int = -1
+
+
+_POOL = _Pool()
+_pool_lock = threading.Lock()
+
+
+def _pool(workers: int) -> ThreadPoolExecutor:
+    with _pool_lock:
+        if (_POOL.executor is None or _POOL.pid != os.getpid()
+                or _POOL.executor._max_workers < workers):
+            _POOL.executor = ThreadPoolExecutor(max_workers=workers,
+                                                thread_name_prefix="fastrwa")
+            _POOL.pid = os.getpid()
+        return _POOL.executor
+
+
+def _ranges(work: np.ndarray, n_blk: int, k: int) -> list[int]:
+    """Bounds of ``k`` contiguous task ranges of about equal work (``work``: steps per
+    sequence; each sequence has ``n_blk`` tasks)."""
+    per_task = np.repeat(np.maximum(work, 1), n_blk)
+    share = np.cumsum(per_task) / per_task.sum()
+    bounds = [0] + [int(np.searchsorted(share, i / k)) + 1 for i in range(1, k)]
+    return sorted(set(min(max(b, 0), len(per_task)) for b in bounds + [len(per_task)]))
+
+
+def _launch(kernel, work: np.ndarray, n_blk: int, D: int, args: tuple) -> None:
+    """``kernel(task_lo, task_hi, *args)`` over all tasks ``[0, len(work) * n_blk)``: on this
+    thread for small calls, else in ranges of about equal work, one on this thread and the
+    others on the pool."""
+    n_tasks = len(work) * n_blk
+    k = min(threads(), n_tasks)
+    if k <= 1 or int(work.sum()) * D < SERIAL_BELOW:
+        kernel(0, n_tasks, *args)
+        return
+    bounds = _ranges(work, n_blk, k)
+    pool = _pool(len(bounds) - 2)
+    futures = [pool.submit(kernel, lo, hi, *args) for lo, hi in zip(bounds[1:-1], bounds[2:])]
+    kernel(bounds[0], bounds[1], *args)
+    for future in futures:
+        future.result()
+
+
+def _index(z, a, g, sequences) -> tuple:
+    """The kernels' index arguments: row strides, then per sequence its batch row, first and
+    last step, first chunk-state row."""
+    return (_row_strides(z, a, g), *sequences)
+
+
+def _codes(args: ScanArgs) -> tuple:
+    return ATTENTION_CODE[args.attention], DISCOUNT_CODE[args.discount], args.reverse
 
 
 def forward(args: ScanArgs, *, output_final_state: bool, save: bool) -> ForwardResult:
-    """The scan (contract: :meth:`fastrwa.ops.contract.Backend.forward`). ``saved`` is
+    """The scan (contract: :meth:`fastrwa.ops.dispatch.Backend.forward`). ``saved`` is
     ``[states, chunk]``: the ``(3, chunks, D)`` states entering every chunk and the chunk
     length as a 1-element int64 tensor (so that a later change of :class:`Options` cannot
     make the backward misread them)."""
@@ -157,13 +219,11 @@ def forward(args: ScanArgs, *, output_final_state: bool, save: bool) -> ForwardR
                      dtype=cdt)
     block = _block(n_seq, D)
     g_in = a if g is None else g        # any array of the data type where there is no g
-    io = layout.group(layout.FORWARD_IO, z=_flat(z), a=_flat(a), g=_flat(g_in), y=_flat(y))
-    st = layout.group(layout.FORWARD_STATE, state0=_flat(state0), final=_flat(final),
-                      ck=_flat(ck), consts=_consts(cdt))
-    ix, flags = _index_and_flags(z, a, g_in, (seq_b, lo, hi, ck_off), chunk, block, args,
-                                 has_init, save=save, has_g_final=False)
-    threads.run("forward", z.dtype, hi - lo, -(-D // block), D, io, st, ix,
-                flags)
+    _launch(forward_kernel, hi - lo, -(-D // block), D, (
+        _flat(z), _flat(a), _flat(g_in), _flat(y),
+        _flat(state0), _flat(final), _flat(ck), _consts(cdt),
+        *_index(z, a, g_in, (seq_b, lo, hi, ck_off)),
+        T, D, chunk, block, *_codes(args), has_init, save))
     # separate tensors: a custom op's outputs may not alias one another
     out_final = tuple(x.clone() for x in final.unbind(0)) if output_final_state else None
     saved = [ck, torch.tensor([chunk], dtype=torch.int64)] if save else []
@@ -181,7 +241,7 @@ def saved_like(args: ScanArgs) -> list:
 
 
 def backward(args: ScanArgs, saved: list, m_final, gy, g_final) -> Gradients:
-    """Gradients (contract: :meth:`fastrwa.ops.contract.Backend.backward`). Without this
+    """Gradients (contract: :meth:`fastrwa.ops.dispatch.Backend.backward`). Without this
     backend's ``saved`` the chunk states are recomputed first."""
     z, a, g, attention, discount, init, reverse, cu_seqlens = args
     dtypes = (z.dtype, a.dtype, None if g is None else g.dtype)
@@ -207,14 +267,12 @@ def backward(args: ScanArgs, saved: list, m_final, gy, g_final) -> Gradients:
     g_init = torch.zeros((3, n_seq, D), dtype=cdt)
     block = _block(n_seq, D)
     g_in = a if g is None else g
-    io = layout.group(layout.BACKWARD_IO, z=_flat(z), a=_flat(a), g=_flat(g_in), gy=_flat(gy),
-                      gz=_flat(gz), ga=_flat(ga), gg=_flat(ga if gg is None else gg))
-    st = layout.group(layout.BACKWARD_STATE, state0=_flat(state0), g_final=_flat(g_fin),
-                      g_init=_flat(g_init), ck=_flat(ck), consts=_consts(cdt))
-    ix, flags = _index_and_flags(z, a, g_in, (seq_b, lo, hi, ck_off), chunk, block, args,
-                                 has_init, save=False, has_g_final=has_g_final)
-    threads.run("backward", z.dtype, hi - lo, -(-D // block), D, io, st, ix,
-                flags)
+    _launch(backward_kernel, hi - lo, -(-D // block), D, (
+        _flat(z), _flat(a), _flat(g_in), _flat(gy), _flat(gz), _flat(ga),
+        _flat(ga if gg is None else gg),
+        _flat(state0), _flat(g_fin), _flat(g_init), _flat(ck), _consts(cdt),
+        *_index(z, a, g_in, (seq_b, lo, hi, ck_off)),
+        T, D, chunk, block, *_codes(args), has_init, has_g_final))
     gz, ga = gz.to(dtypes[0]), ga.to(dtypes[1])
     gg = None if gg is None else gg.to(dtypes[2])
     return Gradients(gz, ga, gg,
@@ -237,18 +295,6 @@ def _is_own(saved: list) -> bool:
             and saved[1].shape == (1,))
 
 
-_scratch = threading.local()
-
-
-def _step_scratch(numel: int, dtype: np.dtype) -> np.ndarray:
-    """Per-thread scratch of :func:`step_`, allocated once per size (no allocation per token)."""
-    key = (numel, dtype)
-    cache = getattr(_scratch, "rows", None)
-    if cache is None or cache[0] != key:
-        _scratch.rows = cache = (key, np.zeros((5, numel), dtype))
-    return cache[1]
-
-
 def _step_applies(args: ScanArgs, state, out) -> bool:
     """Every tensor a contiguous CPU tensor in a dtype the step kernel reads."""
     z, g = args.z, args.g
@@ -260,33 +306,46 @@ def _step_applies(args: ScanArgs, state, out) -> bool:
     return all(s.dtype == cdt and s.is_contiguous() and s.device.type == "cpu" for s in state)
 
 
-def _step_arguments(args: ScanArgs, state, out, scratch) -> tuple:
-    z, a, g, attention, discount = args[:5]
+# The step's bound arguments (NumPy views, scratch), per set of tensors: a decode loop calls
+# the step on the same buffers every token, and making the views costs more than the kernel.
+# A cached view keeps its tensor alive, so no other tensor can take its address while the
+# entry exists; the oldest entries are dropped past _BOUND_MAX.
+_BOUND_MAX = 64
+_bound: collections.OrderedDict = collections.OrderedDict()
+_bound_lock = threading.Lock()
+
+
+def _step_key(args: ScanArgs, state, out) -> tuple:
+    tensors = (args.z, args.a, args.g, *state, out)
+    return (args.attention, args.discount) + tuple(
+        None if x is None else (x.data_ptr(), x.shape, x.dtype) for x in tensors)
+
+
+def _bind_step(args: ScanArgs, state, out) -> tuple:
+    z, a, g = args.z, args.a, args.g
     m, n, d = state
     consts = _consts(m.dtype)
     return (_flat(z), _flat(a), _flat(a if g is None else g), _flat(m), _flat(n), _flat(d),
-            _flat(out), ATTENTION_CODE[attention], DISCOUNT_CODE[discount], consts,
-            scratch if scratch is not None else _step_scratch(m.numel(), consts.dtype))
+            _flat(out), ATTENTION_CODE[args.attention], DISCOUNT_CODE[args.discount], consts,
+            np.zeros((5, m.numel()), consts.dtype))
 
 
 def step_(args: ScanArgs, state, out) -> bool:
-    """One streaming step in place (contract: :meth:`fastrwa.ops.contract.Backend.step_`):
+    """One streaming step in place (contract: :meth:`fastrwa.ops.dispatch.Backend.step_`):
     ``state`` ``(m, n~, d~)`` updated where it lies and ``y`` written into ``out``. Returns
     ``False`` (doing nothing) unless every tensor is a contiguous CPU tensor in a dtype the
-    kernel reads (float32/bfloat16 inputs with a float32 state, or all float64)."""
+    kernel reads (float32/bfloat16 inputs with a float32 state, or all float64). The views
+    of a set of tensors are made once and reused while the same tensors come back."""
     if not _step_applies(args, state, out):
         return False
-    step.step_inplace(*_step_arguments(args, state, out, None))
+    key = _step_key(args, state, out)
+    with _bound_lock:
+        bound = _bound.get(key)
+        if bound is None:
+            bound = _bound[key] = _bind_step(args, state, out)
+            if len(_bound) > _BOUND_MAX:
+                _bound.popitem(last=False)
+        else:
+            _bound.move_to_end(key)
+    step_kernel(*bound)
     return True
-
-
-def prepare_step_(args: ScanArgs, state, out):
-    """:func:`step_` bound to these tensors (contract:
-    :meth:`fastrwa.ops.contract.Backend.prepare_step_`): the NumPy views and the scratch
-    made once, each call only the kernel's. ``None`` where :func:`step_` would decline."""
-    if not _step_applies(args, state, out):
-        return None
-    npt = _consts(state[0].dtype).dtype
-    bound = _step_arguments(args, state, out, np.zeros((5, state[0].numel()), npt))
-    kernel = step.step_inplace
-    return lambda: kernel(*bound)

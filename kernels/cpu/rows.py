@@ -8,7 +8,7 @@ array-view construction (numba reference-counts every view). Indices are unsigne
 emits no wrap-around test and LLVM vectorises the loop.
 
 Each function picks its formula once per row (``kind`` is a run-time integer, a code of
-:mod:`fastrwa.ops.vocab`) and then runs a branch-free loop, so the four attention and two
+:mod:`fastrwa.kernels.codes`) and then runs a branch-free loop, so the four attention and two
 discount functions cost one compiled kernel, not eight. The compute type is that of the
 scratch buffer: float32 (float32 and bfloat16 inputs) or float64. Formulas are those of the
 torch backend's ``transforms``, which documents them.
@@ -20,7 +20,7 @@ import numpy as np
 from numba.extending import overload
 from numba.np.numpy_support import as_dtype
 
-from ...vocab import (EXP, LOG_DISCOUNT as LOG, RELU, SIGMOID, SOFTPLUS,
+from ..codes import (EXP, LOG_DISCOUNT as LOG, RELU, SIGMOID, SOFTPLUS,
                       SOFTPLUS_SERIES_BELOW as _SERIES_BELOW)
 from .fmath import fexp, flog, load, log1p_small, log_sigmoid, store
 

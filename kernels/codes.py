@@ -1,9 +1,10 @@
-"""The vocabulary every layer shares: attention and discount names and their integer codes,
-the state-dtype rule, and numeric constants.
+"""The codes every kernel and launcher shares: attention and discount names and their integer
+codes, and numeric constants.
 
-Dependency-free (no ``torch``, ``triton`` or ``numba`` import at module level), so that host
-code and device code of every backend import the same names. A kernel branches on the codes;
-host code turns a name into its code with :data:`ATTENTION_CODE` / :data:`DISCOUNT_CODE`.
+Dependency-free (it imports nothing), so that the host code in ``fastrwa/`` and the device
+code of every target (``kernels/triton/``, ``kernels/cpu/``) read the same names. A kernel
+branches on the codes; host code turns a name into its code with :data:`ATTENTION_CODE` /
+:data:`DISCOUNT_CODE`.
 """
 
 from __future__ import annotations
@@ -22,11 +23,3 @@ DISCOUNT_CODE = {name: code for code, name in enumerate(DISCOUNTS)}
 # Below this logit log softplus(a) is computed from its series in u = exp(a) < 1.3e-4:
 # log softplus(a) = a - u/2 + 5u^2/24 + O(u^3), and d/da = 1 / ((1 + u)(1 - u/2 + u^2/3)).
 SOFTPLUS_SERIES_BELOW = -9.0
-
-def state_dtype(dtype):
-    """The dtype of a ``ScanState`` and of every backend's arithmetic for inputs of the
-    ``torch.dtype`` ``dtype``: ``torch.float64`` for float64 inputs, else ``torch.float32``.
-    (torch is imported on call, so that kernels can import this module without it.)"""
-    import torch
-
-    return torch.float64 if dtype == torch.float64 else torch.float32

@@ -31,6 +31,13 @@ State = tuple  # (m, [values...], d or None), each (B, K, D)
 Emit = Callable[[slice, torch.Tensor, list, "torch.Tensor | None"], None]
 
 
+def safe_average(n: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """``n / d``, and ``0`` where ``d = 0`` (nothing seen); finite under autograd too. A NaN
+    in ``n`` or ``d`` stays NaN."""
+    empty = d == 0
+    return torch.where(empty, 0, n / torch.where(empty, 1, d))
+
+
 def default_chunk_size(T: int) -> int:
     """``C ~ sqrt(T)`` balances the ``2C + N`` Python steps; short sequences use one chunk."""
     if T <= 64:

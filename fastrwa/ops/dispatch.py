@@ -1,0 +1,266 @@
+"""Which backend runs the weighted scan, and what a backend takes and returns.
+
+Three backends, each one module of host code that launches its kernels:
+
+* "triton": ``fastrwa/ops/triton_host.py`` -> ``kernels/triton/`` (CUDA tensors, or CPU
+  tensors under ``TRITON_INTERPRET=1``; float16/bfloat16/float32);
+* "numba": ``fastrwa/ops/numba_host.py`` -> ``kernels/cpu/`` (CPU tensors, every float dtype);
+* "torch": ``fastrwa/ops/torch_host.py`` (PyTorch ops; any device and dtype).
+
+"auto" takes the first of :data:`BACKENDS` that claims the tensors' device and dtype and
+imports: Triton for CUDA tensors (not float64), numba for CPU tensors, torch otherwise. A
+backend that fails to import is skipped, once, with a warning that says why.
+``use_backend(name)`` (a context variable) and ``FASTRWA_BACKEND`` choose one by name. The
+public functions resolve the name once per call (:func:`resolve`) and hand it to the custom
+op (``fastrwa/ops/autograd.py``), which runs that backend's forward and, later, backward.
+
+Shapes: ``B`` batch, ``T`` time, ``D`` channels, ``N`` sequences (``B``, or
+``len(cu_seqlens) - 1`` for packed sequences, which come as ``B = 1``). "state dtype" is
+:func:`state_dtype` of the inputs' dtype.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import functools
+import os
+import warnings
+from typing import Any, Callable, Iterator, NamedTuple, Optional, Protocol
+
+import torch
+from torch import Tensor
+
+BACKENDS = ("triton", "numba", "torch")     # also the order "auto" tries them in
+CHOICES = (*BACKENDS, "auto")
+ENV = "FASTRWA_BACKEND"
+
+State = tuple  # (m, n, d): three (N, D) tensors in the state dtype
+
+
+def state_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of a ``ScanState`` and of every backend's arithmetic for inputs of
+    ``dtype``: ``torch.float64`` for float64 inputs, else ``torch.float32``."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+class ScanArgs(NamedTuple):
+    """One call of the weighted scan, as every backend receives it (already validated).
+
+    Attributes:
+        z: ``(B, T, D)`` values, float16/bfloat16/float32/float64. May be strided (a gate
+            slice of a projection); a backend copies what its kernels cannot read.
+        a: ``(B, T, D)`` attention logits, ``z``'s dtype and device.
+        g: ``(B, T, D)`` discount input, or ``None`` (then ``discount`` is ``None``).
+        attention: a name in :data:`fastrwa.kernels.codes.ATTENTIONS`.
+        discount: a name in :data:`fastrwa.kernels.codes.DISCOUNTS`.
+        initial_state: ``(m, n, d)``, each ``(N, D)`` in the state dtype, or ``None``.
+        reverse: scan from the last step to the first.
+        cu_seqlens: ``(N + 1,)`` int32/int64 offsets of packed sequences, or ``None``.
+    """
+
+    z: Tensor
+    a: Tensor
+    g: Optional[Tensor]
+    attention: str
+    discount: Optional[str]
+    initial_state: Optional[State]
+    reverse: bool
+    cu_seqlens: Optional[Tensor]
+
+    @property
+    def n_sequences(self) -> int:
+        return self.z.shape[0] if self.cu_seqlens is None else self.cu_seqlens.shape[0] - 1
+
+
+class ForwardResult(NamedTuple):
+    """``y``: ``(B, T, D)`` in the inputs' dtype. ``final_state``: ``(m, n, d)``, three
+    separate ``(N, D)`` tensors in the state dtype (a custom op's outputs may not alias), or
+    ``None`` when not asked for. ``saved``: what :meth:`Backend.backward` needs, ``[]``
+    unless ``save``."""
+
+    y: Tensor
+    final_state: Optional[State]
+    saved: list
+
+
+class Gradients(NamedTuple):
+    """Gradients of the loss with respect to ``z``, ``a``, ``g`` (``None`` without a
+    discount) and the initial state (``(gm, gn, gd)``, or ``None`` without one), each in
+    its input's dtype and shape. State gradients follow docs/math.md §4: ``gm = n gn + d gd``."""
+
+    z: Tensor
+    a: Tensor
+    g: Optional[Tensor]
+    initial_state: Optional[State]
+
+
+class Backend(Protocol):
+    """What a backend module provides: three functions and one optional one. Every function
+    receives validated arguments."""
+
+    def forward(self, args: ScanArgs, *, output_final_state: bool, save: bool) -> ForwardResult:
+        """The scan. With ``save``, ``saved`` holds what :meth:`backward` needs."""
+
+    def saved_like(self, args: ScanArgs) -> list:
+        """Empty tensors of the shapes, dtypes and device that ``forward(args, save=True)``
+        saves (``torch.compile`` traces with them; a packed call's sizes may be dynamic)."""
+
+    def backward(self, args: ScanArgs, saved: list, m_final: Tensor, gy: Optional[Tensor],
+                 g_final: Optional[tuple]) -> Gradients:
+        """Gradients of the scan. ``saved``: this backend's ``forward(save=True)`` list, or
+        anything else, e.g. ``[]`` (then the backward recomputes it). ``m_final``: ``(N, D)``
+        final ``m``. ``gy``: ``(B, T, D)`` or ``None`` (zero). ``g_final``: ``(gn, gd)`` for
+        the final state's ``n`` and ``d`` (either may be ``None``) or ``None``."""
+
+    def step_(self, args: ScanArgs, state: State, out: Tensor) -> bool:
+        """Optional: one streaming step without allocation. ``args`` holds ``(B, 1, D)``
+        inputs, ``state`` three ``(B, D)`` tensors updated in place, ``out`` a ``(B, D)``
+        tensor that receives ``y``. Returns ``False``, doing nothing, where it does not apply
+        (the caller then runs :meth:`forward` and copies); a backend without it gets the
+        same. It may keep what it binds to these tensors (views) for the next call."""
+
+
+class Knobs:
+    """A backend's launch options (not part of the contract): ``Knobs(Options)``; the backend
+    exposes ``knobs.get`` as ``options`` and ``knobs.set`` as ``set_options`` (tests and
+    benchmarks set them through :func:`fastrwa.testing.backend_options`). ``check(options)``
+    may raise on values the backend cannot take (the previous options then stay in force)."""
+
+    def __init__(self, options_type: type, check: Optional[Callable[[Any], None]] = None):
+        self._value = options_type()
+        self._check = check
+
+    def get(self) -> Any:
+        """The options in force."""
+        return self._value
+
+    def set(self, **changes: Any) -> Any:
+        """Change the options; returns the previous ones."""
+        previous = self._value
+        value = dataclasses.replace(previous, **changes)
+        if self._check is not None:
+            self._check(value)
+        self._value = value
+        return previous
+
+
+_chosen: contextvars.ContextVar[str | None] = contextvars.ContextVar("fastrwa_backend", default=None)
+
+
+def _check_name(name: object, where: str) -> str:
+    if not isinstance(name, str) or name not in CHOICES:
+        raise ValueError(f"{where} must be one of {CHOICES}, got {name!r}")
+    return name
+
+
+@contextlib.contextmanager
+def use_backend(name: str) -> Iterator[None]:
+    """Run the enclosed fastrwa ops on backend ``name``: "torch", "triton", "numba" or "auto".
+
+    "auto" (the default) picks Triton for CUDA tensors, the compiled "numba" CPU kernels for
+    CPU tensors (when numba imports), and the PyTorch implementation otherwise ("torch" runs
+    on any device). Overrides ``FASTRWA_BACKEND`` inside the block. A gradient is computed
+    by the backend that ran the forward, wherever ``.backward()`` is called. A model compiled
+    with ``torch.compile`` runs the backend in force when it is traced.
+
+    Example:
+        >>> import torch, fastrwa
+        >>> with fastrwa.use_backend("torch"):
+        ...     y, _ = fastrwa.rwa_scan(torch.randn(1, 4, 2), torch.randn(1, 4, 2))
+    """
+    token = _chosen.set(_check_name(name, "backend"))
+    try:
+        yield
+    finally:
+        _chosen.reset(token)
+
+
+def get_backend() -> str:
+    """The backend name in force: the innermost ``use_backend``, else ``FASTRWA_BACKEND``, else "auto".
+
+    Example:
+        >>> import fastrwa
+        >>> with fastrwa.use_backend("torch"):
+        ...     fastrwa.get_backend()
+        'torch'
+    """
+    chosen = _chosen.get()
+    if chosen is not None:
+        return chosen
+    return _check_name(os.environ.get(ENV, "auto"), f"the environment variable {ENV}")
+
+
+def refusal(name: str, device: torch.device, dtype: torch.dtype) -> Exception | None:
+    """``None`` where backend ``name`` runs ``dtype`` tensors on ``device``, else the error to
+    raise when a user asks for it there (naming what it got and what to use instead)."""
+    if name == "numba" and device.type != "cpu":
+        return RuntimeError(f"fastrwa backend 'numba' runs on CPU tensors, got tensors on "
+                            f"{device}; use fastrwa.use_backend('triton'), 'torch' or 'auto'")
+    if name == "triton":
+        interpreted = device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"
+        if device.type != "cuda" and not interpreted:
+            return RuntimeError(
+                f"fastrwa backend 'triton' needs CUDA tensors (or CPU tensors with "
+                f"TRITON_INTERPRET=1 set before import), got tensors on {device}; "
+                f"use fastrwa.use_backend('torch') or 'auto'")
+        if dtype == torch.float64:
+            return TypeError("fastrwa backend 'triton' takes float32, bfloat16 or float16 "
+                             "inputs (it computes in float32), got torch.float64; use the "
+                             "'torch' backend")
+    return None
+
+
+def _auto_takes(name: str, device: torch.device) -> bool:
+    """Whether "auto" may pick backend ``name`` (once it runs there and imports)."""
+    return {"triton": device.type == "cuda", "numba": device.type == "cpu"}.get(name, True)
+
+
+@functools.lru_cache(maxsize=None)
+def load(name: str) -> Backend:
+    """The module of backend ``name`` (imported on first use: triton and numba are heavy)."""
+    if name == "triton":
+        from . import triton_host as module
+    elif name == "numba":
+        from . import numba_host as module
+    elif name == "torch":
+        from . import torch_host as module
+    else:
+        raise ValueError(f"no fastrwa backend named {name!r}; the backends are {BACKENDS}")
+    return module
+
+
+@functools.lru_cache(maxsize=None)
+def _loads(name: str) -> bool:
+    """Whether backend ``name`` imports; warns once, naming the error, when it does not."""
+    try:
+        load(name)
+    except Exception as error:  # noqa: BLE001 (any failure means: not usable here)
+        warnings.warn(f"fastrwa: backend '{name}' is unavailable ({type(error).__name__}: "
+                      f"{error}); 'auto' uses the next one of {BACKENDS}", RuntimeWarning,
+                      stacklevel=4)
+        return False
+    return True
+
+
+def resolve(device: torch.device, dtype: torch.dtype) -> str:
+    """The name of the backend that runs an op on ``dtype`` tensors on ``device`` now; raises
+    the backend's own error when the one asked for cannot run there."""
+    name = get_backend()
+    if name != "auto":
+        error = refusal(name, device, dtype)
+        if error is not None:
+            raise error
+        return name
+    for candidate in BACKENDS:
+        if (refusal(candidate, device, dtype) is None and _auto_takes(candidate, device)
+                and _loads(candidate)):
+            return candidate
+    raise RuntimeError(f"fastrwa: no backend runs {dtype} tensors on {device}")
+
+
+def clear_cache() -> None:
+    """Forget which backends imported (tests that make an import fail call it)."""
+    load.cache_clear()
+    _loads.cache_clear()
