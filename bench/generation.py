@@ -8,8 +8,8 @@ in-place ``step_`` and one ``sample`` per byte) and reports, in one run:
   (flat: the state is fixed-size);
 * the time of one ``step_`` and of one ``sample``;
 * what bounds the step: the same matrix-vector products alone (``addmm`` on the model's
-  weights, batch 1), the prepared scan step alone (the numba kernel), and the rest (the
-  elementwise ops and norms between them, and Python).
+  weights, batch 1), the in-place scan steps alone (``fastrwa.rda_step_``, as the layers
+  call it), and the rest (the elementwise ops and norms between them, and Python).
 
 Speed does not depend on the weights' values, so the model is freshly initialised (a trained
 run's ``model/`` export streams at the same rate). Prints a table and writes
@@ -96,12 +96,12 @@ def measure(model: ByteLM, config: LMConfig, n_bytes: int, repeats: int) -> dict
         matvec_us = per_call_us(run, repeats)
         z, a, g, y = (torch.randn(1, config.d_model) for _ in range(4))
         state = fastrwa.ScanState.empty(1, config.d_model)
-        scan_step = (fastrwa.prepare_rwa_step_(z, a, state, y) if config.layer == "rwa" else
-                     fastrwa.prepare_rda_step_(z, a, g, state, y, config.attention))
+        scan_step = ((lambda: fastrwa.rwa_step_(z, a, state, y)) if config.layer == "rwa" else
+                     (lambda: fastrwa.rda_step_(z, a, g, state, y, config.attention)))
         scan_us = per_call_us(scan_step, repeats) * config.n_layers
     return dict(bytes=count, steady_bytes_per_s=steady, rss_mb_before=before,
                 rss_mb_after=after, step_us=step_us, sample_us=sample_us, matvec_us=matvec_us,
-                matvecs=n_matvec, scan_kernel_us=scan_us,
+                matvecs=n_matvec, scan_step_us=scan_us,
                 other_us=step_us - matvec_us - scan_us, matvec_bound_bytes_per_s=1e6 / matvec_us)
 
 
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
             ("ByteLM.step_ (one byte), us", "step_us", ",.0f"),
             ("sample (one byte), us", "sample_us", ",.0f"),
             ("  matrix-vector products alone, us", "matvec_us", ",.0f"),
-            ("  scan steps alone (prepared), us", "scan_kernel_us", ",.0f"),
+            ("  scan steps alone (rda_step_), us", "scan_step_us", ",.0f"),
             ("  the rest of step_ (norms, gates, copies, Python), us", "other_us", ",.0f"),
             ("bytes/s the matrix-vector products alone would allow", "matvec_bound_bytes_per_s",
              ",.0f")]

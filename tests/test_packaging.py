@@ -1,6 +1,7 @@
 """The installed package: pyproject.toml names every package folder of the tree (fastrwa/ and
 the top-level kernels/, which installs as fastrwa.kernels), and a wheel built from the tree
-holds every kernel file under fastrwa/kernels/ and nothing named kernels at its top."""
+holds every kernel file inside the package (as ``fastrwa.kernels``) and nothing named
+kernels at its top."""
 
 import pathlib
 import subprocess

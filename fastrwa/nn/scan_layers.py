@@ -10,6 +10,7 @@ import math
 from typing import NamedTuple, Optional
 
 import torch
+from einops import rearrange
 from torch import Tensor, nn
 
 from .. import scan as _scan
@@ -63,13 +64,15 @@ class _ScanLayer(nn.Module):
 
     def reset_parameters(self) -> None:
         """Xavier-uniform weights per gate, zero biases, discount bias 1, s_0 ~ N(0, 1), a_0 = 0."""
-        H = self.hidden_size
-        weight = self.proj.weight.view(self.num_directions, self.num_gates, H, -1)
+        # views (in-place initialisation below): one (H, input) block per direction and gate
+        weight = rearrange(self.proj.weight, "(dir gate h) i -> dir gate h i",
+                           dir=self.num_directions, gate=self.num_gates)
         with torch.no_grad():
             for d in range(self.num_directions):
                 for gate in range(self.num_gates):
                     nn.init.xavier_uniform_(weight[d, gate])
-            bias = self.proj.bias.view(self.num_directions, self.num_gates, H)
+            bias = rearrange(self.proj.bias, "(dir gate h) -> dir gate h",
+                             dir=self.num_directions, gate=self.num_gates)
             bias.zero_()
             if self._discounted:
                 bias[:, 3].fill_(1.0)
@@ -154,7 +157,7 @@ class _ScanLayer(nn.Module):
         """
         self._check_input(x, 3)
         if not self.batch_first:
-            x = x.transpose(0, 1)
+            x = rearrange(x, "t b i -> b t i")
         B = x.shape[0]
         state = self._check_state(state, B)
         gates = self._gates(x, state.last_input)
@@ -171,7 +174,7 @@ class _ScanLayer(nn.Module):
         # a copy, not a view of x: step_ updates a state's last_input in place
         last = x[:, -1].clone() if self.token_shift and x.shape[1] else state.last_input
         if not self.batch_first:
-            out = out.transpose(0, 1)
+            out = rearrange(out, "b t h -> t b h")
         return out, LayerState(final, last)
 
     def step(self, x_t: Tensor, state: Optional[LayerState] = None) -> tuple[Tensor, LayerState]:
@@ -387,7 +390,8 @@ class RDA(_ScanLayer):
         H = self.hidden_size
         tau = torch.logspace(math.log10(shortest), math.log10(longest), H, dtype=torch.float64)
         with torch.no_grad():
-            bias = self.proj.bias.view(self.num_directions, self.num_gates, H)
+            bias = rearrange(self.proj.bias, "(dir gate h) -> dir gate h",
+                             dir=self.num_directions, gate=self.num_gates)
             bias[:, 3].copy_(torch.log(tau - 1).to(bias.dtype))
 
     def _scan(self, gates, state, reverse, step):

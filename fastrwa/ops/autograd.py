@@ -20,7 +20,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .dispatch import ScanArgs, load, state_dtype
+from . import dispatch
+from .dispatch import ScanArgs, state_dtype
 
 _NONE = "none"   # the op schema has no Optional[str]: "none" stands for no discount
 
@@ -37,7 +38,7 @@ def scan_op(z: Tensor, a: Tensor, g: Optional[Tensor], m0: Optional[Tensor],
             ) -> tuple[Tensor, Tensor, Tensor, Tensor, list[Tensor]]:
     """``(y, m, n, d, saved)``: the output, the final state, and what the backward needs."""
     args = _args(z, a, g, m0, n0, d0, cu_seqlens, attention, discount, reverse)
-    y, (m, n, d), saved = load(backend).forward(args, output_final_state=True, save=save)
+    y, (m, n, d), saved = dispatch.load(backend).forward(args, output_final_state=True, save=save)
     return y, m, n, d, list(saved)
 
 
@@ -46,7 +47,7 @@ def _scan_fake(z, a, g, m0, n0, d0, cu_seqlens, attention, discount, reverse, sa
     args = _args(z, a, g, m0, n0, d0, cu_seqlens, attention, discount, reverse)
     state = [z.new_empty((args.n_sequences, z.shape[2]), dtype=state_dtype(z.dtype))
              for _ in range(3)]
-    saved = load(backend).saved_like(args) if save else []
+    saved = dispatch.load(backend).saved_like(args) if save else []
     return (torch.empty_like(z), *state, saved)
 
 
@@ -59,7 +60,7 @@ def scan_backward_op(z: Tensor, a: Tensor, g: Optional[Tensor], m0: Optional[Ten
     """``(gz, ga, gg, gm0, gn0, gd0)``; empty tensors stand for gradients of absent inputs."""
     args = _args(z, a, g, m0, n0, d0, cu_seqlens, attention, discount, reverse)
     g_final = None if gn is None and gd is None else (gn, gd)
-    gz, ga, gg, g_init = load(backend).backward(args, list(saved), m_final, gy,
+    gz, ga, gg, g_init = dispatch.load(backend).backward(args, list(saved), m_final, gy,
                                                          g_final)
     absent = lambda: z.new_empty(0)  # one fresh tensor each: outputs may not alias
     gg = absent() if gg is None else gg
@@ -132,7 +133,7 @@ def weighted_scan_op(args: ScanArgs, backend: str) -> tuple[Tensor, tuple]:
     if not save and not torch.compiler.is_compiling():
         # Inference in eager mode: the same backend call the op makes, without the custom-op
         # dispatch (tens of microseconds, a quarter of a B=1, T=1K call).
-        y, final, _ = load(backend).forward(args, output_final_state=True, save=False)
+        y, final, _ = dispatch.load(backend).forward(args, output_final_state=True, save=False)
         return y, final
     y, m, n, d, _ = scan_op(z, a, g, m0, n0, d0, cu_seqlens, attention,
                             _NONE if discount is None else discount, reverse, save, backend)
@@ -142,7 +143,7 @@ def weighted_scan_op(args: ScanArgs, backend: str) -> tuple[Tensor, tuple]:
 def _step_into(args: ScanArgs, state: tuple, out: Tensor, backend: str) -> None:
     """The backend's in-place step (:meth:`fastrwa.ops.dispatch.Backend.step_`); where it
     has none or declines, its forward from ``state`` and a copy into ``state`` and ``out``."""
-    module = load(backend)
+    module = dispatch.load(backend)
     step = getattr(module, "step_", None)      # (optional in the contract)
     if step is not None and step(args, state, out):
         return

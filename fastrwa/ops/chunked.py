@@ -26,6 +26,7 @@ import math
 from typing import Callable, Sequence
 
 import torch
+from einops import reduce
 
 State = tuple  # (m, [values...], d or None), each (B, K, D)
 Emit = Callable[[slice, torch.Tensor, list, "torch.Tensor | None"], None]
@@ -161,7 +162,7 @@ def scan(
             summary = step(summary, sel_main(j))
         G = None
         if lam is not None:
-            G = lam[:, main_lo:main_hi].reshape(B, N, C, D).sum(dim=2)       # [B, N, D]
+            G = reduce(lam[:, main_lo:main_hi], "b (n c) d -> b n d", "sum", c=C)  # [B, N, D]
         carry_in = _empty_state(l, (B, N, D), len(xs), with_sum)
         cur = _copy_state(init)
         chunk_order = range(N - 1, -1, -1) if reverse else range(N)

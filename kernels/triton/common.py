@@ -120,20 +120,24 @@ def decay_grad(glam, g, DISCOUNT: tl.constexpr):
 
 @triton.jit
 def chunk_rows(c, T, BT: tl.constexpr, REVERSE: tl.constexpr):
-    """Positions ``[BT]`` (within the sequence) of the ``c``-th chunk in scan order, and their mask.
+    """Positions ``[BT]`` (within the sequence) of the rows of the ``c``-th chunk, in scan
+    order, and their mask.
 
-    Forward chunks start at 0; reversed ones end at ``T``, so the ragged chunk is the last
-    one scanned in both directions.
+    Row ``r`` of chunk ``c`` is scan step ``s = c * BT + r``: position ``s``, or ``T - 1 - s``
+    reversed. Every block is therefore scanned first row to last whatever the direction
+    (only the positions differ), and the ragged chunk is the last one, its masked rows at
+    the end of its block, in both directions.
     """
+    o_s = c * BT + tl.arange(0, BT)                                           # [BT]
     if REVERSE:
-        o_t = T - (c + 1) * BT + tl.arange(0, BT)
+        o_t = T - 1 - o_s
     else:
-        o_t = c * BT + tl.arange(0, BT)
+        o_t = o_s
     return o_t, (o_t >= 0) & (o_t < T)
 
 
 @triton.jit
-def load_chunk(z_ptr, a_ptr, g_ptr, bos, o_t, m_t, o_d, m_d, D,
+def load_chunk(z_ptr, a_ptr, g_ptr, bos, o_t, mask_t, o_d, mask_d, D,
                ATTN: tl.constexpr, DISCOUNT: tl.constexpr):
     """Load ``z, a`` (and ``g``) rows ``o_t`` of the sequence starting at ``bos``; float32.
 
@@ -141,25 +145,26 @@ def load_chunk(z_ptr, a_ptr, g_ptr, bos, o_t, m_t, o_d, m_d, D,
     get ``l = -inf`` and ``lam = 0``: no weight and no decay, so they leave any state unchanged.
     """
     o = (bos + o_t).to(tl.int64)[:, None] * D + o_d[None, :]                  # [BT, BD]
-    m = m_t[:, None] & m_d[None, :]                                           # [BT, BD]
-    b_z = tl.load(z_ptr + o, mask=m, other=0.0).to(tl.float32)               # [BT, BD]
-    b_a = tl.load(a_ptr + o, mask=m, other=0.0).to(tl.float32)               # [BT, BD]
-    b_l = tl.where(m, log_weight(b_a, ATTN), NEG_INF)                        # [BT, BD]
+    mask = mask_t[:, None] & mask_d[None, :]                                  # [BT, BD]
+    b_z = tl.load(z_ptr + o, mask=mask, other=0.0).to(tl.float32)            # [BT, BD]
+    b_a = tl.load(a_ptr + o, mask=mask, other=0.0).to(tl.float32)            # [BT, BD]
+    b_l = tl.where(mask, log_weight(b_a, ATTN), NEG_INF)                     # [BT, BD]
     if DISCOUNT == NO_DISCOUNT:
         b_g = tl.zeros_like(b_l)                                              # [BT, BD]
         b_lam = tl.zeros_like(b_l)                                            # [BT, BD]
     else:
-        b_g = tl.load(g_ptr + o, mask=m, other=0.0).to(tl.float32)           # [BT, BD]
-        b_lam = tl.where(m, log_decay(b_g, DISCOUNT), 0.0)                    # [BT, BD]
+        b_g = tl.load(g_ptr + o, mask=mask, other=0.0).to(tl.float32)        # [BT, BD]
+        b_lam = tl.where(mask, log_decay(b_g, DISCOUNT), 0.0)                 # [BT, BD]
     return b_z, b_a, b_g, b_l, b_lam
 
 
 @triton.jit
-def scan_chunk(b_l, b_z, b_lam, b_hm, b_hn, b_hd, REVERSE: tl.constexpr):
-    """States ``(m, n~, d~)`` after every row of a chunk ``[BT, BD]``, from incoming ``[BD]`` state."""
+def scan_chunk(b_l, b_z, b_lam, b_hm, b_hn, b_hd):
+    """States ``(m, n~, d~)`` after every row of a chunk ``[BT, BD]`` (rows in scan order,
+    :func:`chunk_rows`), from incoming ``[BD]`` state."""
     b_one = tl.full(b_l.shape, 1.0, tl.float32)                               # [BT, BD]
-    b_m, b_n, b_d, b_G = tl.associative_scan((b_l, b_z, b_one, b_lam), 0, combine,
-                                             reverse=REVERSE)                 # [BT, BD] x4
+    b_m, b_n, b_d, b_G = tl.associative_scan((b_l, b_z, b_one, b_lam), 0,
+                                             combine)                         # [BT, BD] x4
     b_m, b_n, b_d, _ = combine(b_hm[None, :], b_hn[None, :], b_hd[None, :], 0.0,
                                b_m, b_n, b_d, b_G)
     return b_m, b_n, b_d
@@ -188,27 +193,27 @@ def log_total(b_m, b_d):
 
 
 @triton.jit
-def load_state(p, o_s, m_d, rows):
+def load_state(p, o_s, mask_d, rows):
     """``(m, n~, d~)`` ``[BD]`` at ``o_s`` of a ``(3, rows, D)`` buffer (masked lanes: empty)."""
-    b_m = tl.load(p + o_s, mask=m_d, other=NEG_INF)                            # [BD]
-    b_n = tl.load(p + rows + o_s, mask=m_d, other=0.0)                         # [BD]
-    b_d = tl.load(p + 2 * rows + o_s, mask=m_d, other=0.0)                     # [BD]
+    b_m = tl.load(p + o_s, mask=mask_d, other=NEG_INF)                            # [BD]
+    b_n = tl.load(p + rows + o_s, mask=mask_d, other=0.0)                         # [BD]
+    b_d = tl.load(p + 2 * rows + o_s, mask=mask_d, other=0.0)                     # [BD]
     return b_m, b_n, b_d
 
 
 @triton.jit
-def store_state(p, o_s, m_d, rows, b_m, b_n, b_d):
+def store_state(p, o_s, mask_d, rows, b_m, b_n, b_d):
     """Store ``(m, n~, d~)`` ``[BD]`` at ``o_s`` of a ``(3, rows, D)`` buffer."""
-    tl.store(p + o_s, b_m, mask=m_d)
-    tl.store(p + rows + o_s, b_n, mask=m_d)
-    tl.store(p + 2 * rows + o_s, b_d, mask=m_d)
+    tl.store(p + o_s, b_m, mask=mask_d)
+    tl.store(p + rows + o_s, b_n, mask=mask_d)
+    tl.store(p + 2 * rows + o_s, b_d, mask=mask_d)
 
 
 @triton.jit
-def initial_state(h0_ptr, o_s, m_d, rows, HAS_INIT: tl.constexpr, BD: tl.constexpr):
+def initial_state(h0_ptr, o_s, mask_d, rows, HAS_INIT: tl.constexpr, BD: tl.constexpr):
     """The state a sequence starts from: loaded from ``h0`` ``(3, rows, D)``, or empty."""
     if HAS_INIT:
-        b_m, b_n, b_d = load_state(h0_ptr, o_s, m_d, rows)                     # [BD] x3
+        b_m, b_n, b_d = load_state(h0_ptr, o_s, mask_d, rows)                     # [BD] x3
     else:
         b_m = tl.full([BD], NEG_INF, tl.float32)                               # [BD]
         b_n = tl.zeros([BD], tl.float32)                                       # [BD]
@@ -224,16 +229,16 @@ def state_row(b_m, b_n, b_d, r, BT: tl.constexpr):
 
 
 @triton.jit
-def store_summary(p, o_s, m_d, rows, b_m, b_n, b_d, b_G, r, BT: tl.constexpr):
+def store_summary(p, o_s, mask_d, rows, b_m, b_n, b_d, b_G, r, BT: tl.constexpr):
     """Store row ``r`` of a scanned chunk as its summary ``(m, n~, d~, G)`` in ``(4, rows, D)``."""
     s_m, s_n, s_d = state_row(b_m, b_n, b_d, r, BT)                            # [BD] x3
-    store_state(p, o_s, m_d, rows, s_m, s_n, s_d)
-    tl.store(p + 3 * rows + o_s, row(b_G, tl.arange(0, BT), r, 0.0), mask=m_d)
+    store_state(p, o_s, mask_d, rows, s_m, s_n, s_d)
+    tl.store(p + 3 * rows + o_s, row(b_G, tl.arange(0, BT), r, 0.0), mask=mask_d)
 
 
 @triton.jit
-def load_summary(p, o_s, m_d, rows):
+def load_summary(p, o_s, mask_d, rows):
     """A chunk summary ``(m, n~, d~, G)`` ``[BD]`` from ``(4, rows, D)``."""
-    b_m, b_n, b_d = load_state(p, o_s, m_d, rows)                              # [BD] x3
-    b_G = tl.load(p + 3 * rows + o_s, mask=m_d, other=0.0)                     # [BD]
+    b_m, b_n, b_d = load_state(p, o_s, mask_d, rows)                              # [BD] x3
+    b_G = tl.load(p + 3 * rows + o_s, mask=mask_d, other=0.0)                     # [BD]
     return b_m, b_n, b_d, b_G

@@ -26,7 +26,7 @@ from .sequence import chunk_program, sequence_program
 
 
 @triton.jit
-def _chunk_adjoint(z_ptr, a_ptr, g_ptr, gy_ptr, hc_ptr, bos, T_i, c, cidx, o_d, m_d, D, NCT,
+def _chunk_adjoint(z_ptr, a_ptr, g_ptr, gy_ptr, hc_ptr, bos, T_i, c, cidx, o_d, mask_d, D, NCT,
                    ATTN: tl.constexpr, DISCOUNT: tl.constexpr, REVERSE: tl.constexpr,
                    BT: tl.constexpr, BD: tl.constexpr):
     """Recompute chunk ``c`` (global index ``cidx``) and scan its adjoint from an empty state.
@@ -34,17 +34,17 @@ def _chunk_adjoint(z_ptr, a_ptr, g_ptr, gy_ptr, hc_ptr, bos, T_i, c, cidx, o_d, 
     Returns the rows' positions and mask, the inputs and forward values the gradients need,
     and the local adjoint ``(M, rho, sigma, G)``, all ``[BT, BD]``.
     """
-    o_t, m_t = chunk_rows(c, T_i, BT, REVERSE)
-    m_2 = m_t[:, None] & m_d[None, :]                                         # [BT, BD]
-    b_z, b_a, b_g, b_l, b_lam = load_chunk(z_ptr, a_ptr, g_ptr, bos, o_t, m_t, o_d, m_d, D,
+    o_t, mask_t = chunk_rows(c, T_i, BT, REVERSE)
+    mask_2 = mask_t[:, None] & mask_d[None, :]                                         # [BT, BD]
+    b_z, b_a, b_g, b_l, b_lam = load_chunk(z_ptr, a_ptr, g_ptr, bos, o_t, mask_t, o_d, mask_d, D,
                                            ATTN, DISCOUNT)                    # [BT, BD] x5
-    b_hm, b_hn, b_hd = load_state(hc_ptr, cidx * D + o_d, m_d, NCT * D)       # [BD] x3
-    b_m, b_n, b_d = scan_chunk(b_l, b_z, b_lam, b_hm, b_hn, b_hd, REVERSE)     # [BT, BD] x3
+    b_hm, b_hn, b_hd = load_state(hc_ptr, cidx * D + o_d, mask_d, NCT * D)       # [BD] x3
+    b_m, b_n, b_d = scan_chunk(b_l, b_z, b_lam, b_hm, b_hn, b_hd)     # [BT, BD] x3
     b_y = average(b_n, b_d)                                                    # [BT, BD]
-    b_L = tl.where(m_2, log_total(b_m, b_d), NEG_INF)                          # [BT, BD]
+    b_L = tl.where(mask_2, log_total(b_m, b_d), NEG_INF)                          # [BT, BD]
     o = (bos + o_t).to(tl.int64)[:, None] * D + o_d[None, :]                  # [BT, BD]
-    b_gy = tl.load(gy_ptr + o, mask=m_2, other=0.0).to(tl.float32)           # [BT, BD]
-    # The adjoint carried into row t decays by lam of the next row in forward order.
+    b_gy = tl.load(gy_ptr + o, mask=mask_2, other=0.0).to(tl.float32)           # [BT, BD]
+    # The adjoint carried into row t decays by lam of the next row in scan order.
     if DISCOUNT == NO_DISCOUNT:
         b_lam_next = tl.zeros([BT, BD], tl.float32)                           # [BT, BD]
     else:
@@ -52,44 +52,44 @@ def _chunk_adjoint(z_ptr, a_ptr, g_ptr, gy_ptr, hc_ptr, bos, T_i, c, cidx, o_d, 
             o_n = o_t - 1
         else:
             o_n = o_t + 1
-        m_n = ((o_n >= 0) & (o_n < T_i))[:, None] & m_d[None, :]              # [BT, BD]
+        mask_n = ((o_n >= 0) & (o_n < T_i))[:, None] & mask_d[None, :]              # [BT, BD]
         p_n = g_ptr + (bos + o_n).to(tl.int64)[:, None] * D + o_d[None, :]    # [BT, BD]
-        b_gn = tl.load(p_n, mask=m_n, other=0.0).to(tl.float32)               # [BT, BD]
-        b_lam_next = tl.where(m_n, log_decay(b_gn, DISCOUNT), 0.0)             # [BT, BD]
+        b_gn = tl.load(p_n, mask=mask_n, other=0.0).to(tl.float32)               # [BT, BD]
+        b_lam_next = tl.where(mask_n, log_decay(b_gn, DISCOUNT), 0.0)             # [BT, BD]
     b_w = tl.where(b_L == NEG_INF, NEG_INF, -b_L)                             # [BT, BD]
     b_AM, b_AR, b_AS, b_AG = tl.associative_scan(
-        (b_w, b_gy, b_gy * b_y, b_lam_next), 0, combine, reverse=not REVERSE)  # [BT, BD] x4
-    return o_t, m_2, b_z, b_a, b_g, b_l, b_y, b_L, b_AM, b_AR, b_AS, b_AG
+        (b_w, b_gy, b_gy * b_y, b_lam_next), 0, combine, reverse=True)  # [BT, BD] x4
+    return o_t, mask_2, b_z, b_a, b_g, b_l, b_y, b_L, b_AM, b_AR, b_AS, b_AG
 
 
 @triton.jit
-def _store_grads(gz_ptr, ga_ptr, gg_ptr, bos, o_t, m_2, o_d, D, b_z, b_a, b_g, b_l, b_y, b_L,
+def _store_grads(gz_ptr, ga_ptr, gg_ptr, bos, o_t, mask_2, o_d, D, b_z, b_a, b_g, b_l, b_y, b_L,
                  b_M, b_R, b_S, ATTN: tl.constexpr, DISCOUNT: tl.constexpr):
     """Gradients of a chunk from its full adjoint state ``(M, rho, sigma)`` ``[BT, BD]``."""
     b_w = tl.exp(b_l + b_M)                                                    # [BT, BD]
     b_gz = b_w * b_R                                                           # [BT, BD]
     b_gl = b_w * (b_z * b_R - b_S)                                             # [BT, BD]
     o = (bos + o_t).to(tl.int64)[:, None] * D + o_d[None, :]                  # [BT, BD]
-    tl.store(gz_ptr + o, b_gz.to(gz_ptr.dtype.element_ty), mask=m_2)
+    tl.store(gz_ptr + o, b_gz.to(gz_ptr.dtype.element_ty), mask=mask_2)
     b_ga = attention_grad(b_gl, b_a, ATTN)                                     # [BT, BD]
-    tl.store(ga_ptr + o, b_ga.to(ga_ptr.dtype.element_ty), mask=m_2)
+    tl.store(ga_ptr + o, b_ga.to(ga_ptr.dtype.element_ty), mask=mask_2)
     if DISCOUNT != 0:
         b_glam = tl.exp(b_L + b_M) * (b_y * b_R - b_S) - b_gl                  # [BT, BD]
         b_gg = decay_grad(b_glam, b_g, DISCOUNT)                               # [BT, BD]
-        tl.store(gg_ptr + o, b_gg.to(gg_ptr.dtype.element_ty), mask=m_2)
+        tl.store(gg_ptr + o, b_gg.to(gg_ptr.dtype.element_ty), mask=mask_2)
 
 
 @triton.jit
-def _final_adjoint(i, ht_ptr, dht_ptr, o_d, m_d, D, NS, HAS_FINAL_GRAD: tl.constexpr,
+def _final_adjoint(i, ht_ptr, dht_ptr, o_d, mask_d, D, NS, HAS_FINAL_GRAD: tl.constexpr,
                    BD: tl.constexpr):
     """The adjoint entering at the end: ``(-m_T, gn~, -gd~)`` from the final state's gradient."""
     if HAS_FINAL_GRAD:
         o_s = i.to(tl.int64) * D + o_d                                         # [BD]
-        b_mT = tl.load(ht_ptr + o_s, mask=m_d, other=NEG_INF)                  # [BD]
+        b_mT = tl.load(ht_ptr + o_s, mask=mask_d, other=NEG_INF)                  # [BD]
         b_M = tl.where(b_mT == NEG_INF, NEG_INF, -b_mT)                        # [BD]
-        b_M = tl.where(m_d, b_M, NEG_INF)
-        b_R = tl.load(dht_ptr + NS * D + o_s, mask=m_d, other=0.0)             # [BD]
-        b_S = -tl.load(dht_ptr + 2 * NS * D + o_s, mask=m_d, other=0.0)        # [BD]
+        b_M = tl.where(mask_d, b_M, NEG_INF)
+        b_R = tl.load(dht_ptr + NS * D + o_s, mask=mask_d, other=0.0)             # [BD]
+        b_S = -tl.load(dht_ptr + 2 * NS * D + o_s, mask=mask_d, other=0.0)        # [BD]
     else:
         b_M = tl.full([BD], NEG_INF, tl.float32)
         b_R = tl.zeros([BD], tl.float32)
@@ -98,11 +98,11 @@ def _final_adjoint(i, ht_ptr, dht_ptr, o_d, m_d, D, NS, HAS_FINAL_GRAD: tl.const
 
 
 @triton.jit
-def _initial_state_grads(i, g_ptr, h0_ptr, dh0_ptr, bos, T_i, o_d, m_d, D, NS, b_M, b_R, b_S,
+def _initial_state_grads(i, g_ptr, h0_ptr, dh0_ptr, bos, T_i, o_d, mask_d, D, NS, b_M, b_R, b_S,
                          DISCOUNT: tl.constexpr, REVERSE: tl.constexpr):
     """``w0 = exp(m0 + lam_first + M)``; ``dm0 = w0 (n0 rho - d0 sigma)``, ``dn0 = w0 rho``, ``dd0 = -w0 sigma``."""
     o_s = i.to(tl.int64) * D + o_d                                             # [BD]
-    b_m0, b_n0, b_d0 = load_state(h0_ptr, o_s, m_d, NS * D)                   # [BD] x3
+    b_m0, b_n0, b_d0 = load_state(h0_ptr, o_s, mask_d, NS * D)                   # [BD] x3
     if DISCOUNT == NO_DISCOUNT:
         b_lam0 = tl.zeros_like(b_m0)                                           # [BD]
     else:
@@ -110,11 +110,11 @@ def _initial_state_grads(i, g_ptr, h0_ptr, dh0_ptr, bos, T_i, o_d, m_d, D, NS, b
             first = T_i - 1
         else:
             first = 0
-        m_0 = m_d & (tl.zeros_like(o_d) < T_i)                                   # [BD]
-        b_g0 = tl.load(g_ptr + (bos + first) * D + o_d, mask=m_0, other=0.0).to(tl.float32)
-        b_lam0 = tl.where(m_0, log_decay(b_g0, DISCOUNT), 0.0)                 # [BD]
+        mask_0 = mask_d & (tl.zeros_like(o_d) < T_i)                                   # [BD]
+        b_g0 = tl.load(g_ptr + (bos + first) * D + o_d, mask=mask_0, other=0.0).to(tl.float32)
+        b_lam0 = tl.where(mask_0, log_decay(b_g0, DISCOUNT), 0.0)                 # [BD]
     b_w0 = tl.exp(b_m0 + b_lam0 + b_M)                                         # [BD]
-    store_state(dh0_ptr, o_s, m_d, NS * D, b_w0 * (b_n0 * b_R - b_d0 * b_S), b_w0 * b_R,
+    store_state(dh0_ptr, o_s, mask_d, NS * D, b_w0 * (b_n0 * b_R - b_d0 * b_S), b_w0 * b_R,
                 -b_w0 * b_S)
 
 
@@ -127,25 +127,21 @@ def bwd_looped_kernel(
     HAS_FINAL_GRAD: tl.constexpr, IS_VARLEN: tl.constexpr, REVERSE: tl.constexpr,
     BT: tl.constexpr, BD: tl.constexpr,
 ):
-    i, o_d, m_d, bos, T_i, c0 = sequence_program(cu_ptr, co_ptr, T, D, BT, BD, IS_VARLEN)
-    b_M, b_R, b_S = _final_adjoint(i, ht_ptr, dht_ptr, o_d, m_d, D, NS, HAS_FINAL_GRAD, BD)
-    if REVERSE:
-        FIRST = BT - 1
-    else:
-        FIRST = 0
+    i, o_d, mask_d, bos, T_i, c0 = sequence_program(cu_ptr, co_ptr, T, D, BT, BD, IS_VARLEN)
+    b_M, b_R, b_S = _final_adjoint(i, ht_ptr, dht_ptr, o_d, mask_d, D, NS, HAS_FINAL_GRAD, BD)
     nc = tl.cdiv(T_i, BT)
     for k in range(0, nc):
         c = nc - 1 - k
-        o_t, m_2, b_z, b_a, b_g, b_l, b_y, b_L, b_AM, b_AR, b_AS, b_AG = _chunk_adjoint(
-            z_ptr, a_ptr, g_ptr, gy_ptr, hc_ptr, bos, T_i, c, c0 + c, o_d, m_d, D, NCT,
+        o_t, mask_2, b_z, b_a, b_g, b_l, b_y, b_L, b_AM, b_AR, b_AS, b_AG = _chunk_adjoint(
+            z_ptr, a_ptr, g_ptr, gy_ptr, hc_ptr, bos, T_i, c, c0 + c, o_d, mask_d, D, NCT,
             ATTN, DISCOUNT, REVERSE, BT, BD)
         b_AM, b_AR, b_AS, _ = combine(b_M[None, :], b_R[None, :], b_S[None, :], 0.0,
                                       b_AM, b_AR, b_AS, b_AG)                  # [BT, BD] x3
-        _store_grads(gz_ptr, ga_ptr, gg_ptr, bos, o_t, m_2, o_d, D, b_z, b_a, b_g, b_l, b_y,
+        _store_grads(gz_ptr, ga_ptr, gg_ptr, bos, o_t, mask_2, o_d, D, b_z, b_a, b_g, b_l, b_y,
                      b_L, b_AM, b_AR, b_AS, ATTN, DISCOUNT)
-        b_M, b_R, b_S = state_row(b_AM, b_AR, b_AS, FIRST, BT)                 # [BD] x3
+        b_M, b_R, b_S = state_row(b_AM, b_AR, b_AS, 0, BT)                     # [BD] x3
     if HAS_INIT:
-        _initial_state_grads(i, g_ptr, h0_ptr, dh0_ptr, bos, T_i, o_d, m_d, D, NS, b_M, b_R,
+        _initial_state_grads(i, g_ptr, h0_ptr, dh0_ptr, bos, T_i, o_d, mask_d, D, NS, b_M, b_R,
                              b_S, DISCOUNT, REVERSE)
 
 
@@ -157,15 +153,11 @@ def bwd_summary_kernel(
     REVERSE: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
 ):
     """Phase 1: every chunk's adjoint ``(M, rho, sigma, G)`` from an empty adjoint state."""
-    pid, o_d, m_d, bos, T_i, c = chunk_program(cu_ptr, co_ptr, cs_ptr, T, D, BT, BD, IS_VARLEN)
+    pid, o_d, mask_d, bos, T_i, c = chunk_program(cu_ptr, co_ptr, cs_ptr, T, D, BT, BD, IS_VARLEN)
     _, _, _, _, _, _, _, _, b_AM, b_AR, b_AS, b_AG = _chunk_adjoint(
-        z_ptr, a_ptr, g_ptr, gy_ptr, hc_ptr, bos, T_i, c, pid, o_d, m_d, D, NCT,
+        z_ptr, a_ptr, g_ptr, gy_ptr, hc_ptr, bos, T_i, c, pid, o_d, mask_d, D, NCT,
         ATTN, DISCOUNT, REVERSE, BT, BD)
-    if REVERSE:
-        FIRST = BT - 1
-    else:
-        FIRST = 0
-    store_summary(s_ptr, pid * D + o_d, m_d, NCT * D, b_AM, b_AR, b_AS, b_AG, FIRST, BT)
+    store_summary(s_ptr, pid * D + o_d, mask_d, NCT * D, b_AM, b_AR, b_AS, b_AG, 0, BT)
 
 
 @triton.jit
@@ -176,16 +168,16 @@ def bwd_carry_kernel(
     IS_VARLEN: tl.constexpr, REVERSE: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
 ):
     """Phase 2: every chunk's incoming adjoint (into ``ac``), then the initial-state gradients."""
-    i, o_d, m_d, bos, T_i, c0 = sequence_program(cu_ptr, co_ptr, T, D, BT, BD, IS_VARLEN)
-    b_M, b_R, b_S = _final_adjoint(i, ht_ptr, dht_ptr, o_d, m_d, D, NS, HAS_FINAL_GRAD, BD)
+    i, o_d, mask_d, bos, T_i, c0 = sequence_program(cu_ptr, co_ptr, T, D, BT, BD, IS_VARLEN)
+    b_M, b_R, b_S = _final_adjoint(i, ht_ptr, dht_ptr, o_d, mask_d, D, NS, HAS_FINAL_GRAD, BD)
     nc = tl.cdiv(T_i, BT)
     for k in range(0, nc):
         o_c = (c0 + nc - 1 - k) * D + o_d                                      # [BD]
-        store_state(ac_ptr, o_c, m_d, NCT * D, b_M, b_R, b_S)
-        b_sM, b_sR, b_sS, b_sG = load_summary(s_ptr, o_c, m_d, NCT * D)       # [BD] x4
+        store_state(ac_ptr, o_c, mask_d, NCT * D, b_M, b_R, b_S)
+        b_sM, b_sR, b_sS, b_sG = load_summary(s_ptr, o_c, mask_d, NCT * D)       # [BD] x4
         b_M, b_R, b_S, _ = combine(b_M, b_R, b_S, 0.0, b_sM, b_sR, b_sS, b_sG)
     if HAS_INIT:
-        _initial_state_grads(i, g_ptr, h0_ptr, dh0_ptr, bos, T_i, o_d, m_d, D, NS, b_M, b_R,
+        _initial_state_grads(i, g_ptr, h0_ptr, dh0_ptr, bos, T_i, o_d, mask_d, D, NS, b_M, b_R,
                              b_S, DISCOUNT, REVERSE)
 
 
@@ -197,12 +189,12 @@ def bwd_grads_kernel(
     REVERSE: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
 ):
     """Phase 3: every chunk from its incoming adjoint writes its gradients."""
-    pid, o_d, m_d, bos, T_i, c = chunk_program(cu_ptr, co_ptr, cs_ptr, T, D, BT, BD, IS_VARLEN)
-    o_t, m_2, b_z, b_a, b_g, b_l, b_y, b_L, b_AM, b_AR, b_AS, b_AG = _chunk_adjoint(
-        z_ptr, a_ptr, g_ptr, gy_ptr, hc_ptr, bos, T_i, c, pid, o_d, m_d, D, NCT,
+    pid, o_d, mask_d, bos, T_i, c = chunk_program(cu_ptr, co_ptr, cs_ptr, T, D, BT, BD, IS_VARLEN)
+    o_t, mask_2, b_z, b_a, b_g, b_l, b_y, b_L, b_AM, b_AR, b_AS, b_AG = _chunk_adjoint(
+        z_ptr, a_ptr, g_ptr, gy_ptr, hc_ptr, bos, T_i, c, pid, o_d, mask_d, D, NCT,
         ATTN, DISCOUNT, REVERSE, BT, BD)
-    b_M, b_R, b_S = load_state(ac_ptr, pid * D + o_d, m_d, NCT * D)  # [BD] x3
+    b_M, b_R, b_S = load_state(ac_ptr, pid * D + o_d, mask_d, NCT * D)  # [BD] x3
     b_AM, b_AR, b_AS, _ = combine(b_M[None, :], b_R[None, :], b_S[None, :], 0.0,
                                   b_AM, b_AR, b_AS, b_AG)                      # [BT, BD] x3
-    _store_grads(gz_ptr, ga_ptr, gg_ptr, bos, o_t, m_2, o_d, D, b_z, b_a, b_g, b_l, b_y, b_L,
+    _store_grads(gz_ptr, ga_ptr, gg_ptr, bos, o_t, mask_2, o_d, D, b_z, b_a, b_g, b_l, b_y, b_L,
                  b_AM, b_AR, b_AS, ATTN, DISCOUNT)

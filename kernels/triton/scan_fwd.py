@@ -20,9 +20,9 @@ from .sequence import chunk_program, sequence_program
 
 
 @triton.jit
-def _store_y(y_ptr, bos, o_t, m_t, o_d, m_d, D, b_y):
+def _store_y(y_ptr, bos, o_t, mask_t, o_d, mask_d, D, b_y):
     o = (bos + o_t).to(tl.int64)[:, None] * D + o_d[None, :]                  # [BT, BD]
-    tl.store(y_ptr + o, b_y.to(y_ptr.dtype.element_ty), mask=m_t[:, None] & m_d[None, :])
+    tl.store(y_ptr + o, b_y.to(y_ptr.dtype.element_ty), mask=mask_t[:, None] & mask_d[None, :])
 
 
 @triton.jit
@@ -33,24 +33,20 @@ def fwd_looped_kernel(
     STORE_FINAL: tl.constexpr, SAVE_CHUNKS: tl.constexpr, IS_VARLEN: tl.constexpr,
     REVERSE: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
 ):
-    i, o_d, m_d, bos, T_i, c0 = sequence_program(cu_ptr, co_ptr, T, D, BT, BD, IS_VARLEN)
+    i, o_d, mask_d, bos, T_i, c0 = sequence_program(cu_ptr, co_ptr, T, D, BT, BD, IS_VARLEN)
     o_s = i.to(tl.int64) * D + o_d                                             # [BD]
-    b_hm, b_hn, b_hd = initial_state(h0_ptr, o_s, m_d, NS * D, HAS_INIT, BD)
-    if REVERSE:
-        LAST = 0
-    else:
-        LAST = BT - 1
+    b_hm, b_hn, b_hd = initial_state(h0_ptr, o_s, mask_d, NS * D, HAS_INIT, BD)
     for c in range(0, tl.cdiv(T_i, BT)):
         if SAVE_CHUNKS:
-            store_state(hc_ptr, (c0 + c) * D + o_d, m_d, NCT * D, b_hm, b_hn, b_hd)
-        o_t, m_t = chunk_rows(c, T_i, BT, REVERSE)
-        b_z, _, _, b_l, b_lam = load_chunk(z_ptr, a_ptr, g_ptr, bos, o_t, m_t, o_d, m_d, D,
+            store_state(hc_ptr, (c0 + c) * D + o_d, mask_d, NCT * D, b_hm, b_hn, b_hd)
+        o_t, mask_t = chunk_rows(c, T_i, BT, REVERSE)
+        b_z, _, _, b_l, b_lam = load_chunk(z_ptr, a_ptr, g_ptr, bos, o_t, mask_t, o_d, mask_d, D,
                                           ATTN, DISCOUNT)                      # [BT, BD] x3
-        b_m, b_n, b_d = scan_chunk(b_l, b_z, b_lam, b_hm, b_hn, b_hd, REVERSE)  # [BT, BD] x3
-        _store_y(y_ptr, bos, o_t, m_t, o_d, m_d, D, average(b_n, b_d))
-        b_hm, b_hn, b_hd = state_row(b_m, b_n, b_d, LAST, BT)                  # [BD] x3
+        b_m, b_n, b_d = scan_chunk(b_l, b_z, b_lam, b_hm, b_hn, b_hd)  # [BT, BD] x3
+        _store_y(y_ptr, bos, o_t, mask_t, o_d, mask_d, D, average(b_n, b_d))
+        b_hm, b_hn, b_hd = state_row(b_m, b_n, b_d, BT - 1, BT)                # [BD] x3
     if STORE_FINAL:
-        store_state(ht_ptr, o_s, m_d, NS * D, b_hm, b_hn, b_hd)
+        store_state(ht_ptr, o_s, mask_d, NS * D, b_hm, b_hn, b_hd)
 
 
 @triton.jit
@@ -61,18 +57,14 @@ def fwd_summary_kernel(
     REVERSE: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
 ):
     """Phase 1: every chunk's ``(m, n~, d~, G)`` from an empty state, into ``(4, NCT, D)``."""
-    pid, o_d, m_d, bos, T_i, c = chunk_program(cu_ptr, co_ptr, cs_ptr, T, D, BT, BD, IS_VARLEN)
-    o_t, m_t = chunk_rows(c, T_i, BT, REVERSE)
-    b_z, _, _, b_l, b_lam = load_chunk(z_ptr, a_ptr, g_ptr, bos, o_t, m_t, o_d, m_d, D,
+    pid, o_d, mask_d, bos, T_i, c = chunk_program(cu_ptr, co_ptr, cs_ptr, T, D, BT, BD, IS_VARLEN)
+    o_t, mask_t = chunk_rows(c, T_i, BT, REVERSE)
+    b_z, _, _, b_l, b_lam = load_chunk(z_ptr, a_ptr, g_ptr, bos, o_t, mask_t, o_d, mask_d, D,
                                       ATTN, DISCOUNT)                          # [BT, BD] x3
     b_one = tl.full([BT, BD], 1.0, tl.float32)                                 # [BT, BD]
-    b_m, b_n, b_d, b_G = tl.associative_scan((b_l, b_z, b_one, b_lam), 0, combine,
-                                             reverse=REVERSE)                  # [BT, BD] x4
-    if REVERSE:
-        LAST = 0
-    else:
-        LAST = BT - 1
-    store_summary(s_ptr, pid * D + o_d, m_d, NCT * D, b_m, b_n, b_d, b_G, LAST, BT)
+    b_m, b_n, b_d, b_G = tl.associative_scan((b_l, b_z, b_one, b_lam), 0,
+                                             combine)                          # [BT, BD] x4
+    store_summary(s_ptr, pid * D + o_d, mask_d, NCT * D, b_m, b_n, b_d, b_G, BT - 1, BT)
 
 
 @triton.jit
@@ -83,16 +75,16 @@ def fwd_carry_kernel(
     BT: tl.constexpr, BD: tl.constexpr,
 ):
     """Phase 2: per sequence, every chunk's incoming state (into ``hc``) and the final state."""
-    i, o_d, m_d, bos, T_i, c0 = sequence_program(cu_ptr, co_ptr, T, D, BT, BD, IS_VARLEN)
+    i, o_d, mask_d, bos, T_i, c0 = sequence_program(cu_ptr, co_ptr, T, D, BT, BD, IS_VARLEN)
     o_s = i.to(tl.int64) * D + o_d                                             # [BD]
-    b_hm, b_hn, b_hd = initial_state(h0_ptr, o_s, m_d, NS * D, HAS_INIT, BD)
+    b_hm, b_hn, b_hd = initial_state(h0_ptr, o_s, mask_d, NS * D, HAS_INIT, BD)
     for c in range(0, tl.cdiv(T_i, BT)):
         o_c = (c0 + c) * D + o_d                                               # [BD]
-        store_state(hc_ptr, o_c, m_d, NCT * D, b_hm, b_hn, b_hd)
-        b_sm, b_sn, b_sd, b_sG = load_summary(s_ptr, o_c, m_d, NCT * D)       # [BD] x4
+        store_state(hc_ptr, o_c, mask_d, NCT * D, b_hm, b_hn, b_hd)
+        b_sm, b_sn, b_sd, b_sG = load_summary(s_ptr, o_c, mask_d, NCT * D)       # [BD] x4
         b_hm, b_hn, b_hd, _ = combine(b_hm, b_hn, b_hd, 0.0, b_sm, b_sn, b_sd, b_sG)
     if STORE_FINAL:
-        store_state(ht_ptr, o_s, m_d, NS * D, b_hm, b_hn, b_hd)
+        store_state(ht_ptr, o_s, mask_d, NS * D, b_hm, b_hn, b_hd)
 
 
 @triton.jit
@@ -103,10 +95,10 @@ def fwd_output_kernel(
     REVERSE: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
 ):
     """Phase 3: every chunk re-runs from its incoming state and writes ``y``."""
-    pid, o_d, m_d, bos, T_i, c = chunk_program(cu_ptr, co_ptr, cs_ptr, T, D, BT, BD, IS_VARLEN)
-    o_t, m_t = chunk_rows(c, T_i, BT, REVERSE)
-    b_hm, b_hn, b_hd = load_state(hc_ptr, pid * D + o_d, m_d, NCT * D)
-    b_z, _, _, b_l, b_lam = load_chunk(z_ptr, a_ptr, g_ptr, bos, o_t, m_t, o_d, m_d, D,
+    pid, o_d, mask_d, bos, T_i, c = chunk_program(cu_ptr, co_ptr, cs_ptr, T, D, BT, BD, IS_VARLEN)
+    o_t, mask_t = chunk_rows(c, T_i, BT, REVERSE)
+    b_hm, b_hn, b_hd = load_state(hc_ptr, pid * D + o_d, mask_d, NCT * D)
+    b_z, _, _, b_l, b_lam = load_chunk(z_ptr, a_ptr, g_ptr, bos, o_t, mask_t, o_d, mask_d, D,
                                       ATTN, DISCOUNT)                          # [BT, BD] x3
-    b_m, b_n, b_d = scan_chunk(b_l, b_z, b_lam, b_hm, b_hn, b_hd, REVERSE)      # [BT, BD] x3
-    _store_y(y_ptr, bos, o_t, m_t, o_d, m_d, D, average(b_n, b_d))
+    b_m, b_n, b_d = scan_chunk(b_l, b_z, b_lam, b_hm, b_hn, b_hd)      # [BT, BD] x3
+    _store_y(y_ptr, bos, o_t, mask_t, o_d, mask_d, D, average(b_n, b_d))

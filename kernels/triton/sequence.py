@@ -44,15 +44,15 @@ def chunk_program(cu_ptr, co_ptr, cs_ptr, T, D, BT: tl.constexpr, BD: tl.constex
                   IS_VARLEN: tl.constexpr):
     """Prologue of a program over (global chunk, channel block): what it covers.
 
-    Returns ``pid`` (global chunk), ``o_d``/``m_d`` (channels ``[BD]`` and mask), the
+    Returns ``pid`` (global chunk), ``o_d``/``mask_d`` (channels ``[BD]`` and mask), the
     sequence's ``bos`` and length, and ``c``, the chunk's index in scan order there.
     """
     pid = tl.program_id(0)
     o_d = tl.program_id(1) * BD + tl.arange(0, BD)                             # [BD]
-    m_d = o_d < D
+    mask_d = o_d < D
     i, c = chunk_owner(pid, co_ptr, cs_ptr, T, BT, IS_VARLEN)
     bos, T_i = sequence(i, cu_ptr, T, IS_VARLEN)
-    return pid.to(tl.int64), o_d, m_d, bos, T_i, c
+    return pid.to(tl.int64), o_d, mask_d, bos, T_i, c
 
 
 @triton.jit
@@ -60,12 +60,12 @@ def sequence_program(cu_ptr, co_ptr, T, D, BT: tl.constexpr, BD: tl.constexpr,
                      IS_VARLEN: tl.constexpr):
     """Prologue of a program over (sequence, channel block): what it covers.
 
-    Returns the sequence ``i``, ``o_d``/``m_d`` (channels ``[BD]`` and mask), the sequence's
+    Returns the sequence ``i``, ``o_d``/``mask_d`` (channels ``[BD]`` and mask), the sequence's
     ``bos`` and length, and ``c0``, its first chunk among all chunks.
     """
     i = tl.program_id(0)
     o_d = tl.program_id(1) * BD + tl.arange(0, BD)                             # [BD]
-    m_d = o_d < D
+    mask_d = o_d < D
     bos, T_i = sequence(i, cu_ptr, T, IS_VARLEN)
     c0 = first_chunk(i, co_ptr, T, BT, IS_VARLEN)
-    return i, o_d, m_d, bos, T_i, c0
+    return i, o_d, mask_d, bos, T_i, c0
