@@ -37,6 +37,18 @@ def test_every_backend_satisfies_the_contract():
     assert callable(dispatch.load("numba").step_)
 
 
+def test_importing_fastrwa_imports_neither_triton_nor_numba():
+    """Both load with their backend: TRITON_INTERPRET (read when triton is imported) may be
+    set after ``import fastrwa``, and a CPU-only user pays no compiler import."""
+    import subprocess
+    import sys
+
+    code = "import sys, fastrwa; print(sorted({m.split('.')[0] for m in sys.modules} & {'triton', 'numba', 'torch._dynamo'}), 'torch._dynamo' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out == ["[]", "False"], out
+
+
 def test_numba_backend_refuses_non_cpu_tensors():
     with fastrwa.use_backend("numba"), pytest.raises(RuntimeError, match="numba.*CPU.*meta"):
         dispatch.resolve(torch.device("meta"), torch.float32)

@@ -91,7 +91,7 @@ def test_opcheck_on_every_backend(backend, save):
 
     z, a, g = (torch.randn(1, 6, 3, dtype=backend.dtype, requires_grad=True) for _ in range(3))
     torch.library.opcheck(scan_op, (z, a, g, None, None, None, None, "sigmoid", "sigmoid",
-                                    False, save))
+                                    False, save, backend.name))
 
 
 def test_double_backward_and_torch_func_are_clear_errors():
@@ -167,9 +167,43 @@ def test_language_model_in_place_decode_compiles_fullgraph(token_shift):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
-def test_opcheck_in_place_step_op():
+def test_opcheck_in_place_step_op(backend):
     from fastrwa.ops.autograd import step_op
 
-    z, a, g = torch.randn(3, 2, 4)
-    state = fastrwa.ScanState.empty(2, 4)
-    torch.library.opcheck(step_op, (z, a, g, *state, torch.empty(2, 4), "sigmoid", "sigmoid"))
+    z, a, g = torch.randn(3, 2, 4, dtype=backend.dtype)
+    state = fastrwa.ScanState.empty(2, 4, dtype=torch.float64 if backend.exact else torch.float32)
+    torch.library.opcheck(step_op, (z, a, g, *state, torch.empty(2, 4, dtype=backend.dtype),
+                                    "sigmoid", "sigmoid", backend.name))
+
+
+@pytest.mark.parametrize("name", ["torch", "numba"])
+def test_use_backend_holds_in_a_compiled_graph(name, monkeypatch):
+    """A function compiled inside use_backend(name) runs that backend's forward and backward
+    and gives the eager numbers; run again under the other backend, it runs that one's
+    forward and backward (the graph is traced again)."""
+    from fastrwa.ops import dispatch
+
+    calls = []
+    for backend in ("torch", "numba"):
+        module = dispatch.load(backend)
+        for fn in ("forward", "backward"):
+            original = getattr(module, fn)
+            monkeypatch.setattr(module, fn, lambda *a, _o=original, _n=(backend, fn), **k:
+                                calls.append(_n) or _o(*a, **k))
+    torch._dynamo.reset()
+    inputs = [torch.randn(2, 9, 4, requires_grad=True) for _ in range(3)]
+    with fastrwa.use_backend(name):
+        compiled = _grads(torch.compile(_loss, fullgraph=True), inputs)
+        assert {backend for backend, _ in calls} == {name}
+        assert {fn for _, fn in calls} == {"forward", "backward"}
+        eager = _grads(_loss, inputs)
+    for c, e in zip(compiled, eager):
+        torch.testing.assert_close(c, e, rtol=1e-5, atol=1e-6)
+    other = "numba" if name == "torch" else "torch"
+    calls.clear()
+    function = torch.compile(_loss, fullgraph=True)
+    with fastrwa.use_backend(name):
+        _grads(function, inputs)
+    with fastrwa.use_backend(other):
+        _grads(function, inputs)
+    assert [b for b, _ in calls] == [name, name, other, other], calls

@@ -11,8 +11,8 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-CODE = sorted(p for top in ("fastrwa", "kernels", "bench", "tests") for p in (ROOT / top).rglob("*.py")
-              if "__pycache__" not in p.parts)
+CODE = sorted(p for top in ("fastrwa", "kernels", "bench", "tests")
+              for p in (ROOT / top).rglob("*.py") if "__pycache__" not in p.parts)
 
 # A path into the repository: a top-level folder, then path characters. Trailing sentence
 # punctuation is not part of it.

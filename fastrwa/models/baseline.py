@@ -9,7 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from .config import LMConfig
-from .sampling import collect, prepare_prompt, sample
+from .sampling import collect, prepare_prompt, sample_loop
 
 
 class RecurrentLM(nn.Module):
@@ -76,9 +76,10 @@ class RecurrentLM(nn.Module):
         if max_new_tokens == 0:
             return
         logits, state = self(context)
-        for i in range(max_new_tokens):
-            token = sample(logits[:, -1], temperature, top_k, top_p, generator,
-                           self.config.bos_token)
-            yield token
-            if i + 1 < max_new_tokens:
-                logits, state = self(token[:, None], state)
+
+        def step(token: Tensor) -> Tensor:
+            nonlocal state
+            logits, state = self(token[:, None], state)
+            return logits[:, -1]
+        yield from sample_loop(logits[:, -1], step, max_new_tokens, temperature, top_k, top_p,
+                               generator, self.config.bos_token)

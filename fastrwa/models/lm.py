@@ -14,7 +14,7 @@ from ..ops.dispatch import state_dtype
 from ..state import ScanState
 from .config import LMConfig
 from .pretrained import load_pretrained, save_pretrained
-from .sampling import collect, prepare_prompt, sample
+from .sampling import collect, prepare_prompt, sample_loop
 
 
 def longest_timescale(depth: int, n_layers: int) -> float:
@@ -334,11 +334,8 @@ class ByteLM(nn.Module):
             return
         cache = self.allocate_cache(context.shape[0])
         logits = self.prefill(context, cache)
-        for i in range(max_new_tokens):
-            token = sample(logits, temperature, top_k, top_p, generator, self.config.bos_token)
-            yield token
-            if i + 1 < max_new_tokens:
-                logits = self.step_(token, cache)
+        yield from sample_loop(logits, lambda token: self.step_(token, cache), max_new_tokens,
+                               temperature, top_k, top_p, generator, self.config.bos_token)
 
     def _beam_search(self, prompt: Tensor, context: Tensor, max_new: int, K: int) -> Tensor:
         B, P = prompt.shape

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 import torch
 from torch import Tensor
@@ -61,6 +61,18 @@ def collect(prompt: Tensor, tokens: Iterator[Tensor], max_new_tokens: int) -> Te
     for i, token in enumerate(tokens):
         out[:, P + i] = token
     return out
+
+
+def sample_loop(logits: Tensor, step: Callable[[Tensor], Tensor], max_new_tokens: int,
+                temperature: float, top_k: Optional[int], top_p: Optional[float],
+                generator: Optional[torch.Generator], forbidden: int) -> Iterator[Tensor]:
+    """Yield ``max_new_tokens`` tokens ``(B,)``: each sampled from ``logits`` ``(B, V)``, the
+    last position's, which ``step(token)`` then advances (not after the last token)."""
+    for i in range(max_new_tokens):
+        token = sample(logits, temperature, top_k, top_p, generator, forbidden)
+        yield token
+        if i + 1 < max_new_tokens:
+            logits = step(token)
 
 
 def sample(logits: Tensor, temperature: float, top_k: Optional[int], top_p: Optional[float],

@@ -9,7 +9,8 @@ autograd implementation.
 
 Every op takes the backend's name as an argument (the public function resolved it once,
 :func:`fastrwa.ops.dispatch.resolve`); the backward runs on the backend the forward ran on,
-wherever ``.backward()`` is called. A backward handed another backend's saved tensors
+wherever ``.backward()`` is called (under ``torch.compile``, the name resolved when the
+graph was traced). A backward handed another backend's saved tensors
 recomputes them (:class:`fastrwa.ops.dispatch.Backend`).
 """
 
@@ -38,7 +39,8 @@ def scan_op(z: Tensor, a: Tensor, g: Optional[Tensor], m0: Optional[Tensor],
             ) -> tuple[Tensor, Tensor, Tensor, Tensor, list[Tensor]]:
     """``(y, m, n, d, saved)``: the output, the final state, and what the backward needs."""
     args = _args(z, a, g, m0, n0, d0, cu_seqlens, attention, discount, reverse)
-    y, (m, n, d), saved = dispatch.load(backend).forward(args, output_final_state=True, save=save)
+    y, (m, n, d), saved = dispatch.load(backend).forward(
+        args, output_final_state=True, save=save)
     return y, m, n, d, list(saved)
 
 

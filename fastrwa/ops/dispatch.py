@@ -10,9 +10,12 @@ Three backends, each one module of host code that launches its kernels:
 "auto" takes the first of :data:`BACKENDS` that claims the tensors' device and dtype and
 imports: Triton for CUDA tensors (not float64), numba for CPU tensors, torch otherwise. A
 backend that fails to import is skipped, once, with a warning that says why.
-``use_backend(name)`` (a context variable) and ``FASTRWA_BACKEND`` choose one by name. The
+``use_backend(name)`` (per thread) and ``FASTRWA_BACKEND`` choose one by name. The
 public functions resolve the name once per call (:func:`resolve`) and hand it to the custom
 op (``fastrwa/ops/autograd.py``), which runs that backend's forward and, later, backward.
+Under ``torch.compile`` the name is resolved when the graph is traced, and the graph is
+traced again when ``use_backend`` chooses another one (``FASTRWA_BACKEND`` is read at
+tracing only).
 
 Shapes: ``B`` batch, ``T`` time, ``D`` channels, ``N`` sequences (``B``, or
 ``len(cu_seqlens) - 1`` for packed sequences, which come as ``B = 1``). "state dtype" is
@@ -22,10 +25,10 @@ Shapes: ``B`` batch, ``T`` time, ``D`` channels, ``N`` sequences (``B``, or
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import dataclasses
 import functools
 import os
+import threading
 import warnings
 from typing import Any, Callable, Iterator, NamedTuple, Optional, Protocol
 
@@ -146,7 +149,10 @@ class Knobs:
         return previous
 
 
-_chosen: contextvars.ContextVar[str | None] = contextvars.ContextVar("fastrwa_backend", default=None)
+# The innermost use_backend of each thread (a thread-local, not a ContextVar: torch.compile
+# traces reads of a thread-local and guards on their value, so a compiled graph runs the
+# backend chosen when it runs; it cannot trace a ContextVar).
+_chosen = threading.local()
 
 
 def _check_name(name: object, where: str) -> str:
@@ -162,19 +168,21 @@ def use_backend(name: str) -> Iterator[None]:
     "auto" (the default) picks Triton for CUDA tensors, the compiled "numba" CPU kernels for
     CPU tensors (when numba imports), and the PyTorch implementation otherwise ("torch" runs
     on any device). Overrides ``FASTRWA_BACKEND`` inside the block. A gradient is computed
-    by the backend that ran the forward, wherever ``.backward()`` is called. A model compiled
-    with ``torch.compile`` runs the backend in force when it is traced.
+    by the backend that ran the forward, wherever ``.backward()`` is called. It holds in
+    code compiled with ``torch.compile`` too (a change of backend traces the graph again).
+    The choice is per thread.
 
     Example:
         >>> import torch, fastrwa
         >>> with fastrwa.use_backend("torch"):
         ...     y, _ = fastrwa.rwa_scan(torch.randn(1, 4, 2), torch.randn(1, 4, 2))
     """
-    token = _chosen.set(_check_name(name, "backend"))
+    previous = getattr(_chosen, "name", None)
+    _chosen.name = _check_name(name, "backend")
     try:
         yield
     finally:
-        _chosen.reset(token)
+        _chosen.name = previous
 
 
 def get_backend() -> str:
@@ -186,7 +194,7 @@ def get_backend() -> str:
         ...     fastrwa.get_backend()
         'torch'
     """
-    chosen = _chosen.get()
+    chosen = getattr(_chosen, "name", None)
     if chosen is not None:
         return chosen
     return _check_name(os.environ.get(ENV, "auto"), f"the environment variable {ENV}")
