@@ -146,6 +146,7 @@ class _Pool:
     not its threads: a call from another pid makes a new pool)."""
 
     executor: ThreadPoolExecutor | None = None
+    workers: int = 0
     pid: int = -1
 
 
@@ -155,11 +156,10 @@ _pool_lock = threading.Lock()
 
 def _pool(workers: int) -> ThreadPoolExecutor:
     with _pool_lock:
-        if (_POOL.executor is None or _POOL.pid != os.getpid()
-                or _POOL.executor._max_workers < workers):
+        if _POOL.executor is None or _POOL.pid != os.getpid() or _POOL.workers < workers:
             _POOL.executor = ThreadPoolExecutor(max_workers=workers,
                                                 thread_name_prefix="fastrwa")
-            _POOL.pid = os.getpid()
+            _POOL.workers, _POOL.pid = workers, os.getpid()
         return _POOL.executor
 
 
@@ -182,9 +182,9 @@ def _launch(kernel, work: np.ndarray, n_blk: int, D: int, args: tuple) -> None:
         kernel(0, n_tasks, *args)
         return
     bounds = _ranges(work, n_blk, k)
-    pool = _pool(len(bounds) - 2)
-    futures = [pool.submit(kernel, lo, hi, *args) for lo, hi in zip(bounds[1:-1], bounds[2:])]
-    kernel(bounds[0], bounds[1], *args)
+    ranges = list(zip(bounds[:-1], bounds[1:]))      # (one range when one task is all)
+    futures = [_pool(len(ranges) - 1).submit(kernel, lo, hi, *args) for lo, hi in ranges[1:]]
+    kernel(*ranges[0], *args)
     for future in futures:
         future.result()
 

@@ -228,6 +228,24 @@ def fastrwa_outputs(z, a, g):
     return (y, *torch.autograd.grad(y, (z, a, g), torch.ones_like(y)))
 
 
+@pytest.mark.parametrize("work,n_blk", [([1, 1000], 1), ([1000, 1], 1), ([5, 0, 7], 3),
+                                        ([400_000], 2)])
+def test_every_task_runs_once_however_uneven_the_work(work, n_blk, monkeypatch):
+    """The launcher's ranges cover every task exactly once, one range on the caller's thread,
+    also when one task holds almost all the work (then one range: no pool)."""
+    import threading
+
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    ran, lock = [], threading.Lock()
+
+    def kernel(lo, hi, tag):
+        with lock:
+            ran.extend((t, tag, threading.get_ident()) for t in range(lo, hi))
+    numba_host._launch(kernel, np.array(work), n_blk, 1 << 17, ("x",))
+    assert sorted(t for t, _, _ in ran) == list(range(len(work) * n_blk))
+    assert threading.get_ident() in {who for _, _, who in ran}
+
+
 def test_a_forked_child_makes_its_own_pool(monkeypatch):
     """A forked child (a DataLoader worker) inherits the pool object without its threads: the
     pool records its pid, and a call from another pid builds a new one instead of waiting
