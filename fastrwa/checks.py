@@ -69,23 +69,26 @@ def check_state(state: object, name: str, like: torch.Tensor, batch: int, channe
     return ScanState(*state)
 
 
-def _byte_span(x: torch.Tensor) -> tuple[int, int, int]:
-    """``(storage, first byte, one past the last byte)`` that ``x`` may touch."""
+def _byte_span(x: torch.Tensor) -> tuple[int, int]:
+    """``(first byte, one past the last byte)`` that ``x`` may touch (``(0, 0)`` if empty).
+    Live tensors whose spans are disjoint share no memory, whatever their storages."""
     if x.numel() == 0:
-        return (x.untyped_storage().data_ptr(), 0, 0)
-    extent = sum((n - 1) * s for n, s in zip(x.shape, x.stride())) + 1   # (strides >= 0)
+        return (0, 0)
     start = x.data_ptr()
-    return (x.untyped_storage().data_ptr(), start, start + extent * x.element_size())
+    if x.is_contiguous():
+        return (start, start + x.numel() * x.element_size())
+    extent = sum((n - 1) * s for n, s in zip(x.shape, x.stride())) + 1   # (strides >= 0)
+    return (start, start + extent * x.element_size())
 
 
 def check_no_overlap(written: Sequence[tuple[str, torch.Tensor]],
                      read: Sequence[tuple[str, torch.Tensor]]) -> None:
     """Raise ``ValueError`` when a tensor that is written shares memory with another written
     tensor or with one that is read (a conservative test: the byte ranges they span)."""
-    spans = [(name, _byte_span(x)) for name, x in list(written) + list(read)]
-    for i, (name, (st, lo, hi)) in enumerate(spans[:len(written)]):
-        for other, (st2, lo2, hi2) in spans[i + 1:]:
-            if st == st2 and lo < hi2 and lo2 < hi:
+    spans = [(name, _byte_span(x)) for name, x in (*written, *read)]
+    for i, (name, (lo, hi)) in enumerate(spans[:len(written)]):
+        for other, (lo2, hi2) in spans[i + 1:]:
+            if lo < hi2 and lo2 < hi:
                 raise ValueError(f"{name} and {other} share memory; the in-place step writes "
                                  f"{name}, so it must be a separate tensor (e.g. .clone() it)")
 

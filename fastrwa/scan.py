@@ -221,8 +221,34 @@ def rda_step(
     return _step([("z_t", z_t), ("a_t", a_t), ("g_t", g_t)], attention, "sigmoid", state)
 
 
+# Layouts of in-place step arguments that passed the checks below (each tensor's address,
+# shape, strides, dtype and device: all the checks other than the gradient one depend on).
+# A decode loop steps the same buffers every token; checking them once saves most of a
+# small step's cost. Bounded: emptied when full.
+_CHECKED: set = set()
+_CHECKED_MAX = 4096
+
+
+def _layout(named, state, out) -> tuple | None:
+    """The key of :data:`_CHECKED` for these arguments (``None`` when one is not a tensor)."""
+    try:
+        return tuple((x.data_ptr(), x.shape, x.stride(), x.dtype, x.device)
+                     for x in (*(x for _, x in named), *state, out))
+    except (AttributeError, TypeError):
+        return None
+
+
 def _check_step_inplace(named, state, out) -> tuple[list, ScanState]:
-    """The checks of the in-place steps; ``(tensors, state)``."""
+    """The checks of the in-place steps; ``(tensors, state)``. The checks of shapes, dtypes,
+    devices and overlap run once per layout (:data:`_CHECKED`); the gradient one always."""
+    tensors = [x for _, x in named] + ([None] if len(named) == 2 else [])
+    if isinstance(state, ScanState) and not torch.compiler.is_compiling():
+        key = _layout(named, state, out)
+        if key in _CHECKED:
+            _check_no_grad(named)
+            return tensors, state
+    else:
+        key = None
     z_t = check_inputs(named, "BD")
     B, D = z_t.shape
     if state is None:
@@ -235,14 +261,21 @@ def _check_step_inplace(named, state, out) -> tuple[list, ScanState]:
             else type(out).__name__
         raise ValueError(f"out must be a tensor of shape (B, D) = {(B, D)}, dtype {z_t.dtype}, "
                          f"on {z_t.device}, got {got}")
-    if torch.is_grad_enabled() and any(x.requires_grad for _, x in named):
-        raise RuntimeError("the in-place steps (rwa_step_, rda_step_) are for inference: run "
-                           "them under torch.no_grad(), or use rwa_step/rda_step to train")
+    _check_no_grad(named)
     if not torch.compiler.is_compiling():   # (a compiled graph has no storage to compare)
         check_no_overlap([("out", out), ("state.m", state.m), ("state.n", state.n),
                           ("state.d", state.d)], named)
-    tensors = [x for _, x in named] + ([None] if len(named) == 2 else [])
+    if key is not None:
+        if len(_CHECKED) >= _CHECKED_MAX:
+            _CHECKED.clear()
+        _CHECKED.add(key)
     return tensors, state
+
+
+def _check_no_grad(named) -> None:
+    if torch.is_grad_enabled() and any(x.requires_grad for _, x in named):
+        raise RuntimeError("the in-place steps (rwa_step_, rda_step_) are for inference: run "
+                           "them under torch.no_grad(), or use rwa_step/rda_step to train")
 
 
 def _step_inplace(named, attention, discount, state, out):

@@ -180,6 +180,29 @@ def test_in_place_step_errors(backend):
         fastrwa.rwa_step_(z.requires_grad_(), z, state, torch.empty(2, 3))
 
 
+def test_in_place_step_checks_every_new_layout_and_the_gradient_every_time():
+    """The in-place step checks a set of buffers once (a decode loop steps the same ones), but
+    a buffer that changed its shape, strides or dtype where it lies, or a new buffer, is
+    checked again, and the no-gradient check runs on every call."""
+    z, a = torch.randn(2, 3), torch.randn(2, 3)
+    state, out = fastrwa.ScanState.empty(2, 3), torch.empty(2, 3)
+    with torch.no_grad():
+        fastrwa.rwa_step_(z, a, state, out)                 # checked, and remembered
+        fastrwa.rwa_step_(z, a, state, out)
+    with pytest.raises(RuntimeError, match="inference.*no_grad"):
+        fastrwa.rwa_step_(z.requires_grad_(), a, state, out)
+    z = z.detach()
+    with torch.no_grad():
+        out.resize_(3, 2)                                   # same memory, another shape
+        with pytest.raises(ValueError, match=r"out must be a tensor of shape \(B, D\)"):
+            fastrwa.rwa_step_(z, a, state, out)
+        wrong = fastrwa.ScanState(state.m, state.n, state.d.view(torch.int32))
+        with pytest.raises(TypeError, match="state.d must have dtype torch.float32"):
+            fastrwa.rwa_step_(z, a, wrong, torch.empty(2, 3))
+        with pytest.raises(ValueError, match="out and state.n share memory"):
+            fastrwa.rwa_step_(z, a, state, state.n)
+
+
 def test_in_place_steps_refuse_overlapping_buffers(backend):
     """``out`` aliasing the state, one tensor as all of ``m, n, d``, or ``out`` over an input
     would give a wrong answer: each is refused with an error naming the two arguments."""

@@ -142,25 +142,21 @@ def weighted_scan_op(args: ScanArgs, backend: str) -> tuple[Tensor, tuple]:
     return y, (m, n, d)
 
 
-def _step_into(args: ScanArgs, state: tuple, out: Tensor, backend: str) -> None:
-    """The backend's in-place step (:meth:`fastrwa.ops.dispatch.Backend.step_`); where it
-    has none or declines, its forward from ``state`` and a copy into ``state`` and ``out``."""
+def _step_into(z: Tensor, a: Tensor, g: Optional[Tensor], attention: str,
+               discount: Optional[str], state: tuple, out: Tensor, backend: str) -> None:
+    """The backend's in-place step (:meth:`fastrwa.ops.dispatch.Backend.step_`) on ``(B, D)``
+    inputs; where it has none or declines, its forward over a length-1 scan from ``state``
+    and a copy into ``state`` and ``out``."""
     module = dispatch.load(backend)
     step = getattr(module, "step_", None)      # (optional in the contract)
-    if step is not None and step(args, state, out):
+    if step is not None and step(z, a, g, attention, discount, state, out):
         return
-    y, final, _ = module.forward(args._replace(initial_state=state), output_final_state=True,
-                                 save=False)
+    args = ScanArgs(z[:, None], a[:, None], None if g is None else g[:, None], attention,
+                    discount, state, False, None)
+    y, final, _ = module.forward(args, output_final_state=True, save=False)
     for buf, value in zip(state, final):
         buf.copy_(value)
     out.copy_(y[:, 0])
-
-
-def _step_args(z: Tensor, a: Tensor, g: Optional[Tensor], attention: str,
-               discount: Optional[str]) -> ScanArgs:
-    """One step's ``(B, D)`` inputs as the backends take them: a scan of length 1."""
-    return ScanArgs(z[:, None], a[:, None], None if g is None else g[:, None], attention,
-                    discount, None, False, None)
 
 
 @torch.library.custom_op("fastrwa::step_", mutates_args=("m", "n", "d", "out"))
@@ -168,8 +164,8 @@ def step_op(z: Tensor, a: Tensor, g: Optional[Tensor], m: Tensor, n: Tensor, d: 
             out: Tensor, attention: str, discount: str, backend: str) -> None:
     """One streaming step on ``(B, D)`` inputs: ``(m, n, d)`` updated and ``y`` written into
     ``out``, in place. An op so that a compiled decode step keeps it as one node."""
-    _step_into(_step_args(z, a, g, attention, None if discount == _NONE else discount),
-               (m, n, d), out, backend)
+    _step_into(z, a, g, attention, None if discount == _NONE else discount, (m, n, d), out,
+               backend)
 
 
 @step_op.register_fake
@@ -186,4 +182,4 @@ def step_inplace(z: Tensor, a: Tensor, g: Optional[Tensor], state: tuple, out: T
         step_op(z, a, g, *state, out, attention, _NONE if discount is None else discount,
                 backend)
         return
-    _step_into(_step_args(z, a, g, attention, discount), state, out, backend)
+    _step_into(z, a, g, attention, discount, state, out, backend)

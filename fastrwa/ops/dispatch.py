@@ -117,12 +117,15 @@ class Backend(Protocol):
         final ``m``. ``gy``: ``(B, T, D)`` or ``None`` (zero). ``g_final``: ``(gn, gd)`` for
         the final state's ``n`` and ``d`` (either may be ``None``) or ``None``."""
 
-    def step_(self, args: ScanArgs, state: State, out: Tensor) -> bool:
-        """Optional: one streaming step without allocation. ``args`` holds ``(B, 1, D)``
-        inputs, ``state`` three ``(B, D)`` tensors updated in place, ``out`` a ``(B, D)``
-        tensor that receives ``y``. Returns ``False``, doing nothing, where it does not apply
-        (the caller then runs :meth:`forward` and copies); a backend without it gets the
-        same. It may keep what it binds to these tensors (views) for the next call."""
+    def step_(self, z: Tensor, a: Tensor, g: Optional[Tensor], attention: str,
+              discount: Optional[str], state: State, out: Tensor) -> bool:
+        """Optional: one streaming step without allocation. ``z, a, g``: ``(B, D)`` inputs of
+        one step (``g`` may be ``None``), ``attention`` and ``discount`` as in
+        :class:`ScanArgs`, ``state`` three ``(B, D)`` tensors updated in place, ``out`` a
+        ``(B, D)`` tensor that receives ``y``. Returns ``False``, doing nothing, where it
+        does not apply (the caller then runs :meth:`forward` on a length-1 scan and copies);
+        a backend without it gets the same. It may keep what it binds to these tensors
+        (views) for the next call."""
 
 
 class Knobs:
@@ -222,7 +225,9 @@ def refusal(name: str, device: torch.device, dtype: torch.dtype) -> Exception | 
 
 def _auto_takes(name: str, device: torch.device) -> bool:
     """Whether "auto" may pick backend ``name`` (once it runs there and imports)."""
-    return {"triton": device.type == "cuda", "numba": device.type == "cpu"}.get(name, True)
+    if name == "triton":
+        return device.type == "cuda"
+    return device.type == "cpu" if name == "numba" else True
 
 
 @functools.lru_cache(maxsize=None)
@@ -261,14 +266,23 @@ def resolve(device: torch.device, dtype: torch.dtype) -> str:
         if error is not None:
             raise error
         return name
+    return _auto(device.type, dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def _auto(device_type: str, dtype: torch.dtype) -> str:
+    """What "auto" picks on ``device_type`` for ``dtype`` (remembered: it depends on nothing
+    else once the backends' imports were tried)."""
+    device = torch.device(device_type)
     for candidate in BACKENDS:
-        if (refusal(candidate, device, dtype) is None and _auto_takes(candidate, device)
+        if (_auto_takes(candidate, device) and refusal(candidate, device, dtype) is None
                 and _loads(candidate)):
             return candidate
-    raise RuntimeError(f"fastrwa: no backend runs {dtype} tensors on {device}")
+    raise RuntimeError(f"fastrwa: no backend runs {dtype} tensors on {device_type}")
 
 
 def clear_cache() -> None:
     """Forget which backends imported (tests that make an import fail call it)."""
     load.cache_clear()
     _loads.cache_clear()
+    _auto.cache_clear()

@@ -295,11 +295,10 @@ def _is_own(saved: list) -> bool:
             and saved[1].shape == (1,))
 
 
-def _step_applies(args: ScanArgs, state, out) -> bool:
+def _step_applies(z, a, g, state, out) -> bool:
     """Every tensor a contiguous CPU tensor in a dtype the step kernel reads."""
-    z, g = args.z, args.g
     cdt = state_dtype(z.dtype)
-    tensors = (z, args.a, out) + (() if g is None else (g,))
+    tensors = (z, a, out) + (() if g is None else (g,))
     if z.dtype == torch.float16 or any(x.dtype != z.dtype or not x.is_contiguous()
                                         or x.device.type != "cpu" for x in tensors):
         return False
@@ -308,44 +307,43 @@ def _step_applies(args: ScanArgs, state, out) -> bool:
 
 # The step's bound arguments (NumPy views, scratch), per set of tensors: a decode loop calls
 # the step on the same buffers every token, and making the views costs more than the kernel.
-# A cached view keeps its tensor alive, so no other tensor can take its address while the
-# entry exists; the oldest entries are dropped past _BOUND_MAX.
-_BOUND_MAX = 64
-_bound: collections.OrderedDict = collections.OrderedDict()
+# The key holds each tensor's address and strides (with the inputs' dtype and shape, which
+# the public function checked the others against), so a hit is the same memory in the same
+# layout, and a layout the kernel reads (it was checked when the entry was made). A view
+# keeps its tensor alive (no other tensor can take its address meanwhile), so the entries
+# are bounded: the oldest are dropped past _BOUND_MAX entries or _BOUND_BYTES of tensors.
+_BOUND_MAX = 256
+_BOUND_BYTES = 64 << 20
+_bound: collections.OrderedDict = collections.OrderedDict()   # key -> (arguments, bytes)
 _bound_lock = threading.Lock()
 
 
-def _step_key(args: ScanArgs, state, out) -> tuple:
-    tensors = (args.z, args.a, args.g, *state, out)
-    return (args.attention, args.discount) + tuple(
-        None if x is None else (x.data_ptr(), x.shape, x.dtype) for x in tensors)
-
-
-def _bind_step(args: ScanArgs, state, out) -> tuple:
-    z, a, g = args.z, args.a, args.g
+def _bind_step(z, a, g, attention, discount, state, out) -> tuple:
     m, n, d = state
     consts = _consts(m.dtype)
     return (_flat(z), _flat(a), _flat(a if g is None else g), _flat(m), _flat(n), _flat(d),
-            _flat(out), ATTENTION_CODE[args.attention], DISCOUNT_CODE[args.discount], consts,
+            _flat(out), ATTENTION_CODE[attention], DISCOUNT_CODE[discount], consts,
             np.zeros((5, m.numel()), consts.dtype))
 
 
-def step_(args: ScanArgs, state, out) -> bool:
+def step_(z, a, g, attention, discount, state, out) -> bool:
     """One streaming step in place (contract: :meth:`fastrwa.ops.dispatch.Backend.step_`):
     ``state`` ``(m, n~, d~)`` updated where it lies and ``y`` written into ``out``. Returns
     ``False`` (doing nothing) unless every tensor is a contiguous CPU tensor in a dtype the
     kernel reads (float32/bfloat16 inputs with a float32 state, or all float64). The views
     of a set of tensors are made once and reused while the same tensors come back."""
-    if not _step_applies(args, state, out):
-        return False
-    key = _step_key(args, state, out)
-    with _bound_lock:
-        bound = _bound.get(key)
-        if bound is None:
-            bound = _bound[key] = _bind_step(args, state, out)
-            if len(_bound) > _BOUND_MAX:
+    key = (attention, discount, z.dtype, z.shape) + tuple(
+        None if x is None else (x.data_ptr(), x.stride()) for x in (z, a, g, *state, out))
+    entry = _bound.get(key)
+    if entry is None:
+        if not _step_applies(z, a, g, state, out):
+            return False
+        bound = _bind_step(z, a, g, attention, discount, state, out)
+        entry = bound, sum(x.nbytes for x in bound if isinstance(x, np.ndarray))
+        with _bound_lock:
+            _bound[key] = entry
+            while len(_bound) > 1 and (len(_bound) > _BOUND_MAX or sum(
+                    size for _, size in _bound.values()) > _BOUND_BYTES):
                 _bound.popitem(last=False)
-        else:
-            _bound.move_to_end(key)
-    step_kernel(*bound)
+    step_kernel(*entry[0])
     return True
