@@ -155,7 +155,11 @@ class Knobs:
 # The innermost use_backend of each thread (a thread-local, not a ContextVar: torch.compile
 # traces reads of a thread-local and guards on their value, so a compiled graph runs the
 # backend chosen when it runs; it cannot trace a ContextVar).
-_chosen = threading.local()
+class _Choice(threading.local):
+    name: str | None = None         # (a class default: reading it never raises)
+
+
+_chosen = _Choice()
 
 
 def _check_name(name: object, where: str) -> str:
@@ -180,7 +184,7 @@ def use_backend(name: str) -> Iterator[None]:
         >>> with fastrwa.use_backend("torch"):
         ...     y, _ = fastrwa.rwa_scan(torch.randn(1, 4, 2), torch.randn(1, 4, 2))
     """
-    previous = getattr(_chosen, "name", None)
+    previous = _chosen.name
     _chosen.name = _check_name(name, "backend")
     try:
         yield
@@ -197,7 +201,7 @@ def get_backend() -> str:
         ...     fastrwa.get_backend()
         'torch'
     """
-    chosen = getattr(_chosen, "name", None)
+    chosen = _chosen.name
     if chosen is not None:
         return chosen
     return _check_name(os.environ.get(ENV, "auto"), f"the environment variable {ENV}")
