@@ -9,6 +9,8 @@ and prints the best beam at the end. Needs no training code.
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -59,10 +61,40 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+MAX_SEED = 2 ** 64 - 1       # torch.Generator.manual_seed's largest seed
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Refuse (``ValueError``, naming the option) values no generation can use."""
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads must be at least 1, got {args.threads}")
+    if args.beam < 1:
+        raise ValueError(f"--beam must be at least 1 (1: sample, more: beam search), "
+                         f"got {args.beam}")
+    if args.max_new < 0:
+        raise ValueError(f"--max-new must be 0 or more bytes, got {args.max_new}")
+    if not (math.isfinite(args.temperature) and args.temperature > 0):
+        raise ValueError(f"--temperature must be a finite number above 0, "
+                         f"got {args.temperature}")
+    if args.top_k is not None and args.top_k < 1:
+        raise ValueError(f"--top-k must be at least 1, got {args.top_k}")
+    if args.top_p is not None and not 0 < args.top_p <= 1:
+        raise ValueError(f"--top-p must be in (0, 1], got {args.top_p}")
+    if not 0 <= args.seed <= MAX_SEED:
+        raise ValueError(f"--seed must be an integer from 0 to {MAX_SEED} (2**64 - 1), "
+                         f"got {args.seed}")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device cuda: no CUDA device is available here (PyTorch "
+                         f"{torch.__version__}, built {'with' if torch.version.cuda else 'without'}"
+                         f" CUDA); use --device cpu")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    if args.threads is not None and args.threads < 1:
-        print(f"error: --threads must be at least 1, got {args.threads}", file=sys.stderr)
+    try:
+        check_args(args)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     threads = torch.get_num_threads()
     torch.set_num_threads(args.threads or threads)
@@ -77,10 +109,12 @@ def _generate(args) -> int:
         args.device == "auto" and torch.cuda.is_available()) else "cpu")
     try:
         model = load_pretrained(_model_dir(args.run_dir, args.best)).to(device)
-        prompt = torch.tensor(list(args.prompt.encode("utf-8")), dtype=torch.long, device=device)
+        # (surrogateescape: a prompt given as bytes that are not UTF-8 is continued as given)
+        text = args.prompt.encode("utf-8", "surrogateescape")
+        prompt = torch.tensor(list(text), dtype=torch.long, device=device)
         gen = torch.Generator(device=device).manual_seed(args.seed)
         out = sys.stdout.buffer
-        out.write(args.prompt.encode("utf-8"))
+        out.write(text)
         began, first, count = time.perf_counter(), None, 0
         if args.beam > 1:
             tokens = model.generate(prompt, args.max_new, beam_size=args.beam)[0, len(prompt):]
@@ -97,6 +131,11 @@ def _generate(args) -> int:
         out.flush()
         print(_speed(count, began, first, time.perf_counter()), file=sys.stderr)
         return 0
+    except BrokenPipeError:
+        # The reader stopped (``| head``): end quietly. Standard output is pointed at
+        # /dev/null so that the interpreter's last flush does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except (FileNotFoundError, ValueError, TypeError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -3,9 +3,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
+import zipfile
 from pathlib import Path
+from typing import BinaryIO, Callable
 
 import torch
 from torch import nn
@@ -31,17 +35,63 @@ def build(config: LMConfig | dict) -> nn.Module:
     return RecurrentLM(config) if config.layer in ("lstm", "gru") else ByteLM(config)
 
 
+class WriteError(OSError):
+    """A file that could not be written (a full disk, no permission): the message names the
+    file and the cause; the temporary file is removed and the earlier file, if any, kept."""
+
+
+def write_atomically(path: Path, write: Callable[[BinaryIO], None]) -> None:
+    """Write ``path`` through ``path.tmp``: ``write(file)``, flush to disk, ``os.replace``.
+
+    A failure (``OSError``, or the ``RuntimeError`` that ``torch.save`` raises for a full
+    disk) removes ``path.tmp``, leaves ``path`` as it was and raises :class:`WriteError`."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except (OSError, RuntimeError) as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        cause = (exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)) or \
+            type(exc).__name__
+        try:
+            free = f"; {shutil.disk_usage(path.parent).free:,} bytes free on its disk"
+        except OSError:
+            free = ""
+        raise WriteError(f"cannot write {path}: {cause}{free}; nothing was left half-written "
+                         f"({tmp.name} is removed, an earlier {path.name} is kept)") from exc
+
+
+def check_archive(path: Path, what: str) -> None:
+    """Refuse (``ValueError``, naming ``path``) a file that is not a ``torch.save`` zip whose
+    every record matches the CRC-32 stored with it: an empty or cut-short file, a pickle
+    (never unpickled here), one flipped byte (which would otherwise load as a silently
+    different number)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError) as exc:
+        raise ValueError(f"{what} {path} is corrupt or not a torch.save archive "
+                         f"({type(exc).__name__}: {exc})") from exc
+    if bad is not None:
+        raise ValueError(f"{what} {path} is corrupt: record {bad} fails its CRC check "
+                         f"(damaged bytes)")
+
+
 def save_pretrained(model: nn.Module, directory: str | os.PathLike) -> None:
     """Write ``model.config`` to ``directory/config.json`` and the weights (tensors only) to
-    ``directory/model.pt``, each through a temporary file and ``os.replace``."""
+    ``directory/model.pt``, each through a temporary file and ``os.replace``
+    (:func:`write_atomically`: a failed write raises :class:`WriteError` and leaves no
+    temporary file)."""
     path = Path(directory)
     path.mkdir(parents=True, exist_ok=True)
-    tmp = path / (CONFIG + ".tmp")
-    tmp.write_text(json.dumps(model.config.to_dict(), indent=2))
-    os.replace(tmp, path / CONFIG)
-    tmp = path / (WEIGHTS + ".tmp")
-    torch.save(model.state_dict(), tmp)
-    os.replace(tmp, path / WEIGHTS)
+    text = json.dumps(model.config.to_dict(), indent=2).encode()
+    write_atomically(path / CONFIG, lambda f: f.write(text))
+    write_atomically(path / WEIGHTS, lambda f: torch.save(model.state_dict(), f))
 
 
 def load_pretrained(directory: str | os.PathLike, map_location=None) -> nn.Module:
@@ -49,7 +99,9 @@ def load_pretrained(directory: str | os.PathLike, map_location=None) -> nn.Modul
     holds one under ``model/`` and the best by validation under ``best/``), in eval mode.
 
     Safe: the weights are read with ``torch.load(weights_only=True)``, which unpickles
-    tensors and plain containers only.
+    tensors and plain containers only, after every record of ``model.pt`` is checked against
+    its CRC-32 (:func:`check_archive`): an empty, cut-short or damaged file, or a pickle, is
+    refused with a ``ValueError`` naming it, never loaded as different numbers.
 
     Example:
         >>> import tempfile
@@ -69,6 +121,15 @@ def load_pretrained(directory: str | os.PathLike, map_location=None) -> nn.Modul
     except (ValueError, TypeError) as exc:
         raise ValueError(f"{path / CONFIG} is not a language-model configuration ({exc})") from exc
     model = build(config)
-    weights = torch.load(path / WEIGHTS, map_location=map_location, weights_only=True)
-    model.load_state_dict(weights)
+    check_archive(path / WEIGHTS, "weights")
+    try:
+        weights = torch.load(path / WEIGHTS, map_location=map_location, weights_only=True)
+    except Exception as exc:  # any unreadable file is reported the same way
+        raise ValueError(f"weights {path / WEIGHTS} cannot be read ({type(exc).__name__}: "
+                         f"{str(exc)[:300]})") from exc
+    try:
+        model.load_state_dict(weights)
+    except (RuntimeError, TypeError, AttributeError) as exc:   # another model's, or not a dict
+        raise ValueError(f"weights {path / WEIGHTS} do not fit the model {path / CONFIG} "
+                         f"describes ({type(exc).__name__}: {str(exc)[:300]})") from exc
     return model.eval()

@@ -9,6 +9,7 @@ finished) exactly where its last checkpoint left it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -24,7 +25,8 @@ from .tasks import TASKS
 from .config import (AUTOCASTS, DEFAULTS, DEVICES, RESUMABLE_CHANGES, SCHEDULES, RunConfig,
                      parse_lm_field)
 from .device import process_group_backend, resolve_device
-from .loop import CONFIG, RunDirError, prepare_run_dir, train
+from ..models.pretrained import WriteError
+from .loop import CONFIG, RunDirError, discard_unstarted_run, prepare_run_dir, train
 from .models import LM_LAYERS, MODELS
 from .problems import ALL_TASKS, make_problem
 
@@ -89,21 +91,29 @@ def _config(args: argparse.Namespace) -> tuple[RunConfig, dict]:
     return RunConfig(**checked), given
 
 
-def _resolve_run(args, cfg: RunConfig, given: dict) -> tuple[Path, RunConfig]:
+def _resolve_run(args, cfg: RunConfig, given: dict,
+                 hold: contextlib.ExitStack) -> tuple[Path, RunConfig]:
+    """The run directory and the config to train with; the directory is checked, made or
+    reopened and locked for this process (released when ``hold`` closes)."""
     if args.resume is not None:
         if args.run_dir is not None and args.run_dir != args.resume:
             raise RunDirError("--resume RUN_DIR and --run-dir name different directories")
-        saved = prepare_run_dir(args.resume, cfg, resume=True, overwrite=False)
+        saved = prepare_run_dir(args.resume, cfg, resume=True, overwrite=False, hold=hold)
         if "lm" in given:              # --lm on resume names fields, over the saved ones
             given = {**given, "lm": {**saved.lm, **given["lm"]}}
-        clash = RunConfig(**{**saved.to_dict(), **given}).incompatible_with(saved)
+        # Flags that differ from the saved run are named first: a config built from them
+        # could fail on their combination (--task adding with the saved run's --lm).
+        before = saved.to_dict()
+        clash = [f"{k}: saved {before[k]!r}, given {v!r}" for k, v in given.items()
+                 if k not in RESUMABLE_CHANGES and before[k] != v]
         if clash:
             raise RunDirError(f"--resume {args.resume}: flags that cannot change on resume: "
                               + "; ".join(clash))
         changes = {k: v for k, v in given.items() if k in RESUMABLE_CHANGES}
         return args.resume, dataclasses.replace(saved, **changes)
     run_dir = args.run_dir or Path("runs") / f"{cfg.task}-{cfg.model}-{time.strftime('%Y%m%d-%H%M%S')}"
-    return run_dir, prepare_run_dir(run_dir, cfg, resume=False, overwrite=args.overwrite)
+    return run_dir, prepare_run_dir(run_dir, cfg, resume=False, overwrite=args.overwrite,
+                                    hold=hold)
 
 
 def run_device(args, cfg: RunConfig, given: dict) -> str:
@@ -137,25 +147,30 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.set_device(device)
         dist.init_process_group(process_group_backend(device))
     rank = dist.get_rank() if world > 1 else 0
+    hold = contextlib.ExitStack()      # the run directory's lock, while this run lasts
+    run_dir, fresh = None, args.resume is None
     try:
         answer = [None, None, None]
         if rank == 0:
+            created = not (args.run_dir is not None and args.run_dir.exists())
             try:
-                answer[:2] = _resolve_run(args, cfg, given)
-            except (RunDirError, ValueError, FileNotFoundError) as exc:
+                answer[:2] = _resolve_run(args, cfg, given, hold)
+            except (RunDirError, ValueError, FileNotFoundError, WriteError) as exc:
                 answer[2] = str(exc)
         if world > 1:
             dist.broadcast_object_list(answer, src=0)
         run_dir, cfg, error = answer
         if error:
+            run_dir = None             # (nothing was made)
             raise RunDirError(error)
         if rank == 0:
             print(f"run directory: {run_dir}", file=sys.stderr)
         last = train(cfg, run_dir, resume=args.resume is not None)
+        fresh = False
         if rank == 0:
             _report(cfg, run_dir, last)
         return 0
-    except (RunDirError, ValueError, FileNotFoundError) as exc:
+    except (RunDirError, ValueError, FileNotFoundError, WriteError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:     # a full disk, a directory that cannot be written
@@ -163,6 +178,9 @@ def main(argv: list[str] | None = None) -> int:
               f"nothing written before the failure was removed", file=sys.stderr)
         return 2
     finally:
+        if fresh and rank == 0 and run_dir is not None:   # a new run that never started
+            discard_unstarted_run(run_dir, created)
+        hold.close()
         if world > 1 and dist.is_initialized():
             dist.destroy_process_group()
 

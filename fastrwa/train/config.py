@@ -8,6 +8,8 @@ import json
 import math
 from typing import Any, Optional
 
+from ..models.config import BYTE_VOCAB
+
 # Flags that may change when a run is resumed (they do not change what has been computed).
 RESUMABLE_CHANGES = ("steps", "eval_every", "log_every", "checkpoint_every", "progress",
                      "device")
@@ -18,6 +20,8 @@ LM_FLAG_FIELDS = ("layer", "d_model", "n_layers", "attention")
 DEVICES = ("auto", "cpu", "cuda")
 SCHEDULES = ("constant", "cosine")
 AUTOCASTS = ("none", "bf16")
+FLOAT32_MAX = 3.4028234663852886e38   # the largest float32: the largest usable --lr
+MAX_SEED = 2 ** 32 - 1                # seeds derived from --seed must fit torch's 64 bits
 
 # Defaults per kind of task, for the fields left as None. The synthetic and image tasks
 # follow the RWA/RDA papers (250 units, batch 100, Adam 1e-3, clipping at norm 1); the byte
@@ -104,13 +108,22 @@ class RunConfig:
                 raise ValueError(f"{flag(name)} must be at least 1, got {getattr(self, name)}")
         if self.eval_bytes < 0:
             raise ValueError(f"--eval-bytes must be 0 (all) or more, got {self.eval_bytes}")
-        if not (math.isfinite(self.lr) and self.lr > 0):
-            raise ValueError(f"--lr must be a finite number above 0, got {self.lr}")
+        if not (math.isfinite(self.lr) and 0 < self.lr <= FLOAT32_MAX):
+            raise ValueError(f"--lr must be a finite number above 0 and at most "
+                             f"{FLOAT32_MAX:.4g} (the parameters are float32), got {self.lr}")
         if not (math.isfinite(self.clip) and self.clip >= 0):
             raise ValueError(f"--clip must be a finite number, 0 (off) or more, got {self.clip}")
-        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
-            raise ValueError(f"--weight-decay must be a finite number >= 0, "
-                             f"got {self.weight_decay}")
+        # AdamW multiplies the weights by 1 - lr * weight_decay every step: from a product
+        # of 1 on, that zeroes or flips them (and past float32's range it overflows).
+        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0
+                and self.lr * self.weight_decay < 1):
+            raise ValueError(f"--weight-decay must be a finite number >= 0 with --lr times "
+                             f"--weight-decay below 1 (AdamW multiplies the weights by "
+                             f"1 - lr * weight_decay), got {self.weight_decay} with --lr "
+                             f"{self.lr}")
+        if not 0 <= self.seed <= MAX_SEED:
+            raise ValueError(f"--seed must be an integer from 0 to {MAX_SEED} (2**32 - 1), "
+                             f"got {self.seed}")
         if self.warmup < 0:
             raise ValueError(f"--warmup must be 0 (none) or more steps, got {self.warmup}")
         for name, allowed in (("device", DEVICES), ("schedule", SCHEDULES),
@@ -122,6 +135,10 @@ class RunConfig:
         if reserved:
             raise ValueError(f"--lm {reserved[0]}=... is set by --hidden, --layers, --model and "
                              f"--attention; use those flags")
+        if "vocab_size" in self.lm and self.lm["vocab_size"] != BYTE_VOCAB + 1:
+            raise ValueError(f"--lm vocab_size must be {BYTE_VOCAB + 1} (the {BYTE_VOCAB} byte "
+                             f"values and the beginning-of-sequence id) for a byte corpus, got "
+                             f"{self.lm['vocab_size']!r}")
         if self.lm and not self.is_lm:
             raise ValueError(f"--lm sets language-model fields; --task {self.task} is not a "
                              f"byte corpus ({LM_TASKS})")

@@ -17,7 +17,7 @@ import urllib.request
 import zipfile
 import zlib
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 import torch
 from torch import Tensor
@@ -25,10 +25,52 @@ from torch import Tensor
 ENWIK8_URL = "http://mattmahoney.net/dc/enwik8.zip"
 ENWIK8_SIZE = 100_000_000
 ENWIK8_MD5 = "a1fa5ffddb56f4953e226637dabbb36a"   # published with the corpus
+_CHUNK = 1 << 22
 
 
 def _cache_dir() -> Path:
     return Path(os.environ.get("FASTRWA_CACHE", Path.home() / ".cache" / "fastrwa"))
+
+
+def _digest(path: Path) -> tuple[int, int, str]:
+    """``(size, CRC-32, sha256 hex)`` of a file's bytes, read in chunks."""
+    size, crc, sha = 0, 0, hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            size, crc = size + len(chunk), zlib.crc32(chunk, crc)
+            sha.update(chunk)
+    return size, crc, sha.hexdigest()
+
+
+def _copy(src, path: Path, tmp: Path) -> tuple[int, int, str]:
+    """Copy the stream ``src`` into ``tmp`` (``path``'s temporary name), flushed to disk;
+    ``(size, CRC-32, sha256)`` of what was copied. A failed write removes ``tmp`` and names
+    the cache (``OSError``)."""
+    size, crc, sha = 0, 0, hashlib.sha256()
+    try:
+        with open(tmp, "wb") as out:
+            while chunk := src.read(_CHUNK):
+                size, crc = size + len(chunk), zlib.crc32(chunk, crc)
+                sha.update(chunk)
+                out.write(chunk)
+            out.flush()
+            os.fsync(out.fileno())
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise OSError(exc.errno, f"cannot write the corpus cache {path} ({exc.strerror}); "
+                                 f"free space there or point $FASTRWA_CACHE elsewhere",
+                      str(path)) from exc
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return size, crc, sha.hexdigest()
+
+
+def _looks_like_zip(path: Path) -> bool:
+    """A ``.zip`` name or a zip's first bytes: what an interrupted download of one still has
+    (the directory a zip needs is at its end, so ``zipfile.is_zipfile`` says no)."""
+    with open(path, "rb") as f:
+        return path.suffix.lower() == ".zip" or f.read(4) == b"PK\x03\x04"
 
 
 def _zip_member(path: Path) -> zipfile.ZipInfo:
@@ -36,48 +78,121 @@ def _zip_member(path: Path) -> zipfile.ZipInfo:
         with zipfile.ZipFile(path) as archive:
             members = [m for m in archive.infolist() if not m.is_dir()]
     except (zipfile.BadZipFile, zlib.error, EOFError) as exc:
-        raise ValueError(f"--data {path}: the zip is damaged ({exc}); download it again")
+        raise ValueError(f"--data {path}: the zip is truncated or damaged ({exc}; an "
+                         f"interrupted download?); download it again")
     if len(members) != 1:
         raise ValueError(f"--data {path}: expected one file in the zip, "
                          f"got {[m.filename for m in members]}")
     return members[0]
 
 
-def _extract_once(path: Path) -> Path:
+def _cached(target: Path, size: int, crc: int | None, sha: str | None, source: Path) -> str | None:
+    """The sha256 of the cache file ``target`` if it holds the bytes expected (its size and
+    CRC-32 or sha256, checked in full on every use), else ``None``: missing, or damaged (said
+    on stderr; the caller writes it again)."""
+    if not target.is_file():
+        return None
+    got_size, got_crc, got_sha = _digest(target)
+    if got_size == size and crc in (None, got_crc) and sha in (None, got_sha):
+        return got_sha
+    expected = f"{size:,} bytes, " + (f"CRC-32 {crc:08x}" if crc is not None else
+                                       f"sha256 {sha[:16]}...")
+    print(f"warning: the cached copy {target} of {source} is damaged ({got_size:,} bytes, "
+          f"CRC-32 {got_crc:08x}, sha256 {got_sha[:16]}...; expected {expected}); "
+          f"{'extracting' if crc is not None else 'copying'} it again", file=sys.stderr)
+    return None
+
+
+def _extract_once(path: Path) -> tuple[Path, str]:
     """The zip's single member as a file in the cache (``$FASTRWA_CACHE``, default
-    ``~/.cache/fastrwa``), extracted on first use through a temporary file and ``os.replace``
-    (processes that race write the same bytes); its CRC-32 is checked while extracting."""
+    ``~/.cache/fastrwa``) and its sha256, extracted on first use through a temporary file
+    and ``os.replace`` (processes that race write the same bytes). The CRC-32 the zip
+    records is checked while extracting and again, on the cached file, at every later use:
+    a damaged cache is extracted again."""
     member = _zip_member(path)
     target = _cache_dir() / f"{Path(member.filename).name}-{member.file_size}-{member.CRC:08x}"
-    if target.is_file() and target.stat().st_size == member.file_size:
-        return target
+    sha = _cached(target, member.file_size, member.CRC, None, path)
+    if sha is not None:
+        return target, sha
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
     try:
-        with zipfile.ZipFile(path) as archive, archive.open(member) as src, open(tmp, "wb") as out:
-            while chunk := src.read(1 << 22):
-                out.write(chunk)
-    except (zipfile.BadZipFile, zlib.error, EOFError) as exc:
+        with zipfile.ZipFile(path) as archive, archive.open(member) as src:
+            size, crc, sha = _copy(src, target, tmp)      # (zipfile checks the CRC at the end)
+    except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError) as exc:
         tmp.unlink(missing_ok=True)
         raise ValueError(f"--data {path}: the zip is damaged ({exc}); download it again")
+    if (size, crc) != (member.file_size, member.CRC):
+        tmp.unlink(missing_ok=True)
+        raise ValueError(f"--data {path}: the zip is damaged ({path.name}'s member gave "
+                         f"{size:,} bytes, CRC-32 {crc:08x}; its directory says "
+                         f"{member.file_size:,}, {member.CRC:08x}); download it again")
     os.replace(tmp, target)
-    return target
+    return target, sha
 
 
-def read_corpus(path: str | Path) -> Tensor:
-    """The bytes of a corpus file as a ``uint8`` tensor mapped from disk (not read into each
-    process's memory): a raw file, or the single member of a ``.zip`` (enwik8.zip), extracted
-    once into the cache directory and mapped from there."""
+def _snapshot(path: Path) -> tuple[Path, str]:
+    """A private copy of the raw corpus ``path`` in the cache, named by its size and sha256,
+    and that sha256. Training maps the copy, not ``path``: a corpus rewritten or truncated
+    while a run reads it cannot change what the run reads, nor kill it with SIGBUS (a read
+    of a mapped page that a truncation removed)."""
+    size, _, sha = _digest(path)
+    target = _cache_dir() / f"{path.name}-{size}-{sha[:16]}"
+    if _cached(target, size, None, sha, path) is not None:
+        return target, sha
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
+    with open(path, "rb") as src:
+        copied = _copy(src, target, tmp)
+    if (copied[0], copied[2]) != (size, sha):
+        tmp.unlink(missing_ok=True)
+        raise ValueError(f"--data {path} changed while it was being read ({size:,} bytes, "
+                         f"then {copied[0]:,}); start the run when nothing writes to it")
+    os.replace(tmp, target)
+    return target, sha
+
+
+class Corpus(NamedTuple):
+    """A byte corpus as training reads it: ``data``, a ``uint8`` tensor mapped from a
+    verified private copy in the cache, and the ``size`` and ``sha256`` of its bytes (what a
+    checkpoint records, so that ``--resume`` can tell a changed corpus)."""
+
+    data: Tensor
+    size: int
+    sha256: str
+
+
+def open_corpus(path: str | Path) -> Corpus:
+    """The bytes of a corpus file, mapped from disk (not read into each process's memory):
+    a raw file, or the single member of a ``.zip`` (enwik8.zip). Either is first copied into
+    the cache directory (a zip extracted, a raw file copied, each checked against its CRC-32
+    or sha256 at every use) and mapped from there, so that nothing done to ``path`` during a
+    run reaches it. A zip cut short (an interrupted download) is refused."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"--data {path}: no such file (enwik8: the raw 'enwik8' file or "
                                 f"'enwik8.zip'; get it with python -m fastrwa.train.data download-enwik8)")
-    if zipfile.is_zipfile(path):
-        path = _extract_once(path)
+    if _looks_like_zip(path):
+        if not zipfile.is_zipfile(path):
+            raise ValueError(f"--data {path}: the zip is truncated or damaged (no zip "
+                             f"directory at its end; an interrupted download?); download it "
+                             f"again")
+        path, sha = _extract_once(path)
+    elif path.stat().st_size == 0:
+        return Corpus(torch.empty(0, dtype=torch.uint8), 0, hashlib.sha256().hexdigest())
+    else:
+        path, sha = _snapshot(path)
     size = path.stat().st_size
     if size == 0:
-        return torch.empty(0, dtype=torch.uint8)
-    return torch.from_file(str(path), shared=False, size=size, dtype=torch.uint8)
+        return Corpus(torch.empty(0, dtype=torch.uint8), 0, sha)
+    return Corpus(torch.from_file(str(path), shared=False, size=size, dtype=torch.uint8),
+                  size, sha)
+
+
+def read_corpus(path: str | Path) -> Tensor:
+    """The bytes of a corpus file as a ``uint8`` tensor mapped from a private copy in the
+    cache (:func:`open_corpus`)."""
+    return open_corpus(path).data
 
 
 def split_corpus(data: Tensor | bytes) -> dict[str, Tensor]:

@@ -69,10 +69,21 @@ def plot_runs(run_dirs: list[Path], out: Path, skipped: list | None = None) -> P
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    out = Path(out)
+    out = plot_path(out)
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
+
+
+def plot_path(out: Path) -> Path:
+    """The file a plot is written to: ``out``, with ``.png`` added when it has no suffix
+    (what matplotlib would add unasked, so that the path reported is the path written). A
+    directory is refused (``ValueError``): name a file in it."""
+    out = Path(out)
+    if out.is_dir():
+        raise ValueError(f"--out {out} is a directory; name a file, e.g. "
+                         f"{out / 'curves.png'}")
+    return out if out.suffix else out.with_name(out.name + ".png")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
                        else Path("curves.png"))
     skipped: list = []
     try:
+        plot_path(out)                 # (refused before the runs are read)
         print(plot_runs(args.run_dirs, out, skipped))
     except (FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)

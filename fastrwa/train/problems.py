@@ -7,6 +7,8 @@ outputs, evaluates, and says whether the recurrent state is carried from step to
 
 from __future__ import annotations
 
+import hashlib
+
 import torch
 import torch.distributed as dist
 from torch import Tensor
@@ -24,6 +26,7 @@ class SyntheticProblem:
     """A :class:`fastrwa.train.tasks.Task`; validation batches come from their own seeds."""
 
     stateful = False
+    fingerprint = None          # generated data: nothing on disk that could change
 
     def __init__(self, task: Task, eval_batches: int):
         self.task, self.eval_batches = task, eval_batches
@@ -63,7 +66,10 @@ class ByteLMProblem:
     eval_streams = 32       # rows of a batched evaluation (each starts from the initial state)
 
     def __init__(self, path: str, streams: int, bptt: int, eval_bytes: int):
-        self.splits = _data.split_corpus(_data.read_corpus(path))
+        corpus = _data.open_corpus(path)
+        # What a checkpoint records of the data, so that --resume can tell a changed corpus.
+        self.fingerprint = {"size": corpus.size, "sha256": corpus.sha256}
+        self.splits = _data.split_corpus(corpus.data)
         self.train = _data.ByteStreams(self.splits["train"], streams, bptt)
         self.bptt, self.eval_bytes = bptt, eval_bytes
 
@@ -127,6 +133,12 @@ class ImageProblem:
         self.images, self.labels = _data.load_mnist(directory, "train")
         self.test_images, self.test_labels = _data.load_mnist(directory, "test")
         self.seed, self.eval_batches = seed, eval_batches
+        tensors = (self.images, self.labels, self.test_images, self.test_labels)
+        digest = hashlib.sha256()
+        for t in tensors:
+            digest.update(t.contiguous().numpy().tobytes())
+        self.fingerprint = {"size": sum(t.numel() * t.element_size() for t in tensors),
+                            "sha256": digest.hexdigest()}
         pixels = self.images.shape[1] * self.images.shape[2]
         self.order = (torch.randperm(pixels, generator=torch.Generator().manual_seed(seed))
                       if permuted else torch.arange(pixels))

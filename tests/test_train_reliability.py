@@ -1,0 +1,353 @@
+"""Reliability of ``python -m fastrwa.train`` (issue 22): damaged data and exports, what a
+resume depends on, --overwrite, the run directory's lock, full disks, a corpus rewritten
+during a run, numbers no run can use, and messages that name the real problem."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from fastrwa.train import data as fdata
+from fastrwa.train.cli import main as train_main
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+SYNTHETIC = ["--seq-len", 10, "--hidden", 4, "--batch-size", 2, "--log-every", 1]
+
+
+def _run(tmp_path: Path, name: str, *flags) -> tuple[int, Path]:
+    args = ["--run-dir", str(tmp_path / name), "--no-progress", *map(str, flags)]
+    return train_main(args), tmp_path / name
+
+
+def _resume(run: Path, *flags) -> int:
+    return train_main(["--resume", str(run), "--no-progress", *map(str, flags)])
+
+
+def _corpus(tmp_path: Path, name: str = "corpus.txt", n: int = 6_000) -> Path:
+    path = tmp_path / name
+    path.write_bytes(bytes((i * 7 + i // 13) % 251 for i in range(n)))
+    return path
+
+
+def _lm_flags(corpus: Path) -> list:
+    return ["--task", "text", "--data", corpus, "--hidden", 8, "--layers", 1, "--bptt", 16,
+            "--batch-size", 2, "--warmup", 0, "--log-every", 1, "--eval-every", 2,
+            "--checkpoint-every", 2, "--eval-bytes", 100]
+
+
+# -- 5: enwik8.zip and its cached extraction ----------------------------------------------
+def _zip(path: Path, raw: bytes) -> Path:
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as z:
+        z.writestr("enwik8", raw)
+    return path
+
+
+def test_a_truncated_zip_is_refused_not_trained_on_as_compressed_bytes(tmp_path, capsys):
+    raw = bytes((i * 7 + i // 13) % 251 for i in range(20_000))
+    whole = _zip(tmp_path / "whole.zip", raw).read_bytes()
+    cut = tmp_path / "enwik8.zip"
+    cut.write_bytes(whole[: len(whole) // 2])            # an interrupted download
+    with pytest.raises(ValueError, match="truncated or damaged.*download it again"):
+        fdata.read_corpus(cut)
+    code, run = _run(tmp_path, "run", "--task", "enwik8", "--data", cut, "--hidden", 8,
+                     "--layers", 1, "--batch-size", 2, "--bptt", 16, "--steps", 1)
+    err = capsys.readouterr().err
+    assert code == 2 and "enwik8.zip" in err and "truncated" in err
+    assert not run.exists() or not any(run.iterdir())   # a rerun is not blocked
+
+
+def test_a_damaged_cached_extraction_is_extracted_again(tmp_path, capsys):
+    raw = bytes((i * 7 + i // 13) % 251 for i in range(20_000))
+    archive = _zip(tmp_path / "enwik8.zip", raw)
+    assert bytes(fdata.read_corpus(archive).tolist()) == raw
+    (cached,) = [p for p in (tmp_path / "cache").iterdir() if p.name.startswith("enwik8")]
+    damaged = bytearray(cached.read_bytes())
+    damaged[1234] ^= 0x01                               # same size, one bit off
+    cached.write_bytes(bytes(damaged))
+    capsys.readouterr()
+    assert bytes(fdata.read_corpus(archive).tolist()) == raw
+    assert "extracting" in capsys.readouterr().err
+    assert cached.read_bytes() == raw
+
+
+# -- 6: exported models -----------------------------------------------------------------
+def _record_data_offset(path: Path, suffix: str) -> int:
+    """Where the bytes of the zip record whose name ends with ``suffix`` start."""
+    with zipfile.ZipFile(path) as z:
+        info = next(i for i in z.infolist() if i.filename.endswith(suffix))
+    with open(path, "rb") as f:
+        f.seek(info.header_offset)
+        header = f.read(30)
+    name_len, extra_len = int.from_bytes(header[26:28], "little"), \
+        int.from_bytes(header[28:30], "little")
+    return info.header_offset + 30 + name_len + extra_len
+
+
+def test_an_export_with_a_flipped_byte_is_refused(tmp_path):
+    from fastrwa.models import LMConfig, build, load_pretrained, save_pretrained
+
+    model = build(LMConfig(d_model=8, n_layers=1))
+    save_pretrained(model, tmp_path / "m")
+    weights = tmp_path / "m" / "model.pt"
+    data = bytearray(weights.read_bytes())
+    data[_record_data_offset(weights, "data/0") + 3] ^= 0x7F   # the embedding's first value
+    weights.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=r"model\.pt is corrupt.*CRC"):
+        load_pretrained(tmp_path / "m")
+
+
+# -- 7: what a resume depends on ----------------------------------------------------------
+def test_resume_refuses_an_edited_config_naming_the_field(tmp_path, capsys):
+    code, run = _run(tmp_path, "run", *SYNTHETIC, "--steps", 2, "--checkpoint-every", 1)
+    assert code == 0
+    config = json.loads((run / "config.json").read_text())
+    config["lr"] = 0.5
+    (run / "config.json").write_text(json.dumps(config))
+    metrics = (run / "metrics.jsonl").read_text()
+    assert _resume(run, "--steps", 4) == 2
+    err = capsys.readouterr().err
+    assert "lr" in err and "0.001" in err and "0.5" in err
+    assert (run / "metrics.jsonl").read_text() == metrics          # nothing touched
+
+
+def test_resume_refuses_a_changed_corpus_or_data_path(tmp_path, capsys):
+    corpus = _corpus(tmp_path)
+    code, run = _run(tmp_path, "run", *_lm_flags(corpus), "--steps", 2)
+    assert code == 0
+    corpus.write_bytes(corpus.read_bytes()[:-500] + b"x" * 400)     # edited in place
+    assert _resume(run, "--steps", 4) == 2
+    err = capsys.readouterr().err
+    assert "changed" in err and "6,000" in err and "5,900" in err and "sha256" in err
+    other = _corpus(tmp_path, "other.txt", 7_000)
+    config = json.loads((run / "config.json").read_text())
+    config["data"] = str(other)
+    (run / "config.json").write_text(json.dumps(config))
+    assert _resume(run, "--steps", 4) == 2
+    err = capsys.readouterr().err
+    assert "data" in err and "other.txt" in err and "corpus.txt" in err
+    # the same bytes at a new path (a moved corpus) resume, with a note
+    _corpus(tmp_path, "moved.txt")
+    config["data"] = str(tmp_path / "moved.txt")
+    (run / "config.json").write_text(json.dumps(config))
+    assert _resume(run, "--steps", 4) == 0
+    assert "moved.txt" in capsys.readouterr().err
+
+
+def test_resume_refuses_a_checkpoint_from_another_run(tmp_path, capsys):
+    flags = [*SYNTHETIC, "--steps", 2, "--checkpoint-every", 1]
+    assert _run(tmp_path, "a", *flags)[0] == 0
+    assert _run(tmp_path, "b", *flags)[0] == 0           # the same flags, another run
+    (tmp_path / "a" / "checkpoint.pt").write_bytes((tmp_path / "b" / "checkpoint.pt").read_bytes())
+    assert _resume(tmp_path / "a", "--steps", 4) == 2
+    assert "another run" in capsys.readouterr().err
+
+
+def test_resume_with_steps_at_or_below_the_checkpoint_is_refused(tmp_path, capsys):
+    code, run = _run(tmp_path, "run", *SYNTHETIC, "--steps", 2, "--checkpoint-every", 1)
+    assert code == 0
+    for steps in ("2", "1"):
+        assert _resume(run, "--steps", steps) == 2
+        err = capsys.readouterr().err
+        assert "at step 2" in err and f"--steps {steps}" in err
+    assert _resume(run) == 2                       # a finished run: nothing left to train
+    assert "at step 2" in capsys.readouterr().err
+    assert _resume(run, "--steps", 3) == 0
+    # the steps a resume asked for are recorded: a later plain --resume continues to them
+    assert json.loads((run / "config.json").read_text())["steps"] == 3
+
+
+# -- 9: --overwrite -----------------------------------------------------------------------
+def test_overwrite_removes_a_symlink_never_what_it_points_to(tmp_path):
+    code, run = _run(tmp_path, "run", *SYNTHETIC, "--steps", 1)
+    assert code == 0
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "config.json").write_text("{}")
+    (foreign / "model.pt").write_text("someone else's model")
+    (run / "best").symlink_to(foreign, target_is_directory=True)
+    (run / "samples.txt").symlink_to(foreign / "model.pt")
+    assert _run(tmp_path, "run", *SYNTHETIC, "--steps", 1, "--overwrite")[0] == 0
+    assert sorted(p.name for p in foreign.iterdir()) == ["config.json", "model.pt"]
+    assert (foreign / "model.pt").read_text() == "someone else's model"
+    assert not (run / "best").exists() and not (run / "best").is_symlink()
+
+
+@pytest.mark.parametrize("name", ["metrics.jsonl", "checkpoint.pt.tmp"])
+def test_overwrite_validates_everything_before_removing_anything(tmp_path, capsys, name):
+    code, run = _run(tmp_path, "run", *SYNTHETIC, "--steps", 1)
+    assert code == 0
+    (run / name).unlink(missing_ok=True)
+    (run / name).mkdir()
+    (run / name / "inside").write_text("x")
+    before = sorted(p.name for p in run.iterdir())
+    assert _run(tmp_path, "run", *SYNTHETIC, "--steps", 1, "--overwrite")[0] == 2
+    err = capsys.readouterr().err
+    assert name in err and "Traceback" not in err
+    assert sorted(p.name for p in run.iterdir()) == before
+    assert (run / name / "inside").read_text() == "x"
+
+
+# -- 10: one process per run directory ----------------------------------------------------
+def test_a_run_directory_in_use_is_refused_until_its_process_ends(tmp_path, capsys):
+    code, run = _run(tmp_path, "run", *SYNTHETIC, "--steps", 1)
+    assert code == 0
+    holder = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(f"""
+            import fcntl, os, sys, time
+            fd = os.open({str(run / 'run.lock')!r}, os.O_RDWR | os.O_CREAT)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            os.write(fd, str(os.getpid()).encode())
+            print("locked", flush=True)
+            time.sleep(60)
+        """)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        assert _resume(run, "--steps", 2) == 2
+        err = capsys.readouterr().err
+        assert "in use" in err and str(holder.pid) in err
+        assert _run(tmp_path, "run", *SYNTHETIC, "--steps", 1, "--overwrite")[0] == 2
+        assert "in use" in capsys.readouterr().err and (run / "checkpoint.pt").is_file()
+    finally:
+        holder.send_signal(signal.SIGKILL)           # a crash: the kernel drops the lock
+        holder.wait()
+    assert _resume(run, "--steps", 2) == 0
+    # the lock is released when a run ends: it can be resumed again at once
+    assert _resume(run, "--steps", 3) == 0
+
+
+# -- 11: samples.txt on resume ------------------------------------------------------------
+def test_resume_trims_samples_written_after_the_checkpoint(tmp_path):
+    corpus = _corpus(tmp_path)
+    code, run = _run(tmp_path, "run", *_lm_flags(corpus), "--steps", 4)
+    assert code == 0
+    with open(run / "samples.txt", "a", encoding="utf-8") as f:   # logged, then killed
+        f.write("--- step 6 ---\nlost\n--- step 8 ---\ncut sh")
+    assert _resume(run, "--steps", 8) == 0
+    text = (run / "samples.txt").read_text(encoding="utf-8")
+    assert [line for line in text.splitlines() if line.startswith("--- step")] == \
+        [f"--- step {k} ---" for k in (2, 4, 6, 8)]
+    assert "lost" not in text and "cut sh" not in text
+
+
+# -- 12: a checkpoint or export write that fails -----------------------------------------
+@pytest.mark.parametrize("target", ["checkpoint.pt.tmp", "model.pt.tmp"])
+def test_a_failed_write_is_a_clean_error_and_leaves_no_tmp(tmp_path, monkeypatch, capsys,
+                                                          target):
+    real_save = torch.save
+
+    def full_disk(obj, f, *args, **kwargs):
+        name = f if isinstance(f, (str, os.PathLike)) else getattr(f, "name", "")
+        if str(name).endswith(target):
+            with open(name, "wb") as out:
+                out.write(b"PK\x03\x04 partial")
+            raise RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos "
+                               "64 vs 0; PytorchStreamWriter failed writing file data/0: "
+                               "file write failed")
+        return real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    corpus = _corpus(tmp_path)
+    code, run = _run(tmp_path, "run", *_lm_flags(corpus), "--steps", 2)
+    monkeypatch.undo()
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert target.removesuffix(".tmp") in err and "file write failed" in err
+    assert not list(run.rglob("*.tmp"))
+
+
+# -- 13: a corpus rewritten during a run --------------------------------------------------
+def test_a_corpus_truncated_while_in_use_cannot_crash_the_reader(tmp_path):
+    """The corpus is memory-mapped; reading a page of a file truncated since killed the
+    process with SIGBUS. The map is of a private copy now."""
+    corpus = _corpus(tmp_path, n=1 << 20)
+    script = textwrap.dedent(f"""
+        from fastrwa.train.data import read_corpus
+        data = read_corpus({str(corpus)!r})
+        open({str(corpus)!r}, "wb").close()                # truncated in place
+        print(int(data[-1]), int(data[len(data) // 2]))
+    """)
+    env = {**ENV, "FASTRWA_CACHE": str(tmp_path / "cache")}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                         text=True, timeout=120)
+    n = 1 << 20
+    expected = f"{((n - 1) * 7 + (n - 1) // 13) % 251} {((n // 2) * 7 + (n // 2) // 13) % 251}"
+    assert out.returncode == 0, (out.returncode, out.stderr[-2000:])
+    assert out.stdout.strip() == expected
+
+
+# -- 16: numbers no run can use, refused before anything is written -----------------------
+@pytest.mark.parametrize("flags,words", [
+    (["--lm", "vocab_size=300"], "--lm vocab_size must be 257"),
+    (["--lr", "1e39"], "--lr must be"),
+    (["--weight-decay", "1e39"], "--weight-decay must be"),
+    (["--seed", str(2 ** 70)], "--seed must be"),
+    (["--seed", "-1"], "--seed must be"),
+])
+def test_unusable_numbers_are_refused_before_the_run_directory_is_made(tmp_path, capsys,
+                                                                       flags, words):
+    corpus = _corpus(tmp_path)
+    code, run = _run(tmp_path, "bad", *_lm_flags(corpus), "--steps", 2, *flags)
+    err = capsys.readouterr().err
+    assert code == 2 and words in err and "Traceback" not in err, err
+    assert not run.exists()
+
+
+def test_a_new_run_that_fails_before_its_first_step_leaves_no_directory(tmp_path, capsys):
+    code, run = _run(tmp_path, "run", "--task", "text", "--data", tmp_path / "missing.txt")
+    assert code == 2 and "no such file" in capsys.readouterr().err
+    assert not run.exists()
+    _corpus(tmp_path, "missing.txt")           # the rerun with the corpus in place is not blocked
+    assert _run(tmp_path, "run", *_lm_flags(tmp_path / "missing.txt"), "--steps", 1)[0] == 0
+
+
+# -- 21: messages that name the real problem ----------------------------------------------
+def test_resume_with_another_task_or_a_config_without_task_names_the_task(tmp_path, capsys):
+    corpus = _corpus(tmp_path)
+    code, run = _run(tmp_path, "run", *_lm_flags(corpus), "--steps", 2)
+    assert code == 0
+    assert _resume(run, "--task", "adding") == 2
+    err = capsys.readouterr().err
+    assert "task: saved 'text', given 'adding'" in err and "--lm" not in err
+    config = json.loads((run / "config.json").read_text())
+    del config["task"]
+    (run / "config.json").write_text(json.dumps(config))
+    assert _resume(run, "--steps", 4) == 2
+    err = capsys.readouterr().err
+    assert '"task"' in err and "--lm" not in err
+
+
+def test_a_checkpoint_with_impossible_fields_is_refused_before_anything_is_touched(tmp_path,
+                                                                                  capsys):
+    code, run = _run(tmp_path, "run", *SYNTHETIC, "--steps", 2, "--checkpoint-every", 1)
+    assert code == 0
+    metrics = (run / "metrics.jsonl").read_text()
+    ckpt = torch.load(run / "checkpoint.pt", weights_only=False)
+    for field, value in (("step", -5), ("step", 1.5), ("elapsed", float("nan")),
+                         ("world_size", 0)):
+        torch.save({**ckpt, field: value}, run / "checkpoint.pt")
+        assert _resume(run, "--steps", 4) == 2
+        err = capsys.readouterr().err
+        assert field in err and "Traceback" not in err
+        assert (run / "metrics.jsonl").read_text() == metrics
+
+
+def test_plot_writes_where_it_says_or_refuses_a_directory(tmp_path, capsys):
+    from fastrwa.train.plot import main as plot_main
+
+    code, run = _run(tmp_path, "run", *SYNTHETIC, "--steps", 2)
+    assert code == 0
+    (tmp_path / "out").mkdir()
+    capsys.readouterr()
+    assert plot_main([str(run), "--out", str(tmp_path / "out")]) == 2
+    assert "is a directory" in capsys.readouterr().err
+    assert not (tmp_path / "out.png").exists()
+    assert plot_main([str(run), "--out", str(tmp_path / "curves")]) == 0
+    printed = capsys.readouterr().out.strip()
+    assert Path(printed).read_bytes()[:4] == b"\x89PNG"
