@@ -169,7 +169,7 @@ def test_bad_input_messages():
         layer(torch.randn(3, 3, 6), state)
     with pytest.raises(ValueError, match="state.last_input"):
         layer(torch.randn(2, 3, 6), LayerState(state.scan, None))
-    with pytest.raises(ValueError, match=r"x must have shape \(B, input_size\)"):
+    with pytest.raises(ValueError, match=r"x_t must have shape \(B, input_size\)"):
         layer.step(torch.randn(2, 3, 6), state)
     with pytest.raises(ValueError, match="attention"):
         RDA(6, 5, attention="tanh")

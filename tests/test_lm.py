@@ -331,7 +331,7 @@ def test_spread_discount_init_gives_each_block_its_memory_lengths():
     assert torch.equal(paper.blocks[0].mix.proj.bias.view(4, 16)[3], torch.ones(16))
     with pytest.raises(ValueError, match="discount_init"):
         LMConfig(discount_init="wide")
-    with pytest.raises(ValueError, match="shortest must be a number > 1"):
+    with pytest.raises(ValueError, match="shortest must be a finite number > 1"):
         paper.blocks[0].mix.set_discount_timescales(1.0, 10.0)
     with pytest.raises(ValueError, match="longest"):
         paper.blocks[0].mix.set_discount_timescales(10.0, 5.0)

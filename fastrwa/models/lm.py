@@ -8,13 +8,14 @@ from typing import Iterator, NamedTuple, Optional
 import torch
 from torch import Tensor, nn
 
+from ..nn.checks import check_buffer, check_count, check_input_dtype, check_written
 from ..nn.functional import rms_norm_into
 from ..nn import RDA, RWA, LayerState
 from ..ops.dispatch import state_dtype
 from ..state import ScanState
 from .config import LMConfig
 from .pretrained import load_pretrained, save_pretrained
-from .sampling import collect, prepare_prompt, sample_loop
+from .sampling import check_logits, collect, prepare_prompt, sample_loop
 
 
 def longest_timescale(depth: int, n_layers: int) -> float:
@@ -63,20 +64,51 @@ class Block(nn.Module):
         return h if self.gate is None else h * torch.sigmoid(self.gate(normed))
 
     def step_workspace(self, batch: int, dtype: torch.dtype) -> dict:
-        """Buffers for :meth:`step_` (``batch`` rows), allocated once per decode."""
+        """Buffers for :meth:`step_` (``batch`` rows of ``dtype``), allocated once per decode."""
         d, dev = self.norm1.normalized_shape[0], self.mlp[0].weight.device
+        mix = self.mix.step_workspace(batch, dtype)           # (checks batch)
         new = lambda *shape: torch.empty(*shape, dtype=dtype, device=dev)  # noqa: E731
-        return dict(mix=self.mix.step_workspace(batch, dtype), normed=new(batch, d),
-                    h=new(batch, d), gate=new(batch, d), hidden=new(batch, self.mlp[0].out_features),
+        return dict(mix=mix, normed=new(batch, d), h=new(batch, d), gate=new(batch, d),
+                    hidden=new(batch, self.mlp[0].out_features),
                     rstd=torch.empty(batch, 1, dtype=state_dtype(dtype), device=dev),
                     wide=torch.empty(batch, d, dtype=state_dtype(dtype), device=dev))
 
+    @torch.no_grad()
     def step_(self, x: Tensor, state: LayerState, work: dict) -> Tensor:
         """:meth:`step` in place: the residual stream ``x`` ``(B, d)`` and ``state`` are
-        updated where they lie, and nothing is allocated (CPU)."""
+        updated where they lie, and nothing is allocated (CPU). Inference only: it runs
+        without autograd. Every argument is checked before anything is written (``x`` in
+        the block's dtype, ``work`` from :meth:`step_workspace` for ``B`` rows, ``state`` as
+        :meth:`fastrwa.nn.RDA.step_` checks it): a refused call leaves ``x`` and ``state``
+        as they were."""
+        self._check_step_(x, state, work)
+        return self._step_into(x, state, work)
+
+    def _check_step_(self, x: object, state: object, work: object) -> None:
+        d, param = self.norm1.normalized_shape[0], self.mlp[0].weight
+        if not isinstance(x, Tensor) or x.dim() != 2 or x.shape[1] != d:
+            got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+            raise ValueError(f"x must be a tensor of shape (B, d_model) = (B, {d}), got {got}")
+        check_input_dtype(x, "x", param, "block", autocast=False)
+        B, dtype, dev = x.shape[0], x.dtype, x.device
+        sdt = state_dtype(dtype)
+        buffers = dict(normed=(d, dtype), h=(d, dtype), gate=(d, dtype),
+                       hidden=(self.mlp[0].out_features, dtype), rstd=(1, sdt), wide=(d, sdt))
+        if not isinstance(work, dict) or not {"mix", *buffers} <= work.keys():
+            got = sorted(work) if isinstance(work, dict) else type(work).__name__
+            raise TypeError(f"work must be the dict of step_workspace(B, dtype) for this block "
+                            f"(with {sorted(['mix', *buffers])}), got {got}")
+        for name, (width, buffer_dtype) in buffers.items():
+            check_buffer(work[name], f"work[{name!r}]", (B, width), buffer_dtype, dev)
+        self.mix._check_step_(work["normed"], state, work["h"], work["mix"], "work['mix']")
+        if not torch.compiler.is_compiling():
+            check_written([("x", x)])
+
+    def _step_into(self, x: Tensor, state: LayerState, work: dict) -> Tensor:
+        """The computation of :meth:`step_`, on arguments it has checked."""
         normed, h = work["normed"], work["h"]
         rms_norm_into(x, self.norm1, normed, work["rstd"], work["wide"])
-        self.mix.step_(normed, state, h, work["mix"])
+        self.mix._step_into(normed, state, h, work["mix"])
         if self.gate is not None:
             torch.addmm(self.gate.bias, normed, self.gate.weight.t(), out=work["gate"])
             h.mul_(work["gate"].sigmoid_())
@@ -99,10 +131,13 @@ class InferenceCache:
     """
 
     def __init__(self, model: "ByteLM", batch: int):
+        check_count(batch, "batch")
         d, dev = model.config.d_model, model.embed.weight.device
         dtype = model.embed.weight.dtype
         sdt = state_dtype(dtype)
-        self.batch = batch
+        self.batch, self.device = batch, dev
+        # what the buffers were sized for: ByteLM.step_ and prefill refuse another model's
+        self.layout = model._cache_layout()
         self.scan = [tuple(torch.zeros(batch, d, dtype=sdt, device=dev) for _ in range(3))
                      for _ in model.blocks]
         self.last = [torch.zeros(batch, d, dtype=dtype, device=dev)
@@ -117,8 +152,7 @@ class InferenceCache:
                          token_range=torch.empty(2, dtype=torch.long, device=dev),
                          blocks=[block.step_workspace(batch, dtype) for block in model.blocks])
         # A fresh cache holds the state before the first token: each layer's learned prior.
-        with torch.no_grad():
-            self.load_(LMState(tuple(block.mix.initial_state(batch) for block in model.blocks)))
+        self.load_(LMState(tuple(block.mix.initial_state(batch) for block in model.blocks)))
 
     @property
     def state(self) -> LMState:
@@ -126,16 +160,66 @@ class InferenceCache:
         return LMState(tuple(LayerState(ScanState(*s), last)
                              for s, last in zip(self.scan, self.last)))
 
+    @torch.no_grad()
     def load_(self, state: LMState) -> None:
-        """Copy ``state`` into the buffers."""
+        """Copy ``state`` (an :class:`LMState` of this cache's batch and width, e.g. a
+        forward's) into the buffers: its values, not its autograd graph, converted to the
+        buffers' dtype and device. Every tensor is checked before any is copied (a refused
+        state leaves the cache as it was): no broadcasting, no partial load."""
+        if not isinstance(state, LMState) or not isinstance(state.layers, (tuple, list)):
+            raise TypeError(f"state must be a fastrwa.models.LMState (as returned by the "
+                            f"model), got {type(state).__name__}")
+        if len(state.layers) != len(self.scan):
+            raise ValueError(f"state must hold {len(self.scan)} layer states (one per block), "
+                             f"got {len(state.layers)}")
+        for i, (layer, bufs, last) in enumerate(zip(state.layers, self.scan, self.last)):
+            where = f"state.layers[{i}]"
+            if not isinstance(layer, LayerState) or not isinstance(layer.scan, (tuple, list)) \
+                    or len(layer.scan) != 3:
+                raise TypeError(f"{where} must be a fastrwa.nn.LayerState with a ScanState, "
+                                f"got {type(layer).__name__}")
+            named = [(f"{where}.scan.{f}", t, buf)
+                     for f, t, buf in zip(ScanState._fields, layer.scan, bufs)]
+            if last is not None:
+                named.append((f"{where}.last_input", layer.last_input, last))
+            for name, value, buf in named:
+                shape = tuple(buf.shape)
+                if not isinstance(value, Tensor) or tuple(value.shape) != shape:
+                    got = tuple(value.shape) if isinstance(value, Tensor) else value
+                    raise ValueError(f"{name} must have shape {shape} (the cache's batch "
+                                     f"and d_model), got {got!r}")
+                if not value.is_floating_point():
+                    raise TypeError(f"{name} must have a floating dtype, got {value.dtype}")
         for bufs, last, layer in zip(self.scan, self.last, state.layers):
             for buf, value in zip(bufs, layer.scan):
                 buf.copy_(value)
             if last is not None:
                 last.copy_(layer.last_input)
 
-    def reorder_(self, index: Tensor) -> None:
-        """``buffer <- buffer[index]`` along the batch, in place."""
+    @torch.no_grad()
+    def reorder_(self, index: Tensor, check: bool = True) -> None:
+        """``buffer <- buffer[index]`` along the batch, in place: ``index`` ``(B,)`` int32 or
+        int64, the cache's row each row is taken from (beam search). ``check=False`` skips the
+        range check of the values (a read back to the host); the others always run, before
+        anything is written."""
+        B = self.batch
+        if not isinstance(index, Tensor):
+            raise TypeError(f"index must be a torch.Tensor of shape (B,) = ({B},), "
+                            f"got {type(index).__name__}")
+        if index.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"index must hold integer batch positions (int32 or int64), "
+                            f"got {index.dtype}")
+        if tuple(index.shape) != (B,):
+            raise ValueError(f"index must have shape (B,) = ({B},), one source row per row "
+                             f"of the cache, got {tuple(index.shape)}")
+        if index.device != self.device:
+            raise ValueError(f"index must be on the cache's device {self.device}, "
+                             f"got {index.device}")
+        if check and B and not torch.compiler.is_compiling():
+            low, high = (int(v) for v in torch.aminmax(index))
+            if low < 0 or high >= B:
+                raise ValueError(f"index must be in [0, {B}) (rows of the cache), "
+                                 f"got values in [{low}, {high}]")
         for bufs, last in zip(self.scan, self.last):
             for buf in (*bufs, *([] if last is None else [last])):
                 buf.copy_(buf.index_select(0, index))
@@ -233,12 +317,47 @@ class ByteLM(nn.Module):
         return self.head(self.norm(x)), LMState(tuple(new))
 
     def allocate_cache(self, batch: int) -> InferenceCache:
-        """An :class:`InferenceCache` for ``batch`` sequences."""
+        """An :class:`InferenceCache` for ``batch`` sequences (an int >= 0)."""
         return InferenceCache(self, batch)
 
+    # what an InferenceCache's buffers depend on, named for the messages
+    _CACHE_FIELDS = ("n_layers", "d_model", "vocab_size", "layer", "token_shift", "mlp_ratio",
+                     "dtype", "device")
+
+    def _cache_layout(self) -> tuple:
+        c, weight = self.config, self.embed.weight
+        return (len(self.blocks), c.d_model, c.vocab_size, c.layer, c.token_shift, c.mlp_ratio,
+                weight.dtype, weight.device)
+
+    def _check_cache(self, cache: object) -> InferenceCache:
+        """``cache`` was allocated by a model of this one's shape, dtype and device (an
+        attribute comparison: cheap enough for every step)."""
+        if not isinstance(cache, InferenceCache):
+            raise TypeError(f"cache must be a fastrwa.models.InferenceCache (from "
+                            f"model.allocate_cache(B)), got {type(cache).__name__}")
+        mine = self._cache_layout()
+        if cache.layout != mine:
+            def describe(layout: tuple) -> str:
+                return ", ".join(f"{k}={v}" for k, v in zip(self._CACHE_FIELDS, layout))
+            raise ValueError(f"cache was allocated by a model of another shape, dtype or "
+                             f"device ({describe(cache.layout)}); this model has "
+                             f"{describe(mine)}: allocate one with model.allocate_cache(B)")
+        return cache
+
     def prefill(self, tokens: Tensor, cache: InferenceCache) -> Tensor:
-        """Run ``tokens`` ``(B, T)`` in parallel from the initial state, leave the final state
-        in ``cache``, and return the last position's logits ``(B, vocab_size)``."""
+        """Run ``tokens`` ``(B, T)`` (``B`` the cache's batch, ``T >= 1``) in parallel from
+        the initial state, leave the final state in ``cache``, and return the last
+        position's logits ``(B, vocab_size)``. The arguments are checked before anything
+        runs (a refused call leaves the cache as it was)."""
+        self._check_cache(cache)
+        if isinstance(tokens, Tensor) and tokens.dim() == 2:      # (the forward checks the rest)
+            if tokens.shape[0] != cache.batch:
+                raise ValueError(f"tokens must have shape (B, T) = ({cache.batch}, T), the "
+                                 f"cache's batch, got {tuple(tokens.shape)}")
+            if tokens.shape[1] == 0:
+                raise ValueError(f"tokens must hold at least one position (T >= 1): prefill "
+                                 f"returns the last position's logits; got shape "
+                                 f"{tuple(tokens.shape)}")
         logits, state = self(tokens)
         cache.load_(state)
         return logits[:, -1]
@@ -252,7 +371,8 @@ class ByteLM(nn.Module):
         next step (clone them to keep them). Matches :meth:`step` (tests/test_lm.py).
         ``check=False`` skips the range check of the ids, which reads them back to the host:
         then the step can be captured in a CUDA graph (an id out of range is then an indexing
-        error of the device, not a ValueError).
+        error of the device, not a ValueError). A cache allocated by a model of another shape,
+        dtype or device is refused (``ValueError``) before anything is written.
 
         Example:
             >>> import torch
@@ -262,6 +382,7 @@ class ByteLM(nn.Module):
             >>> model.step_(torch.tensor([65, 66]), cache).shape
             torch.Size([2, 257])
         """
+        self._check_cache(cache)
         if not isinstance(token, Tensor) or token.dim() != 1 or token.shape[0] != cache.batch:
             got = f"{tuple(token.shape)} {token.dtype}" if isinstance(token, Tensor) \
                 else type(token).__name__
@@ -271,15 +392,17 @@ class ByteLM(nn.Module):
             raise TypeError(f"token must have dtype torch.int64 (the in-place step converts "
                             f"nothing), got {token.dtype}")
         work = cache.work
-        if check and not torch.compiler.is_compiling():   # (compiled: left to index_select)
+        if check and token.shape[0] and not torch.compiler.is_compiling():
+            # (compiled: left to index_select)
             low, high = torch.aminmax(token, out=(work["token_range"][0],
                                                   work["token_range"][1]))
             if low.item() < 0 or high.item() >= self.config.vocab_size:
                 raise ValueError(f"token must be ids in [0, {self.config.vocab_size}), "
                                  f"got values in [{low.item()}, {high.item()}]")
         x = torch.index_select(self.embed.weight, 0, token, out=work["x"])
+        # (the cache's buffers match this model: its blocks' checks are not needed)
         for block, state, block_work in zip(self.blocks, cache.state.layers, work["blocks"]):
-            block.step_(x, state, block_work)
+            block._step_into(x, state, block_work)
         rms_norm_into(x, self.norm, work["normed"], work["rstd"], work["wide"])
         return torch.mm(work["normed"], self.head.weight.t(), out=work["logits"])
 
@@ -350,6 +473,7 @@ class ByteLM(nn.Module):
         for i in range(max_new):
             logits = logits.float()
             logits[:, self.config.bos_token] = float("-inf")   # BOS starts text, never follows
+            check_logits(logits, logits.amax(dim=-1, keepdim=True))
             logp = torch.log_softmax(logits, dim=-1).view(B, K, V)
             total = (scores[..., None] + logp).view(B, K * V)
             scores, flat = total.topk(K, dim=-1)                          # (B, K)
@@ -357,11 +481,11 @@ class ByteLM(nn.Module):
             token = (flat % V).view(-1)
             out.copy_(out.index_select(0, origin))
             out[:, P + i] = token
-            cache.reorder_(origin)
+            cache.reorder_(origin, check=False)            # (in range by construction)
             if i + 1 < max_new:
                 logits = self.step_(token, cache)
         best = scores.argmax(dim=-1)
-        return out.view(B, K, -1)[torch.arange(B, device=prompt.device), best]
+        return out.view(B, K, P + max_new)[torch.arange(B, device=prompt.device), best]
 
     # -- persistence ----------------------------------------------------------------------
     def save_pretrained(self, directory: str | os.PathLike) -> None:

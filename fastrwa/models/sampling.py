@@ -75,12 +75,41 @@ def sample_loop(logits: Tensor, step: Callable[[Tensor], Tensor], max_new_tokens
             logits = step(token)
 
 
+def check_logits(logits: Tensor, top: Tensor) -> None:
+    """Raise ``ValueError`` naming the first row of ``logits`` ``(B, V)`` whose maximum
+    ``top`` ``(B, 1)`` is not finite: the model produced NaN or ``+inf`` there, or every
+    token is excluded (``-inf``). Nothing could be sampled from such a row (the softmax is
+    NaN). One read back to the host."""
+    finite = torch.isfinite(top)
+    if bool(finite.all()):
+        return
+    row = int((~finite[:, 0]).nonzero()[0, 0])
+    values = logits[row]
+    if bool(torch.isnan(values).any()):
+        problem = "hold NaN: the model produced NaN (a NaN weight or input, or an overflow)"
+    elif bool((values == float("inf")).any()):
+        problem = "hold +inf: the model produced an infinite logit (an overflow)"
+    else:
+        problem = "are all -inf: every token is excluded"
+    raise ValueError(f"the logits of row {row} {problem}; no token can be drawn from them")
+
+
 def sample(logits: Tensor, temperature: float, top_k: Optional[int], top_p: Optional[float],
            generator: Optional[torch.Generator], forbidden: int) -> Tensor:
     """One token per row of ``logits`` ``(B, V)``, never ``forbidden`` (the BOS id: it starts
-    a text and is not a byte, so generated text could not be decoded with it)."""
-    logits = logits.float() / temperature
+    a text and is not a byte, so generated text could not be decoded with it).
+
+    ``softmax(logits / temperature)``, computed as ``(logits - max) / temperature`` so that a
+    temperature too small for float32 (the quotient overflows, or the temperature itself
+    rounds to 0) gives its limit, the greedy choice (shared among tied maxima), not NaN.
+    Logits holding NaN or ``+inf`` are a ``ValueError`` (:func:`check_logits`)."""
+    logits = logits.to(torch.float32, copy=True)
     logits[:, forbidden] = float("-inf")
+    top = logits.amax(dim=-1, keepdim=True)
+    check_logits(logits, top)
+    at_top = logits == top
+    # (<= 0 after the shift: a huge quotient is -inf, the limit; 0 / 0 at the top is set to 0)
+    logits = logits.sub_(top).div_(temperature).masked_fill_(at_top, 0.0)
     if top_k is not None and top_k < logits.shape[-1]:
         kth = logits.topk(top_k, dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))

@@ -17,7 +17,7 @@ from ..checks import check_flag, check_state
 from ..ops.dispatch import state_dtype
 from ..state import ScanState
 from .checks import check_size, check_state_tensor, check_step_input
-from .functional import rda_functions
+from .functional import ACTIVATIONS, rda_functions
 
 
 class CellState(NamedTuple):
@@ -141,14 +141,23 @@ class RDACell(_AttentionCell):
     def __init__(self, input_size: int, hidden_size: int, attention: str = "exp",
                  f_h: str = "tanh", f_o: str = "identity", preset: Optional[str] = None,
                  device=None, dtype=None):
-        attention, _, _, f_h_fn, f_o_fn = rda_functions(attention, f_h, f_o, preset)
+        attention, f_h, f_o, _, _ = rda_functions(attention, f_h, f_o, preset)
         super().__init__(input_size, hidden_size, 3, device=device, dtype=dtype)
-        self.attention, self._f_h, self._f_o = attention, f_h_fn, f_o_fn
+        # (names, not functions: a module that holds only data pickles and saves whole)
+        self.attention, self.f_h_name, self.f_o_name = attention, f_h, f_o
         with torch.no_grad():
             self.gates[2].bias.fill_(1.0)
 
+    @property
+    def _f_h(self):
+        return ACTIVATIONS[self.f_h_name]
+
+    @property
+    def _f_o(self):
+        return ACTIVATIONS[self.f_o_name]
+
     def _f0(self, s0: Tensor) -> Tensor:
-        return self._f_h(s0) if hasattr(self, "_f_h") else torch.tanh(s0)
+        return self._f_h(s0)
 
     def forward(self, x_t: Tensor, state: Optional[CellState] = None) -> tuple[Tensor, CellState]:
         state = self._check(x_t, state)

@@ -15,6 +15,15 @@ def check_size(value: object, name: str) -> int:
     return value
 
 
+def check_count(value: object, name: str) -> int:
+    """An int >= 0 (not a bool): a batch size, which may be empty."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int >= 0, got {type(value).__name__} {value!r}")
+    if value < 0:
+        raise ValueError(f"{name} must be an int >= 0, got {value}")
+    return value
+
+
 def check_step_input(x: object, width: int, param: Tensor, name: str = "x_t") -> Tensor:
     """``x`` ``(B, width)``, floating, on the module's device, in its parameters' dtype (or any
     floating dtype under autocast, which casts at the matrix products)."""
@@ -24,14 +33,68 @@ def check_step_input(x: object, width: int, param: Tensor, name: str = "x_t") ->
     if x.dim() != 2 or x.shape[1] != width:
         raise ValueError(f"{name} must have shape (B, input_size = {width}), "
                          f"got {tuple(x.shape)}")
-    if x.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"{name} must have a floating dtype, got {x.dtype}")
-    if x.device != param.device:
-        raise ValueError(f"{name} must be on the module's device {param.device}, got {x.device}")
-    if x.dtype != param.dtype and not torch.is_autocast_enabled(x.device.type):
-        raise TypeError(f"{name} must have the module's dtype {param.dtype} (or run under "
-                        f"torch.autocast), got {x.dtype}")
+    check_input_dtype(x, name, param, "module")
     return x
+
+
+def check_input_dtype(x: Tensor, name: str, param: Tensor, owner: str,
+                      autocast: bool = True) -> None:
+    """``x`` floating, on ``param``'s device and in its dtype; another floating dtype only
+    under ``torch.autocast`` when ``autocast`` (it casts at the matrix products, float64
+    excepted: autocast leaves it as it is). ``owner`` names what ``param`` belongs to in the
+    message ("layer", "module")."""
+    if x.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name} must have a floating dtype (the {owner}'s is {param.dtype}), "
+                        f"got {x.dtype}")
+    if x.device != param.device:
+        raise ValueError(f"{name} must be on the {owner}'s device {param.device}, "
+                         f"got {x.device}")
+    if x.dtype != param.dtype and not (autocast and torch.float64 not in (x.dtype, param.dtype)
+                                       and torch.is_autocast_enabled(x.device.type)):
+        hint = " (or run under torch.autocast)" if autocast else ""
+        raise TypeError(f"{name} must have the {owner}'s dtype {param.dtype}{hint}, "
+                        f"got {x.dtype}")
+
+
+def check_buffer(x: object, name: str, shape: tuple, dtype: torch.dtype,
+                 device: torch.device, layout: str = "") -> None:
+    """A tensor an in-place step reads or writes: exactly ``shape`` (no broadcasting),
+    ``dtype`` and ``device``. ``layout`` names the dimensions, e.g. "(B, hidden_size) = "."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of shape {layout}{shape}, dtype {dtype}, "
+                        f"got {type(x).__name__}")
+    if x.shape != shape:
+        raise ValueError(f"{name} must have shape {layout}{shape}, got {tuple(x.shape)}")
+    if x.dtype != dtype:
+        raise TypeError(f"{name} must have dtype {dtype}, got {x.dtype}")
+    if x.device != device:
+        raise ValueError(f"{name} must be on {device}, got {x.device}")
+
+
+def overlaps_itself(x: Tensor) -> bool:
+    """Whether two elements of ``x`` may lie at one address (an ``expand``-ed tensor, a
+    stride of 0 along a dimension of size > 1, or interleaved strides): conservative."""
+    if x.is_contiguous():
+        return False
+    reach = 0                                    # furthest element offset the dims so far reach
+    for stride, size in sorted((s, n) for n, s in zip(x.shape, x.stride()) if n > 1):
+        if stride <= reach:
+            return True
+        reach += stride * (size - 1)
+    return False
+
+
+def check_written(named: list[tuple[str, Tensor]]) -> None:
+    """The tensors an in-place step writes (``named``) each own their elements and share no
+    memory with one another (``ValueError`` naming them)."""
+    from ..checks import check_no_overlap  # (deferred: fastrwa.nn imports before fastrwa.checks)
+
+    for name, x in named:
+        if overlaps_itself(x):
+            raise ValueError(f"{name} overlaps itself (shape {tuple(x.shape)}, strides "
+                             f"{x.stride()}: an expand()-ed tensor?); the in-place step writes "
+                             f"it, so each of its elements needs its own memory (.clone() it)")
+    check_no_overlap(named, [])
 
 
 def check_state_tensor(x: object, name: str, shape: tuple, like: Tensor) -> Tensor:

@@ -6,9 +6,14 @@ from typing import Callable
 
 import torch
 
+def identity(x: torch.Tensor) -> torch.Tensor:
+    """``f(x) = x`` (a named function, not a lambda: it pickles)."""
+    return x
+
+
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "tanh": torch.tanh,
-    "identity": lambda x: x,
+    "identity": identity,
     "sigmoid": torch.sigmoid,
     "relu": torch.relu,
 }

@@ -16,8 +16,16 @@ from torch import Tensor, nn
 from .. import scan as _scan
 from ..ops.dispatch import state_dtype
 from ..state import ScanState
-from .checks import check_size
-from .functional import ACTIVATIONS_OUT, rda_functions
+from .checks import check_buffer, check_count, check_input_dtype, check_size, check_written
+from .functional import ACTIVATIONS, ACTIVATIONS_OUT, rda_functions
+
+# Layouts of in-place step arguments whose memory passed the overlap checks of
+# _ScanLayer.step_ (the written tensors' addresses and strides, the batch and dtype): a
+# decode loop steps the same buffers every token and pays those checks once. Bounded:
+# emptied when full (as fastrwa.scan's memo of the op's in-place steps).
+_NO_OVERLAP: set = set()
+_NO_OVERLAP_MAX = 4096
+_SCAN_NAMES = tuple(f"state.scan.{field}" for field in ScanState._fields)
 
 
 class LayerState(NamedTuple):
@@ -38,6 +46,9 @@ class _ScanLayer(nn.Module):
     """Shared machinery of :class:`RWA` and :class:`RDA`."""
 
     _discounted: bool = False
+    # the buffers of step_workspace's dict
+    _WORK_KEYS = frozenset(("inp", "inp_x", "inp_last", "proj", "u", "tanh_g", "z", "y",
+                            "a_logits", "a"))
 
     def __init__(self, input_size: int, hidden_size: int, *, batch_first: bool,
                  bidirectional: bool, token_shift: bool, learn_initial_state: bool,
@@ -116,14 +127,18 @@ class _ScanLayer(nn.Module):
                              f"{(batch, self.input_size)} for a token_shift layer, got {got}")
         return state
 
-    def _check_input(self, x, rank: int) -> None:
+    def _check_input(self, x, rank: int, name: str = "x", autocast: bool = True) -> None:
+        """``x`` of ``rank`` 3 (a sequence) or 2 (a token), floating, on the layer's device
+        and in its dtype (any floating dtype under ``torch.autocast`` if ``autocast``)."""
         layout = ("(B, T, input_size)" if self.batch_first else "(T, B, input_size)") \
             if rank == 3 else "(B, input_size)"
         if not isinstance(x, Tensor):
-            raise TypeError(f"x must be a torch.Tensor of shape {layout}, got {type(x).__name__}")
+            raise TypeError(f"{name} must be a torch.Tensor of shape {layout}, "
+                            f"got {type(x).__name__}")
         if x.dim() != rank or x.shape[-1] != self.input_size:
-            raise ValueError(f"x must have shape {layout} with input_size = {self.input_size}, "
-                             f"got {tuple(x.shape)}")
+            raise ValueError(f"{name} must have shape {layout} with input_size = "
+                             f"{self.input_size}, got {tuple(x.shape)}")
+        check_input_dtype(x, name, self.proj.weight, "layer", autocast)
 
     # -- the computation -----------------------------------------------------------------
     def _gates(self, x: Tensor, previous: Optional[Tensor]) -> list[tuple[Tensor, ...]]:
@@ -186,7 +201,7 @@ class _ScanLayer(nn.Module):
         if self.bidirectional:
             raise RuntimeError("step() is not defined for a bidirectional layer: its reverse "
                                "direction needs the whole sequence; call the layer on it")
-        self._check_input(x_t, 2)
+        self._check_input(x_t, 2, "x_t")
         state = self._check_state(state, x_t.shape[0])
         gates = self._gates(x_t[:, None], state.last_input)[0]
         y, final = self._scan(gates, state.scan, reverse=False, step=True)
@@ -195,7 +210,9 @@ class _ScanLayer(nn.Module):
 
     # -- allocation-free streaming ----------------------------------------------------------
     def step_workspace(self, batch: int, dtype: Optional[torch.dtype] = None) -> dict:
-        """Buffers :meth:`step_` writes into, for ``batch`` rows: allocate once per decode."""
+        """Buffers :meth:`step_` writes into, for ``batch`` rows and inputs of ``dtype`` (the
+        layer's by default): allocate once per decode."""
+        check_count(batch, "batch")
         H, I, dev = self.hidden_size, self.input_size, self.proj.weight.device
         dtype = dtype or self.proj.weight.dtype
         new = lambda width: torch.empty(batch, width, dtype=dtype, device=dev)  # noqa: E731
@@ -217,7 +234,15 @@ class _ScanLayer(nn.Module):
         """:meth:`step` in place, for decode loops: ``state`` (its scan tensors and
         ``last_input``) is updated where it lies and the output written into ``out``
         ``(B, hidden_size)``; returns ``out``. With ``work`` from :meth:`step_workspace` and
-        CPU tensors nothing is allocated. Inference only: it runs without autograd.
+        CPU tensors nothing is allocated. Inference only: it runs without autograd (a state
+        whose tensors require grad is stepped as a detached one would be).
+
+        Every argument is checked before anything is written (a refused call leaves
+        ``state`` and ``out`` as they were): ``x_t`` ``(B, input_size)`` in the layer's dtype,
+        ``state``'s tensors ``(B, ...)`` of the layer's state dtype, ``out`` ``(B,
+        hidden_size)`` in ``x_t``'s dtype, ``work`` for ``B`` rows of that dtype; ``out`` and
+        the state's tensors each own their memory (no ``expand``-ed tensor, no two sharing
+        memory). The memory checks run once per layout of these tensors.
 
         Example:
             >>> import torch, fastrwa
@@ -226,14 +251,71 @@ class _ScanLayer(nn.Module):
             >>> out, work = torch.empty(2, 16), layer.step_workspace(2)
             >>> _ = layer.step_(torch.randn(2, 8), state, out, work)   # state updated in place
         """
+        self._check_step_(x_t, state, out, work)
+        if work is None:
+            work = self.step_workspace(x_t.shape[0], x_t.dtype)
+        return self._step_into(x_t, state, out, work)
+
+    def _check_step_(self, x_t: object, state: object, out: object, work: Optional[dict],
+                     work_name: str = "work") -> None:
+        """The checks of :meth:`step_` (see there): per call, comparisons of attributes
+        (written inline: a decode loop pays them every token), and the memory checks once
+        per layout of the written tensors (:data:`_NO_OVERLAP`). On a failure the precise
+        message comes from the slow helpers."""
         if self.bidirectional:
             raise RuntimeError("step_() is not defined for a bidirectional layer: its reverse "
                                "direction needs the whole sequence; call the layer on it")
-        self._check_input(x_t, 2)
-        if not isinstance(state, LayerState):
-            raise TypeError(f"state must be a fastrwa.nn.LayerState to update in place, "
-                            f"got {type(state).__name__}")
-        work = work if work is not None else self.step_workspace(x_t.shape[0], x_t.dtype)
+        proj = self.proj
+        weight = proj.weight
+        if not (isinstance(x_t, Tensor) and x_t.dim() == 2 and x_t.shape[1] == self.input_size
+                and x_t.dtype == weight.dtype and x_t.device == weight.device):
+            self._check_input(x_t, 2, "x_t", autocast=False)
+        if not isinstance(state, LayerState) or not isinstance(state.scan, ScanState):
+            got = type(state).__name__ if not isinstance(state, LayerState) \
+                else f"a LayerState whose scan is a {type(state.scan).__name__}"
+            raise TypeError(f"state must be a fastrwa.nn.LayerState (with a fastrwa.ScanState) "
+                            f"to update in place, got {got}")
+        B, dtype, dev = x_t.shape[0], x_t.dtype, x_t.device
+        rows, sdt = (B, self.hidden_size), state_dtype(dtype)
+        for t in state.scan:
+            if not (isinstance(t, Tensor) and t.shape == rows and t.dtype == sdt
+                    and t.device == dev):
+                for name, each in zip(_SCAN_NAMES, state.scan):
+                    check_buffer(each, name, rows, sdt, dev, "(B, hidden_size) = ")
+        if not (isinstance(out, Tensor) and out.shape == rows and out.dtype == dtype
+                and out.device == dev):
+            check_buffer(out, "out", rows, dtype, dev, "(B, hidden_size) = ")
+        last = state.last_input
+        if self.token_shift and not (isinstance(last, Tensor) and last.shape == x_t.shape
+                                     and last.dtype == dtype and last.device == dev):
+            check_buffer(last, "state.last_input", (B, self.input_size), dtype, dev,
+                         "(B, input_size) = ")
+        if work is not None:
+            # (the other buffers of a workspace are views of these or sized alike)
+            needed = dict(proj=proj.out_features)
+            if self.token_shift:
+                needed["inp"] = proj.in_features
+            if not isinstance(work, dict) or not self._WORK_KEYS <= work.keys():
+                got = sorted(work) if isinstance(work, dict) else type(work).__name__
+                raise TypeError(f"{work_name} must be the dict of step_workspace(B) for this "
+                                f"layer (with {sorted(self._WORK_KEYS)}), got {got}")
+            for key, width in needed.items():
+                t = work[key]
+                if not (isinstance(t, Tensor) and t.shape == (B, width) and t.dtype == dtype
+                        and t.device == dev):
+                    check_buffer(t, f"{work_name}[{key!r}]", (B, width), dtype, dev)
+        if torch.compiler.is_compiling():        # (a compiled graph has no memory to compare)
+            return
+        written = (out, *state.scan, *((state.last_input,) if self.token_shift else ()))
+        key = (B, dtype, *[(t.data_ptr(), t.stride()) for t in written])
+        if key not in _NO_OVERLAP:
+            check_written(list(zip(("out", *_SCAN_NAMES, "state.last_input"), written)))
+            if len(_NO_OVERLAP) >= _NO_OVERLAP_MAX:
+                _NO_OVERLAP.clear()
+            _NO_OVERLAP.add(key)
+
+    def _step_into(self, x_t: Tensor, state: LayerState, out: Tensor, work: dict) -> Tensor:
+        """The computation of :meth:`step_`, on arguments it has checked."""
         inp = x_t
         if self.token_shift and torch.compiler.is_compiling():
             # (inductor fuses the concatenation; the copies below into one buffer, then
@@ -243,15 +325,15 @@ class _ScanLayer(nn.Module):
             work["inp_x"].copy_(x_t)
             work["inp_last"].copy_(state.last_input)
             inp = work["inp"]
-        torch.addmm(self.proj.bias, inp, self.proj.weight.t(), out=work["proj"])
+        proj = self.proj
+        torch.addmm(proj.bias, inp, proj.weight.t(), out=work["proj"])
         torch.tanh(work["tanh_g"], out=work["z"])
         work["z"].mul_(work["u"])                                 # z = u * tanh(g)
         for name in ("a", "g") if self._discounted else ("a",):
             if work[name] is not work[name + "_logits"]:          # (B > 1: copy the columns)
                 work[name].copy_(work[name + "_logits"])
         y = work["y"]
-        if self._writes_output and out.dtype == y.dtype and out.shape == y.shape \
-                and out.is_contiguous():
+        if self._writes_output and out.is_contiguous():
             y = out
         self._step_scan_(work, state.scan, y)
         if y is not out:
@@ -357,24 +439,34 @@ class RDA(_ScanLayer):
     """
 
     _discounted = True
+    _WORK_KEYS = _ScanLayer._WORK_KEYS | {"g_logits", "g"}
 
     def __init__(self, input_size: int, hidden_size: int, attention: str = "exp",
                  f_h: str = "tanh", f_o: str = "identity", preset: Optional[str] = None,
                  batch_first: bool = True, bidirectional: bool = False,
                  token_shift: bool = False, learn_initial_state: bool = True,
                  device=None, dtype=None):
-        attention, f_h, f_o, f_h_fn, f_o_fn = rda_functions(attention, f_h, f_o, preset)
+        attention, f_h, f_o, _, _ = rda_functions(attention, f_h, f_o, preset)
         super().__init__(input_size, hidden_size, batch_first=batch_first,
                          bidirectional=bidirectional, token_shift=token_shift,
                          learn_initial_state=learn_initial_state, device=device, dtype=dtype)
+        # (names, not functions: a module that holds only data pickles and saves whole)
         self.attention, self.f_h_name, self.f_o_name = attention, f_h, f_o
-        self._f_h, self._f_o = f_h_fn, f_o_fn
+
+    @property
+    def _f_h(self):
+        return ACTIVATIONS[self.f_h_name]
+
+    @property
+    def _f_o(self):
+        return ACTIVATIONS[self.f_o_name]
 
     def set_discount_timescales(self, shortest: float, longest: float) -> None:
         """Initialise the discount gate's bias so that the channels' memory lengths
         ``1 / (1 - gamma)`` (in tokens, at a zero pre-activation) are spread log-uniformly
-        from ``shortest`` to ``longest`` (both > 1), as gated linear RNNs initialise their
-        forget gates: ``bias_j = log(tau_j - 1)``. The paper's bias of 1 is ``tau = 3.7``.
+        from ``shortest`` to ``longest`` (finite numbers > 1, ``longest >= shortest``), as
+        gated linear RNNs initialise their forget gates: ``bias_j = log(tau_j - 1)``. The
+        paper's bias of 1 is ``tau = 3.7``. A refused call changes nothing.
 
         Example:
             >>> import fastrwa
@@ -382,9 +474,15 @@ class RDA(_ScanLayer):
             >>> layer.set_discount_timescales(2.0, 1000.0)
         """
         for name, value in (("shortest", shortest), ("longest", longest)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 1:
-                raise ValueError(f"{name} must be a number > 1 (a memory length in tokens), "
-                                 f"got {value!r}")
+            number = math.nan
+            if not isinstance(value, bool) and isinstance(value, (int, float)):
+                try:
+                    number = float(value)
+                except OverflowError:                  # (an int past float's range)
+                    number = math.inf
+            if not 1 < number < math.inf:
+                raise ValueError(f"{name} must be a finite number > 1 (a memory length in "
+                                 f"tokens), got {value!r}")
         if longest < shortest:
             raise ValueError(f"longest ({longest}) must be >= shortest ({shortest})")
         H = self.hidden_size
