@@ -26,7 +26,8 @@ from .config import (AUTOCASTS, DEFAULTS, DEVICES, RESUMABLE_CHANGES, SCHEDULES,
                      parse_lm_field)
 from .device import process_group_backend, resolve_device
 from ..models.pretrained import WriteError
-from .loop import CONFIG, RunDirError, discard_unstarted_run, prepare_run_dir, train
+from .loop import train
+from .rundir import CONFIG, RunDirError, discard_unstarted_run, prepare_run_dir
 from .models import LM_LAYERS, MODELS
 from .problems import ALL_TASKS, make_problem
 

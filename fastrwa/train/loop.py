@@ -3,360 +3,33 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import fcntl
 import json
-import math
-import os
-import re
-import stat
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from ..models import LMConfig, LMState, build, save_pretrained
-from ..models.config import FIELDS_BEFORE_THEY_EXISTED
-from ..models.pretrained import check_archive, write_atomically
-from ..nn import CellState, LayerState, RRAState
-from ..state import ScanState
-from .config import LM_FLAG_FIELDS, RESUMABLE_CHANGES, RunConfig
+from ..models import build, save_pretrained
+from .checkpoints import (_record_resumable_changes, _truncate_metrics, _truncate_samples,
+                          check_checkpoint, check_provenance, load_checkpoint, provenance,
+                          save_checkpoint)
+from .config import RunConfig
 from .device import Placement, placement
-from .metrics import read_records
-from .models import LM_LAYERS, SequenceNet, detach_state
+from .models import LM_LAYERS, SequenceNet, detach_state, lm_config
 from .optim import lr_factor, make_optimizer, set_lr
 from .problems import make_problem
+from .rundir import BEST, CHECKPOINT, EXPORT, METRICS, SAMPLES, RunDirError, run_id
 
-CHECKPOINT, CONFIG, METRICS = "checkpoint.pt", "config.json", "metrics.jsonl"
-PLOT, SAMPLES, LOCK = "learning_curve.png", "samples.txt", "run.lock"
-BEST, EXPORT = "best", "model"   # language models: save_pretrained directories
-RUN_ID = "run_id"                # config.json's key for the run's identity (not a flag)
-# Everything a run writes into its directory: --overwrite removes these and nothing else.
-RUN_FILES = (CONFIG, METRICS, CHECKPOINT, PLOT, SAMPLES, LOCK, CHECKPOINT + ".tmp",
-             METRICS + ".tmp", SAMPLES + ".tmp", CONFIG + ".tmp")
-RUN_DIRS = (BEST, EXPORT)
-MODEL_FILES = ("config.json", "model.pt", "config.json.tmp", "model.pt.tmp")
 CPU = Placement(torch.device("cpu"), None)   # where checkpointed states go
-# NamedTuples that a carried recurrent state may contain: allowed by weights-only loading.
-torch.serialization.add_safe_globals([ScanState, LayerState, CellState, RRAState, LMState])
-
-
-class RunDirError(RuntimeError):
-    """A run directory that cannot be used as asked (exists, missing, incompatible)."""
 
 
 def _world() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
-
-
-def lock_run_dir(run_dir: Path) -> int:
-    """Take ``run_dir/run.lock`` (``fcntl.flock``, exclusive) for this process and return its
-    descriptor; closing it, or the process ending in any way (the kernel drops the lock of a
-    crashed process), releases it. A directory another process holds is refused
-    (``RunDirError``, naming the process), so that two processes never write one run."""
-    path = run_dir / LOCK
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    except OSError as exc:
-        raise RunDirError(f"cannot open the lock file {path} ({exc.strerror}); it must be a "
-                          f"plain file that this user may write") from exc
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-        os.close(fd)
-        raise RunDirError(f"run directory {run_dir} is in use by another process (pid "
-                          f"{holder} holds {path}); wait for it to end or stop it") from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return fd
-
-
-def prepare_run_dir(run_dir: Path, cfg: RunConfig, resume: bool, overwrite: bool,
-                    hold: contextlib.ExitStack) -> RunConfig:
-    """Create, reuse (``--overwrite``) or reopen (``--resume``) ``run_dir`` and lock it for
-    this process (:func:`lock_run_dir`; released when ``hold`` closes); return the config
-    to run with (on resume, the saved one). Everything is checked before anything is
-    removed or written."""
-    if resume:
-        if not (run_dir / CONFIG).is_file():
-            raise RunDirError(f"--resume {run_dir}: no {CONFIG} there (not a run directory)")
-        hold.callback(os.close, lock_run_dir(run_dir))
-        return read_run_config(run_dir)
-    cfg = with_every_lm_field(cfg)     # (an unusable --lm is refused before anything is removed)
-    if run_dir.exists() and not run_dir.is_dir():
-        raise RunDirError(f"--run-dir {run_dir} is a file, not a directory")
-    existed = run_dir.exists()
-    if existed and any(run_dir.iterdir()):
-        if not overwrite:
-            raise RunDirError(f"run directory {run_dir} exists and is not empty; pass "
-                              f"--overwrite to replace it or --resume {run_dir} to continue it")
-        doomed = _removal_plan(run_dir)            # refuses before anything is removed
-        hold.callback(os.close, lock_run_dir(run_dir))    # (refuses a run in progress)
-        for path in doomed:
-            if path == run_dir / LOCK:                    # (held: kept for the new run)
-                continue
-            if stat.S_ISDIR(os.lstat(path).st_mode):      # (a link is unlinked, not followed)
-                path.rmdir()
-            else:
-                path.unlink()
-    else:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        hold.callback(os.close, lock_run_dir(run_dir))
-    try:
-        write_run_config(run_dir, cfg, uuid.uuid4().hex)
-    except BaseException:
-        discard_unstarted_run(run_dir, created=not existed)
-        raise
-    return cfg
-
-
-def read_run_config(run_dir: Path) -> RunConfig:
-    """The :class:`RunConfig` saved in ``run_dir/config.json``, refused with a message that
-    names the file when it is not one."""
-    path = run_dir / CONFIG
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise RunDirError(f"--resume {run_dir}: {CONFIG} is not a fastrwa run configuration "
-                          f"({exc})") from exc
-    if isinstance(data, dict) and "task" not in data:
-        raise RunDirError(f"--resume {run_dir}: {CONFIG} is not a fastrwa run configuration "
-                          f'(it has no "task" field; every run records one); restore it')
-    try:
-        saved = RunConfig.from_dict(data)
-    except ValueError as exc:      # not a run's configuration, or values no run can use
-        raise RunDirError(f"--resume {run_dir}: {CONFIG} is not a fastrwa run "
-                          f"configuration ({exc})") from exc
-    if saved.is_lm:                # a run older than a field was built without it
-        saved.lm = {**FIELDS_BEFORE_THEY_EXISTED, **saved.lm}
-    return saved
-
-
-def run_id(run_dir: Path) -> str | None:
-    """The identity ``config.json`` gives the run (``None`` for a run older than it)."""
-    try:
-        value = json.loads((run_dir / CONFIG).read_text()).get(RUN_ID)
-    except (OSError, ValueError, AttributeError):
-        return None
-    return value if isinstance(value, str) else None
-
-
-def write_run_config(run_dir: Path, cfg: RunConfig, identity: str | None) -> None:
-    """``config.json``: every field of ``cfg`` and the run's identity, written atomically."""
-    text = json.dumps({**cfg.to_dict(), RUN_ID: identity}, indent=2).encode()
-    write_atomically(run_dir / CONFIG, lambda f: f.write(text))
-
-
-def _removal_plan(run_dir: Path) -> list[Path]:
-    """What ``--overwrite`` removes from the fastrwa run in ``run_dir``, in order (files
-    before the directories that hold them). Checked in full first, with ``lstat`` (a link
-    is never followed: a link where a run has a file or directory is removed itself, what
-    it points to is left alone); a directory holding anything a run does not write, or a
-    run's name used by something of another kind, is refused, naming what is there."""
-    entries = sorted(os.listdir(run_dir))
-    others, plan = [], []
-    for name in entries:
-        path = run_dir / name
-        mode = os.lstat(path).st_mode
-        if stat.S_ISLNK(mode) and name in RUN_FILES + RUN_DIRS:
-            plan.append(path)                 # the link itself, never what it points to
-        elif name in RUN_FILES:
-            if stat.S_ISREG(mode):
-                plan.append(path)
-            else:
-                others.append(f"{name} (not a file)")
-        elif name in RUN_DIRS and stat.S_ISDIR(mode):
-            for inner in sorted(os.listdir(path)):
-                kind = os.lstat(path / inner).st_mode
-                if inner in MODEL_FILES and (stat.S_ISREG(kind) or stat.S_ISLNK(kind)):
-                    plan.append(path / inner)
-                else:
-                    others.append(f"{name}/{inner}")
-            plan.append(path)
-        else:
-            others.append(name if name not in RUN_DIRS else f"{name} (not a directory)")
-    if CONFIG not in entries or others:
-        shown = ", ".join(others[:8]) + (" ..." if len(others) > 8 else "")
-        raise RunDirError(
-            f"--overwrite replaces only a fastrwa run directory, and {run_dir} "
-            + (f"holds other things: {shown}" if others else f"has no {CONFIG}")
-            + "; nothing was removed; choose another --run-dir")
-    return plan
-
-
-def discard_unstarted_run(run_dir: Path, created: bool) -> None:
-    """Remove what a new run wrote before it failed to start (``config.json``, its lock),
-    so that the failure does not leave a directory that blocks the same command; a
-    directory holding anything else is left alone."""
-    with contextlib.suppress(OSError):
-        if set(os.listdir(run_dir)) <= {CONFIG, LOCK, CONFIG + ".tmp"}:
-            for name in (CONFIG, CONFIG + ".tmp", LOCK):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(run_dir / name)
-            if created:
-                os.rmdir(run_dir)
-
-
-def save_checkpoint(path: Path, payload: dict) -> None:
-    """Write atomically: a temporary file in the same directory, flushed to disk, then
-    ``os.replace``. A failed write (a full disk: ``torch.save`` raises ``RuntimeError``)
-    removes the temporary file, keeps the previous checkpoint and raises
-    :class:`fastrwa.models.pretrained.WriteError` naming the file and the cause."""
-    write_atomically(path, lambda f: torch.save(payload, f))
-
-
-def load_checkpoint(path: Path) -> dict:
-    """Read a checkpoint with ``weights_only=True`` (tensors and plain data only), after
-    checking every record against the CRC-32 that ``torch.save``'s zip format stores with it
-    (a flipped byte would otherwise load as a silently different number)."""
-    advice = "remove it to restart the run or restore a good copy"
-    try:
-        check_archive(path, "checkpoint")
-    except ValueError as exc:
-        raise RunDirError(f"{exc}; {advice}") from exc
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # any unreadable file is reported the same way
-        raise RunDirError(f"checkpoint {path} is corrupt or unreadable ({type(exc).__name__}: "
-                          f"{exc}); {advice}") from exc
-
-
-def _number(value, low: float = 0.0) -> bool:
-    return (not isinstance(value, bool) and isinstance(value, (int, float))
-            and math.isfinite(value) and value >= low)
-
-
-def check_checkpoint(ckpt, path: Path) -> None:
-    """Refuse (``RunDirError``, naming the field) a checkpoint whose fields no run writes:
-    checked before anything in the run directory is touched."""
-    if not isinstance(ckpt, dict):
-        raise RunDirError(f"checkpoint {path} is not a fastrwa checkpoint (a "
-                          f"{type(ckpt).__name__}, not a dict)")
-    problems = []
-    for key in ("model", "optimizer", "step", "rng"):
-        if key not in ckpt:
-            problems.append(f"no {key!r}")
-    step = ckpt.get("step", 0)
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        problems.append(f"step {step!r} (an integer >= 0 is expected)")
-    world = ckpt.get("world_size", 1)
-    if isinstance(world, bool) or not isinstance(world, int) or world < 1:
-        problems.append(f"world_size {world!r} (an integer >= 1 is expected)")
-    for key in ("elapsed", "train_elapsed"):
-        if not _number(ckpt.get(key, 0.0)):
-            problems.append(f"{key} {ckpt.get(key)!r} (seconds, a finite number >= 0)")
-    best = ckpt.get("best")
-    if best is not None and not _number(best, -math.inf):
-        problems.append(f"best {best!r} (a finite number or None)")
-    if "rng" in ckpt and not (isinstance(ckpt["rng"], torch.Tensor)
-                              and ckpt["rng"].dtype == torch.uint8):
-        problems.append("rng (a uint8 tensor is expected)")
-    carried = ckpt.get("carried")
-    if carried is not None and not (isinstance(carried, list) and len(carried) == world):
-        problems.append(f"carried (one list of states per process, {world}, is expected)")
-    if problems:
-        raise RunDirError(f"checkpoint {path} is damaged or not a fastrwa checkpoint: "
-                          + "; ".join(problems) + "; remove it to restart the run or "
-                          "restore a good copy")
-
-
-def provenance(cfg: RunConfig, identity: str | None, fingerprint: dict | None) -> dict:
-    """What a checkpoint records of what its run depends on: the run's identity, its
-    configuration (the fields that may not change on resume) and the data's size and
-    sha256 (``None`` for generated data). A language model's ``lm`` is recorded with every
-    field, given or default, so that two spellings of one model compare equal."""
-    fixed = {k: v for k, v in with_every_lm_field(cfg).to_dict().items()
-             if k not in RESUMABLE_CHANGES}
-    return {"id": identity, "config": fixed, "data": fingerprint}
-
-
-def check_provenance(recorded, cfg: RunConfig, identity: str | None, fingerprint: dict | None,
-                     run_dir: Path) -> None:
-    """Refuse a checkpoint written by another run, or for another configuration or data,
-    than the run in ``run_dir`` resumes with, naming each field that differs and its two
-    values. A moved corpus (another ``data`` path, the same bytes) is allowed, with a note."""
-    path = run_dir / CHECKPOINT
-    if recorded is None:           # a checkpoint older than this record: nothing to compare
-        return
-    if not isinstance(recorded, dict) or not isinstance(recorded.get("config"), dict):
-        raise RunDirError(f"checkpoint {path} is damaged: its 'run' record is not one")
-    if recorded.get("id") != identity:
-        raise RunDirError(f"checkpoint {path} does not fit this run: it was written by another "
-                          f"run (run id {recorded.get('id')}; {run_dir / CONFIG} says "
-                          f"{identity}); remove it to restart the run or restore its own")
-    now = provenance(cfg, identity, fingerprint)["config"]
-    old = recorded["config"]
-    changed = sorted(k for k in now.keys() | old.keys() if now.get(k) != old.get(k))
-    data_before, data_now = recorded.get("data"), fingerprint
-    same_bytes = data_before == data_now
-    if changed == ["data"] and same_bytes and data_now is not None:
-        print(f"note: --data moved from {old['data']} to {now['data']} (the same "
-              f"{data_now['size']:,} bytes, sha256 {data_now['sha256'][:16]}...)",
-              file=sys.stderr)
-        changed = []
-    if changed:
-        shown = "; ".join(f"{k}: {old.get(k)!r} when the checkpoint was written, now "
-                          f"{now.get(k)!r}" for k in changed)
-        raise RunDirError(f"checkpoint {path} does not fit this run's {CONFIG} (edited since "
-                          f"the checkpoint?): {shown}; restore {CONFIG} or start a new run")
-    if not same_bytes:
-        def show(fp):
-            return "none" if fp is None else f"{fp['size']:,} bytes, sha256 {fp['sha256'][:16]}..."
-        raise RunDirError(f"--data {cfg.data} changed since checkpoint {path} was written: "
-                          f"{show(data_before)} then, {show(data_now)} now; resume on the data "
-                          f"the run trained on, or start a new run")
-
-
-def _truncate_metrics(path: Path, step: int) -> None:
-    """Drop metric lines logged after ``step`` (by a run killed after its last checkpoint),
-    and a last line cut short by the kill."""
-    if not path.is_file():
-        return
-    raw = [line for line in path.read_text().splitlines() if line.strip()]
-    lines, records = read_records(path)
-    keep = [line for line, record in zip(lines, records) if record["step"] <= step]
-    if len(keep) == len(raw):
-        return
-    # A new file, then os.replace: a failure mid-write (a full disk) leaves the old one whole.
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write("".join(line + "\n" for line in keep))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-SAMPLE_HEADER = re.compile(rb"^--- step (\d+) ---$", re.MULTILINE)
-
-
-def _truncate_samples(path: Path, step: int) -> None:
-    """Drop the samples written after ``step`` (each entry opens with ``--- step N ---``),
-    and an entry cut short by a kill, as :func:`_truncate_metrics` does for metric lines."""
-    if not path.is_file():
-        return
-    raw = path.read_bytes()
-    cut = next((m.start() for m in SAMPLE_HEADER.finditer(raw) if int(m.group(1)) > step), None)
-    if cut is not None:
-        write_atomically(path, lambda f: f.write(raw[:cut]))
-
-
-def _record_resumable_changes(run_dir: Path, cfg: RunConfig, identity: str | None) -> None:
-    """Record in ``config.json`` the flags a resume changed (``--steps`` ...), so that a
-    later ``--resume`` without them continues the same plan."""
-    try:
-        saved = json.loads((run_dir / CONFIG).read_text())
-    except (OSError, ValueError):
-        saved = {}
-    now = cfg.to_dict()
-    if any(saved.get(k) != now[k] for k in RESUMABLE_CHANGES):
-        write_run_config(run_dir, cfg, identity)
 
 
 def _slice(batch, lo: int, hi: int):
@@ -387,26 +60,6 @@ def build_model(cfg: RunConfig, problem) -> torch.nn.Module:
                          f"trains one of {sorted(LM_LAYERS)}")
     return build(lm_config(cfg))
 
-
-def lm_config(cfg: RunConfig) -> LMConfig:
-    """The :class:`LMConfig` of a language-model run: ``--model``, ``--hidden``, ``--layers``,
-    ``--attention``, then the ``--lm`` fields over the defaults."""
-    try:
-        return LMConfig(layer=LM_LAYERS[cfg.model], d_model=cfg.hidden, n_layers=cfg.layers,
-                        attention=cfg.attention, **cfg.lm)
-    except TypeError as exc:           # an unknown field, or a bool given a number
-        raise ValueError(f"--lm: {exc}") from exc
-
-
-def with_every_lm_field(cfg: RunConfig) -> RunConfig:
-    """A new language-model run records every ``LMConfig`` field in ``lm``, not only those
-    given, so that a resume builds the same model whatever the defaults are by then."""
-    if not cfg.is_lm or cfg.model not in LM_LAYERS:
-        return cfg
-    fields = lm_config(cfg).to_dict()
-    for reserved in LM_FLAG_FIELDS:
-        del fields[reserved]
-    return dataclasses.replace(cfg, lm=fields)
 
 
 def _better(value: float, best, higher_is_better: bool) -> bool:

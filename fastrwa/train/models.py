@@ -1,14 +1,17 @@
 """The networks ``--model`` names for vector inputs (the synthetic tasks, pixels): one class
 for every recurrent core. Byte corpora train the language models of :mod:`fastrwa.models`
-(:data:`LM_LAYERS`)."""
+(:data:`LM_LAYERS`), configured by :func:`lm_config`."""
 
 from __future__ import annotations
 
+import dataclasses
 
 import torch
 from torch import Tensor, nn
 
+from ..models import LMConfig
 from ..nn import RDA, RWA, RDACell, Recurrent, RRACell, RWACell
+from .config import LM_FLAG_FIELDS, RunConfig
 
 MODELS = ("rda-scan", "rwa-scan", "rwa-cell", "rda-cell", "rra-cell", "lstm", "gru", "rnn")
 # The byte corpora's language models: --model -> fastrwa.models.LMConfig.layer
@@ -69,3 +72,24 @@ def detach_state(state):
     """The state with every tensor detached (truncated backpropagation through time)."""
     return torch.utils._pytree.tree_map(
         lambda t: t.detach() if isinstance(t, Tensor) else t, state)
+
+
+def lm_config(cfg: RunConfig) -> LMConfig:
+    """The :class:`LMConfig` of a language-model run: ``--model``, ``--hidden``, ``--layers``,
+    ``--attention``, then the ``--lm`` fields over the defaults."""
+    try:
+        return LMConfig(layer=LM_LAYERS[cfg.model], d_model=cfg.hidden, n_layers=cfg.layers,
+                        attention=cfg.attention, **cfg.lm)
+    except TypeError as exc:           # an unknown field, or a bool given a number
+        raise ValueError(f"--lm: {exc}") from exc
+
+
+def with_every_lm_field(cfg: RunConfig) -> RunConfig:
+    """A new language-model run records every ``LMConfig`` field in ``lm``, not only those
+    given, so that a resume builds the same model whatever the defaults are by then."""
+    if not cfg.is_lm or cfg.model not in LM_LAYERS:
+        return cfg
+    fields = lm_config(cfg).to_dict()
+    for reserved in LM_FLAG_FIELDS:
+        del fields[reserved]
+    return dataclasses.replace(cfg, lm=fields)

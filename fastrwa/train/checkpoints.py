@@ -1,0 +1,180 @@
+"""Checkpoints: atomic save, checked load, the provenance a checkpoint records, and the
+repair of a run directory's logs to the step a resume starts from."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import sys
+from pathlib import Path
+
+import torch
+
+from ..models import LMState
+from ..models.pretrained import check_archive, write_atomically
+from ..nn import CellState, LayerState, RRAState
+from ..state import ScanState
+from .config import RESUMABLE_CHANGES, RunConfig
+from .metrics import read_records
+from .models import with_every_lm_field
+from .rundir import CHECKPOINT, CONFIG, RunDirError, write_run_config
+
+# NamedTuples that a carried recurrent state may contain: allowed by weights-only loading.
+torch.serialization.add_safe_globals([ScanState, LayerState, CellState, RRAState, LMState])
+
+
+def save_checkpoint(path: Path, payload: dict) -> None:
+    """Write atomically: a temporary file in the same directory, flushed to disk, then
+    ``os.replace``. A failed write (a full disk: ``torch.save`` raises ``RuntimeError``)
+    removes the temporary file, keeps the previous checkpoint and raises
+    :class:`fastrwa.models.pretrained.WriteError` naming the file and the cause."""
+    write_atomically(path, lambda f: torch.save(payload, f))
+
+
+def load_checkpoint(path: Path) -> dict:
+    """Read a checkpoint with ``weights_only=True`` (tensors and plain data only), after
+    checking every record against the CRC-32 that ``torch.save``'s zip format stores with it
+    (a flipped byte would otherwise load as a silently different number)."""
+    advice = "remove it to restart the run or restore a good copy"
+    try:
+        check_archive(path, "checkpoint")
+    except ValueError as exc:
+        raise RunDirError(f"{exc}; {advice}") from exc
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # any unreadable file is reported the same way
+        raise RunDirError(f"checkpoint {path} is corrupt or unreadable ({type(exc).__name__}: "
+                          f"{exc}); {advice}") from exc
+
+
+def _number(value, low: float = 0.0) -> bool:
+    return (not isinstance(value, bool) and isinstance(value, (int, float))
+            and math.isfinite(value) and value >= low)
+
+
+def check_checkpoint(ckpt, path: Path) -> None:
+    """Refuse (``RunDirError``, naming the field) a checkpoint whose fields no run writes:
+    checked before anything in the run directory is touched."""
+    if not isinstance(ckpt, dict):
+        raise RunDirError(f"checkpoint {path} is not a fastrwa checkpoint (a "
+                          f"{type(ckpt).__name__}, not a dict)")
+    problems = []
+    for key in ("model", "optimizer", "step", "rng"):
+        if key not in ckpt:
+            problems.append(f"no {key!r}")
+    step = ckpt.get("step", 0)
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        problems.append(f"step {step!r} (an integer >= 0 is expected)")
+    world = ckpt.get("world_size", 1)
+    if isinstance(world, bool) or not isinstance(world, int) or world < 1:
+        problems.append(f"world_size {world!r} (an integer >= 1 is expected)")
+    for key in ("elapsed", "train_elapsed"):
+        if not _number(ckpt.get(key, 0.0)):
+            problems.append(f"{key} {ckpt.get(key)!r} (seconds, a finite number >= 0)")
+    best = ckpt.get("best")
+    if best is not None and not _number(best, -math.inf):
+        problems.append(f"best {best!r} (a finite number or None)")
+    if "rng" in ckpt and not (isinstance(ckpt["rng"], torch.Tensor)
+                              and ckpt["rng"].dtype == torch.uint8):
+        problems.append("rng (a uint8 tensor is expected)")
+    carried = ckpt.get("carried")
+    if carried is not None and not (isinstance(carried, list) and len(carried) == world):
+        problems.append(f"carried (one list of states per process, {world}, is expected)")
+    if problems:
+        raise RunDirError(f"checkpoint {path} is damaged or not a fastrwa checkpoint: "
+                          + "; ".join(problems) + "; remove it to restart the run or "
+                          "restore a good copy")
+
+
+def provenance(cfg: RunConfig, identity: str | None, fingerprint: dict | None) -> dict:
+    """What a checkpoint records of what its run depends on: the run's identity, its
+    configuration (the fields that may not change on resume) and the data's size and
+    sha256 (``None`` for generated data). A language model's ``lm`` is recorded with every
+    field, given or default, so that two spellings of one model compare equal."""
+    fixed = {k: v for k, v in with_every_lm_field(cfg).to_dict().items()
+             if k not in RESUMABLE_CHANGES}
+    return {"id": identity, "config": fixed, "data": fingerprint}
+
+
+def check_provenance(recorded, cfg: RunConfig, identity: str | None, fingerprint: dict | None,
+                     run_dir: Path) -> None:
+    """Refuse a checkpoint written by another run, or for another configuration or data,
+    than the run in ``run_dir`` resumes with, naming each field that differs and its two
+    values. A moved corpus (another ``data`` path, the same bytes) is allowed, with a note."""
+    path = run_dir / CHECKPOINT
+    if recorded is None:           # a checkpoint older than this record: nothing to compare
+        return
+    if not isinstance(recorded, dict) or not isinstance(recorded.get("config"), dict):
+        raise RunDirError(f"checkpoint {path} is damaged: its 'run' record is not one")
+    if recorded.get("id") != identity:
+        raise RunDirError(f"checkpoint {path} does not fit this run: it was written by another "
+                          f"run (run id {recorded.get('id')}; {run_dir / CONFIG} says "
+                          f"{identity}); remove it to restart the run or restore its own")
+    now = provenance(cfg, identity, fingerprint)["config"]
+    old = recorded["config"]
+    changed = sorted(k for k in now.keys() | old.keys() if now.get(k) != old.get(k))
+    data_before, data_now = recorded.get("data"), fingerprint
+    same_bytes = data_before == data_now
+    if changed == ["data"] and same_bytes and data_now is not None:
+        print(f"note: --data moved from {old['data']} to {now['data']} (the same "
+              f"{data_now['size']:,} bytes, sha256 {data_now['sha256'][:16]}...)",
+              file=sys.stderr)
+        changed = []
+    if changed:
+        shown = "; ".join(f"{k}: {old.get(k)!r} when the checkpoint was written, now "
+                          f"{now.get(k)!r}" for k in changed)
+        raise RunDirError(f"checkpoint {path} does not fit this run's {CONFIG} (edited since "
+                          f"the checkpoint?): {shown}; restore {CONFIG} or start a new run")
+    if not same_bytes:
+        def show(fp):
+            return "none" if fp is None else f"{fp['size']:,} bytes, sha256 {fp['sha256'][:16]}..."
+        raise RunDirError(f"--data {cfg.data} changed since checkpoint {path} was written: "
+                          f"{show(data_before)} then, {show(data_now)} now; resume on the data "
+                          f"the run trained on, or start a new run")
+
+
+def _truncate_metrics(path: Path, step: int) -> None:
+    """Drop metric lines logged after ``step`` (by a run killed after its last checkpoint),
+    and a last line cut short by the kill."""
+    if not path.is_file():
+        return
+    raw = [line for line in path.read_text().splitlines() if line.strip()]
+    lines, records = read_records(path)
+    keep = [line for line, record in zip(lines, records) if record["step"] <= step]
+    if len(keep) == len(raw):
+        return
+    # A new file, then os.replace: a failure mid-write (a full disk) leaves the old one whole.
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write("".join(line + "\n" for line in keep))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+SAMPLE_HEADER = re.compile(rb"^--- step (\d+) ---$", re.MULTILINE)
+
+
+def _truncate_samples(path: Path, step: int) -> None:
+    """Drop the samples written after ``step`` (each entry opens with ``--- step N ---``),
+    and an entry cut short by a kill, as :func:`_truncate_metrics` does for metric lines."""
+    if not path.is_file():
+        return
+    raw = path.read_bytes()
+    cut = next((m.start() for m in SAMPLE_HEADER.finditer(raw) if int(m.group(1)) > step), None)
+    if cut is not None:
+        write_atomically(path, lambda f: f.write(raw[:cut]))
+
+
+def _record_resumable_changes(run_dir: Path, cfg: RunConfig, identity: str | None) -> None:
+    """Record in ``config.json`` the flags a resume changed (``--steps`` ...), so that a
+    later ``--resume`` without them continues the same plan."""
+    try:
+        saved = json.loads((run_dir / CONFIG).read_text())
+    except (OSError, ValueError):
+        saved = {}
+    now = cfg.to_dict()
+    if any(saved.get(k) != now[k] for k in RESUMABLE_CHANGES):
+        write_run_config(run_dir, cfg, identity)
