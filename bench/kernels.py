@@ -45,8 +45,9 @@ def _kernels(opts=None):
     from fastrwa.ops import triton_host as tb
 
     opts = opts or tb.Options()
-    fwd = (opts.warps, dict(BT=opts.block_t, BD=opts.block_d))
-    bwd = (opts.warps_backward, dict(BT=opts.block_t, BD=opts.block_d_backward))
+    fwd = ((opts.warps, None), dict(BT=opts.block_t, BD=opts.block_d))
+    bwd = ((opts.warps_backward, tb.BACKWARD_MAX_REGISTERS),
+           dict(BT=opts.block_t, BD=opts.block_d_backward))
     return [
         (scan_fwd.fwd_looped_kernel, *fwd), (scan_fwd.fwd_summary_kernel, *fwd),
         (scan_fwd.fwd_carry_kernel, *fwd), (scan_fwd.fwd_output_kernel, *fwd),
@@ -60,7 +61,7 @@ def jobs(quick: bool, opts=None):
     """Every (kernel, variant, arch, dtype) to compile; kernels without a constexpr skip it."""
     out, seen = [], set()
     stages = (opts or _default_options()).stages
-    for fn, warps, blocks in _kernels(opts):
+    for fn, (warps, maxnreg), blocks in _kernels(opts):
         variants = [(label, attn, disc, {}) for label, attn, disc in MATH] + EXTRA_FLAGS
         for label, attn, disc, extra in variants:
             const = dict(FLAGS, ATTN=attn, DISCOUNT=disc, **blocks, **extra)
@@ -71,7 +72,8 @@ def jobs(quick: bool, opts=None):
             seen.add(key)
             for arch in ARCHS:
                 for dtype in DTYPES:
-                    out.append((fn.__name__, label, const, (warps, stages), arch, dtype))
+                    out.append((fn.__name__, label, const, (warps, stages, maxnreg), arch,
+                                dtype))
     if quick:
         return [j for j in out if j[0] == "fwd_looped_kernel" and j[1] == "rda-softplus"
                 and j[4] == "sm_90a" and j[5] == "bfloat16"]
@@ -97,7 +99,7 @@ def compile_one(job):
     from triton.backends.nvidia.compiler import get_ptxas
     from triton.compiler import ASTSource
 
-    name, label, const, (warps, stages), arch, dtype = job
+    name, label, const, (warps, stages, maxnreg), arch, dtype = job
     fn = _find(name)
     signature = {}
     for arg in fn.arg_names:
@@ -113,7 +115,8 @@ def compile_one(job):
             signature[arg] = "i32"
     kernel = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=const),
                             target=GPUTarget("cuda", ARCHS[arch], 32),
-                            options={"num_warps": warps, "num_stages": stages})
+                            options={"num_warps": warps, "num_stages": stages,
+                                     "maxnreg": maxnreg})
     with tempfile.TemporaryDirectory() as tmp:
         cubin, ptx = os.path.join(tmp, "k.cubin"), os.path.join(tmp, "k.ptx")
         with open(cubin, "wb") as f:

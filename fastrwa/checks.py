@@ -7,6 +7,7 @@ from typing import Sequence
 import torch
 
 from .kernels.codes import ATTENTIONS
+from .ops.autograd import check_offsets
 from .ops.dispatch import state_dtype
 from .state import ScanState
 
@@ -81,10 +82,29 @@ def _byte_span(x: torch.Tensor) -> tuple[int, int]:
     return (start, start + extent * x.element_size())
 
 
+def overlaps_itself(x: torch.Tensor) -> bool:
+    """Whether two elements of ``x`` may lie at one address (an ``expand``-ed tensor, a
+    stride of 0 along a dimension of size > 1, or interleaved strides): conservative."""
+    if x.is_contiguous():
+        return False
+    reach = 0                                    # furthest element offset the dims so far reach
+    for stride, size in sorted((s, n) for n, s in zip(x.shape, x.stride()) if n > 1):
+        if stride <= reach:
+            return True
+        reach += stride * (size - 1)
+    return False
+
+
 def check_no_overlap(written: Sequence[tuple[str, torch.Tensor]],
                      read: Sequence[tuple[str, torch.Tensor]]) -> None:
-    """Raise ``ValueError`` when a tensor that is written shares memory with another written
-    tensor or with one that is read (a conservative test: the byte ranges they span)."""
+    """Raise ``ValueError`` when a tensor that is written overlaps itself, or shares memory
+    with another written tensor or with one that is read (a conservative test: the byte
+    ranges they span)."""
+    for name, x in written:
+        if overlaps_itself(x):
+            raise ValueError(f"{name} overlaps itself (shape {tuple(x.shape)}, strides "
+                             f"{x.stride()}: an expand()-ed tensor?); the in-place step writes "
+                             f"it, so each of its elements needs its own memory (.clone() it)")
     spans = [(name, _byte_span(x)) for name, x in (*written, *read)]
     for i, (name, (lo, hi)) in enumerate(spans[:len(written)]):
         for other, (lo2, hi2) in spans[i + 1:]:
@@ -122,11 +142,6 @@ def check_cu_seqlens(cu_seqlens: object, z: torch.Tensor) -> int:
     if z.shape[0] != 1:
         raise ValueError(f"with cu_seqlens the inputs must be packed into B = 1, "
                          f"got z of shape {tuple(z.shape)}")
-    if torch.compiler.is_compiling():   # no data-dependent guard in a compiled graph
-        return cu_seqlens.shape[0] - 1
-    offsets = cu_seqlens.tolist()
-    T = z.shape[1]
-    if offsets[0] != 0 or offsets[-1] != T or any(b < a for a, b in zip(offsets, offsets[1:])):
-        raise ValueError(f"cu_seqlens must start at 0, never decrease and end at T = {T}, "
-                         f"got {offsets if len(offsets) <= 10 else offsets[:5] + ['...']}")
-    return len(offsets) - 1
+    if not torch.compiler.is_compiling():   # (no data-dependent guard in a compiled graph:
+        check_offsets(cu_seqlens, z.shape[1])   # the op checks them when it runs)
+    return cu_seqlens.shape[0] - 1

@@ -74,6 +74,8 @@ def weighted_scan_reference(
         lam_t = 0 if log_decay is None else log_decay[:, t].to(cdt)
         # m' = max(m + lam, l);  n' = n exp(m + lam - m') + z exp(l - m');  d' likewise
         decayed = m + lam_t
+        if log_decay is not None:    # lam = -inf forgets the past, even a max of +inf
+            decayed = torch.where(torch.isneginf(lam_t), float("-inf"), decayed)
         m = torch.maximum(decayed, l_t)                 # (NaN in, NaN out)
         keep = _weight(decayed, m)
         take = _weight(l_t, m)

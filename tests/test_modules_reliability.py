@@ -440,3 +440,18 @@ def test_every_public_module_pickles_and_saves_whole(name, module, run):
         for loaded in (from_pickle, from_save, copy.deepcopy(module)):
             assert type(loaded) is type(module)
             assert torch.equal(run(loaded), want), name
+
+
+def test_a_larger_vocabulary_never_generates_a_non_byte_id():
+    """Ids past the 256 bytes (BOS, and any a larger vocab_size adds) are never sampled, by
+    any decoding, so generated text can always be decoded (a vocab_size=300 model sampled
+    them and the run died decoding its first sample)."""
+    torch.manual_seed(0)
+    model = ByteLM(LMConfig(d_model=8, n_layers=1, vocab_size=300)).eval()
+    with torch.no_grad():
+        model.head.weight[256:] += 50.0        # the non-byte ids are by far the likeliest
+        prompt = torch.tensor([104, 105])
+        for kwargs in (dict(), dict(temperature=1e-3), dict(top_k=5), dict(top_p=0.9),
+                       dict(beam_size=3)):
+            out = model.generate(prompt, 6, **kwargs)
+            assert int(out[:, 2:].max()) < 256, kwargs

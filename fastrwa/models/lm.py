@@ -8,7 +8,8 @@ from typing import Iterator, NamedTuple, Optional
 import torch
 from torch import Tensor, nn
 
-from ..nn.checks import check_buffer, check_count, check_input_dtype, check_written
+from ..checks import check_no_overlap
+from ..nn.checks import check_buffer, check_count, check_input_dtype
 from ..nn.functional import rms_norm_into
 from ..nn import RDA, RWA, LayerState
 from ..ops.dispatch import state_dtype
@@ -102,7 +103,7 @@ class Block(nn.Module):
             check_buffer(work[name], f"work[{name!r}]", (B, width), buffer_dtype, dev)
         self.mix._check_step_(work["normed"], state, work["h"], work["mix"], "work['mix']")
         if not torch.compiler.is_compiling():
-            check_written([("x", x)])
+            check_no_overlap([("x", x)], [])
 
     def _step_into(self, x: Tensor, state: LayerState, work: dict) -> Tensor:
         """The computation of :meth:`step_`, on arguments it has checked."""
@@ -472,7 +473,8 @@ class ByteLM(nn.Module):
         base = torch.arange(B, device=prompt.device)[:, None] * K
         for i in range(max_new):
             logits = logits.float()
-            logits[:, self.config.bos_token] = float("-inf")   # BOS starts text, never follows
+            logits[:, self.config.bos_token:] = float("-inf")  # BOS starts text; ids past it
+                                                                # are not bytes either
             check_logits(logits, logits.amax(dim=-1, keepdim=True))
             logp = torch.log_softmax(logits, dim=-1).view(B, K, V)
             total = (scores[..., None] + logp).view(B, K * V)

@@ -96,15 +96,16 @@ def check_logits(logits: Tensor, top: Tensor) -> None:
 
 def sample(logits: Tensor, temperature: float, top_k: Optional[int], top_p: Optional[float],
            generator: Optional[torch.Generator], forbidden: int) -> Tensor:
-    """One token per row of ``logits`` ``(B, V)``, never ``forbidden`` (the BOS id: it starts
-    a text and is not a byte, so generated text could not be decoded with it).
+    """One token per row of ``logits`` ``(B, V)``, never an id ``>= forbidden`` (the BOS id,
+    after the 256 bytes: BOS starts a text, and neither it nor any id a larger vocabulary
+    adds is a byte, so generated text could not be decoded with them).
 
     ``softmax(logits / temperature)``, computed as ``(logits - max) / temperature`` so that a
     temperature too small for float32 (the quotient overflows, or the temperature itself
     rounds to 0) gives its limit, the greedy choice (shared among tied maxima), not NaN.
     Logits holding NaN or ``+inf`` are a ``ValueError`` (:func:`check_logits`)."""
     logits = logits.to(torch.float32, copy=True)
-    logits[:, forbidden] = float("-inf")
+    logits[:, forbidden:] = float("-inf")
     top = logits.amax(dim=-1, keepdim=True)
     check_logits(logits, top)
     at_top = logits == top

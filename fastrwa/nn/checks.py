@@ -71,32 +71,6 @@ def check_buffer(x: object, name: str, shape: tuple, dtype: torch.dtype,
         raise ValueError(f"{name} must be on {device}, got {x.device}")
 
 
-def overlaps_itself(x: Tensor) -> bool:
-    """Whether two elements of ``x`` may lie at one address (an ``expand``-ed tensor, a
-    stride of 0 along a dimension of size > 1, or interleaved strides): conservative."""
-    if x.is_contiguous():
-        return False
-    reach = 0                                    # furthest element offset the dims so far reach
-    for stride, size in sorted((s, n) for n, s in zip(x.shape, x.stride()) if n > 1):
-        if stride <= reach:
-            return True
-        reach += stride * (size - 1)
-    return False
-
-
-def check_written(named: list[tuple[str, Tensor]]) -> None:
-    """The tensors an in-place step writes (``named``) each own their elements and share no
-    memory with one another (``ValueError`` naming them)."""
-    from ..checks import check_no_overlap  # (deferred: fastrwa.nn imports before fastrwa.checks)
-
-    for name, x in named:
-        if overlaps_itself(x):
-            raise ValueError(f"{name} overlaps itself (shape {tuple(x.shape)}, strides "
-                             f"{x.stride()}: an expand()-ed tensor?); the in-place step writes "
-                             f"it, so each of its elements needs its own memory (.clone() it)")
-    check_no_overlap(named, [])
-
-
 def check_state_tensor(x: object, name: str, shape: tuple, like: Tensor) -> Tensor:
     """One tensor of a module's state: ``shape``, on ``like``'s device."""
     if not isinstance(x, Tensor):

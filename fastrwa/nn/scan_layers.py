@@ -16,7 +16,8 @@ from torch import Tensor, nn
 from .. import scan as _scan
 from ..ops.dispatch import state_dtype
 from ..state import ScanState
-from .checks import check_buffer, check_count, check_input_dtype, check_size, check_written
+from ..checks import check_no_overlap
+from .checks import check_buffer, check_count, check_input_dtype, check_size
 from .functional import ACTIVATIONS, ACTIVATIONS_OUT, rda_functions
 
 # Layouts of in-place step arguments whose memory passed the overlap checks of
@@ -309,7 +310,7 @@ class _ScanLayer(nn.Module):
         written = (out, *state.scan, *((state.last_input,) if self.token_shift else ()))
         key = (B, dtype, *[(t.data_ptr(), t.stride()) for t in written])
         if key not in _NO_OVERLAP:
-            check_written(list(zip(("out", *_SCAN_NAMES, "state.last_input"), written)))
+            check_no_overlap(list(zip(("out", *_SCAN_NAMES, "state.last_input"), written)), [])
             if len(_NO_OVERLAP) >= _NO_OVERLAP_MAX:
                 _NO_OVERLAP.clear()
             _NO_OVERLAP.add(key)

@@ -32,12 +32,28 @@ def _args(z, a, g, m0, n0, d0, cu_seqlens, attention, discount, reverse) -> Scan
                     None if m0 is None else (m0, n0, d0), reverse, cu_seqlens)
 
 
+def check_offsets(cu_seqlens: Optional[Tensor], T: int) -> None:
+    """Raise ``ValueError`` unless packed offsets start at 0, never decrease and end at ``T``.
+
+    The ops run it on every call (one read of ``N + 1`` integers): offsets outside
+    ``[0, T]`` or decreasing would make a kernel read or write out of bounds, and a graph
+    made by ``torch.compile`` skips the public function's checks
+    (:func:`fastrwa.checks.check_cu_seqlens`, which calls this one)."""
+    if cu_seqlens is None:
+        return
+    offsets = cu_seqlens.tolist()
+    if offsets[0] != 0 or offsets[-1] != T or any(b < a for a, b in zip(offsets, offsets[1:])):
+        raise ValueError(f"cu_seqlens must start at 0, never decrease and end at T = {T}, "
+                         f"got {offsets if len(offsets) <= 10 else offsets[:5] + ['...']}")
+
+
 @torch.library.custom_op("fastrwa::weighted_scan", mutates_args=())
 def scan_op(z: Tensor, a: Tensor, g: Optional[Tensor], m0: Optional[Tensor],
             n0: Optional[Tensor], d0: Optional[Tensor], cu_seqlens: Optional[Tensor],
             attention: str, discount: str, reverse: bool, save: bool, backend: str
             ) -> tuple[Tensor, Tensor, Tensor, Tensor, list[Tensor]]:
     """``(y, m, n, d, saved)``: the output, the final state, and what the backward needs."""
+    check_offsets(cu_seqlens, z.shape[1])
     args = _args(z, a, g, m0, n0, d0, cu_seqlens, attention, discount, reverse)
     y, (m, n, d), saved = dispatch.load(backend).forward(
         args, output_final_state=True, save=save)
@@ -60,6 +76,7 @@ def scan_backward_op(z: Tensor, a: Tensor, g: Optional[Tensor], m0: Optional[Ten
                      gd: Optional[Tensor], attention: str, discount: str, reverse: bool,
                      backend: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """``(gz, ga, gg, gm0, gn0, gd0)``; empty tensors stand for gradients of absent inputs."""
+    check_offsets(cu_seqlens, z.shape[1])
     args = _args(z, a, g, m0, n0, d0, cu_seqlens, attention, discount, reverse)
     g_final = None if gn is None and gd is None else (gn, gd)
     gz, ga, gg, g_init = dispatch.load(backend).backward(args, list(saved), m_final, gy,

@@ -63,6 +63,12 @@ def exp_nonpositive_(x: torch.Tensor) -> torch.Tensor:
     return x.clamp_(min=floor).exp_().masked_fill_(underflow, 0)
 
 
+def decayed_max(m: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
+    """``m + lam``, and ``-inf`` where ``lam = -inf``: forgetting wins over ``m = +inf``
+    (the limit, not ``inf - inf``)."""
+    return (m + lam).masked_fill_(torch.isneginf(lam), float("-inf"))
+
+
 def _combine(state: State, decay, m_b, xs_b: Sequence[torch.Tensor], d_b) -> State:
     """``state`` decayed by ``decay`` then followed by a segment ``(m_b, xs_b, d_b)``.
 
@@ -70,7 +76,7 @@ def _combine(state: State, decay, m_b, xs_b: Sequence[torch.Tensor], d_b) -> Sta
     Updates the state tensors in place and returns them.
     """
     m, vals, d = state
-    decayed = m if decay is None else m + decay
+    decayed = m if decay is None else decayed_max(m, decay)
     m_new = torch.maximum(decayed, m_b)                  # (NaN in, NaN out)
     # Shift by m_new, or by the lowest finite float where m_new = -inf (nothing seen yet),
     # so that exp(-inf - shift) = 0 instead of exp(-inf + inf) = NaN. A +inf log-weight

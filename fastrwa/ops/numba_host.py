@@ -56,10 +56,9 @@ options, set_options = _knobs.get, _knobs.set
 
 @functools.lru_cache(maxsize=None)
 def _consts(cdt: torch.dtype) -> np.ndarray:
-    """``[floor, 0, 1, -inf]``: ``floor`` stands for ``-inf`` inside the kernels."""
+    """``[0, 1, -inf]`` in the compute type: the kernels' constants."""
     npt = torch.empty(0, dtype=cdt).numpy().dtype
-    floor = -1e307 if cdt == torch.float64 else -3e38
-    return np.array([floor, 0.0, 1.0, -np.inf], dtype=npt)
+    return np.array([0.0, 1.0, -np.inf], dtype=npt)
 
 
 def _flat(x: torch.Tensor) -> np.ndarray:
@@ -128,8 +127,8 @@ def _prepare(z, a, g):
     def fix(x):
         if x is None:
             return None
-        if x.dtype == torch.float16:
-            return x.float()
+        if x.dtype == torch.float16:        # (.float() keeps the strides: checked below too)
+            x = x.float()
         return x if x.stride(2) == 1 or x.shape[2] == 1 else x.contiguous()
     return fix(z), fix(a), fix(g)
 

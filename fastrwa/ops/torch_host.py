@@ -6,9 +6,10 @@ chunked scan of :mod:`.chunked`. Arithmetic and state are float32 (float64 for f
 inputs).
 
 Memory/recompute choice: the forward saves nothing but its inputs; the backward re-runs the
-forward to get ``y_t`` and ``L_t = log d_t`` (one extra forward) and then runs one reverse
-scan. Saving ``L`` would cost a float32 tensor of the input's size for a saving of one
-forward pass; the other backends make the same choice for the same reason (docs/math.md §4).
+forward to get ``m_t``, ``d~_t`` and ``y_t`` (one extra forward) and then runs the adjoint,
+a linear recurrence in normal space, as one reverse scan (docs/math.md §4). Saving the
+forward's states would cost float32 tensors of the input's size for a saving of one forward
+pass; the other backends make the same choice for the same reason.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch
 from .buffers import empty as _empty
 from .dispatch import ForwardResult, Gradients, Knobs, ScanArgs, state_dtype
 from . import chunked
-from .chunked import exp_nonpositive_, safe_average
+from .chunked import decayed_max, exp_nonpositive_, safe_average
 from .transforms import attention_grad, decay_grad, log_decay, log_weight
 
 
@@ -33,12 +34,6 @@ class Options:
 
 _knobs = Knobs(Options)
 options, set_options = _knobs.get, _knobs.set
-
-
-def _log_total(m: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
-    """``L = log(exp(m) d)``: ``-inf`` for an empty state (``d = 0`` or ``m = -inf``)."""
-    empty = d == 0
-    return torch.where(empty, float("-inf"), m + torch.log(torch.where(empty, 1, d)))
 
 
 def _sequences(cu_seqlens: torch.Tensor) -> list[slice]:
@@ -141,74 +136,91 @@ def _backward(z, a, g, attention, discount, init, reverse, cu_seqlens, gy, g_fin
     l = log_weight(a.to(cdt), attention)
     lam = log_decay(None if g is None else g.to(cdt), discount)
 
-    # 1. Re-run the forward, keeping y_t and L_t = log d_t in buffers with one extra slot
-    #    for the state before the first step (slot 0, or slot T when reversed).
+    # 1. Re-run the forward, keeping m_t, d~_t and y_t in buffers with one extra slot for the
+    #    state before the first step (slot 0, or slot T when reversed).
     here = 0 if reverse else 1                     # buffer index of position 0
     before = 1 if reverse else 0                   # buffer index of "previous" of position 0
-    L_buf = _empty((B, T + 1, D), cdt, dev)
-    y_buf = _empty((B, T + 1, D), cdt, dev)
-    L_now, y_now = L_buf[:, here:here + T], y_buf[:, here:here + T]
-    L_prev, y_prev = L_buf[:, before:before + T], y_buf[:, before:before + T]
+    m_buf, d_buf, y_buf = (_empty((B, T + 1, D), cdt, dev) for _ in range(3))
     slot0 = T if reverse else 0
     if init is None:
-        L_buf[:, slot0] = float("-inf")
-        y_buf[:, slot0] = 0
+        m_buf[:, slot0], d_buf[:, slot0], y_buf[:, slot0] = float("-inf"), 0, 0
     else:
         m0, n0, d0 = init
-        L_buf[:, slot0] = _log_total(m0, d0)
-        y_buf[:, slot0] = safe_average(n0, d0)
+        m_buf[:, slot0], d_buf[:, slot0], y_buf[:, slot0] = m0, d0, safe_average(n0, d0)
+    m_now, d_now, y_now = (x[:, here:here + T] for x in (m_buf, d_buf, y_buf))
+    m_prev, d_prev, y_prev = (x[:, before:before + T] for x in (m_buf, d_buf, y_buf))
 
     def emit_forward(sel, m, vals, d):
-        L_now[:, sel] = _log_total(m, d)
-        y_now[:, sel] = safe_average(vals[0], d)
+        m_now[:, sel], d_now[:, sel], y_now[:, sel] = m, d, safe_average(vals[0], d)
 
     init_state = None if init is None else (init[0], [init[1]], init[2])
-    m_T, _, _ = chunked.scan(l, lam, [z], init_state, True, reverse, emit_forward, chunk_size)
+    chunked.scan(l, lam, [z], init_state, True, reverse, emit_forward, chunk_size)
 
-    # 2. The adjoint scan, run the other way: R_t = decay(R_next) + (log-weight -L_t, values
-    #    gy_t and gy_t y_t). R_t = (M, rho, sigma) stands for nu_t = exp(M) rho = dLoss/dn_t
-    #    and -exp(M) sigma = dLoss/dd_t. Steps with L_t = -inf (nothing seen) carry no weight.
-    if gy is None:
-        gy = torch.zeros((B, T, D), dtype=cdt, device=dev)
-    gy = gy.to(cdt)
-    neg_L = torch.where(torch.isneginf(L_now), float("-inf"), -L_now)
-    lam_adj = None if lam is None else _shift_decay(lam, reverse)
-    adj_init = None
-    if g_final is not None and any(x is not None for x in g_final):
+    # 2. Every step's weights, as the forward step took them: take_t = exp(l_t - m_t),
+    #    keep_t = exp(m_{t-1} + lam_t - m_t) (the limits of _step_log_weight).
+    # (log keep <= 0 up to rounding between the chunks' re-runs: clamped, so that the adjoint
+    # scan below keeps its scale at exactly 0)
+    log_keep = _step_log_weight(m_prev if lam is None else decayed_max(m_prev, lam), m_now)
+    log_keep = log_keep.clamp_(max=0)
+    keep = exp_nonpositive_(log_keep.clone())
+    take = exp_nonpositive_(_step_log_weight(l, m_now))
+
+    # 3. The adjoint, run the other way: rho_t = keep_{t+1} rho_{t+1} + gy_t / d~_t and
+    #    sigma_t = keep_{t+1} sigma_{t+1} + gy_t y_t / d~_t (rho = dLoss/dn~, sigma =
+    #    -dLoss/dd~; docs/math.md §4), a scan with log-weight 0 and log-decay log keep_{t+1}.
+    #    Its states go to buffers whose extra slot holds the gradient of the final state.
+    gy = torch.zeros((B, T, D), dtype=cdt, device=dev) if gy is None else gy.to(cdt)
+    gi = safe_average(gy, d_now)
+    rho_buf, sigma_buf = (torch.zeros((B, T + 1, D), dtype=cdt, device=dev) for _ in range(2))
+    slot_end = 0 if reverse else T
+    if g_final is not None:
         gn, gd = g_final
-        zeros = torch.zeros((B, D), dtype=cdt, device=dev)
-        rho = zeros if gn is None else gn.to(cdt).clone()
-        sigma = zeros.clone() if gd is None else -gd.to(cdt)
-        # dLoss/dn_T = gn exp(-m_T): the adjoint enters with log-scale -m_T.
-        M = torch.where(torch.isneginf(m_T), float("-inf"), -m_T)
-        adj_init = (M, [rho, sigma], None)
-
-    gz = _empty(z.shape, z.dtype, dev)
-    ga = _empty(a.shape, a.dtype, dev)
-    gg = None if g is None else _empty(g.shape, g.dtype, dev)
+        if gn is not None:
+            rho_buf[:, slot_end] = gn
+        if gd is not None:
+            sigma_buf[:, slot_end] = -gd.to(cdt)
+    at, later = (1, 0) if reverse else (0, 1)
+    rho_now, sigma_now = rho_buf[:, at:at + T], sigma_buf[:, at:at + T]
+    rho_later, sigma_later = rho_buf[:, later:later + T], sigma_buf[:, later:later + T]
 
     def emit_adjoint(sel, M, vals, _):
-        rho, sigma = vals
-        # exp(l_i + M_i) is the largest p_{t,i} <= 1 folded in; it never overflows.
-        w = exp_nonpositive_(l[:, sel] + M)
-        gz[:, sel] = w * rho
-        gl = w * (z[:, sel] * rho - sigma)
-        ga[:, sel] = attention_grad(gl, a[:, sel].to(cdt), attention)
-        if gg is not None:
-            w_prev = exp_nonpositive_(L_prev[:, sel] + lam[:, sel] + M)
-            glam = w_prev * (y_prev[:, sel] * rho - sigma)
-            gg[:, sel] = decay_grad(glam, g[:, sel].to(cdt), discount)
+        rho_now[:, sel], sigma_now[:, sel] = vals
 
-    M1, (rho1, sigma1), _ = chunked.scan(
-        neg_L, lam_adj, [gy, gy * y_now], adj_init, False, not reverse, emit_adjoint, chunk_size
-    )
+    log_keep_next = _shift_decay(log_keep, reverse)     # log keep_{t+1}; 0 after the end
+    adj_init = (torch.zeros((B, D), dtype=cdt, device=dev),
+                [rho_buf[:, slot_end].clone(), sigma_buf[:, slot_end].clone()], None)
+    chunked.scan(torch.zeros_like(l), log_keep_next, [gi, gi * y_now], adj_init, False,
+                 not reverse, emit_adjoint, chunk_size)
 
-    # 3. Initial state: it is the pseudo-step before position 0, decayed by that step's lam.
+    # 4. Gradients. The later steps' part of rho and sigma is kept apart from this step's own
+    #    gy_t / d~_t, and z_t - y_t is formed as keep_t d~_{t-1} (z_t - y_{t-1}) / d~_t: gl_t
+    #    then has no cancellation (a small logit that is the only weight so far keeps its
+    #    gradient; docs/math.md §4).
+    keep_next = exp_nonpositive_(log_keep_next)
+    r_later, s_later = keep_next * rho_later, keep_next * sigma_later
+    zc = z.to(cdt)
+    z_minus_y = safe_average(keep * d_prev * (zc - y_prev), d_now)
+    gz = (take * rho_now).to(z.dtype)
+    gl = take * ((zc * r_later - s_later) + gi * z_minus_y)
+    ga = attention_grad(gl, a.to(cdt), attention).to(a.dtype)
+    gg = None
+    if g is not None:
+        glam = keep * d_prev * (y_prev * rho_now - sigma_now)
+        gg = decay_grad(glam, g.to(cdt), discount).to(g.dtype)
+
+    # 5. Initial state: the pseudo-step before position 0 (its keep is the first step's).
     g_init = None
     if init is not None:
         m0, n0, d0 = init
         first = T - 1 if reverse else 0
-        scale = m0 + M1 if lam is None else m0 + lam[:, first] + M1
-        w0 = torch.exp(scale)
-        g_init = (w0 * (n0 * rho1 - d0 * sigma1), w0 * rho1, -w0 * sigma1)
+        w0 = keep[:, first]
+        gn0, gd0 = w0 * rho_now[:, first], -w0 * sigma_now[:, first]
+        g_init = (n0 * gn0 + d0 * gd0, gn0, gd0)
     return gz, ga, gg, g_init
+
+
+def _step_log_weight(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """``x - m`` for ``x <= m = max(...)``, with the forward step's limits: ``-inf`` where
+    ``x = -inf`` (no weight), ``0`` where ``x = m`` (equal infinities included). NaN stays."""
+    out = torch.where(x == m, 0, x - m)
+    return out.masked_fill_(torch.isneginf(x), float("-inf"))

@@ -33,6 +33,12 @@ from .dispatch import ForwardResult, Gradients, Knobs, ScanArgs, state_dtype
 PROGRAMS_PER_SM = 2
 
 
+# Registers a backward thread may use. Left to itself ptxas caps the looped backward at 168
+# on sm_80 and spills 8-32 bytes there; with the cap lifted it uses 166-228 and spills
+# nothing (bench/kernels.py compiles with the same cap and reports both).
+BACKWARD_MAX_REGISTERS = 255
+
+
 @dataclasses.dataclass(frozen=True)
 class Options:
     """Launch knobs; tests and bench/gpu_sweep.py force them, users keep the defaults.
@@ -212,32 +218,33 @@ def backward(args: ScanArgs, saved: list, m_final, gy, g_final) -> Gradients:
     h0 = torch.stack(init).contiguous() if init is not None else z.new_empty(0, dtype=f32)
     dh0 = empty_like(h0)
     has_final_grad = g_final is not None and any(x is not None for x in g_final)
-    if has_final_grad:
-        zeros = torch.zeros_like(m_final)
+    if has_final_grad:      # (3, N, D): row 0 (m) unused, then the gradients of n~ and d~
+        zeros = torch.zeros((lay.n_seq, D), dtype=f32, device=z.device)
         dht = torch.stack([zeros] + [zeros if x is None else x for x in g_final]).contiguous()
-        ht = m_final.contiguous()
     else:
-        dht = ht = h0
+        dht = h0
     cu, co, cs = lay.pointers(z)
     algorithm = choose_algorithm(lay.n_seq, D, lay.max_len, opts, z.device)
     flags = dict(IS_VARLEN=cu_seqlens is not None, REVERSE=reverse, BT=BT, BD=BD)
     launch = dict(num_warps=opts.warps_backward, num_stages=opts.stages)
+    if torch.version.hip is None:        # (a CUDA option: Triton's AMD backend has no maxnreg)
+        launch["maxnreg"] = BACKWARD_MAX_REGISTERS
     n_d = triton.cdiv(D, BD)
     if algorithm == "looped":
         scan_bwd.bwd_looped_kernel[(lay.n_seq, n_d)](
-            z, a, g, gy, gz, ga, gg, h0, dh0, ht, dht, hc, cu, co, lay.T, D, lay.n_seq,
+            z, a, g, gy, gz, ga, gg, h0, dh0, dht, hc, cu, co, lay.T, D, lay.n_seq,
             lay.rows, ATTN=ATTN, DISCOUNT=DISCOUNT, HAS_INIT=init is not None,
             HAS_FINAL_GRAD=has_final_grad, **launch, **flags)
     else:
-        summary = empty((4, lay.rows, D), f32, z.device)
-        ac = empty((3, lay.rows, D), f32, z.device)
+        summary = empty((3, lay.rows, D), f32, z.device)     # (K, P, Q) of every chunk
+        ac = empty((2, lay.rows, D), f32, z.device)          # (P, Q) entering every chunk
         scan_bwd.bwd_summary_kernel[(lay.n_chunks, n_d)](
             z, a, g, gy, hc, summary, cu, co, cs, lay.T, D, lay.rows,
             ATTN=ATTN, DISCOUNT=DISCOUNT, **launch, **flags)
         scan_bwd.bwd_carry_kernel[(lay.n_seq, n_d)](
-            g, summary, ac, h0, dh0, ht, dht, cu, co, lay.T, D, lay.n_seq, lay.rows,
-            DISCOUNT=DISCOUNT, HAS_INIT=init is not None, HAS_FINAL_GRAD=has_final_grad,
-            **launch, **flags)
+            summary, ac, h0, dh0, dht, cu, co, lay.T, D, lay.n_seq, lay.rows,
+            HAS_INIT=init is not None, HAS_FINAL_GRAD=has_final_grad, IS_VARLEN=flags["IS_VARLEN"],
+            BT=BT, BD=BD, **launch)
         scan_bwd.bwd_grads_kernel[(lay.n_chunks, n_d)](
             z, a, g, gy, gz, ga, gg, hc, ac, cu, co, cs, lay.T, D, lay.rows,
             ATTN=ATTN, DISCOUNT=DISCOUNT, **launch, **flags)

@@ -11,18 +11,20 @@ adjoint backwards through the chunk and writes the gradients, reading the chunk'
 ahead (the walk is backwards through memory). Inputs and ``gy`` are read from memory once
 and each gradient written once.
 
-The adjoint is back-propagation through the stabilised recurrence itself. With
-``rho_t = dLoss/dn~_t`` and ``sigma_t = -dLoss/dd~_t`` (gradients of the normalised state):
+The adjoint is back-propagation through the stabilised recurrence itself (docs/math.md §4).
+With ``rho_t = dLoss/dn~_t`` and ``sigma_t = -dLoss/dd~_t`` (gradients of the normalised state)
+and ``(P_t, Q_t) = keep_{t+1} (rho_{t+1}, sigma_{t+1})``, the later steps' part:
 
-    rho_t   = keep_{t+1} rho_{t+1}   + gy_t / d~_t
-    sigma_t = keep_{t+1} sigma_{t+1} + gy_t y_t / d~_t
-    gz_t = take_t rho_t     gl_t = take_t (z_t rho_t - sigma_t)
+    rho_t   = P_t + gy_t / d~_t
+    sigma_t = Q_t + gy_t y_t / d~_t
+    gz_t = take_t rho_t
+    gl_t = take_t ((z_t P_t - Q_t) + gy_t / d~_t (z_t - y_t))
     glam_t = keep_t d~_{t-1} (y_{t-1} rho_t - sigma_t)
 
-This is the log-space adjoint of docs/math.md §4 with its scale ``M_t`` equal to ``-m_t``
-(it always is: ``m`` is the running maximum of the decayed log-weights), so every exponential
-it needs was already computed by the forward step: the adjoint needs no ``exp`` at all, and
-every factor is at most 1. ``gm`` of the final state is not used (docs/math.md §4).
+with ``z_t - y_t = keep_t d~_{t-1} (z_t - y_{t-1}) / d~_t``: ``gl`` has no cancellation (a
+small relu logit that is the only weight so far keeps its gradient). Every exponential it
+needs was already computed by the forward step: the adjoint needs no ``exp`` at all, and every
+factor is at most 1. ``gm`` of the final state is not used (docs/math.md §4).
 """
 
 from __future__ import annotations
@@ -55,12 +57,18 @@ def adjoint_row(rho, sigma, gl, glam, z, z_off, sd, sy, take, keep, r, gy, off, 
         u = np.uint64(j)
         d_j = sd[s1 + u]
         gi = zero if d_j == zero else load(gy, go + u, zero) / d_j   # (an L2 hit)
-        r_j = rho[j] * keep[s1 + u] + gi
-        s_j = sigma[j] * keep[s1 + u] + gi * sy[s1 + u]
+        z_j = load(z, zo + u, zero)
+        r_later = rho[j] * keep[s1 + u]               # the later steps' part of rho, sigma
+        s_later = sigma[j] * keep[s1 + u]
+        # z - y of this step as keep d~_prev (z - y_prev) / d~: no cancellation (0 exactly
+        # when this step is the only weight so far; docs/math.md §4)
+        z_y = zero if d_j == zero else keep[s0 + u] * sd[s0 + u] * (z_j - sy[s0 + u]) / d_j
+        r_j = r_later + gi
+        s_j = s_later + gi * sy[s1 + u]
         rho[j] = r_j
         sigma[j] = s_j
         store(gz, go + u, take[s0 + u] * r_j)
-        gl[j] = take[s0 + u] * (load(z, zo + u, zero) * r_j - s_j)
+        gl[j] = take[s0 + u] * ((z_j * r_later - s_later) + gi * z_y)
         if with_decay:
             glam[j] = keep[s0 + u] * sd[s0 + u] * (sy[s0 + u] * r_j - s_j)
 
@@ -77,7 +85,7 @@ def backward(task_lo, task_hi, z, a, g, gy, gz, ga, gg, state0, g_final, g_init,
     final ``n~, d~`` (used with ``has_g_final``); ``ck`` the chunk-start states the forward
     saved.
     """
-    floor, zero, one = consts[0], consts[1], consts[2]
+    zero, one, ninf = consts[0], consts[1], consts[2]
     n_seq = seq_b.shape[0]
     nd = n_seq * D
     n_blk = (D + block - 1) // block
@@ -123,12 +131,12 @@ def backward(task_lo, task_hi, z, a, g, gy, gz, ga, gg, state0, g_final, g_init,
                                         to + LAM_ * w, dlam, r * w, w)
                 if attention == EXP:        # l = a, read from the input
                     step_row(m, n, d, tb, to + LAM_ * w, z, oz, a, oa, sy, (r + 1) * w, sd,
-                             (r + 1) * w, take, r * w, keep, r * w, True, w, floor, zero, one)
+                             (r + 1) * w, take, r * w, keep, r * w, True, w, ninf, zero, one)
                 else:
                     log_weight_grad_rows(attention, a, oa, tb, to + L_ * w, dl, r * w, w)
                     step_row(m, n, d, tb, to + LAM_ * w, z, oz, tb, to + L_ * w, sy,
                              (r + 1) * w, sd, (r + 1) * w, take, r * w, keep, r * w, True, w,
-                             floor, zero, one)
+                             ninf, zero, one)
             for r in range(cl - 1, -1, -1):     # (2) the adjoint, backwards; the chunk's
                 # inputs are read a second time, from cache (they were read just above)
                 t = np.int64(time_index(seq_lo[i], seq_hi[i], s0 + r, reverse))
@@ -151,7 +159,7 @@ def backward(task_lo, task_hi, z, a, g, gy, gz, ga, gg, state0, g_final, g_init,
             for j in range(w):
                 m0, n0, d0 = state0[base + j], state0[nd + base + j], state0[2 * nd + base + j]
                 # dLoss/dn~_0 = keep_1 rho_1; keep slot 0 holds the first step's keep.
-                w0 = one if length == 0 else (zero if m0 <= floor else keep[j])
+                w0 = one if length == 0 else (zero if m0 == ninf else keep[j])
                 g_init[base + j] = w0 * (n0 * rho[j] - d0 * sigma[j])
                 g_init[nd + base + j] = w0 * rho[j]
                 g_init[2 * nd + base + j] = -w0 * sigma[j]

@@ -10,10 +10,11 @@ of ``chunk`` steps (``3 * w`` floats per chunk), which is all the backward (``sc
 needs to recompute the rest. :func:`step_inplace` is one step for every channel of a batch,
 in place, for decoding.
 
-The step is written without branches so the channel loop vectorises: ``-inf`` (nothing seen
-yet) is held as the finite ``floor`` (``consts[0]``), so ``l - m`` is never ``inf - inf``
-(and ``l = m = +inf`` counts as a difference of 0, the limit);
-``keep``/``take`` are chosen by the sign of ``l - (m + lam)``; ``y = 0`` where ``d~ = 0``.
+The step is written without branches so the channel loop vectorises: ``keep``/``take`` are
+chosen by the sign of ``l - (m + lam)``, with the limits spelled out: equal infinite
+arguments (``l = m + lam = +inf`` or both ``-inf``) count as a difference of 0 (equal weights),
+and a ``-inf`` argument has weight 0 (a masked step, nothing seen yet, or ``lam = -inf``), so
+every finite logit counts, however negative; ``y = 0`` where ``d~ = 0``.
 Flat arrays; ``off = ((b * T + t) * D + lo)`` in int64.
 """
 
@@ -29,7 +30,7 @@ from .rows import log_decay_row, log_weight_row
 
 @kernel
 def step_row(m, n, d, lam, lam_off, z, z_off, l, l_off, y, y_off, d_out, d_off, take, take_off,
-             keep, keep_off, save, w, floor, zero, one):
+             keep, keep_off, save, w, ninf, zero, one):
     """One step for ``w`` channels: update the state rows ``m, n, d`` (``(m, n~, d~)``) in
     place and write ``y = n~ / d~`` at ``y[y_off:]``.
 
@@ -48,14 +49,15 @@ def step_row(m, n, d, lam, lam_off, z, z_off, l, l_off, y, y_off, d_out, d_off, 
     for j in range(w):
         u = np.uint64(j)
         l_j = load(l, lo + u, zero)
-        dec = m[j] + lam[lao + u]
-        md = floor if dec < floor else dec            # decayed running max, never -inf
-        diff = zero if l_j == md else l_j - md        # (+inf twice: equal weights, the limit)
+        lam_j = lam[lao + u]
+        dec = ninf if lam_j == ninf else m[j] + lam_j  # decayed running max (lam = -inf
+                                                       # forgets, m = +inf included)
+        diff = zero if l_j == dec else l_j - dec      # (equal infinities: the limit, 0)
         e = fexp(-abs(diff))
         up = diff > zero
-        keep_j = e if up else (one if dec >= floor else zero)   # lam = -inf keeps nothing
-        take_j = one if up else e
-        m[j] = l_j if up else md
+        keep_j = e if up else (zero if dec == ninf else one)   # lam = -inf keeps nothing
+        take_j = one if up else (zero if l_j == ninf else e)   # -inf: no weight
+        m[j] = l_j if up else dec
         n_j = n[j] * keep_j + load(z, zo + u, zero) * take_j
         d_j = d[j] * keep_j + take_j
         n[j] = n_j
@@ -90,12 +92,12 @@ def forward(task_lo, task_hi, z, a, g, y, state0, final, ck, consts, strides, se
     strided (``strides``: the B and T element strides of z, a, g; see :func:`input_row`),
     e.g. gate slices of a projection. State, in the compute type: ``state0`` and ``final``
     ``(3, N, D)`` ``(m, n~, d~)``; with ``save``, ``ck`` ``(3, chunks, D)`` receives the
-    state entering every chunk of ``chunk`` steps; ``consts`` ``[floor, 0, 1, -inf]``.
+    state entering every chunk of ``chunk`` steps; ``consts`` ``[0, 1, -inf]``.
     Index: sequence ``i`` is batch row ``seq_b[i]``, steps ``[seq_lo[i], seq_hi[i])``; its
     chunk ``k``'s state is row ``ck_off[i] + k`` of ``ck``. Scalars: ``block`` channels per
     task; ``attention``, ``discount``: codes of :mod:`fastrwa.kernels.codes`.
     """
-    floor, zero, one, ninf = consts[0], consts[1], consts[2], consts[3]
+    zero, one, ninf = consts[0], consts[1], consts[2]
     n_seq = seq_b.shape[0]
     n_blk = (D + block - 1) // block
     n_ck = ck.shape[0] // (3 * D) if save else 0
@@ -110,10 +112,9 @@ def forward(task_lo, task_hi, z, a, g, y, state0, final, ck, consts, strides, se
             np.zeros(w, consts.dtype)
         base = np.int64(i) * D + lo
         for j in range(w):
-            m[j] = floor
+            m[j] = ninf
             if has_init:
-                m0 = state0[base + j]
-                m[j] = floor if m0 < floor else m0
+                m[j] = state0[base + j]
                 n[j] = state0[n_seq * D + base + j]
                 d[j] = state0[2 * n_seq * D + base + j]
         length = seq_hi[i] - seq_lo[i]
@@ -132,13 +133,13 @@ def forward(task_lo, task_hi, z, a, g, y, state0, final, ck, consts, strides, se
                 log_decay_row(discount, g, input_row(strides, 2, b, t, lo), tb, w, w)
             if attention == EXP:        # l = a: read straight from the input
                 step_row(m, n, d, tb, w, z, oz, a, oa, y, off, d1, 0, take1, 0, keep1, 0,
-                         False, w, floor, zero, one)
+                         False, w, ninf, zero, one)
             else:
                 log_weight_row(attention, a, oa, tb, 0, w)
                 step_row(m, n, d, tb, w, z, oz, tb, 0, y, off, d1, 0, take1, 0, keep1, 0,
-                         False, w, floor, zero, one)
+                         False, w, ninf, zero, one)
         for j in range(w):
-            final[base + j] = ninf if m[j] <= floor else m[j]
+            final[base + j] = m[j]
             final[n_seq * D + base + j] = n[j]
             final[2 * n_seq * D + base + j] = d[j]
 
@@ -149,20 +150,17 @@ def step_inplace(z, a, g, m, n, d, y, attention, discount, consts, scratch):
     flat, compute type, updated in place (``-inf`` in ``m`` for nothing seen, as stored).
     ``scratch``: ``(5, B * D)`` in the compute type (``l``, ``lam`` and three rows the step
     could save)."""
-    floor, zero, ninf = consts[0], consts[1], consts[3]
+    zero, one, ninf = consts[0], consts[1], consts[2]
     w = m.shape[0]
     tb, d1, take, keep = scratch[0:2].reshape(-1), scratch[2], scratch[3], scratch[4]
     for j in range(w):
         tb[w + j] = zero
-        m[j] = floor if m[j] < floor else m[j]
     if discount != NO_DISCOUNT:
         log_decay_row(discount, g, 0, tb, w, w)
     if attention == EXP:
-        step_row(m, n, d, tb, w, z, 0, a, 0, y, 0, d1, 0, take, 0, keep, 0, True, w, floor,
-                 zero, consts[2])
+        step_row(m, n, d, tb, w, z, 0, a, 0, y, 0, d1, 0, take, 0, keep, 0, True, w, ninf,
+                 zero, one)
     else:
         log_weight_row(attention, a, 0, tb, 0, w)
-        step_row(m, n, d, tb, w, z, 0, tb, 0, y, 0, d1, 0, take, 0, keep, 0, True, w, floor,
-                 zero, consts[2])
-    for j in range(w):
-        m[j] = ninf if m[j] <= floor else m[j]
+        step_row(m, n, d, tb, w, z, 0, tb, 0, y, 0, d1, 0, take, 0, keep, 0, True, w, ninf,
+                 zero, one)

@@ -22,18 +22,96 @@ SOFTPLUS_SERIES_BELOW = tl.constexpr(codes.SOFTPLUS_SERIES_BELOW)
 
 @triton.jit
 def combine(m1, n1, d1, g1, m2, n2, d2, g2):
-    """Segment 1 then segment 2: ``m = max(m1 + g2, m2)``, sums rescaled to ``m``, ``g = g1 + g2``.
+    """Segment 1 then segment 2: ``m = max(m1 + g2, m2)``, sums rescaled to ``m``, ``g = g1 + g2``
+    (the forward state ``(m, n~, d~, G)``).
 
-    Used for the forward ``(m, n~, d~, G)`` and the adjoint ``(M, rho, sigma, G)`` alike.
-    Where ``m = -inf`` (nothing seen) the shift is 0, so both factors are exp(-inf) = 0.
+    A log decay ``g2 = -inf`` forgets segment 1 whatever its ``m1`` (``+inf`` included: the
+    limit, not ``inf - inf``). Where ``m = -inf`` (nothing seen) the shift is 0, so both
+    factors are exp(-inf) = 0.
     """
-    m1d = m1 + g2
+    m1d = tl.where(g2 == NEG_INF, NEG_INF, m1 + g2)
     m = tl.maximum(m1d, m2, propagate_nan=tl.PropagateNan.ALL)
     shift = tl.where(m == NEG_INF, 0.0, m)
     # exp(x - m), with x = m = +inf counted as exp(0) = 1 (the limit: it dominates)
     k1 = tl.exp(tl.where(m1d == POS_INF, 0.0, m1d - shift))
     k2 = tl.exp(tl.where(m2 == POS_INF, 0.0, m2 - shift))
     return m, n1 * k1 + n2 * k2, d1 * k1 + d2 * k2, g1 + g2
+
+
+@triton.jit
+def step_weights(dec, l):
+    """One step's ``(m, keep, take)``: ``m = max(dec, l)`` (``dec`` the decayed running max,
+    :func:`decayed`; ``l`` the step's log-weight), ``keep = exp(dec - m)``,
+    ``take = exp(l - m)``, with the limits of the CPU step: equal infinite arguments count as
+    a difference of 0, a ``-inf`` argument has weight 0. NaN propagates."""
+    diff = tl.where(l == dec, 0.0, l - dec)
+    e = tl.exp(-tl.abs(diff))
+    up = diff > 0
+    keep = tl.where(up, e, tl.where(dec == NEG_INF, 0.0, 1.0))
+    take = tl.where(up, 1.0, tl.where(l == NEG_INF, 0.0, e))
+    return tl.where(up, l, dec), keep, take
+
+
+@triton.jit
+def decayed(m, lam):
+    """``m + lam``, and ``-inf`` where ``lam = -inf`` (forgetting wins over ``m = +inf``)."""
+    return tl.where(lam == NEG_INF, NEG_INF, m + lam)
+
+
+@triton.jit
+def own_weight(l, m):
+    """``take = exp(l - m)`` of a step whose state after it has running max ``m``
+    (:func:`step_weights`' value, from ``m`` alone)."""
+    return tl.where(l == NEG_INF, 0.0, tl.where(l == m, 1.0, tl.exp(l - m)))
+
+
+@triton.jit
+def linear_combine(k1, p1, q1, k2, p2, q2):
+    """Segment 1 then segment 2 of the adjoint's linear recurrence ``x <- k x + p`` (two value
+    streams ``p``, ``q`` sharing ``k``): ``(k1 k2, p1 k2 + p2, q1 k2 + q2)``."""
+    return k1 * k2, p1 * k2 + p2, q1 * k2 + q2
+
+
+@triton.jit
+def _last_two(a_x, a_px, a_u, a_pu, a_v, a_pv, a_cnt, b_x, b_px, b_u, b_pu, b_v, b_pv, b_cnt):
+    """Segment ``a`` then segment ``b``: the last element of three streams ``x``, ``u``, ``v``,
+    the one before it in each, the count."""
+    more = b_cnt >= 2
+    return (b_x, tl.where(more, b_px, a_x), b_u, tl.where(more, b_pu, a_u), b_v,
+            tl.where(more, b_pv, a_v), a_cnt + b_cnt)
+
+
+@triton.jit
+def _first_two(l_x, l_nx, l_u, l_nu, l_cnt, e_x, e_nx, e_u, e_nu, e_cnt):
+    """For a reverse scan: segment ``e`` (earlier) then segment ``l`` (later): the first
+    element of two streams ``x``, ``u``, the one after it in each, the count."""
+    second = e_cnt >= 2
+    return (e_x, tl.where(second, e_nx, l_x), e_u, tl.where(second, e_nu, l_u),
+            e_cnt + l_cnt)
+
+
+@triton.jit
+def previous_rows(b_x, b_fx, b_u, b_fu, b_v, b_fv):
+    """Rows ``t - 1`` of three ``[BT, BD]`` blocks at row ``t`` (``[BD]`` fills at row 0): a
+    shift in registers, as a scan."""
+    b_one = tl.full(b_x.shape, 1.0, tl.float32)                              # [BT, BD]
+    b_zero = tl.zeros_like(b_x)                                               # [BT, BD]
+    _, b_px, _, b_pu, _, b_pv, _ = tl.associative_scan(
+        (b_x, b_zero + b_fx[None, :], b_u, b_zero + b_fu[None, :], b_v,
+         b_zero + b_fv[None, :], b_one), 0, _last_two)                        # [BT, BD] x3
+    return b_px, b_pu, b_pv
+
+
+@triton.jit
+def next_rows(b_x, b_fx, b_u, b_fu):
+    """Rows ``t + 1`` of two ``[BT, BD]`` blocks at row ``t`` (``[BD]`` fills at the last
+    row): a shift in registers, as a reverse scan."""
+    b_one = tl.full(b_x.shape, 1.0, tl.float32)                              # [BT, BD]
+    b_after_x = tl.zeros_like(b_x) + b_fx[None, :]                           # [BT, BD]
+    b_after_u = tl.zeros_like(b_u) + b_fu[None, :]                           # [BT, BD]
+    _, b_nx, _, b_nu, _ = tl.associative_scan((b_x, b_after_x, b_u, b_after_u, b_one), 0,
+                                              _first_two, reverse=True)       # [BT, BD] x2
+    return b_nx, b_nu
 
 
 @triton.jit
@@ -187,12 +265,6 @@ def average(b_n, b_d):
 
 
 @triton.jit
-def log_total(b_m, b_d):
-    """``L = m + log d``, ``-inf`` where ``d = 0`` (a NaN stays NaN)."""
-    return tl.where(b_d == 0, NEG_INF, b_m + tl.log(tl.where(b_d == 0, 1.0, b_d)))
-
-
-@triton.jit
 def load_state(p, o_s, mask_d, rows):
     """``(m, n~, d~)`` ``[BD]`` at ``o_s`` of a ``(3, rows, D)`` buffer (masked lanes: empty)."""
     b_m = tl.load(p + o_s, mask=mask_d, other=NEG_INF)                            # [BD]
@@ -223,7 +295,7 @@ def initial_state(h0_ptr, o_s, mask_d, rows, HAS_INIT: tl.constexpr, BD: tl.cons
 
 @triton.jit
 def state_row(b_m, b_n, b_d, r, BT: tl.constexpr):
-    """Row ``r`` of a ``[BT, BD]`` state ``(m, n~, d~)`` (or adjoint) as three ``[BD]``."""
+    """Row ``r`` of a ``[BT, BD]`` state ``(m, n~, d~)`` as three ``[BD]``."""
     o_r = tl.arange(0, BT)
     return row(b_m, o_r, r, NEG_INF), row(b_n, o_r, r, 0.0), row(b_d, o_r, r, 0.0)
 

@@ -1,27 +1,42 @@
 """Backward kernels of the weighted scan (docs/math.md §4).
 
 Per chunk, from the chunk's saved incoming forward state, the forward is recomputed in
-registers (``y_t``, ``L_t = log d_t``), then the adjoint scan runs the other way in time:
-elements ``(-L_t, gy_t, gy_t y_t)`` whose carried state decays by ``lam_{t+1}``, giving
-``(M, rho, sigma)`` per row, and
+registers (``m_t``, ``d~_t``, ``y_t``), with each step's weights ``take_t = exp(l_t - m_t)``
+and ``keep_t = exp(m_{t-1} + lam_t - m_t)``. The adjoint is back-propagation through the
+stabilised recurrence: a linear recurrence in normal space (every factor ``<= 1``, no
+exponent), run the other way in time:
 
-    gz = exp(l + M) rho              gl = exp(l + M) (z rho - sigma)
-    glam = exp(L + M) (y rho - sigma) - gl          (= exp(lam) (n_{t-1} nu_t + d_{t-1} delta_t))
+    W_t = keep_t (W_{t+1} + gi_t)           gi_t = gy_t / d~_t
+    V_t = keep_t (V_{t+1} + gi_t y_t)
 
-with every exponent a log-probability <= 0. No atomics: every output element is written by
-exactly one program.
+``(W_t, V_t)`` is what step ``t`` passes back to the state before it (``dLoss/dn~_{t-1}``,
+``-dLoss/dd~_{t-1}``), so the later steps' part of step ``t``'s own adjoint is
+``(P_t, Q_t) = (W_{t+1}, V_{t+1})``, one row on (a shift in registers), and
+
+    rho = P + gi             sigma = Q + gi y
+    gz = take rho            gl = take ((z P - Q) + gi (z - y))
+    glam = keep d~_{t-1} (y_{t-1} rho - sigma)
+    z - y = keep d~_{t-1} (z - y_{t-1}) / d~
+
+(the previous row's ``m``, ``d~``, ``y`` come from a shift in registers). Keeping the later
+part apart from the step's own ``gi``, and forming ``z - y`` from the previous row, leaves
+``gl`` without cancellation (a small logit that is, or nearly is, the only weight so far
+keeps its gradient). ``+inf`` logits get the
+limits the forward uses (equal infinite arguments weigh 1). The initial state's gradients
+are the ``(W, V)`` of the first step. No atomics: every output element is written by exactly
+one program.
 
 * ``bwd_looped_kernel``: one program per (sequence, channel block) walks the chunks in
-  adjoint order, carrying ``(M, rho, sigma)`` in registers; initial-state gradients at the end.
+  adjoint order, carrying ``(W, V)`` in registers; initial-state gradients at the end.
 * ``bwd_summary_kernel`` / ``bwd_carry_kernel`` / ``bwd_grads_kernel``: the three phases.
 """
 
 import triton
 import triton.language as tl
 
-from .common import (NEG_INF, NO_DISCOUNT, attention_grad, average, chunk_rows, combine,
-                     decay_grad, load_chunk, load_state, load_summary, log_decay, log_total,
-                     scan_chunk, state_row, store_state, store_summary)
+from .common import (attention_grad, average, chunk_rows, decay_grad, decayed, linear_combine,
+                     load_chunk, load_state, next_rows, own_weight, previous_rows, row,
+                     scan_chunk, step_weights, store_state)
 from .sequence import chunk_program, sequence_program
 
 
@@ -31,96 +46,90 @@ def _chunk_adjoint(z_ptr, a_ptr, g_ptr, gy_ptr, hc_ptr, bos, T_i, c, cidx, o_d, 
                    BT: tl.constexpr, BD: tl.constexpr):
     """Recompute chunk ``c`` (global index ``cidx``) and scan its adjoint from an empty state.
 
-    Returns the rows' positions and mask, the inputs and forward values the gradients need,
-    and the local adjoint ``(M, rho, sigma, G)``, all ``[BT, BD]``.
+    Returns the rows' positions and mask, the inputs and forward values the gradients need
+    (``take``, ``gi``, ``y``, ``z - y``, ``keep d~_{t-1}``, ``y_{t-1}``), and the local
+    adjoint ``(K, W, V)`` (``b_K``, ``b_AW``, ``b_AV`` to the callers): row ``t``'s
+    ``(W, V)`` is ``K`` times the ``(W, V)`` entering after the chunk's last row, plus
+    ``(W, V)``. All ``[BT, BD]``.
     """
     o_t, mask_t = chunk_rows(c, T_i, BT, REVERSE)
-    mask_2 = mask_t[:, None] & mask_d[None, :]                                         # [BT, BD]
+    mask_2 = mask_t[:, None] & mask_d[None, :]                                 # [BT, BD]
     b_z, b_a, b_g, b_l, b_lam = load_chunk(z_ptr, a_ptr, g_ptr, bos, o_t, mask_t, o_d, mask_d, D,
                                            ATTN, DISCOUNT)                    # [BT, BD] x5
     b_hm, b_hn, b_hd = load_state(hc_ptr, cidx * D + o_d, mask_d, NCT * D)       # [BD] x3
-    b_m, b_n, b_d = scan_chunk(b_l, b_z, b_lam, b_hm, b_hn, b_hd)     # [BT, BD] x3
+    b_m, b_n, b_d = scan_chunk(b_l, b_z, b_lam, b_hm, b_hn, b_hd)              # [BT, BD] x3
     b_y = average(b_n, b_d)                                                    # [BT, BD]
-    b_L = tl.where(mask_2, log_total(b_m, b_d), NEG_INF)                          # [BT, BD]
+    b_take = own_weight(b_l, b_m)                                              # [BT, BD]
+    b_mp, b_dp, b_yp = previous_rows(b_m, b_hm, b_d, b_hd, b_y,
+                                     average(b_hn, b_hd))                     # [BT, BD] x3
+    _, b_keep, _ = step_weights(decayed(b_mp, b_lam), b_l)                     # [BT, BD]
+    b_keep = tl.where(mask_2, b_keep, 1.0)          # rows past the end pass the adjoint on
+    b_kd = b_keep * b_dp                            # the previous rows' weight, kept
+    b_zy = average(b_kd * (b_z - b_yp), b_d)        # z - y without cancellation  # [BT, BD]
     o = (bos + o_t).to(tl.int64)[:, None] * D + o_d[None, :]                  # [BT, BD]
     b_gy = tl.load(gy_ptr + o, mask=mask_2, other=0.0).to(tl.float32)           # [BT, BD]
-    # The adjoint carried into row t decays by lam of the next row in scan order.
-    if DISCOUNT == NO_DISCOUNT:
-        b_lam_next = tl.zeros([BT, BD], tl.float32)                           # [BT, BD]
-    else:
-        if REVERSE:
-            o_n = o_t - 1
-        else:
-            o_n = o_t + 1
-        mask_n = ((o_n >= 0) & (o_n < T_i))[:, None] & mask_d[None, :]              # [BT, BD]
-        p_n = g_ptr + (bos + o_n).to(tl.int64)[:, None] * D + o_d[None, :]    # [BT, BD]
-        b_gn = tl.load(p_n, mask=mask_n, other=0.0).to(tl.float32)               # [BT, BD]
-        b_lam_next = tl.where(mask_n, log_decay(b_gn, DISCOUNT), 0.0)             # [BT, BD]
-    b_w = tl.where(b_L == NEG_INF, NEG_INF, -b_L)                             # [BT, BD]
-    b_AM, b_AR, b_AS, b_AG = tl.associative_scan(
-        (b_w, b_gy, b_gy * b_y, b_lam_next), 0, combine, reverse=True)  # [BT, BD] x4
-    return o_t, mask_2, b_z, b_a, b_g, b_l, b_y, b_L, b_AM, b_AR, b_AS, b_AG
+    b_gi = average(b_gy, b_d)                                                  # [BT, BD]
+    b_K, b_W, b_V = tl.associative_scan((b_keep, b_keep * b_gi, b_keep * b_gi * b_y), 0,
+                                        linear_combine, reverse=True)         # [BT, BD] x3
+    return o_t, mask_2, b_z, b_a, b_g, b_take, b_gi, b_y, b_zy, b_kd, b_yp, b_K, b_W, b_V
 
 
 @triton.jit
-def _store_grads(gz_ptr, ga_ptr, gg_ptr, bos, o_t, mask_2, o_d, D, b_z, b_a, b_g, b_l, b_y, b_L,
-                 b_M, b_R, b_S, ATTN: tl.constexpr, DISCOUNT: tl.constexpr):
-    """Gradients of a chunk from its full adjoint state ``(M, rho, sigma)`` ``[BT, BD]``."""
-    b_w = tl.exp(b_l + b_M)                                                    # [BT, BD]
-    b_gz = b_w * b_R                                                           # [BT, BD]
-    b_gl = b_w * (b_z * b_R - b_S)                                             # [BT, BD]
+def _store_grads(gz_ptr, ga_ptr, gg_ptr, bos, o_t, mask_2, o_d, D, b_z, b_a, b_g, b_take, b_gi,
+                 b_y, b_zy, b_kd, b_yp, b_P, b_Q, ATTN: tl.constexpr, DISCOUNT: tl.constexpr):
+    """Gradients of a chunk from the later steps' adjoint ``(P, Q)`` ``[BT, BD]``."""
+    b_rho = b_P + b_gi                                                         # [BT, BD]
+    b_gl = b_take * ((b_z * b_P - b_Q) + b_gi * b_zy)                          # [BT, BD]
     o = (bos + o_t).to(tl.int64)[:, None] * D + o_d[None, :]                  # [BT, BD]
-    tl.store(gz_ptr + o, b_gz.to(gz_ptr.dtype.element_ty), mask=mask_2)
+    tl.store(gz_ptr + o, (b_take * b_rho).to(gz_ptr.dtype.element_ty), mask=mask_2)
     b_ga = attention_grad(b_gl, b_a, ATTN)                                     # [BT, BD]
     tl.store(ga_ptr + o, b_ga.to(ga_ptr.dtype.element_ty), mask=mask_2)
     if DISCOUNT != 0:
-        b_glam = tl.exp(b_L + b_M) * (b_y * b_R - b_S) - b_gl                  # [BT, BD]
+        b_glam = b_kd * (b_yp * b_rho - (b_Q + b_gi * b_y))                    # [BT, BD]
         b_gg = decay_grad(b_glam, b_g, DISCOUNT)                               # [BT, BD]
         tl.store(gg_ptr + o, b_gg.to(gg_ptr.dtype.element_ty), mask=mask_2)
 
 
 @triton.jit
-def _final_adjoint(i, ht_ptr, dht_ptr, o_d, mask_d, D, NS, HAS_FINAL_GRAD: tl.constexpr,
-                   BD: tl.constexpr):
-    """The adjoint entering at the end: ``(-m_T, gn~, -gd~)`` from the final state's gradient."""
-    if HAS_FINAL_GRAD:
-        o_s = i.to(tl.int64) * D + o_d                                         # [BD]
-        b_mT = tl.load(ht_ptr + o_s, mask=mask_d, other=NEG_INF)                  # [BD]
-        b_M = tl.where(b_mT == NEG_INF, NEG_INF, -b_mT)                        # [BD]
-        b_M = tl.where(mask_d, b_M, NEG_INF)
-        b_R = tl.load(dht_ptr + NS * D + o_s, mask=mask_d, other=0.0)             # [BD]
-        b_S = -tl.load(dht_ptr + 2 * NS * D + o_s, mask=mask_d, other=0.0)        # [BD]
-    else:
-        b_M = tl.full([BD], NEG_INF, tl.float32)
-        b_R = tl.zeros([BD], tl.float32)
-        b_S = tl.zeros([BD], tl.float32)
-    return b_M, b_R, b_S
+def _chunk_grads(gz_ptr, ga_ptr, gg_ptr, bos, o_t, mask_2, o_d, D, b_z, b_a, b_g, b_take, b_gi,
+                 b_y, b_zy, b_kd, b_yp, b_K, b_W, b_V, b_cW, b_cV, ATTN: tl.constexpr,
+                 DISCOUNT: tl.constexpr, BT: tl.constexpr):
+    """Gradients of a chunk from its local adjoint and the ``(W, V)`` ``[BD]`` entering after
+    its last row; returns the ``(W, V)`` ``[BD]`` of its first row (passed to the state
+    before it)."""
+    _, b_W, b_V = linear_combine(1.0, b_cW[None, :], b_cV[None, :], b_K, b_W, b_V)  # [BT, BD]
+    b_P, b_Q = next_rows(b_W, b_cW, b_V, b_cV)                                # [BT, BD] x2
+    _store_grads(gz_ptr, ga_ptr, gg_ptr, bos, o_t, mask_2, o_d, D, b_z, b_a, b_g, b_take, b_gi,
+                 b_y, b_zy, b_kd, b_yp, b_P, b_Q, ATTN, DISCOUNT)
+    o_r = tl.arange(0, BT)
+    return row(b_W, o_r, 0, 0.0), row(b_V, o_r, 0, 0.0)
 
 
 @triton.jit
-def _initial_state_grads(i, g_ptr, h0_ptr, dh0_ptr, bos, T_i, o_d, mask_d, D, NS, b_M, b_R, b_S,
-                         DISCOUNT: tl.constexpr, REVERSE: tl.constexpr):
-    """``w0 = exp(m0 + lam_first + M)``; ``dm0 = w0 (n0 rho - d0 sigma)``, ``dn0 = w0 rho``, ``dd0 = -w0 sigma``."""
-    o_s = i.to(tl.int64) * D + o_d                                             # [BD]
-    b_m0, b_n0, b_d0 = load_state(h0_ptr, o_s, mask_d, NS * D)                   # [BD] x3
-    if DISCOUNT == NO_DISCOUNT:
-        b_lam0 = tl.zeros_like(b_m0)                                           # [BD]
+def _final_adjoint(i, dht_ptr, o_d, mask_d, D, NS, HAS_FINAL_GRAD: tl.constexpr,
+                   BD: tl.constexpr):
+    """The adjoint entering after the last step: ``(W, V) = (gn~, -gd~)`` of the final state."""
+    if HAS_FINAL_GRAD:
+        o_s = i.to(tl.int64) * D + o_d                                         # [BD]
+        b_W = tl.load(dht_ptr + NS * D + o_s, mask=mask_d, other=0.0)             # [BD]
+        b_V = -tl.load(dht_ptr + 2 * NS * D + o_s, mask=mask_d, other=0.0)        # [BD]
     else:
-        if REVERSE:
-            first = T_i - 1
-        else:
-            first = 0
-        mask_0 = mask_d & (tl.zeros_like(o_d) < T_i)                                   # [BD]
-        b_g0 = tl.load(g_ptr + (bos + first) * D + o_d, mask=mask_0, other=0.0).to(tl.float32)
-        b_lam0 = tl.where(mask_0, log_decay(b_g0, DISCOUNT), 0.0)                 # [BD]
-    b_w0 = tl.exp(b_m0 + b_lam0 + b_M)                                         # [BD]
-    store_state(dh0_ptr, o_s, mask_d, NS * D, b_w0 * (b_n0 * b_R - b_d0 * b_S), b_w0 * b_R,
-                -b_w0 * b_S)
+        b_W = tl.zeros([BD], tl.float32)
+        b_V = tl.zeros([BD], tl.float32)
+    return b_W, b_V
+
+
+@triton.jit
+def _initial_state_grads(i, h0_ptr, dh0_ptr, o_d, mask_d, D, NS, b_W, b_V):
+    """``dn0 = W``, ``dd0 = -V`` (what the first step passes back), ``dm0 = n0 dn0 + d0 dd0``."""
+    o_s = i.to(tl.int64) * D + o_d                                             # [BD]
+    _, b_n0, b_d0 = load_state(h0_ptr, o_s, mask_d, NS * D)                      # [BD] x2
+    store_state(dh0_ptr, o_s, mask_d, NS * D, b_n0 * b_W - b_d0 * b_V, b_W, -b_V)
 
 
 @triton.jit
 def bwd_looped_kernel(
-    z_ptr, a_ptr, g_ptr, gy_ptr, gz_ptr, ga_ptr, gg_ptr, h0_ptr, dh0_ptr, ht_ptr, dht_ptr,
+    z_ptr, a_ptr, g_ptr, gy_ptr, gz_ptr, ga_ptr, gg_ptr, h0_ptr, dh0_ptr, dht_ptr,
     hc_ptr, cu_ptr, co_ptr,
     T, D, NS, NCT,
     ATTN: tl.constexpr, DISCOUNT: tl.constexpr, HAS_INIT: tl.constexpr,
@@ -128,21 +137,18 @@ def bwd_looped_kernel(
     BT: tl.constexpr, BD: tl.constexpr,
 ):
     i, o_d, mask_d, bos, T_i, c0 = sequence_program(cu_ptr, co_ptr, T, D, BT, BD, IS_VARLEN)
-    b_M, b_R, b_S = _final_adjoint(i, ht_ptr, dht_ptr, o_d, mask_d, D, NS, HAS_FINAL_GRAD, BD)
+    b_W, b_V = _final_adjoint(i, dht_ptr, o_d, mask_d, D, NS, HAS_FINAL_GRAD, BD)   # [BD] x2
     nc = tl.cdiv(T_i, BT)
     for k in range(0, nc):
         c = nc - 1 - k
-        o_t, mask_2, b_z, b_a, b_g, b_l, b_y, b_L, b_AM, b_AR, b_AS, b_AG = _chunk_adjoint(
-            z_ptr, a_ptr, g_ptr, gy_ptr, hc_ptr, bos, T_i, c, c0 + c, o_d, mask_d, D, NCT,
-            ATTN, DISCOUNT, REVERSE, BT, BD)
-        b_AM, b_AR, b_AS, _ = combine(b_M[None, :], b_R[None, :], b_S[None, :], 0.0,
-                                      b_AM, b_AR, b_AS, b_AG)                  # [BT, BD] x3
-        _store_grads(gz_ptr, ga_ptr, gg_ptr, bos, o_t, mask_2, o_d, D, b_z, b_a, b_g, b_l, b_y,
-                     b_L, b_AM, b_AR, b_AS, ATTN, DISCOUNT)
-        b_M, b_R, b_S = state_row(b_AM, b_AR, b_AS, 0, BT)                     # [BD] x3
+        (o_t, mask_2, b_z, b_a, b_g, b_take, b_gi, b_y, b_zy, b_kd, b_yp, b_K, b_AW,
+         b_AV) = _chunk_adjoint(z_ptr, a_ptr, g_ptr, gy_ptr, hc_ptr, bos, T_i, c, c0 + c, o_d,
+                                mask_d, D, NCT, ATTN, DISCOUNT, REVERSE, BT, BD)
+        b_W, b_V = _chunk_grads(gz_ptr, ga_ptr, gg_ptr, bos, o_t, mask_2, o_d, D, b_z, b_a, b_g,
+                                b_take, b_gi, b_y, b_zy, b_kd, b_yp, b_K, b_AW, b_AV, b_W, b_V,
+                                ATTN, DISCOUNT, BT)                           # [BD] x2
     if HAS_INIT:
-        _initial_state_grads(i, g_ptr, h0_ptr, dh0_ptr, bos, T_i, o_d, mask_d, D, NS, b_M, b_R,
-                             b_S, DISCOUNT, REVERSE)
+        _initial_state_grads(i, h0_ptr, dh0_ptr, o_d, mask_d, D, NS, b_W, b_V)
 
 
 @triton.jit
@@ -152,33 +158,36 @@ def bwd_summary_kernel(
     ATTN: tl.constexpr, DISCOUNT: tl.constexpr, IS_VARLEN: tl.constexpr,
     REVERSE: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
 ):
-    """Phase 1: every chunk's adjoint ``(M, rho, sigma, G)`` from an empty adjoint state."""
+    """Phase 1: every chunk's local adjoint ``(K, W, V)`` at its first row."""
     pid, o_d, mask_d, bos, T_i, c = chunk_program(cu_ptr, co_ptr, cs_ptr, T, D, BT, BD, IS_VARLEN)
-    _, _, _, _, _, _, _, _, b_AM, b_AR, b_AS, b_AG = _chunk_adjoint(
+    _, _, _, _, _, _, _, _, _, _, _, b_K, b_AW, b_AV = _chunk_adjoint(
         z_ptr, a_ptr, g_ptr, gy_ptr, hc_ptr, bos, T_i, c, pid, o_d, mask_d, D, NCT,
         ATTN, DISCOUNT, REVERSE, BT, BD)
-    store_summary(s_ptr, pid * D + o_d, mask_d, NCT * D, b_AM, b_AR, b_AS, b_AG, 0, BT)
+    o_r = tl.arange(0, BT)
+    store_state(s_ptr, pid * D + o_d, mask_d, NCT * D, row(b_K, o_r, 0, 0.0),
+                row(b_AW, o_r, 0, 0.0), row(b_AV, o_r, 0, 0.0))
 
 
 @triton.jit
 def bwd_carry_kernel(
-    g_ptr, s_ptr, ac_ptr, h0_ptr, dh0_ptr, ht_ptr, dht_ptr, cu_ptr, co_ptr,
+    s_ptr, ac_ptr, h0_ptr, dh0_ptr, dht_ptr, cu_ptr, co_ptr,
     T, D, NS, NCT,
-    DISCOUNT: tl.constexpr, HAS_INIT: tl.constexpr, HAS_FINAL_GRAD: tl.constexpr,
-    IS_VARLEN: tl.constexpr, REVERSE: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
+    HAS_INIT: tl.constexpr, HAS_FINAL_GRAD: tl.constexpr, IS_VARLEN: tl.constexpr,
+    BT: tl.constexpr, BD: tl.constexpr,
 ):
-    """Phase 2: every chunk's incoming adjoint (into ``ac``), then the initial-state gradients."""
+    """Phase 2: the ``(W, V)`` entering every chunk after its last row (into ``ac``), then
+    the initial-state gradients."""
     i, o_d, mask_d, bos, T_i, c0 = sequence_program(cu_ptr, co_ptr, T, D, BT, BD, IS_VARLEN)
-    b_M, b_R, b_S = _final_adjoint(i, ht_ptr, dht_ptr, o_d, mask_d, D, NS, HAS_FINAL_GRAD, BD)
+    b_W, b_V = _final_adjoint(i, dht_ptr, o_d, mask_d, D, NS, HAS_FINAL_GRAD, BD)   # [BD] x2
     nc = tl.cdiv(T_i, BT)
     for k in range(0, nc):
         o_c = (c0 + nc - 1 - k) * D + o_d                                      # [BD]
-        store_state(ac_ptr, o_c, mask_d, NCT * D, b_M, b_R, b_S)
-        b_sM, b_sR, b_sS, b_sG = load_summary(s_ptr, o_c, mask_d, NCT * D)       # [BD] x4
-        b_M, b_R, b_S, _ = combine(b_M, b_R, b_S, 0.0, b_sM, b_sR, b_sS, b_sG)
+        tl.store(ac_ptr + o_c, b_W, mask=mask_d)
+        tl.store(ac_ptr + NCT * D + o_c, b_V, mask=mask_d)
+        b_sK, b_sW, b_sV = load_state(s_ptr, o_c, mask_d, NCT * D)                # [BD] x3
+        _, b_W, b_V = linear_combine(1.0, b_W, b_V, b_sK, b_sW, b_sV)          # [BD] x2
     if HAS_INIT:
-        _initial_state_grads(i, g_ptr, h0_ptr, dh0_ptr, bos, T_i, o_d, mask_d, D, NS, b_M, b_R,
-                             b_S, DISCOUNT, REVERSE)
+        _initial_state_grads(i, h0_ptr, dh0_ptr, o_d, mask_d, D, NS, b_W, b_V)
 
 
 @triton.jit
@@ -188,13 +197,12 @@ def bwd_grads_kernel(
     ATTN: tl.constexpr, DISCOUNT: tl.constexpr, IS_VARLEN: tl.constexpr,
     REVERSE: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
 ):
-    """Phase 3: every chunk from its incoming adjoint writes its gradients."""
+    """Phase 3: every chunk from the adjoint entering it writes its gradients."""
     pid, o_d, mask_d, bos, T_i, c = chunk_program(cu_ptr, co_ptr, cs_ptr, T, D, BT, BD, IS_VARLEN)
-    o_t, mask_2, b_z, b_a, b_g, b_l, b_y, b_L, b_AM, b_AR, b_AS, b_AG = _chunk_adjoint(
-        z_ptr, a_ptr, g_ptr, gy_ptr, hc_ptr, bos, T_i, c, pid, o_d, mask_d, D, NCT,
-        ATTN, DISCOUNT, REVERSE, BT, BD)
-    b_M, b_R, b_S = load_state(ac_ptr, pid * D + o_d, mask_d, NCT * D)  # [BD] x3
-    b_AM, b_AR, b_AS, _ = combine(b_M[None, :], b_R[None, :], b_S[None, :], 0.0,
-                                  b_AM, b_AR, b_AS, b_AG)                      # [BT, BD] x3
-    _store_grads(gz_ptr, ga_ptr, gg_ptr, bos, o_t, mask_2, o_d, D, b_z, b_a, b_g, b_l, b_y, b_L,
-                 b_AM, b_AR, b_AS, ATTN, DISCOUNT)
+    (o_t, mask_2, b_z, b_a, b_g, b_take, b_gi, b_y, b_zy, b_kd, b_yp, b_K, b_AW,
+     b_AV) = _chunk_adjoint(z_ptr, a_ptr, g_ptr, gy_ptr, hc_ptr, bos, T_i, c, pid, o_d, mask_d,
+                            D, NCT, ATTN, DISCOUNT, REVERSE, BT, BD)
+    b_W = tl.load(ac_ptr + pid * D + o_d, mask=mask_d, other=0.0)                 # [BD]
+    b_V = tl.load(ac_ptr + NCT * D + pid * D + o_d, mask=mask_d, other=0.0)       # [BD]
+    _chunk_grads(gz_ptr, ga_ptr, gg_ptr, bos, o_t, mask_2, o_d, D, b_z, b_a, b_g, b_take, b_gi,
+                 b_y, b_zy, b_kd, b_yp, b_K, b_AW, b_AV, b_W, b_V, ATTN, DISCOUNT, BT)
