@@ -47,7 +47,7 @@ L_, LAM_ = 0, 1             # tb rows
 
 @kernel
 def adjoint_row(rho, sigma, gl, glam, z, z_off, sd, sy, take, keep, r, gy, off, gz, with_decay,
-                w, zero):
+                w, zero, one):
     """One adjoint step for ``w`` channels at step ``r`` of the chunk (``keep`` slot r + 1
     holds the next step's weight; the caller fills slot ``C`` across chunk edges). ``z`` is
     read at ``z_off``, ``gy`` read and ``gz`` written at ``off``: rows of ``(B, T, D)``."""
@@ -56,13 +56,14 @@ def adjoint_row(rho, sigma, gl, glam, z, z_off, sd, sy, take, keep, r, gy, off, 
     for j in range(w):
         u = np.uint64(j)
         d_j = sd[s1 + u]
-        gi = zero if d_j == zero else load(gy, go + u, zero) / d_j   # (an L2 hit)
+        inv_d = zero if d_j == zero else one / d_j
+        gi = load(gy, go + u, zero) * inv_d          # (an L2 hit)
         z_j = load(z, zo + u, zero)
         r_later = rho[j] * keep[s1 + u]               # the later steps' part of rho, sigma
         s_later = sigma[j] * keep[s1 + u]
         # z - y of this step as keep d~_prev (z - y_prev) / d~: no cancellation (0 exactly
         # when this step is the only weight so far; docs/math.md §4)
-        z_y = zero if d_j == zero else keep[s0 + u] * sd[s0 + u] * (z_j - sy[s0 + u]) / d_j
+        z_y = keep[s0 + u] * sd[s0 + u] * (z_j - sy[s0 + u]) * inv_d
         r_j = r_later + gi
         s_j = s_later + gi * sy[s1 + u]
         rho[j] = r_j
@@ -150,7 +151,7 @@ def backward(task_lo, task_hi, z, a, g, gy, gz, ga, gg, state0, g_final, g_init,
                     if with_decay:
                         prefetch_row(gg, prev, w, True)
                 adjoint_row(rho, sigma, gl, glam, z, input_row(strides, 0, b, t, lo), sd, sy,
-                            take, keep, r, gy, off, gz, with_decay, w, zero)
+                            take, keep, r, gy, off, gz, with_decay, w, zero, one)
                 attention_grad_row(attention, gl, 0, dl, r * w, a,
                                    input_row(strides, 1, b, t, lo), ga, off, w)
                 if with_decay:
