@@ -61,7 +61,7 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-MAX_SEED = 2 ** 64 - 1       # torch.Generator.manual_seed's largest seed
+MAX_GENERATOR_SEED = 2 ** 64 - 1   # torch.Generator.manual_seed's largest seed
 
 
 def check_args(args: argparse.Namespace) -> None:
@@ -80,9 +80,9 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--top-k must be at least 1, got {args.top_k}")
     if args.top_p is not None and not 0 < args.top_p <= 1:
         raise ValueError(f"--top-p must be in (0, 1], got {args.top_p}")
-    if not 0 <= args.seed <= MAX_SEED:
-        raise ValueError(f"--seed must be an integer from 0 to {MAX_SEED} (2**64 - 1), "
-                         f"got {args.seed}")
+    if not 0 <= args.seed <= MAX_GENERATOR_SEED:
+        raise ValueError(f"--seed must be an integer from 0 to {MAX_GENERATOR_SEED} "
+                         f"(2**64 - 1), got {args.seed}")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"--device cuda: no CUDA device is available here (PyTorch "
                          f"{torch.__version__}, built {'with' if torch.version.cuda else 'without'}"

@@ -19,13 +19,13 @@ from fastrwa.state import ScanState
 I, H = 6, 5
 
 
-def layer_of(kind: str, token_shift: bool):
+def layer_of(kind: str, token_shift: bool, input_size: int = I):
     torch.manual_seed(0)
     if kind == "rwa":
-        return RWA(I, H, token_shift=token_shift)
+        return RWA(input_size, H, token_shift=token_shift)
     if kind == "rda-identity":          # f_h = f_o = identity: the scan writes out itself
-        return RDA(I, H, f_h="identity", attention="sigmoid", token_shift=token_shift)
-    return RDA(I, H, attention="softplus", token_shift=token_shift)
+        return RDA(input_size, H, f_h="identity", attention="sigmoid", token_shift=token_shift)
+    return RDA(input_size, H, attention="softplus", token_shift=token_shift)
 
 
 def snapshot(state: LayerState) -> list:
@@ -40,7 +40,8 @@ def assert_unchanged(state: LayerState, before: list) -> None:
 
 def fresh_state(layer, batch: int = 2) -> LayerState:
     with torch.no_grad():
-        _, state = layer(torch.randn(batch, 3, I))
+        _, state = layer(torch.randn(batch, 3, layer.input_size,
+                                     generator=torch.Generator().manual_seed(4)))
     return state
 
 
@@ -106,6 +107,22 @@ def test_layer_step_in_place_refuses_before_it_writes(kind, token_shift, name, c
         call(layer, state, x, out, work)
     assert_unchanged(state, before)
     assert torch.equal(out, out_before)
+
+
+@pytest.mark.parametrize("kind", ["rwa", "rda", "rda-identity"])
+def test_layer_step_in_place_may_write_its_output_over_its_input(kind):
+    """``out`` may be ``x_t`` itself (when the sizes agree): the step reads ``x_t`` before it
+    writes ``out``, and the token shift keeps the input, not the output it was overwritten
+    with (it kept the output)."""
+    layer = layer_of(kind, True, input_size=H)
+    state, buf = fresh_state(layer), torch.randn(2, H)
+    twin, x = fresh_state(layer), buf.clone()
+    work = layer.step_workspace(2)
+    want = layer.step_(x, twin, torch.empty(2, H), work).clone()
+    got = layer.step_(buf, state, buf, work)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    torch.testing.assert_close(state.last_input, x, rtol=0, atol=0)
+    assert_unchanged(state, snapshot(twin))
 
 
 @pytest.mark.parametrize("kind", ["rwa", "rda"])

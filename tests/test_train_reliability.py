@@ -351,3 +351,182 @@ def test_plot_writes_where_it_says_or_refuses_a_directory(tmp_path, capsys):
     assert plot_main([str(run), "--out", str(tmp_path / "curves")]) == 0
     printed = capsys.readouterr().out.strip()
     assert Path(printed).read_bytes()[:4] == b"\x89PNG"
+
+
+# -- review of the reliability changes ----------------------------------------------------
+def test_overwrite_opens_the_data_before_removing_the_old_run(tmp_path, capsys):
+    code, run = _run(tmp_path, "run", *SYNTHETIC, "--steps", 1)
+    assert code == 0
+    before = sorted(p.name for p in run.iterdir())
+    code, _ = _run(tmp_path, "run", "--task", "text", "--data", tmp_path / "typo.txt",
+                   "--overwrite")
+    assert code == 2 and "no such file" in capsys.readouterr().err
+    assert sorted(p.name for p in run.iterdir()) == before
+    cut = tmp_path / "enwik8.zip"
+    cut.write_bytes(_zip(tmp_path / "whole.zip", b"x" * 5000).read_bytes()[:60])
+    code, _ = _run(tmp_path, "run", "--task", "enwik8", "--data", cut, "--overwrite")
+    assert code == 2 and "truncated" in capsys.readouterr().err
+    assert sorted(p.name for p in run.iterdir()) == before
+
+
+def test_our_saves_write_crcs_and_a_file_without_crcs_is_unverified_not_corrupt(tmp_path):
+    from fastrwa.models import LMConfig, build, load_pretrained, save_pretrained
+    from fastrwa.models.pretrained import check_archive
+
+    model = build(LMConfig(d_model=8, n_layers=1))
+    serialization = torch.serialization
+    serialization.set_crc32_options(False)
+    try:
+        save_pretrained(model, tmp_path / "m")           # ours: CRCs written anyway
+        assert serialization.get_crc32_options() is False          # and the option restored
+        with zipfile.ZipFile(tmp_path / "m" / "model.pt") as z:
+            assert all(i.CRC != 0 for i in z.infolist() if i.file_size > 0)
+        torch.save(model.state_dict(), tmp_path / "m" / "model.pt")   # someone else's
+    finally:
+        serialization.set_crc32_options(True)
+    with pytest.warns(UserWarning, match="written without CRCs.*cannot be verified"):
+        load_pretrained(tmp_path / "m")
+
+
+def test_an_unreadable_archive_is_an_oserror_not_corrupt(tmp_path, monkeypatch):
+    import errno as errno_
+    from fastrwa.models import pretrained
+
+    path = tmp_path / "checkpoint.pt"
+    torch.save({"a": torch.ones(2)}, path)
+
+    def denied(*args, **kwargs):
+        raise PermissionError(errno_.EACCES, "Permission denied", str(path))
+
+    monkeypatch.setattr(pretrained.zipfile, "ZipFile", denied)
+    with pytest.raises(PermissionError, match="Permission denied"):
+        pretrained.check_archive(path, "checkpoint")
+
+
+def test_an_oserror_preparing_the_run_dir_reaches_every_rank(tmp_path, monkeypatch, capsys):
+    """Under torchrun rank 0 broadcasts the outcome of preparing the run directory; an
+    OSError (flock's ENOLCK on NFS) must be broadcast too, or the other ranks wait forever."""
+    import errno as errno_
+    from fastrwa.train import cli, rundir
+
+    def no_locks(fd, op):
+        raise OSError(errno_.ENOLCK, "No locks available")
+
+    sent = []
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(cli.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(cli.dist, "get_rank", lambda: 0)
+    monkeypatch.setattr(cli.dist, "broadcast_object_list", lambda obj, src: sent.append(list(obj)))
+    monkeypatch.setattr(cli.dist, "destroy_process_group", lambda: None)
+    monkeypatch.setattr(rundir.fcntl, "flock", no_locks)
+    code, run = _run(tmp_path, "run", *SYNTHETIC, "--steps", 1)
+    err = capsys.readouterr().err
+    assert code == 2 and "No locks available" in err and "Traceback" not in err
+    assert len(sent) == 1 and "No locks available" in sent[0][2]
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_overwrite_replaces_a_directory_left_with_only_its_lock(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run.lock").write_text("12345\n")            # a start that failed
+    assert _run(tmp_path, "run", *SYNTHETIC, "--steps", 1, "--overwrite")[0] == 0
+    assert (run / "checkpoint.pt").is_file()
+
+
+def test_overwrite_takes_the_lock_before_it_plans(tmp_path, capsys):
+    import fcntl
+
+    code, run = _run(tmp_path, "run", *SYNTHETIC, "--steps", 1)
+    assert code == 0
+    (run / "notes.txt").write_text("mine")              # a plan would refuse this
+    fd = os.open(run / "run.lock", os.O_RDWR)           # another process's run in progress
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert _run(tmp_path, "run", *SYNTHETIC, "--steps", 1, "--overwrite")[0] == 2
+        assert "in use" in capsys.readouterr().err        # the lock was asked first
+    finally:
+        os.close(fd)
+    # a refused plan releases the lock, and removes run.lock when this process made it
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    assert _run(tmp_path, "other", *SYNTHETIC, "--steps", 1, "--overwrite")[0] == 2
+    assert "notes.txt" in capsys.readouterr().err
+    assert sorted(p.name for p in other.iterdir()) == ["notes.txt"]
+    assert _run(tmp_path, "run", *SYNTHETIC, "--steps", 1, "--overwrite")[0] == 2
+    assert (run / "run.lock").is_file() and (run / "checkpoint.pt").is_file()
+
+
+def test_a_checkpoint_from_before_a_new_config_field_still_resumes(tmp_path):
+    corpus = _corpus(tmp_path)
+    code, run = _run(tmp_path, "run", *_lm_flags(corpus), "--steps", 2)
+    assert code == 0
+    ckpt = torch.load(run / "checkpoint.pt", weights_only=False)
+    del ckpt["run"]["config"]["clip"]                     # a RunConfig field added since
+    del ckpt["run"]["config"]["lm"]["mlp_ratio"]          # an LMConfig field added since
+    torch.save(ckpt, run / "checkpoint.pt")
+    assert _resume(run, "--steps", 4) == 0
+
+
+def test_resume_records_the_schedule_not_the_device_or_progress(tmp_path):
+    code, run = _run(tmp_path, "run", *SYNTHETIC, "--steps", 2)
+    assert code == 0
+    config = json.loads((run / "config.json").read_text())
+    config["progress"] = True
+    (run / "config.json").write_text(json.dumps(config))
+    assert _resume(run, "--steps", 3, "--device", "cpu", "--eval-every", 7) == 0
+    saved = json.loads((run / "config.json").read_text())
+    assert (saved["steps"], saved["eval_every"]) == (3, 7)
+    assert saved["device"] == "auto" and saved["progress"] is True
+    assert saved["run_id"] == config["run_id"]
+
+
+def test_a_corpus_that_cannot_be_read_is_not_called_a_cache_write_error(tmp_path):
+    import errno as errno_
+
+    class Failing:
+        def read(self, n):
+            raise OSError(errno_.EIO, "Input/output error")
+
+    with pytest.raises(OSError) as info:
+        fdata._copy(Failing(), tmp_path / "cached", tmp_path / "cached.tmp",
+                    tmp_path / "corpus.txt")
+    message = str(info.value)
+    assert "cannot read" in message and "corpus.txt" in message and "cannot write" not in message
+    assert not (tmp_path / "cached.tmp").exists()
+
+
+def test_an_oserror_during_training_says_what_is_kept(tmp_path, monkeypatch, capsys):
+    import errno as errno_
+    from fastrwa.train import cli
+
+    def full_disk(*args, **kwargs):
+        raise OSError(errno_.ENOSPC, "No space left on device", "metrics.jsonl")
+
+    monkeypatch.setattr(cli, "train", full_disk)
+    code, _ = _run(tmp_path, "run", *SYNTHETIC, "--steps", 1)
+    err = capsys.readouterr().err
+    assert code == 2 and "No space left" in err and "are kept" in err
+    assert "nothing written before the failure was removed" not in err
+
+
+def test_truncating_metrics_on_a_full_disk_leaves_them_whole(tmp_path, monkeypatch):
+    from fastrwa.models.pretrained import WriteError
+    from fastrwa.train.checkpoints import truncate_metrics
+
+    path = tmp_path / "metrics.jsonl"
+    text = "".join(json.dumps({"step": k, "split": "train", "loss": 1.0}) + "\n"
+                   for k in (1, 2, 3))
+    path.write_text(text)
+
+    def full(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(WriteError, match="metrics.jsonl"):
+        truncate_metrics(path, 1)
+    monkeypatch.undo()
+    assert path.read_text() == text and not (tmp_path / "metrics.jsonl.tmp").exists()
+    truncate_metrics(path, 1)
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1]

@@ -4,9 +4,11 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
+import warnings
 import zipfile
 from pathlib import Path
 from typing import BinaryIO, Callable
@@ -66,15 +68,45 @@ def write_atomically(path: Path, write: Callable[[BinaryIO], None]) -> None:
                          f"({tmp.name} is removed, an earlier {path.name} is kept)") from exc
 
 
+def save_with_crcs(obj, f) -> None:
+    """``torch.save(obj, f)`` with CRC-32s written for every record, whatever
+    ``torch.serialization.set_crc32_options`` says (the option is restored after; a torch
+    without it always writes them): what :func:`check_archive` verifies on reading."""
+    serialization = torch.serialization
+    if not (hasattr(serialization, "get_crc32_options")
+            and hasattr(serialization, "set_crc32_options")):
+        torch.save(obj, f)
+        return
+    before = serialization.get_crc32_options()
+    serialization.set_crc32_options(True)
+    try:
+        torch.save(obj, f)
+    finally:
+        serialization.set_crc32_options(before)
+
+
 def check_archive(path: Path, what: str) -> None:
     """Refuse (``ValueError``, naming ``path``) a file that is not a ``torch.save`` zip whose
     every record matches the CRC-32 stored with it: an empty or cut-short file, a pickle
     (never unpickled here), one flipped byte (which would otherwise load as a silently
-    different number)."""
+    different number). A file written with ``torch.serialization.set_crc32_options(False)``
+    (every record's CRC-32 is 0) cannot be verified: it is accepted with a warning. An
+    ``OSError`` reading it (no permission, an I/O error) is raised as it is."""
     try:
         with zipfile.ZipFile(path) as archive:
+            records = [i for i in archive.infolist() if i.file_size > 0]
+            if records and all(i.CRC == 0 for i in records):
+                warnings.warn(f"{what} {path} was written without CRCs "
+                              f"(torch.serialization.set_crc32_options(False)): it cannot be "
+                              f"verified; loading it unchecked", stacklevel=2)
+                return
             bad = archive.testzip()
-    except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError) as exc:
+    except OSError as exc:
+        if exc.errno not in (None, errno.EINVAL):    # EACCES, EIO ...: not the file's bytes
+            raise
+        raise ValueError(f"{what} {path} is corrupt or not a torch.save archive "
+                         f"({type(exc).__name__}: {exc})") from exc
+    except (zipfile.BadZipFile, EOFError, ValueError, NotImplementedError) as exc:
         raise ValueError(f"{what} {path} is corrupt or not a torch.save archive "
                          f"({type(exc).__name__}: {exc})") from exc
     if bad is not None:
@@ -91,7 +123,7 @@ def save_pretrained(model: nn.Module, directory: str | os.PathLike) -> None:
     path.mkdir(parents=True, exist_ok=True)
     text = json.dumps(model.config.to_dict(), indent=2).encode()
     write_atomically(path / CONFIG, lambda f: f.write(text))
-    write_atomically(path / WEIGHTS, lambda f: torch.save(model.state_dict(), f))
+    write_atomically(path / WEIGHTS, lambda f: save_with_crcs(model.state_dict(), f))
 
 
 def load_pretrained(directory: str | os.PathLike, map_location=None) -> nn.Module:
@@ -124,6 +156,8 @@ def load_pretrained(directory: str | os.PathLike, map_location=None) -> nn.Modul
     check_archive(path / WEIGHTS, "weights")
     try:
         weights = torch.load(path / WEIGHTS, map_location=map_location, weights_only=True)
+    except OSError:           # no permission, an I/O error: its own message, not "corrupt"
+        raise
     except Exception as exc:  # any unreadable file is reported the same way
         raise ValueError(f"weights {path / WEIGHTS} cannot be read ({type(exc).__name__}: "
                          f"{str(exc)[:300]})") from exc

@@ -308,7 +308,7 @@ class _ScanLayer(nn.Module):
         if torch.compiler.is_compiling():        # (a compiled graph has no memory to compare)
             return
         written = (out, *state.scan, *((state.last_input,) if self.token_shift else ()))
-        key = (B, dtype, *[(t.data_ptr(), t.stride()) for t in written])
+        key = (B, dtype, *[(t.data_ptr(), t.shape, t.stride()) for t in written])
         if key not in _NO_OVERLAP:
             check_no_overlap(list(zip(("out", *_SCAN_NAMES, "state.last_input"), written)), [])
             if len(_NO_OVERLAP) >= _NO_OVERLAP_MAX:
@@ -339,8 +339,8 @@ class _ScanLayer(nn.Module):
         self._step_scan_(work, state.scan, y)
         if y is not out:
             self._output_(y, out)
-        if self.token_shift:
-            state.last_input.copy_(x_t)
+        if self.token_shift:    # (from the copy in inp: out may be x_t itself, written above)
+            state.last_input.copy_(inp[:, :x_t.shape[1]])
         return out
 
     def _step_scan_(self, work: dict, scan: ScanState, y: Tensor) -> None:

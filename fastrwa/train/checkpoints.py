@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import sys
 from pathlib import Path
@@ -13,10 +12,10 @@ from pathlib import Path
 import torch
 
 from ..models import LMState
-from ..models.pretrained import check_archive, write_atomically
+from ..models.pretrained import check_archive, save_with_crcs, write_atomically
 from ..nn import CellState, LayerState, RRAState
 from ..state import ScanState
-from .config import RESUMABLE_CHANGES, RunConfig
+from .config import RECORDED_ON_RESUME, RESUMABLE_CHANGES, RunConfig
 from .metrics import read_records
 from .models import with_every_lm_field
 from .rundir import CHECKPOINT, CONFIG, RunDirError, write_run_config
@@ -30,7 +29,7 @@ def save_checkpoint(path: Path, payload: dict) -> None:
     ``os.replace``. A failed write (a full disk: ``torch.save`` raises ``RuntimeError``)
     removes the temporary file, keeps the previous checkpoint and raises
     :class:`fastrwa.models.pretrained.WriteError` naming the file and the cause."""
-    write_atomically(path, lambda f: torch.save(payload, f))
+    write_atomically(path, lambda f: save_with_crcs(payload, f))
 
 
 def load_checkpoint(path: Path) -> dict:
@@ -44,6 +43,8 @@ def load_checkpoint(path: Path) -> dict:
         raise RunDirError(f"{exc}; {advice}") from exc
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
+    except OSError:           # no permission, an I/O error: its own message, not "corrupt"
+        raise
     except Exception as exc:  # any unreadable file is reported the same way
         raise RunDirError(f"checkpoint {path} is corrupt or unreadable ({type(exc).__name__}: "
                           f"{exc}); {advice}") from exc
@@ -98,6 +99,14 @@ def provenance(cfg: RunConfig, identity: str | None, fingerprint: dict | None) -
     return {"id": identity, "config": fixed, "data": fingerprint}
 
 
+def _differs(recorded, now) -> bool:
+    """Whether a recorded value differs from the current one; of two dicts (an LM's
+    ``lm``), only the keys the record has are compared."""
+    if isinstance(recorded, dict) and isinstance(now, dict):
+        return any(k not in now or _differs(v, now[k]) for k, v in recorded.items())
+    return recorded != now
+
+
 def check_provenance(recorded, cfg: RunConfig, identity: str | None, fingerprint: dict | None,
                      run_dir: Path) -> None:
     """Refuse a checkpoint written by another run, or for another configuration or data,
@@ -114,7 +123,9 @@ def check_provenance(recorded, cfg: RunConfig, identity: str | None, fingerprint
                           f"{identity}); remove it to restart the run or restore its own")
     now = provenance(cfg, identity, fingerprint)["config"]
     old = recorded["config"]
-    changed = sorted(k for k in now.keys() | old.keys() if now.get(k) != old.get(k))
+    # Only what the record has is compared: a field added in a later version (of RunConfig or
+    # of an LM's config) is missing from older records, which is no change.
+    changed = sorted(k for k in old if _differs(old[k], now.get(k)))
     data_before, data_now = recorded.get("data"), fingerprint
     same_bytes = data_before == data_now
     if changed == ["data"] and same_bytes and data_now is not None:
@@ -135,9 +146,10 @@ def check_provenance(recorded, cfg: RunConfig, identity: str | None, fingerprint
                           f"the run trained on, or start a new run")
 
 
-def _truncate_metrics(path: Path, step: int) -> None:
+def truncate_metrics(path: Path, step: int) -> None:
     """Drop metric lines logged after ``step`` (by a run killed after its last checkpoint),
-    and a last line cut short by the kill."""
+    and a last line cut short by the kill; written through :func:`write_atomically` (a failed
+    write, a full disk, leaves the old file whole and no temporary file)."""
     if not path.is_file():
         return
     raw = [line for line in path.read_text().splitlines() if line.strip()]
@@ -145,21 +157,16 @@ def _truncate_metrics(path: Path, step: int) -> None:
     keep = [line for line, record in zip(lines, records) if record["step"] <= step]
     if len(keep) == len(raw):
         return
-    # A new file, then os.replace: a failure mid-write (a full disk) leaves the old one whole.
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write("".join(line + "\n" for line in keep))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    text = "".join(line + "\n" for line in keep).encode()
+    write_atomically(path, lambda f: f.write(text))
 
 
 SAMPLE_HEADER = re.compile(rb"^--- step (\d+) ---$", re.MULTILINE)
 
 
-def _truncate_samples(path: Path, step: int) -> None:
+def truncate_samples(path: Path, step: int) -> None:
     """Drop the samples written after ``step`` (each entry opens with ``--- step N ---``),
-    and an entry cut short by a kill, as :func:`_truncate_metrics` does for metric lines."""
+    and an entry cut short by a kill, as :func:`truncate_metrics` does for metric lines."""
     if not path.is_file():
         return
     raw = path.read_bytes()
@@ -168,13 +175,20 @@ def _truncate_samples(path: Path, step: int) -> None:
         write_atomically(path, lambda f: f.write(raw[:cut]))
 
 
-def _record_resumable_changes(run_dir: Path, cfg: RunConfig, identity: str | None) -> None:
-    """Record in ``config.json`` the flags a resume changed (``--steps`` ...), so that a
-    later ``--resume`` without them continues the same plan."""
+def record_resumable_changes(run_dir: Path, cfg: RunConfig, identity: str | None) -> None:
+    """Record in ``config.json`` the flags of the run's schedule that a resume changed
+    (:data:`RECORDED_ON_RESUME`: ``--steps`` and the intervals), so that a later
+    ``--resume`` without them continues the same plan. Per-invocation flags (``--device``,
+    ``--no-progress``) apply to this invocation only and are not recorded."""
     try:
         saved = json.loads((run_dir / CONFIG).read_text())
     except (OSError, ValueError):
-        saved = {}
+        saved = None
     now = cfg.to_dict()
-    if any(saved.get(k) != now[k] for k in RESUMABLE_CHANGES):
+    if not isinstance(saved, dict):
         write_run_config(run_dir, cfg, identity)
+        return
+    if any(saved.get(k) != now[k] for k in RECORDED_ON_RESUME):
+        updated = {**saved, **{k: now[k] for k in RECORDED_ON_RESUME}}
+        text = json.dumps(updated, indent=2).encode()
+        write_atomically(run_dir / CONFIG, lambda f: f.write(text))

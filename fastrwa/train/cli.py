@@ -21,15 +21,15 @@ import torch
 import torch.distributed as dist
 
 from ..kernels.codes import ATTENTIONS
-from .tasks import TASKS
+from ..models.pretrained import WriteError
 from .config import (AUTOCASTS, DEFAULTS, DEVICES, RESUMABLE_CHANGES, SCHEDULES, RunConfig,
                      parse_lm_field)
 from .device import process_group_backend, resolve_device
-from ..models.pretrained import WriteError
 from .loop import train
-from .rundir import CONFIG, RunDirError, discard_unstarted_run, prepare_run_dir
 from .models import LM_LAYERS, MODELS
 from .problems import ALL_TASKS, make_problem
+from .rundir import CONFIG, RunDirError, discard_unstarted_run, prepare_run_dir
+from .tasks import TASKS
 
 
 def parser() -> argparse.ArgumentParser:
@@ -113,6 +113,8 @@ def _resolve_run(args, cfg: RunConfig, given: dict,
         changes = {k: v for k, v in given.items() if k in RESUMABLE_CHANGES}
         return args.resume, dataclasses.replace(saved, **changes)
     run_dir = args.run_dir or Path("runs") / f"{cfg.task}-{cfg.model}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if args.overwrite:     # the data is opened (and refused) before the old run is removed
+        make_problem(cfg, 1)
     return run_dir, prepare_run_dir(run_dir, cfg, resume=False, overwrite=args.overwrite,
                                     hold=hold)
 
@@ -156,8 +158,10 @@ def main(argv: list[str] | None = None) -> int:
             created = not (args.run_dir is not None and args.run_dir.exists())
             try:
                 answer[:2] = _resolve_run(args, cfg, given, hold)
-            except (RunDirError, ValueError, FileNotFoundError, WriteError) as exc:
-                answer[2] = str(exc)
+            except (RunDirError, ValueError, OSError) as exc:
+                # (OSError: flock's ENOLCK on NFS, an unlink that fails ...: every rank is
+                # told, none waits forever in the broadcast)
+                answer[2] = _one_line(exc)
         if world > 1:
             dist.broadcast_object_list(answer, src=0)
         run_dir, cfg, error = answer
@@ -175,8 +179,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:     # a full disk, a directory that cannot be written
-        print(f"error: {exc.strerror or exc} ({exc.filename or 'the run directory'}); "
-              f"nothing written before the failure was removed", file=sys.stderr)
+        kept = (f"the files written in {run_dir} before it (metrics, the last checkpoint) "
+                f"are kept; only a new run that had written nothing but its {CONFIG} is "
+                f"removed" if run_dir is not None else "nothing was written")
+        print(f"error: {_one_line(exc)}; {kept}", file=sys.stderr)
         return 2
     finally:
         if fresh and rank == 0 and run_dir is not None:   # a new run that never started
@@ -184,6 +190,13 @@ def main(argv: list[str] | None = None) -> int:
         hold.close()
         if world > 1 and dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _one_line(exc: Exception) -> str:
+    """The message of an error, an ``OSError`` from the system as its cause and file."""
+    if isinstance(exc, OSError) and exc.strerror and not isinstance(exc, WriteError):
+        return f"{exc.strerror} ({exc.filename or 'the run directory'})"
+    return str(exc)
 
 
 def _report(cfg: RunConfig, run_dir: Path, last: dict) -> None:

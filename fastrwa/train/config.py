@@ -13,6 +13,10 @@ from ..models.config import BYTE_VOCAB
 # Flags that may change when a run is resumed (they do not change what has been computed).
 RESUMABLE_CHANGES = ("steps", "eval_every", "log_every", "checkpoint_every", "progress",
                      "device")
+# Of those, the ones that define the run's schedule: a resume that changes them records them
+# in config.json (a later plain --resume keeps them); --device and --no-progress apply to one
+# invocation only.
+RECORDED_ON_RESUME = ("steps", "eval_every", "log_every", "checkpoint_every")
 LM_TASKS = ("enwik8", "text")
 # LMConfig fields that a run sets by its own flags (--model, --hidden, --layers, --attention),
 # never through --lm.
@@ -21,7 +25,7 @@ DEVICES = ("auto", "cpu", "cuda")
 SCHEDULES = ("constant", "cosine")
 AUTOCASTS = ("none", "bf16")
 FLOAT32_MAX = 3.4028234663852886e38   # the largest float32: the largest usable --lr
-MAX_SEED = 2 ** 32 - 1                # seeds derived from --seed must fit torch's 64 bits
+MAX_TRAIN_SEED = 2 ** 32 - 1          # seeds derived from --seed must fit torch's 64 bits
 
 # Defaults per kind of task, for the fields left as None. The synthetic and image tasks
 # follow the RWA/RDA papers (250 units, batch 100, Adam 1e-3, clipping at norm 1); the byte
@@ -121,8 +125,8 @@ class RunConfig:
                              f"--weight-decay below 1 (AdamW multiplies the weights by "
                              f"1 - lr * weight_decay), got {self.weight_decay} with --lr "
                              f"{self.lr}")
-        if not 0 <= self.seed <= MAX_SEED:
-            raise ValueError(f"--seed must be an integer from 0 to {MAX_SEED} (2**32 - 1), "
+        if not 0 <= self.seed <= MAX_TRAIN_SEED:
+            raise ValueError(f"--seed must be an integer from 0 to {MAX_TRAIN_SEED} (2**32 - 1), "
                              f"got {self.seed}")
         if self.warmup < 0:
             raise ValueError(f"--warmup must be 0 (none) or more steps, got {self.warmup}")
@@ -153,12 +157,6 @@ class RunConfig:
                              f"{type(data).__name__}")
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
-
-    def incompatible_with(self, saved: "RunConfig") -> list[str]:
-        """Fields that differ from a saved run's and may not change on ``--resume``."""
-        return [f"{name}: saved {getattr(saved, name)!r}, given {getattr(self, name)!r}"
-                for name in (f.name for f in dataclasses.fields(self))
-                if name not in RESUMABLE_CHANGES and getattr(self, name) != getattr(saved, name)]
 
 
 def parse_lm_field(text: str) -> tuple[str, object]:

@@ -42,28 +42,49 @@ def _digest(path: Path) -> tuple[int, int, str]:
     return size, crc, sha.hexdigest()
 
 
-def _copy(src, path: Path, tmp: Path) -> tuple[int, int, str]:
-    """Copy the stream ``src`` into ``tmp`` (``path``'s temporary name), flushed to disk;
-    ``(size, CRC-32, sha256)`` of what was copied. A failed write removes ``tmp`` and names
-    the cache (``OSError``)."""
+def _copy(src, path: Path, tmp: Path, source: Path) -> tuple[int, int, str]:
+    """Copy the stream ``src`` (read from ``source``) into ``tmp`` (``path``'s temporary
+    name), flushed to disk; ``(size, CRC-32, sha256)`` of what was copied. A failure removes
+    ``tmp`` and raises ``OSError`` saying which side failed: reading ``source`` or writing
+    the cache."""
     size, crc, sha = 0, 0, hashlib.sha256()
     try:
         with open(tmp, "wb") as out:
-            while chunk := src.read(_CHUNK):
+            while True:
+                try:
+                    chunk = src.read(_CHUNK)
+                except OSError as exc:
+                    cause = exc.strerror or exc
+                    raise OSError(exc.errno, f"cannot read --data {source} ({cause}) while "
+                                             f"copying it into the corpus cache; the cache is "
+                                             f"left as it was", str(source)) from exc
+                if not chunk:
+                    break
                 size, crc = size + len(chunk), zlib.crc32(chunk, crc)
                 sha.update(chunk)
-                out.write(chunk)
-            out.flush()
-            os.fsync(out.fileno())
+                try:
+                    out.write(chunk)
+                except OSError as exc:
+                    raise _cache_write_error(exc, path) from exc
+            try:
+                out.flush()
+                os.fsync(out.fileno())
+            except OSError as exc:
+                raise _cache_write_error(exc, path) from exc
     except OSError as exc:
         tmp.unlink(missing_ok=True)
-        raise OSError(exc.errno, f"cannot write the corpus cache {path} ({exc.strerror}); "
-                                 f"free space there or point $FASTRWA_CACHE elsewhere",
-                      str(path)) from exc
+        if exc.filename in (str(source), str(path)):
+            raise
+        raise _cache_write_error(exc, path) from exc      # (opening tmp)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
     return size, crc, sha.hexdigest()
+
+
+def _cache_write_error(exc: OSError, path: Path) -> OSError:
+    return OSError(exc.errno, f"cannot write the corpus cache {path} ({exc.strerror}); "
+                              f"free space there or point $FASTRWA_CACHE elsewhere", str(path))
 
 
 def _looks_like_zip(path: Path) -> bool:
@@ -118,7 +139,7 @@ def _extract_once(path: Path) -> tuple[Path, str]:
     tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
     try:
         with zipfile.ZipFile(path) as archive, archive.open(member) as src:
-            size, crc, sha = _copy(src, target, tmp)      # (zipfile checks the CRC at the end)
+            size, crc, sha = _copy(src, target, tmp, path)   # (zipfile checks the CRC at the end)
     except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError) as exc:
         tmp.unlink(missing_ok=True)
         raise ValueError(f"--data {path}: the zip is damaged ({exc}); download it again")
@@ -143,7 +164,7 @@ def _snapshot(path: Path) -> tuple[Path, str]:
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
     with open(path, "rb") as src:
-        copied = _copy(src, target, tmp)
+        copied = _copy(src, target, tmp, path)
     if (copied[0], copied[2]) != (size, sha):
         tmp.unlink(missing_ok=True)
         raise ValueError(f"--data {path} changed while it was being read ({size:,} bytes, "

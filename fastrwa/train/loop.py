@@ -13,9 +13,9 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from ..models import build, save_pretrained
-from .checkpoints import (_record_resumable_changes, _truncate_metrics, _truncate_samples,
-                          check_checkpoint, check_provenance, load_checkpoint, provenance,
-                          save_checkpoint)
+from .checkpoints import (check_checkpoint, check_provenance, load_checkpoint, provenance,
+                          record_resumable_changes, save_checkpoint, truncate_metrics,
+                          truncate_samples)
 from .config import RunConfig
 from .device import Placement, placement
 from .models import LM_LAYERS, SequenceNet, detach_state, lm_config
@@ -59,7 +59,6 @@ def build_model(cfg: RunConfig, problem) -> torch.nn.Module:
         raise ValueError(f"--model {cfg.model} is not a language model; --task {cfg.task} "
                          f"trains one of {sorted(LM_LAYERS)}")
     return build(lm_config(cfg))
-
 
 
 def _better(value: float, best, higher_is_better: bool) -> bool:
@@ -109,10 +108,10 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False) -> dict:
             raise RunDirError(f"checkpoint {run_dir / CHECKPOINT} carries {len(carried)} "
                               f"states, this run accumulates {accum} micro-batches")
     if rank == 0:
-        _truncate_metrics(run_dir / METRICS, start)
-        _truncate_samples(run_dir / SAMPLES, start)
+        truncate_metrics(run_dir / METRICS, start)
+        truncate_samples(run_dir / SAMPLES, start)
         if resume:
-            _record_resumable_changes(run_dir, cfg, identity)
+            record_resumable_changes(run_dir, cfg, identity)
         count = sum(p.numel() for p in dict.fromkeys(model.parameters()))
         print(f"model: {type(model).__name__} ({cfg.model}), {count:,} parameters, on "
               f"{place.device}" + (f", autocast {cfg.autocast}" if cfg.autocast != "none" else ""),

@@ -31,7 +31,6 @@ class RunDirError(RuntimeError):
     """A run directory that cannot be used as asked (exists, missing, incompatible)."""
 
 
-
 def lock_run_dir(run_dir: Path) -> int:
     """Take ``run_dir/run.lock`` (``fcntl.flock``, exclusive) for this process and return its
     descriptor; closing it, or the process ending in any way (the kernel drops the lock of a
@@ -50,6 +49,9 @@ def lock_run_dir(run_dir: Path) -> int:
         os.close(fd)
         raise RunDirError(f"run directory {run_dir} is in use by another process (pid "
                           f"{holder} holds {path}); wait for it to end or stop it") from None
+    except BaseException:        # ENOLCK (a file system without locks, NFS) ...
+        os.close(fd)
+        raise
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd
@@ -74,8 +76,20 @@ def prepare_run_dir(run_dir: Path, cfg: RunConfig, resume: bool, overwrite: bool
         if not overwrite:
             raise RunDirError(f"run directory {run_dir} exists and is not empty; pass "
                               f"--overwrite to replace it or --resume {run_dir} to continue it")
-        doomed = _removal_plan(run_dir)            # refuses before anything is removed
-        hold.callback(os.close, lock_run_dir(run_dir))    # (refuses a run in progress)
+        # The lock first (it refuses a run in progress), then the plan, made while no other
+        # process can write the directory; a refused plan releases the lock (and removes
+        # run.lock if this process made it), before anything is removed.
+        made_lock = not os.path.lexists(run_dir / LOCK)
+        fd = lock_run_dir(run_dir)
+        try:
+            doomed = _removal_plan(run_dir)
+        except BaseException:
+            os.close(fd)
+            if made_lock:
+                with contextlib.suppress(OSError):
+                    os.unlink(run_dir / LOCK)
+            raise
+        hold.callback(os.close, fd)
         for path in doomed:
             if path == run_dir / LOCK:                    # (held: kept for the new run)
                 continue
@@ -159,7 +173,10 @@ def _removal_plan(run_dir: Path) -> list[Path]:
             plan.append(path)
         else:
             others.append(name if name not in RUN_DIRS else f"{name} (not a directory)")
-    if CONFIG not in entries or others:
+    # A directory that holds only run.lock (and a config.json.tmp) is what a run that failed
+    # to start can leave: replaced like a run.
+    leftover = bool(entries) and set(entries) <= {LOCK, CONFIG + ".tmp"}
+    if (CONFIG not in entries and not leftover) or others:
         shown = ", ".join(others[:8]) + (" ..." if len(others) > 8 else "")
         raise RunDirError(
             f"--overwrite replaces only a fastrwa run directory, and {run_dir} "
