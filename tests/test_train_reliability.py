@@ -371,7 +371,6 @@ def test_overwrite_opens_the_data_before_removing_the_old_run(tmp_path, capsys):
 
 def test_our_saves_write_crcs_and_a_file_without_crcs_is_unverified_not_corrupt(tmp_path):
     from fastrwa.models import LMConfig, build, load_pretrained, save_pretrained
-    from fastrwa.models.pretrained import check_archive
 
     model = build(LMConfig(d_model=8, n_layers=1))
     serialization = torch.serialization
