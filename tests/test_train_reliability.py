@@ -529,3 +529,28 @@ def test_truncating_metrics_on_a_full_disk_leaves_them_whole(tmp_path, monkeypat
     assert path.read_text() == text and not (tmp_path / "metrics.jsonl.tmp").exists()
     truncate_metrics(path, 1)
     assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1]
+
+
+def test_a_run_killed_during_its_final_export_finishes_on_resume(tmp_path, monkeypatch):
+    """A run that dies while writing its final export (model/) can be resumed to completion:
+    the final checkpoint is written after the export, so it does not yet say the run is done
+    (it said so, and --resume then refused with "nothing to train" and no model/)."""
+    from fastrwa.train import loop
+
+    corpus = _corpus(tmp_path)
+    real = loop.save_pretrained
+
+    def dies_at_the_export(model, directory):
+        if Path(directory).name == "model":
+            raise KeyboardInterrupt("killed while exporting")
+        return real(model, directory)
+
+    monkeypatch.setattr(loop, "save_pretrained", dies_at_the_export)
+    with pytest.raises(KeyboardInterrupt):
+        _run(tmp_path, "run", *_lm_flags(corpus), "--steps", 4)
+    monkeypatch.undo()
+    run = tmp_path / "run"
+    assert not (run / "model" / "model.pt").exists()
+    assert _resume(run) == 0
+    assert (run / "model" / "model.pt").is_file()
+    assert torch.load(run / "checkpoint.pt", weights_only=False)["step"] == 4

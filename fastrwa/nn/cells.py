@@ -17,7 +17,7 @@ from ..checks import check_flag, check_state
 from ..ops.dispatch import state_dtype
 from ..state import ScanState
 from .checks import check_size, check_state_tensor, check_step_input
-from .functional import ACTIVATIONS, rda_functions
+from .functional import NamedActivations, rda_functions
 
 
 class CellState(NamedTuple):
@@ -118,7 +118,7 @@ class RWACell(_AttentionCell):
         return h, CellState(h, scan)
 
 
-class RDACell(_AttentionCell):
+class RDACell(NamedActivations, _AttentionCell):
     """The Recurrent Discounted Attention cell, as published (gates see ``[x_t, h_{t-1}]``).
 
     As :class:`RWACell` plus ``gamma_t = sigmoid(W_gamma [x_t, h_{t-1}] + b_gamma)``:
@@ -147,14 +147,6 @@ class RDACell(_AttentionCell):
         self.attention, self.f_h_name, self.f_o_name = attention, f_h, f_o
         with torch.no_grad():
             self.gates[2].bias.fill_(1.0)
-
-    @property
-    def _f_h(self):
-        return ACTIVATIONS[self.f_h_name]
-
-    @property
-    def _f_o(self):
-        return ACTIVATIONS[self.f_o_name]
 
     def _f0(self, s0: Tensor) -> Tensor:
         return self._f_h(s0)

@@ -27,6 +27,20 @@ ACTIVATIONS_OUT: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]
 }
 
 
+class NamedActivations:
+    """``_f_h`` and ``_f_o`` of a module from the names it keeps (``f_h_name``, ``f_o_name``,
+    keys of :data:`ACTIVATIONS`): names, not functions, so the module holds only data and
+    pickles whole."""
+
+    @property
+    def _f_h(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        return ACTIVATIONS[self.f_h_name]
+
+    @property
+    def _f_o(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        return ACTIVATIONS[self.f_o_name]
+
+
 def rms_norm_into(x: torch.Tensor, norm: torch.nn.RMSNorm, out: torch.Tensor,
                   rstd: torch.Tensor, wide: torch.Tensor) -> torch.Tensor:
     """``out = norm(x)`` for a ``(B, D)`` ``x`` without allocating, with the numerics of

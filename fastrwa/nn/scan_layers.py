@@ -18,7 +18,7 @@ from ..ops.dispatch import state_dtype
 from ..state import ScanState
 from ..checks import check_no_overlap
 from .checks import check_buffer, check_count, check_input_dtype, check_size
-from .functional import ACTIVATIONS, ACTIVATIONS_OUT, rda_functions
+from .functional import ACTIVATIONS_OUT, NamedActivations, rda_functions
 
 # Layouts of in-place step arguments whose memory passed the overlap checks of
 # _ScanLayer.step_ (the written tensors' addresses and strides, the batch and dtype): a
@@ -415,7 +415,7 @@ class RWA(_ScanLayer):
         torch.tanh(y, out=out)
 
 
-class RDA(_ScanLayer):
+class RDA(NamedActivations, _ScanLayer):
     """Recurrent Discounted Attention as a scan layer.
 
     ``u, g, a, c = W [x_t] + b``, ``z = u * tanh(g)``, ``gamma = sigmoid(c)``,
@@ -453,14 +453,6 @@ class RDA(_ScanLayer):
                          learn_initial_state=learn_initial_state, device=device, dtype=dtype)
         # (names, not functions: a module that holds only data pickles and saves whole)
         self.attention, self.f_h_name, self.f_o_name = attention, f_h, f_o
-
-    @property
-    def _f_h(self):
-        return ACTIVATIONS[self.f_h_name]
-
-    @property
-    def _f_o(self):
-        return ACTIVATIONS[self.f_o_name]
 
     def set_discount_timescales(self, shortest: float, longest: float) -> None:
         """Initialise the discount gate's bias so that the channels' memory lengths

@@ -196,6 +196,11 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False) -> dict:
                 with open(run_dir / METRICS, "a") as f:
                     for r in records:
                         f.write(json.dumps(r) + "\n")
+        # The final export goes before the final checkpoint: a run killed between the two
+        # resumes from the checkpoint before and exports again (the other way round, the
+        # checkpoint would say the run is done while model/ is missing).
+        if done == cfg.steps and rank == 0 and hasattr(model, "config"):
+            save_pretrained(model, run_dir / EXPORT)
         if done % cfg.checkpoint_every == 0 or done == cfg.steps:
             states = [None] * world
             if world > 1:
@@ -209,8 +214,6 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False) -> dict:
                     "elapsed": clock, "train_elapsed": train_clock, "best": best,
                     "carried": states if problem.stateful else None,
                     "run": provenance(cfg, identity, problem.fingerprint)})
-        if done == cfg.steps and rank == 0 and hasattr(model, "config"):
-            save_pretrained(model, run_dir / EXPORT)
     bar.close()
     return last
 
