@@ -554,3 +554,25 @@ def test_a_run_killed_during_its_final_export_finishes_on_resume(tmp_path, monke
     assert _resume(run) == 0
     assert (run / "model" / "model.pt").is_file()
     assert torch.load(run / "checkpoint.pt", weights_only=False)["step"] == 4
+
+
+def test_copies_left_by_killed_processes_are_removed(tmp_path, monkeypatch):
+    """A process killed while copying a corpus into the cache leaves ``<name>.<pid>.tmp``;
+    the next copy of that corpus removes those whose process is gone (they piled up, each the
+    corpus's size), and leaves a live process's alone."""
+    monkeypatch.setenv("FASTRWA_CACHE", str(tmp_path / "cache"))
+    corpus = _corpus(tmp_path)
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    dead_pid = int(gone.stdout)
+    size = corpus.stat().st_size
+    sha = fdata.hashlib.sha256(corpus.read_bytes()).hexdigest()
+    name = f"{corpus.name}-{size}-{sha[:16]}"
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    dead, live = cache / f"{name}.{dead_pid}.tmp", cache / f"{name}.1.tmp"   # (pid 1 runs)
+    dead.write_bytes(b"partial")
+    live.write_bytes(b"partial")
+    path, got_sha = fdata._snapshot(corpus)
+    assert path.read_bytes() == corpus.read_bytes() and got_sha == sha
+    assert not dead.exists() and live.exists()

@@ -7,6 +7,7 @@ online (``python -m fastrwa.train.data download-enwik8 DIR``) and verifies what 
 from __future__ import annotations
 
 import argparse
+import glob
 import gzip
 import hashlib
 import math
@@ -124,6 +125,21 @@ def _cached(target: Path, size: int, crc: int | None, sha: str | None, source: P
     return None
 
 
+def _remove_stale_tmps(target: Path) -> None:
+    """Remove the temporary copies of ``target`` (``<name>.<pid>.tmp``) left by processes
+    that died while writing them: those whose pid no longer runs."""
+    for tmp in target.parent.glob(f"{glob.escape(target.name)}.*.tmp"):
+        pid = tmp.name[len(target.name) + 1:-len(".tmp")]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            tmp.unlink(missing_ok=True)
+        except PermissionError:         # (alive, another user's)
+            pass
+
+
 def _extract_once(path: Path) -> tuple[Path, str]:
     """The zip's single member as a file in the cache (``$FASTRWA_CACHE``, default
     ``~/.cache/fastrwa``) and its sha256, extracted on first use through a temporary file
@@ -136,6 +152,7 @@ def _extract_once(path: Path) -> tuple[Path, str]:
     if sha is not None:
         return target, sha
     target.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_tmps(target)
     tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
     try:
         with zipfile.ZipFile(path) as archive, archive.open(member) as src:
@@ -162,6 +179,7 @@ def _snapshot(path: Path) -> tuple[Path, str]:
     if _cached(target, size, None, sha, path) is not None:
         return target, sha
     target.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_tmps(target)
     tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
     with open(path, "rb") as src:
         copied = _copy(src, target, tmp, path)
