@@ -3,7 +3,9 @@
 ``RUN_DIR`` is a training run's directory (its final ``model/`` export, or ``best/`` with
 ``--best``) or any directory written by ``fastrwa.models.save_pretrained``. The text is
 printed as it is generated (streaming, O(1) state per layer); ``--beam N`` runs beam search
-and prints the best beam at the end. Needs no training code.
+and prints the best beam at the end. On CPU the steps run the fused decode step
+(``fastrwa.models.PackedLM``) with ``--weights`` float32 (the default), bfloat16 or int8
+matrices. Needs no training code.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from .models import load_pretrained
+from .models import WEIGHT_FORMATS, ByteLM, PackedLM, load_pretrained
 
 
 def _model_dir(run_dir: Path, best: bool) -> Path:
@@ -53,6 +55,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--best", action="store_true", help="the best-validation model of the run")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument("--weights", choices=("auto", "eager", *WEIGHT_FORMATS), default="auto",
+                   help="how the steps run: the fused CPU decode step with the weight "
+                        "matrices stored as float32, bfloat16 or int8 (auto: float32 on CPU; "
+                        "the eager PyTorch step on CUDA), or eager (the reference)")
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads (default: PyTorch's). At batch 1 every op is small: on an "
                         "idle machine 2 threads beat 1 by a few percent, but when other work "
@@ -87,6 +93,9 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--device cuda: no CUDA device is available here (PyTorch "
                          f"{torch.__version__}, built {'with' if torch.version.cuda else 'without'}"
                          f" CUDA); use --device cpu")
+    if args.weights in WEIGHT_FORMATS and args.device == "cuda":
+        raise ValueError(f"--weights {args.weights}: the fused decode step runs on CPU; use "
+                         f"--device cpu, or --weights eager on CUDA")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -109,6 +118,14 @@ def _generate(args) -> int:
         args.device == "auto" and torch.cuda.is_available()) else "cpu")
     try:
         model = load_pretrained(_model_dir(args.run_dir, args.best)).to(device)
+        options = {}
+        if isinstance(model, ByteLM):
+            options["weights"] = args.weights
+            if args.weights in WEIGHT_FORMATS:     # (refuses a model it cannot pack)
+                options["weights"] = PackedLM(model, args.weights)
+        elif args.weights != "auto":
+            raise ValueError(f"--weights {args.weights}: {type(model).__name__} (an "
+                             f"{model.config.layer.upper()} baseline) has the eager step only")
         # (surrogateescape: a prompt given as bytes that are not UTF-8 is continued as given)
         text = args.prompt.encode("utf-8", "surrogateescape")
         prompt = torch.tensor(list(text), dtype=torch.long, device=device)
@@ -117,12 +134,13 @@ def _generate(args) -> int:
         out.write(text)
         began, first, count = time.perf_counter(), None, 0
         if args.beam > 1:
-            tokens = model.generate(prompt, args.max_new, beam_size=args.beam)[0, len(prompt):]
+            tokens = model.generate(prompt, args.max_new, beam_size=args.beam,
+                                    **options)[0, len(prompt):]
             out.write(bytes(tokens.tolist()))
             count = len(tokens)
         else:
             for token in model.stream(prompt, args.max_new, args.temperature, args.top_k,
-                                      args.top_p, generator=gen):
+                                      args.top_p, generator=gen, **options):
                 out.write(bytes([int(token[0])]))
                 out.flush()
                 count += 1

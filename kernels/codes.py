@@ -23,3 +23,9 @@ DISCOUNT_CODE = {name: code for code, name in enumerate(DISCOUNTS)}
 # Below this logit log softplus(a) is computed from its series in u = exp(a) < 1.3e-4:
 # log softplus(a) = a - u/2 + 5u^2/24 + O(u^3), and d/da = 1 / ((1 + u)(1 - u/2 + u^2/3)).
 SOFTPLUS_SERIES_BELOW = -9.0
+
+# f_h and f_o, the output functions of an RDA layer (fastrwa.nn.functional.ACTIVATIONS holds
+# the torch functions under the same names); the fused decode step branches on these codes.
+OUTPUT_FUNCTIONS = ("tanh", "identity", "sigmoid", "relu")
+OUT_TANH, OUT_IDENTITY, OUT_SIGMOID, OUT_RELU = range(len(OUTPUT_FUNCTIONS))
+OUTPUT_FUNCTION_CODE = {name: code for code, name in enumerate(OUTPUT_FUNCTIONS)}

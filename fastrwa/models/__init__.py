@@ -1,11 +1,13 @@
 """Language models built from fastrwa layers (:class:`ByteLM`) and their recurrent
 baselines (:class:`RecurrentLM`), with :func:`build`, :func:`save_pretrained` and
-:func:`load_pretrained`."""
+:func:`load_pretrained`; :class:`PackedLM`, a ``ByteLM`` packed for the fused CPU decode
+step."""
 
 from .baseline import RecurrentLM
 from .config import LMConfig
 from .lm import Block, ByteLM, InferenceCache, LMState
+from .packed import WEIGHT_FORMATS, PackedLM
 from .pretrained import build, load_pretrained, save_pretrained
 
 __all__ = ["LMConfig", "ByteLM", "Block", "InferenceCache", "LMState", "RecurrentLM", "build",
-           "save_pretrained", "load_pretrained"]
+           "save_pretrained", "load_pretrained", "PackedLM", "WEIGHT_FORMATS"]

@@ -139,10 +139,14 @@ class InferenceCache:
         self.batch, self.device = batch, dev
         # what the buffers were sized for: ByteLM.step_ and prefill refuse another model's
         self.layout = model._cache_layout()
-        self.scan = [tuple(torch.zeros(batch, d, dtype=sdt, device=dev) for _ in range(3))
-                     for _ in model.blocks]
-        self.last = [torch.zeros(batch, d, dtype=dtype, device=dev)
-                     if model.config.token_shift else None for _ in model.blocks]
+        # One (layers, B, d_model) tensor per quantity (the fused decode step of PackedLM
+        # reads them so); each block's state is a view of its row.
+        L, shift = len(model.blocks), model.config.token_shift
+        scan = [torch.zeros(L, batch, d, dtype=sdt, device=dev) for _ in range(3)]
+        last = torch.zeros(L if shift else 0, batch, d, dtype=dtype, device=dev)
+        self.stacked = (*scan, last)
+        self.scan = [tuple(t[i] for t in scan) for i in range(L)]
+        self.last = [last[i] if shift else None for i in range(L)]
         # Work buffers of ByteLM.step_ (intermediates, not state): a step allocates nothing.
         self.work = dict(x=torch.empty(batch, d, dtype=dtype, device=dev),
                          normed=torch.empty(batch, d, dtype=dtype, device=dev),
@@ -221,15 +225,13 @@ class InferenceCache:
             if low < 0 or high >= B:
                 raise ValueError(f"index must be in [0, {B}) (rows of the cache), "
                                  f"got values in [{low}, {high}]")
-        for bufs, last in zip(self.scan, self.last):
-            for buf in (*bufs, *([] if last is None else [last])):
-                buf.copy_(buf.index_select(0, index))
+        for buf in self.stacked:
+            buf.copy_(buf.index_select(1, index))
 
     @property
     def nbytes(self) -> int:
         """Bytes of the streaming state (scan states and previous inputs), work buffers aside."""
-        tensors = [t for bufs in self.scan for t in bufs] + [t for t in self.last if t is not None]
-        return sum(t.numel() * t.element_size() for t in tensors)
+        return sum(t.numel() * t.element_size() for t in self.stacked)
 
 
 class ByteLM(nn.Module):
@@ -408,10 +410,29 @@ class ByteLM(nn.Module):
         return torch.mm(work["normed"], self.head.weight.t(), out=work["logits"])
 
     # -- generation -----------------------------------------------------------------------
+    def _decoder(self, weights: object):
+        """What runs the steps of ``generate``/``stream`` for their ``weights`` argument:
+        this model (the eager step) or a :class:`fastrwa.models.PackedLM` of it."""
+        from .packed import WEIGHT_FORMATS, PackedLM, _unsupported
+        if isinstance(weights, PackedLM):
+            if weights.model is not self:
+                raise ValueError("weights is a PackedLM of another model: pack this one "
+                                 "(PackedLM(model, ...)) or pass a format name")
+            return weights
+        if weights == "eager":
+            return self
+        if weights == "auto":
+            return self if _unsupported(self) else PackedLM(self, "float32")
+        if weights not in WEIGHT_FORMATS:
+            raise ValueError(f"weights must be 'auto', 'eager', one of {WEIGHT_FORMATS} or a "
+                             f"PackedLM of this model, got {weights!r}")
+        return PackedLM(self, weights)
+
     @torch.no_grad()
     def generate(self, prompt: Tensor, max_new_tokens: int, temperature: float = 1.0,
                  top_k: Optional[int] = None, top_p: Optional[float] = None,
-                 beam_size: int = 1, generator: Optional[torch.Generator] = None) -> Tensor:
+                 beam_size: int = 1, generator: Optional[torch.Generator] = None,
+                 weights: object = "auto") -> Tensor:
         """Continue ``prompt`` by ``max_new_tokens`` tokens.
 
         Args:
@@ -423,6 +444,13 @@ class ByteLM(nn.Module):
             beam_size: 1 samples; ``> 1`` runs beam search (deterministic, highest total
                 log-probability) and returns the best beam per prompt.
             generator: a ``torch.Generator`` for reproducible sampling.
+            weights: what runs the steps. ``"auto"``: the fused CPU decode step with float32
+                weights (:class:`fastrwa.models.PackedLM`) for a float32 model on CPU, else
+                the eager step; ``"eager"``: :meth:`step_` (PyTorch ops, the reference);
+                ``"float32"``, ``"bfloat16"``, ``"int8"``: the fused step with the weights
+                stored so (packed for this call; a CPU float32 model only); or a
+                ``PackedLM`` of this model (packed once for many calls). The fused step
+                runs the prompt one position at a time, with the same weights.
 
         Returns:
             ``(B, P + max_new_tokens)`` ids (the prompt, then the new tokens). Memory does not
@@ -430,17 +458,20 @@ class ByteLM(nn.Module):
         """
         prompt, context = prepare_prompt(prompt, self.config.vocab_size, self.config.bos_token,
                                          max_new_tokens, temperature, top_k, top_p, beam_size)
+        decoder = self._decoder(weights)
         if beam_size > 1:
-            return self._beam_search(prompt, context, max_new_tokens, beam_size)
-        return collect(prompt, self._stream(context, max_new_tokens, temperature, top_k, top_p,
-                                            generator), max_new_tokens)
+            return self._beam_search(decoder, prompt, context, max_new_tokens, beam_size)
+        return collect(prompt, self._stream(decoder, context, max_new_tokens, temperature,
+                                            top_k, top_p, generator), max_new_tokens)
 
     @torch.no_grad()
     def stream(self, prompt: Tensor, max_new_tokens: int, temperature: float = 1.0,
                top_k: Optional[int] = None, top_p: Optional[float] = None,
-               generator: Optional[torch.Generator] = None) -> Iterator[Tensor]:
-        """Sample as :meth:`generate`, yielding each new token ``(B,)`` as soon as it is
-        drawn (for printing text as it is produced). State: one fixed-size cache.
+               generator: Optional[torch.Generator] = None,
+               weights: object = "auto") -> Iterator[Tensor]:
+        """Sample as :meth:`generate` (the same arguments), yielding each new token ``(B,)``
+        as soon as it is drawn (for printing text as it is produced). State: one fixed-size
+        cache.
 
         Example:
             >>> import torch
@@ -451,23 +482,27 @@ class ByteLM(nn.Module):
         """
         _, context = prepare_prompt(prompt, self.config.vocab_size, self.config.bos_token,
                                     max_new_tokens, temperature, top_k, top_p, 1)
-        yield from self._stream(context, max_new_tokens, temperature, top_k, top_p, generator)
+        decoder = self._decoder(weights)
+        yield from self._stream(decoder, context, max_new_tokens, temperature, top_k, top_p,
+                                generator)
 
-    def _stream(self, context, max_new_tokens, temperature, top_k, top_p, generator):
+    def _stream(self, decoder, context, max_new_tokens, temperature, top_k, top_p, generator):
         if max_new_tokens == 0:
             return
         cache = self.allocate_cache(context.shape[0])
-        logits = self.prefill(context, cache)
-        yield from sample_loop(logits, lambda token: self.step_(token, cache), max_new_tokens,
-                               temperature, top_k, top_p, generator, self.config.bos_token)
+        logits = decoder.prefill(context, cache)
+        yield from sample_loop(logits, lambda token: decoder.step_(token, cache),
+                               max_new_tokens, temperature, top_k, top_p, generator,
+                               self.config.bos_token)
 
-    def _beam_search(self, prompt: Tensor, context: Tensor, max_new: int, K: int) -> Tensor:
+    def _beam_search(self, decoder, prompt: Tensor, context: Tensor, max_new: int,
+                     K: int) -> Tensor:
         B, P = prompt.shape
         V = self.config.vocab_size
         out = prompt.new_empty((B * K, P + max_new))
         out[:, :P] = prompt.repeat_interleave(K, dim=0)
         cache = self.allocate_cache(B * K)
-        logits = self.prefill(context.repeat_interleave(K, dim=0), cache)
+        logits = decoder.prefill(context.repeat_interleave(K, dim=0), cache)
         scores = torch.full((B, K), float("-inf"), device=prompt.device)
         scores[:, 0] = 0.0                            # the K copies start as one beam
         base = torch.arange(B, device=prompt.device)[:, None] * K
@@ -485,7 +520,7 @@ class ByteLM(nn.Module):
             out[:, P + i] = token
             cache.reorder_(origin, check=False)            # (in range by construction)
             if i + 1 < max_new:
-                logits = self.step_(token, cache)
+                logits = decoder.step_(token, cache)
         best = scores.argmax(dim=-1)
         return out.view(B, K, P + max_new)[torch.arange(B, device=prompt.device), best]
 

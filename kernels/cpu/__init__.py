@@ -1,5 +1,6 @@
-"""The CPU kernels of the weighted scan, compiled by numba: ``scan_fwd`` (forward and the
-in-place streaming step), ``scan_bwd`` (backward), on the row operations of ``rows`` and the
+"""The CPU kernels, compiled by numba: ``scan_fwd`` (forward and the in-place streaming step
+of the weighted scan), ``scan_bwd`` (its backward), ``decode`` (the fused decode step of the
+byte LM, with the activations of ``activations``), on the row operations of ``rows`` and the
 vectorisable float math of ``fmath``. Launched by ``fastrwa/ops/numba_host.py``, which runs
 a call's tasks on one thread or on a pool of plain threads (the kernels release the GIL).
 
@@ -22,6 +23,10 @@ from numba import njit
 
 OPTIONS = dict(nogil=True, cache=True, error_model="numpy", fastmath={"contract"})
 kernel = njit(**OPTIONS)
+# Kernels whose sums may be reordered (``reassoc``): the dot products of the decode step
+# (decode.py), which vectorise only so. Their results depend on the vector width, within
+# float32 rounding; the scan kernels never use this.
+reducing_kernel = njit(**dict(OPTIONS, fastmath={"contract", "reassoc"}))
 
 
 def drop_stale_cache() -> None:

@@ -206,7 +206,8 @@ def _log_sigmoid(x):
 
 
 def load(src, i, like):
-    """``src[i]`` widened to the compute type of ``out_dtype_value`` (uint16 = bfloat16 bits)."""
+    """``src[i]`` widened to the compute type, that of ``like`` (uint16 holds bfloat16 bits; int8
+    is widened to float32)."""
     raise NotImplementedError
 
 
@@ -216,6 +217,8 @@ def _load(src, i, like):
         def widen(src, i, like):
             return _bits_f32(np.uint32(src[i]) << np.uint32(16))
         return widen
+    if src.dtype == types.int8:          # (int8 weights of the decode step: float32 of them)
+        return lambda src, i, like: np.float32(src[i])
     if src.dtype == like:
         return lambda src, i, like: src[i]
     return None

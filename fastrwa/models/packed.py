@@ -1,0 +1,215 @@
+"""A byte LM's weights packed for the fused CPU decode step: :class:`PackedLM`."""
+
+from __future__ import annotations
+
+from typing import Iterator, Optional
+
+import torch
+from torch import Tensor
+
+from ..kernels.codes import (ATTENTION_CODE, DISCOUNT_CODE, OUTPUT_FUNCTION_CODE)
+from ..ops import decode_host
+from ..ops.decode_host import WEIGHT_FORMATS, Shapes, Weights, dequantize, flat, quantize
+from .lm import ByteLM, InferenceCache
+
+
+def _unsupported(model: object) -> Optional[str]:
+    """Why ``model`` cannot be packed, or ``None``."""
+    if not isinstance(model, ByteLM):
+        return f"model must be a fastrwa.models.ByteLM, got {type(model).__name__}"
+    weight = model.embed.weight
+    if weight.device.type != "cpu":
+        return (f"the fused decode step runs on CPU; the model is on {weight.device} (move "
+                f"it with model.cpu(), or generate with weights='eager')")
+    if weight.dtype != torch.float32:
+        return (f"the fused decode step packs a float32 model; this one is {weight.dtype} "
+                f"(model.float(), or generate with weights='eager')")
+    return None
+
+
+class PackedLM:
+    """A :class:`ByteLM`'s weights packed once into the layout of the fused CPU decode step
+    (``kernels/cpu/decode.py``): each :meth:`step_` is one compiled call through every
+    block and the head, whose cost at batch 1 is reading the weight matrices once.
+
+    Args:
+        model: a float32 :class:`ByteLM` on CPU. Its weights are copied when packing: a
+            later change of the model (training) is not seen; pack again.
+        weights: how the matrices are stored: ``"float32"`` (the model's values: logits
+            equal the eager :meth:`ByteLM.step`'s within float32 rounding), ``"bfloat16"``
+            (half the bytes) or ``"int8"`` (a quarter, a float32 scale per output row). The
+            arithmetic is float32 in every case; the embedding, norms and biases stay float32.
+
+    The state lives in an :class:`InferenceCache` (``allocate_cache``), shared with the eager
+    path: a cache filled by one may be continued by the other. ``model.generate(...,
+    weights="int8")`` packs and decodes in one call; a ``PackedLM`` packs once for many.
+
+    Example:
+        >>> import torch
+        >>> from fastrwa.models import ByteLM, LMConfig, PackedLM
+        >>> model = ByteLM(LMConfig(d_model=32, n_layers=2)).eval()
+        >>> packed = PackedLM(model, weights="int8")
+        >>> cache = packed.allocate_cache(2)
+        >>> logits = packed.prefill(torch.tensor([[72, 105], [79, 107]]), cache)
+        >>> packed.step_(torch.tensor([33, 33]), cache).shape
+        torch.Size([2, 257])
+        >>> model.generate(torch.tensor([72]), 5, weights=packed).shape
+        torch.Size([1, 6])
+    """
+
+    def __init__(self, model: ByteLM, weights: str = "float32"):
+        problem = _unsupported(model)
+        if problem:
+            raise ValueError(problem)
+        self.format = decode_host.check_format(weights)
+        self.model = model
+        c, blocks = model.config, list(model.blocks)
+        L, D = len(blocks), c.d_model
+        R, V = blocks[0].mlp[0].out_features, c.vocab_size
+        rda = c.layer == "rda"
+        mix = blocks[0].mix
+        self.shapes = Shapes(
+            L=L, D=D, G=mix.num_gates, R=R, V=V, token_shift=c.token_shift,
+            gated=c.output_gate, attention=ATTENTION_CODE[mix.attention if rda else "exp"],
+            discount=DISCOUNT_CODE["sigmoid" if rda else None],
+            f_h=OUTPUT_FUNCTION_CODE[mix.f_h_name if rda else "identity"],
+            f_o=OUTPUT_FUNCTION_CODE[mix.f_o_name if rda else "tanh"])
+        with torch.no_grad():
+            linears = dict(proj=[b.mix.proj for b in blocks], up=[b.mlp[0] for b in blocks],
+                           down=[b.mlp[2] for b in blocks],
+                           gate=[b.gate for b in blocks] if c.output_gate else None)
+            self._tensors = {}
+            for name in ("proj", "gate", "up", "down"):
+                mods = linears[name]
+                if mods is None:                  # (no output gate: empty, never read)
+                    w = torch.empty(L, 0, D)
+                    bias = torch.empty(L, 0)
+                else:
+                    w = torch.stack([m.weight for m in mods])
+                    bias = torch.stack([m.bias for m in mods])
+                self._tensors[name] = (*quantize(w, self.format),
+                                       bias.detach().float().contiguous())
+            head_w, head_s = quantize(model.head.weight, self.format)
+            self._tensors["head"] = (head_w, head_s, torch.zeros(V))
+            norms = [n for b in blocks for n in (b.norm1, b.norm2)] + [model.norm]
+            self._norms = torch.stack([n.weight.detach().float() for n in norms]).contiguous()
+            eps = torch.finfo(torch.float32).eps
+            self._eps = torch.tensor([eps if n.eps is None else n.eps for n in norms],
+                                     dtype=torch.float32)
+            self._embed = model.embed.weight.detach().float().contiguous().clone()
+            # the state before the first token (each layer's learned prior), one row each
+            initial = [b.mix.initial_state(1) for b in blocks]
+            self._initial = [torch.cat([s.scan[k] for s in initial]).float()
+                             for k in range(3)]                              # 3 x (L, D)
+        self._weights = Weights(
+            self.shapes, flat(self._embed), flat(self._norms), self._eps.numpy(),
+            tuple(tuple(flat(t) for t in self._tensors[name])
+                  for name in ("proj", "gate", "up", "down", "head")))
+        self.layout = model._cache_layout()
+
+    @property
+    def matrix_bytes(self) -> int:
+        """Bytes of weight matrices one step reads: the bound of a step at batch 1."""
+        return self._weights.matrix_bytes
+
+    def dequantized(self) -> ByteLM:
+        """A copy of the model whose matrices are exactly what this pack multiplies by
+        (``q * scale`` for int8, the bfloat16 values in float32): its eager forward is the
+        reference of the packed step, and measures the validation loss of the format in
+        parallel."""
+        import copy
+        model = copy.deepcopy(self.model)
+        with torch.no_grad():
+            for name, linears in (("proj", [b.mix.proj for b in model.blocks]),
+                                  ("up", [b.mlp[0] for b in model.blocks]),
+                                  ("down", [b.mlp[2] for b in model.blocks]),
+                                  ("gate", [b.gate for b in model.blocks]
+                                   if model.config.output_gate else [])):
+                data, scale, _ = self._tensors[name]
+                for layer, linear in enumerate(linears):
+                    linear.weight.copy_(dequantize(data[layer], scale[layer]))
+            head = dequantize(*self._tensors["head"][:2])
+            if model.config.tie_embeddings:        # (the embedding stays as it was)
+                model.head.weight = torch.nn.Parameter(head)
+            else:
+                model.head.weight.copy_(head)
+        return model
+
+    # -- streaming ------------------------------------------------------------------------
+    def allocate_cache(self, batch: int) -> InferenceCache:
+        """An :class:`InferenceCache` for ``batch`` rows (the model's)."""
+        return self.model.allocate_cache(batch)
+
+    def _buffers(self, cache: InferenceCache) -> tuple:
+        """This cache's kernel buffers (made on first use, kept in ``cache.work``)."""
+        self.model._check_cache(cache)
+        found = cache.work.get("packed")
+        if found is None:
+            work = decode_host.work_buffers(self.shapes, cache.batch)
+            arrays = {name: flat(t) for name, t in work.items()}
+            state = tuple(flat(t) for t in cache.stacked)
+            found = cache.work["packed"] = (work, arrays, state)
+        return found
+
+    def _run(self, tokens: Tensor, cache: InferenceCache, steps: int, name: str) -> Tensor:
+        work, arrays, state = self._buffers(cache)
+        ids = tokens.to(torch.int64).contiguous()
+        bad = decode_host.run(self._weights, state, work, arrays, flat(ids).reshape(-1),
+                              steps, cache.batch)
+        if bad >= 0:
+            row = ids[bad]
+            raise ValueError(f"{name} must be ids in [0, {self.shapes.V}), got values in "
+                             f"[{int(row.min())}, {int(row.max())}] in row {bad}")
+        return work["logits"]
+
+    @torch.no_grad()
+    def prefill(self, tokens: Tensor, cache: InferenceCache) -> Tensor:
+        """Run ``tokens`` ``(B, T)`` (``B`` the cache's batch, ``T >= 1``) from the initial
+        state, one fused step per position (the head only after the last), leave the state
+        in ``cache`` and return the last position's logits ``(B, vocab_size)``: a buffer the
+        next step overwrites. Checked before anything is written."""
+        self.model._check_cache(cache)
+        B = cache.batch
+        if not isinstance(tokens, Tensor) or tokens.dim() != 2 or tokens.shape[0] != B \
+                or tokens.shape[1] == 0:
+            got = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
+            raise ValueError(f"tokens must have shape (B, T) = ({B}, T) with T >= 1 (the "
+                             f"cache's batch), got {got}")
+        self.model._check_tokens(tokens, 2)
+        for buf, init in zip(cache.stacked, self._initial):
+            buf.copy_(init[:, None])
+        if cache.stacked[3].numel():
+            cache.stacked[3].zero_()
+        return self._run(tokens, cache, tokens.shape[1], "tokens")
+
+    @torch.no_grad()
+    def step_(self, token: Tensor, cache: InferenceCache) -> Tensor:
+        """One token ``(B,)`` with the state in ``cache``, updated in place; returns the
+        logits ``(B, vocab_size)``, a buffer the next step overwrites (as
+        :meth:`ByteLM.step_`). Ids outside the vocabulary are refused (``ValueError``)
+        before anything is written."""
+        self.model._check_cache(cache)
+        if not isinstance(token, Tensor) or token.dim() != 1 or token.shape[0] != cache.batch \
+                or token.is_floating_point() or token.is_complex() or token.dtype == torch.bool:
+            got = f"{tuple(token.shape)} {token.dtype}" if isinstance(token, Tensor) \
+                else type(token).__name__
+            raise ValueError(f"token must be integer ids of shape (B,) = ({cache.batch},), "
+                             f"got {got}")
+        if token.device.type != "cpu":
+            raise ValueError(f"token must be on the CPU (the packed model's), got {token.device}")
+        return self._run(token[:, None], cache, 1, "token")
+
+    def generate(self, prompt: Tensor, max_new_tokens: int, **options) -> Tensor:
+        """:meth:`ByteLM.generate` with this pack's step (``options`` as there)."""
+        return self.model.generate(prompt, max_new_tokens, weights=self, **options)
+
+    def stream(self, prompt: Tensor, max_new_tokens: int, **options) -> Iterator[Tensor]:
+        """:meth:`ByteLM.stream` with this pack's step (``options`` as there)."""
+        return self.model.stream(prompt, max_new_tokens, weights=self, **options)
+
+    def __repr__(self) -> str:
+        return (f"PackedLM(weights={self.format!r}, {self.shapes.L} blocks of "
+                f"{self.shapes.D}, {self.matrix_bytes / 1e6:.1f} MB of matrices)")
+
+
+__all__ = ["PackedLM", "WEIGHT_FORMATS"]

@@ -1,0 +1,152 @@
+"""The launcher of the fused CPU decode step (``kernels/cpu/decode.py``): weight storage
+formats, and one call that advances a batch's rows by one token or a prompt.
+
+The model side (which module's weights go where) is :class:`fastrwa.models.PackedLM`; this
+module knows arrays only. Formats of a weight matrix ``(out, in)`` (the arithmetic is
+float32 in every one):
+
+* ``float32``: as trained;
+* ``bfloat16``: rounded to nearest even, kept as the ``uint16`` bits (half the bytes);
+* ``int8``: per output row ``scale = max|w| / 127`` and ``q = round(w / scale)`` in
+  ``[-127, 127]`` (a quarter of the bytes), ``w ~ q * scale``.
+
+A call with ``B >= 8`` rows runs up to ``torch.get_num_threads()`` ranges of rows at once
+(one on the caller's thread, the others on the numba backend's pool: the kernel releases the
+GIL), each starting at a multiple of 4 rows; smaller batches run on the caller's thread.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import torch
+
+from ..kernels.cpu.decode import check_tokens, decode as decode_kernel
+from .numba_host import _consts, _pool, threads
+
+WEIGHT_FORMATS = ("float32", "bfloat16", "int8")
+INT8_LEVELS = 127
+ROW_BLOCK = 4       # rows kernels/cpu/decode.py's linear multiplies by one weight row at once
+
+
+def check_format(weights: object) -> str:
+    if weights not in WEIGHT_FORMATS:
+        raise ValueError(f"weights must be one of {WEIGHT_FORMATS}, got {weights!r}")
+    return weights
+
+
+def quantize(weight: torch.Tensor, weights: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(data, scale)`` of float32 matrices ``weight`` ``(..., out, in)`` stored as
+    ``weights`` (module doc): ``data`` float32, bfloat16 or int8 of ``weight``'s shape,
+    ``scale`` float32 ``(..., out)`` (ones but for int8). A row holding NaN gets a NaN scale
+    (its outputs are NaN, as the float32 row's would be); an all-zero row a scale of 1."""
+    weight = weight.detach().to(torch.float32).contiguous()
+    ones = torch.ones(weight.shape[:-1], dtype=torch.float32)
+    if weights == "float32":
+        return weight.clone(), ones
+    if weights == "bfloat16":
+        return weight.to(torch.bfloat16), ones
+    top = weight.abs().amax(dim=-1)                       # (NaN propagates)
+    scale = torch.where(top == 0, torch.ones_like(top), top / INT8_LEVELS)
+    q = torch.nan_to_num(torch.round(weight / scale[..., None]), nan=0.0)
+    return q.clamp_(-INT8_LEVELS, INT8_LEVELS).to(torch.int8), scale
+
+
+def dequantize(data: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """The float32 matrices the kernel multiplies by: ``data * scale`` (exact: one rounding
+    of a product of an int8 and a float32, as the kernel's ``acc * scale`` is of a sum)."""
+    if data.dtype == torch.int8:
+        return data.to(torch.float32) * scale[..., None]
+    return data.to(torch.float32)
+
+
+def flat(t: torch.Tensor) -> np.ndarray:
+    """A flat NumPy view of a contiguous CPU tensor (bfloat16 as its ``uint16`` bits)."""
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().reshape(-1).view(np.uint16)
+    return t.numpy().reshape(-1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Shapes:
+    """The sizes and codes the kernel is called with (``kernels/cpu/decode.py``)."""
+
+    L: int          # blocks
+    D: int          # d_model (= the scan's width)
+    G: int          # gates per block: 3 (RWA), 4 (RDA)
+    R: int          # MLP width
+    V: int          # vocabulary
+    token_shift: bool
+    gated: bool
+    attention: int
+    discount: int
+    f_h: int
+    f_o: int
+
+    @property
+    def F(self) -> int:
+        return 2 * self.D if self.token_shift else self.D
+
+
+@dataclasses.dataclass
+class Weights:
+    """Every array the kernel reads, flat: the matrices with their scales and biases, the
+    norms' weights and epsilons, the float32 embedding."""
+
+    shapes: Shapes
+    embed: np.ndarray
+    norms: np.ndarray
+    eps: np.ndarray
+    matrices: tuple        # (proj, gate, up, down, head), each (data, scale, bias)
+
+    @property
+    def matrix_bytes(self) -> int:
+        """Bytes of the weight matrices one step reads (the head included, the embedding row
+        aside)."""
+        return sum(data.nbytes for data, _, _ in self.matrices)
+
+
+def work_buffers(shapes: Shapes, batch: int) -> dict[str, torch.Tensor]:
+    """The kernel's work buffers for ``batch`` rows (float32 CPU tensors)."""
+    s = shapes
+    widths = dict(x=s.D, normed=s.D, inp=s.F, proj=s.G * s.D, z=s.D, y=s.D, h=s.D, gate=s.D,
+                  hidden=s.R, tb=2 * s.D, logits=s.V)
+    return {name: torch.empty(batch, width, dtype=torch.float32)
+            for name, width in widths.items()}
+
+
+def run(weights: Weights, state: tuple, work: dict, arrays: dict, tokens: np.ndarray,
+        steps: int, batch: int) -> int:
+    """Advance ``batch`` rows by ``tokens[:, :steps]`` (``tokens`` flat int64, ``(B,
+    t_stride)`` row-major) and write the logits into ``work['logits']``. ``state``: flat
+    ``m, n, d, last`` arrays ``(L, B, D)`` (``last`` empty without token shift); ``arrays``:
+    flat views of ``work`` (made once per cache). Returns -1, or the first row holding an id
+    outside the vocabulary: then nothing was written."""
+    s = weights.shapes
+    t_stride = tokens.shape[0] // batch if batch else 0
+    bad = check_tokens(tokens, t_stride, steps, 0, batch, s.V)
+    if bad >= 0:
+        return bad
+    (proj, gate, up, down, head) = weights.matrices
+    w = arrays
+    args = (tokens, t_stride, steps)
+    rest = (s.L, batch, s.D, s.G, s.R, s.V, s.F, s.token_shift, s.gated, s.attention,
+            s.discount, s.f_h, s.f_o, weights.embed, weights.norms, weights.eps,
+            *proj, *gate, *up, *down, *head, *state,
+            w["x"], w["normed"], w["inp"], w["proj"], w["z"], w["y"], w["h"], w["gate"],
+            w["hidden"], w["tb"], w["logits"], _consts(torch.float32))
+    # Ranges start at multiples of the kernel's block of rows: a row is summed in the same
+    # block (and order) whatever the split, so the result does not depend on the threads.
+    k = threads()
+    bounds = sorted({0, batch, *(min(batch, ROW_BLOCK * round(batch * i / k / ROW_BLOCK))
+                                 for i in range(1, k))})
+    if len(bounds) == 2:
+        decode_kernel(*args, 0, batch, *rest)
+        return -1
+    futures = [_pool(len(bounds) - 2).submit(decode_kernel, *args, lo, hi, *rest)
+               for lo, hi in zip(bounds[1:-1], bounds[2:])]
+    decode_kernel(*args, bounds[0], bounds[1], *rest)
+    for future in futures:
+        future.result()
+    return -1

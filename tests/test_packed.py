@@ -1,0 +1,209 @@
+"""The fused CPU decode step (``fastrwa.models.PackedLM``, ``kernels/cpu/decode.py``) against
+the eager ``ByteLM`` step, the reference: float32 weights give the eager logits within float32
+rounding; bfloat16/int8 weights give the logits of the eager model whose matrices are the
+dequantized ones (``PackedLM.dequantized``), so every format is checked against an
+independent computation, not against itself."""
+
+import pathlib
+
+import pytest
+import torch
+
+from fastrwa.models import ByteLM, LMConfig, PackedLM, RecurrentLM, WEIGHT_FORMATS
+from fastrwa.ops import decode_host
+
+TEXT = list((pathlib.Path(__file__).resolve().parents[1] / "README.md").read_bytes())
+
+
+def _model(seed=0, **fields) -> ByteLM:
+    torch.manual_seed(seed)
+    model = ByteLM(LMConfig(**{"d_model": 32, "n_layers": 2, **fields})).eval()
+    with torch.no_grad():        # (away from the initialisation: every weight matters)
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return model
+
+
+def _relative(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    return float((actual - expected).abs().max() / expected.abs().max())
+
+
+@torch.no_grad()
+def _compare(packed: PackedLM, reference: ByteLM, B: int, steps: int, prompt: int = 5) -> float:
+    """The largest relative logit difference of the packed and the eager ``step_`` over a
+    prefill of ``prompt`` positions and ``steps`` steps of README text, ``B`` rows."""
+    tokens = torch.tensor(TEXT[:B * (prompt + steps)]).view(B, prompt + steps)
+    cache, ref_cache = packed.allocate_cache(B), reference.allocate_cache(B)
+    worst = _relative(packed.prefill(tokens[:, :prompt], cache),
+                      reference.prefill(tokens[:, :prompt], ref_cache))
+    for t in range(prompt, prompt + steps):
+        worst = max(worst, _relative(packed.step_(tokens[:, t], cache),
+                                     reference.step_(tokens[:, t], ref_cache)))
+    return worst
+
+
+@torch.no_grad()
+def test_float32_equals_the_eager_step_over_1000_steps_of_text():
+    """The issue's bar: the default model, 1,000 steps of real text, 1e-5 relative, against
+    the functional ``ByteLM.step`` (a separate code path from ``step_``)."""
+    torch.manual_seed(0)
+    model = ByteLM(LMConfig()).eval()
+    packed = PackedLM(model, "float32")
+    tokens = torch.tensor(TEXT[:1001])
+    cache = packed.allocate_cache(1)
+    state = None
+    worst = 0.0
+    logits = packed.prefill(tokens[None, :1], cache)
+    ref, state = model.step(tokens[:1], state)
+    worst = max(worst, _relative(logits, ref))
+    for t in range(1, 1000):
+        logits = packed.step_(tokens[t:t + 1], cache)
+        ref, state = model.step(tokens[t:t + 1], state)
+        worst = max(worst, _relative(logits, ref))
+    assert worst < 1e-5, worst
+
+
+CONFIGS = [
+    {},                                                          # the default's layout
+    dict(layer="rwa"),
+    dict(attention="exp", f_h="tanh", f_o="sigmoid"),
+    dict(attention="softplus", f_o="relu", token_shift=False),
+    dict(attention="relu", output_gate=False, tie_embeddings=False, mlp_ratio=2),
+    dict(preset="exp-tanh", discount_init="spread", n_layers=3),
+]
+
+
+@pytest.mark.parametrize("weights", WEIGHT_FORMATS)
+@pytest.mark.parametrize("B", [1, 3])
+@pytest.mark.parametrize("fields", CONFIGS, ids=lambda f: ",".join(f"{k}={v}" for k, v in f.items()) or "default")
+def test_every_format_equals_its_dequantized_eager_model(weights, B, fields):
+    packed = PackedLM(_model(**fields), weights)
+    assert _compare(packed, packed.dequantized(), B, steps=40) < 1e-5
+
+
+def test_float32_pack_dequantizes_to_the_model_itself():
+    model = _model()
+    twin = PackedLM(model, "float32").dequantized()
+    for (name, p), q in zip(model.named_parameters(), twin.parameters()):
+        assert torch.equal(p, q), name
+
+
+def test_greedy_decoding_gives_the_eager_bytes():
+    model = _model(d_model=64)
+    prompt = torch.tensor(TEXT[:20])
+    eager = model.generate(prompt, 200, top_k=1, weights="eager")
+    assert torch.equal(model.generate(prompt, 200, top_k=1, weights="float32"), eager)
+    assert torch.equal(model.generate(prompt, 200, top_k=1), eager)         # "auto"
+
+
+def test_beam_search_gives_the_eager_beams():
+    model = _model(d_model=64)
+    prompt = torch.tensor([TEXT[:8], TEXT[8:16]])
+    eager = model.generate(prompt, 30, beam_size=3, weights="eager")
+    assert torch.equal(model.generate(prompt, 30, beam_size=3, weights="float32"), eager)
+
+
+def test_sampling_is_reproducible_and_a_pack_serves_many_calls():
+    model = _model()
+    packed = PackedLM(model, "int8")
+    runs = [packed.generate(torch.tensor(TEXT[:4]), 50, generator=torch.Generator()
+                            .manual_seed(3)) for _ in range(2)]
+    assert torch.equal(*runs)
+    streamed = torch.stack(list(model.stream(torch.tensor(TEXT[:4]), 50, weights=packed,
+                                             generator=torch.Generator().manual_seed(3))), 1)
+    assert torch.equal(streamed, runs[0][:, 4:])
+
+
+def test_row_ranges_on_threads_give_the_one_thread_result():
+    packed = PackedLM(_model(), "bfloat16")
+    tokens = torch.tensor(TEXT[:9 * 12]).view(9, 12)
+    results = []
+    for n in (1, 2, 3):
+        before = torch.get_num_threads()
+        torch.set_num_threads(n)
+        try:
+            cache = packed.allocate_cache(9)
+            packed.prefill(tokens[:, :6], cache)
+            for t in range(6, 12):
+                logits = packed.step_(tokens[:, t], cache)
+            results.append((logits.clone(), [s.clone() for s in cache.stacked]))
+        finally:
+            torch.set_num_threads(before)
+    for other in results[1:]:
+        assert torch.equal(results[0][0], other[0])
+        for a, b in zip(results[0][1], other[1]):
+            assert torch.equal(a, b)
+
+
+def test_a_cache_moves_between_the_eager_and_the_packed_step():
+    model = _model()
+    packed = PackedLM(model, "float32")
+    tokens = torch.tensor(TEXT[:30])[None]
+    cache, ref = model.allocate_cache(1), model.allocate_cache(1)
+    model.prefill(tokens[:, :10], cache)            # eager prefill, packed steps
+    model.prefill(tokens[:, :10], ref)
+    for t in range(10, 30):
+        assert _relative(packed.step_(tokens[:, t], cache), model.step_(tokens[:, t], ref)) \
+            < 1e-5
+
+
+def test_int8_quantization_error_is_half_a_step():
+    w = torch.randn(3, 7, 50)
+    w[0, 2] = 0.0
+    q, scale = decode_host.quantize(w, "int8")
+    assert q.dtype == torch.int8 and int(q.abs().max()) == 127
+    assert scale[0, 2] == 1.0 and not q[0, 2].any()
+    assert ((decode_host.dequantize(q, scale) - w).abs() <= scale[..., None] / 2 * 1.0001).all()
+
+
+@pytest.mark.parametrize("weights", WEIGHT_FORMATS)
+def test_nan_in_gives_nan_out(weights):
+    model = _model()
+    with torch.no_grad():
+        model.blocks[1].mlp[2].weight[5, 3] = float("nan")
+    packed = PackedLM(model, weights)
+    cache = packed.allocate_cache(2)
+    logits = packed.prefill(torch.tensor([TEXT[:4], TEXT[4:8]]), cache)
+    assert torch.isnan(logits).all()
+    with pytest.raises(ValueError, match="NaN"):
+        model.generate(torch.tensor(TEXT[:4]), 3, weights=packed)
+
+
+def test_bad_arguments_are_refused_before_anything_is_written():
+    model = _model()
+    with pytest.raises(ValueError, match="weights must be one of"):
+        PackedLM(model, "float16")
+    with pytest.raises(ValueError, match="model must be a fastrwa.models.ByteLM"):
+        PackedLM(RecurrentLM(LMConfig(layer="lstm", d_model=8, n_layers=1)))
+    with pytest.raises(ValueError, match="float32 model; this one is torch.float64"):
+        PackedLM(_model().double())
+    with pytest.raises(ValueError, match="weights must be 'auto', 'eager'"):
+        model.generate(torch.tensor([1]), 2, weights="fp8")
+    with pytest.raises(ValueError, match="PackedLM of another model"):
+        model.generate(torch.tensor([1]), 2, weights=PackedLM(_model(seed=1)))
+    packed = PackedLM(model, "int8")
+    cache = packed.allocate_cache(2)
+    packed.prefill(torch.tensor([TEXT[:4], TEXT[4:8]]), cache)
+    before = [t.clone() for t in cache.stacked]
+
+    def unchanged():
+        return all(torch.equal(a, b) for a, b in zip(before, cache.stacked))
+    for token, words in [(torch.tensor([1, 300]), r"token must be ids in \[0, 257\)"),
+                         (torch.tensor([-1, 3]), r"token must be ids in \[0, 257\)"),
+                         (torch.tensor([1, 2, 3]), r"shape \(B,\) = \(2,\)"),
+                         (torch.tensor([1.0, 2.0]), "integer ids"),
+                         ([1, 2], "integer ids")]:
+        with pytest.raises(ValueError, match=words):
+            packed.step_(token, cache)
+        assert unchanged()
+    for tokens, words in [(torch.tensor([[1, 2]]), r"\(B, T\) = \(2, T\)"),
+                          (torch.zeros(2, 0, dtype=torch.long), "T >= 1"),
+                          (torch.tensor([[1, 2], [3, 999]]), r"ids in \[0, 257\)")]:
+        with pytest.raises(ValueError, match=words):
+            packed.prefill(tokens, cache)
+        assert unchanged()
+    other = _model(d_model=16).allocate_cache(2)
+    with pytest.raises(ValueError, match="another shape"):
+        packed.step_(torch.tensor([1, 2]), other)
+    with pytest.raises(TypeError, match="InferenceCache"):
+        packed.step_(torch.tensor([1, 2]), None)
