@@ -1,19 +1,27 @@
-"""Generation speed of the byte LM at batch 1: ``python bench/generation.py``.
+"""Streaming generation of the byte LM against the machine's limit: ``python bench/generation.py``.
 
-Streams ``--bytes`` bytes from a ``ByteLM`` (d_model 256, 4 blocks by default: the size of
-docs/lm.md) as ``python -m fastrwa.generate`` does (``ByteLM.stream``: prefill, then one
-in-place ``step_`` and one ``sample`` per byte) and reports, in one run:
+For the default ``ByteLM`` (d_model 256, 4 blocks) and each weight format of the fused CPU
+decode step (``fastrwa.models.PackedLM``: float32, bfloat16, int8), measured in one run:
 
-* the steady rate in bytes/s (after the first byte) and the resident memory before and after
-  (flat: the state is fixed-size);
-* the time of one ``step_`` and of one ``sample``;
-* what bounds the step: the same matrix-vector products alone (``addmm`` on the model's
-  weights, batch 1), the in-place scan steps alone (``fastrwa.rda_step_``, as the layers
-  call it), and the rest (the elementwise ops and norms between them, and Python).
+* **batch 1**, as ``python -m fastrwa.generate`` streams (``ByteLM.stream``: one fused step
+  and one ``sample`` per byte), in bytes/s after the first byte, with 1 and 2 threads;
+* **the limit**: the weight bytes one step reads (every matrix once) over the read
+  bandwidth of a buffer of that size, measured here (``sum`` of a float32 buffer of those
+  bytes, best of many), and the ratio of the stream's rate to it;
+* **batch 8 and 64**: aggregate bytes/s of the stream (every row sampled every step), and
+  the bound of the machine's arithmetic for them: the multiply-adds of a step at PyTorch's
+  best large float32 matrix product rate (``torch.mm`` 1024 x 1024 x 1024, measured here);
+* **first byte**: from a loaded model to the first byte out of ``stream`` (packing, the
+  prompt, one sample), kernels already loaded in this process;
+* **resident memory** before and after 10,000 bytes at batch 1 (flat: the state is fixed);
+* the eager PyTorch step (``weights="eager"``, the reference) at batch 1 for comparison.
 
-Speed does not depend on the weights' values, so the model is freshly initialised (a trained
-run's ``model/`` export streams at the same rate). Prints a table and writes
-``OUT/generation.json``.
+Then **cold start**: in fresh processes, the first ``ByteLM`` forward+backward and the first
+streamed byte after ``import fastrwa`` against the same call warm (numba's cache loaded from
+disk, nothing compiled: a first run ever compiles once, see docs/lm.md).
+
+Speed does not depend on the weights' values: the model is freshly initialised. Prints a
+table and writes ``OUT/generation.json``.
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ import argparse
 import json
 import os
 import pathlib
-import statistics
+import subprocess
 import sys
 import time
 
@@ -31,9 +39,7 @@ import torch
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import fastrwa  # noqa: E402
-from fastrwa.models import ByteLM, LMConfig  # noqa: E402
-from fastrwa.models.sampling import sample  # noqa: E402
+from fastrwa.models import WEIGHT_FORMATS, ByteLM, LMConfig, PackedLM  # noqa: E402
 
 
 def rss_mb() -> float:
@@ -42,67 +48,114 @@ def rss_mb() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e6
 
 
-def per_call_us(fn, repeats: int) -> float:
-    """Median over 5 rounds of the mean time of ``repeats`` calls, in microseconds."""
-    rounds = []
-    for _ in range(5):
+def best_s(fn, repeats: int) -> float:
+    """The fastest of ``repeats`` calls, in seconds."""
+    best = float("inf")
+    for _ in range(repeats):
         began = time.perf_counter()
-        for _ in range(repeats):
-            fn()
-        rounds.append((time.perf_counter() - began) / repeats * 1e6)
-    return statistics.median(rounds)
+        fn()
+        best = min(best, time.perf_counter() - began)
+    return best
 
 
-def matvecs(model: ByteLM):
-    """A function running the model's matrix-vector products of one token, alone."""
-    x = torch.randn(1, model.config.d_model)
-    calls = []
-    for block in model.blocks:
-        for linear in (block.mix.proj, *([block.gate] if block.gate is not None else []),
-                       block.mlp[0], block.mlp[2]):
-            inp = torch.randn(1, linear.in_features)
-            out = torch.empty(1, linear.out_features)
-            calls.append((linear.bias, inp, linear.weight.t(), out))
-    head = (model.head.weight.t(), torch.empty(1, model.head.out_features))
-
-    def run():
-        for bias, inp, weight, out in calls:
-            torch.addmm(bias, inp, weight, out=out)
-        torch.mm(x, head[0], out=head[1])
-    return run, len(calls) + 1
+def read_s(nbytes: int, repeats: int) -> float:
+    """Seconds to read ``nbytes`` once: the sum of a float32 buffer that size, at its best."""
+    buffer = torch.ones(max(1, nbytes // 4))
+    return best_s(buffer.sum, repeats)
 
 
-def measure(model: ByteLM, config: LMConfig, n_bytes: int, repeats: int) -> dict:
-    """The stream's steady rate and memory, and the parts of one step (see the module doc)."""
-    prompt = torch.tensor(list(b"The "))
+def gemm_flops(repeats: int) -> float:
+    """PyTorch's float32 matrix product rate on large operands, FLOP/s (best of ``repeats``)."""
+    a, b, out = torch.randn(1024, 1024), torch.randn(1024, 1024), torch.empty(1024, 1024)
+    return 2 * 1024 ** 3 / best_s(lambda: torch.mm(a, b, out=out), repeats)
+
+
+def stream_rate(model: ByteLM, weights, batch: int, n_bytes: int) -> tuple[float, float]:
+    """``(bytes/s after the first byte, all rows, seconds to the first byte)`` of
+    ``model.stream`` on a 4-byte prompt per row."""
+    prompt = torch.tensor([list(b"The ")] * batch)
     gen = torch.Generator().manual_seed(0)
-    for _ in model.stream(prompt, 20, generator=gen):      # warm-up (kernels load)
-        pass
-    before = rss_mb()
+    began = time.perf_counter()
     first, count = None, 0
-    for _ in model.stream(prompt, n_bytes, generator=gen):
+    for _ in model.stream(prompt, n_bytes, weights=weights, generator=gen):
         count += 1
         first = first or time.perf_counter()
-    steady = (count - 1) / (time.perf_counter() - first)
-    after = rss_mb()
-    cache = model.allocate_cache(1)
-    token = torch.tensor([65])
-    with torch.no_grad():
-        model.prefill(prompt[None], cache)
-        step_us = per_call_us(lambda: model.step_(token, cache), repeats)
-        logits = model.step_(token, cache).clone()
-        sample_us = per_call_us(lambda: sample(logits, 1.0, None, None, gen, 256), repeats)
-        run, n_matvec = matvecs(model)
-        matvec_us = per_call_us(run, repeats)
-        z, a, g, y = (torch.randn(1, config.d_model) for _ in range(4))
-        state = fastrwa.ScanState.empty(1, config.d_model)
-        scan_step = ((lambda: fastrwa.rwa_step_(z, a, state, y)) if config.layer == "rwa" else
-                     (lambda: fastrwa.rda_step_(z, a, g, state, y, config.attention)))
-        scan_us = per_call_us(scan_step, repeats) * config.n_layers
-    return dict(bytes=count, steady_bytes_per_s=steady, rss_mb_before=before,
-                rss_mb_after=after, step_us=step_us, sample_us=sample_us, matvec_us=matvec_us,
-                matvecs=n_matvec, scan_step_us=scan_us,
-                other_us=step_us - matvec_us - scan_us, matvec_bound_bytes_per_s=1e6 / matvec_us)
+    return batch * (count - 1) / (time.perf_counter() - first), first - began
+
+
+def multiply_adds(model: ByteLM) -> int:
+    """Multiply-adds of one step per row: every weight matrix once."""
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    return sum(m.weight.numel() for m in dict.fromkeys(linears))
+
+
+def measure(model: ByteLM, weights: str, threads: list[int], n_bytes: int, batches: list[int],
+            rss_bytes: int, repeats: int, flops: float) -> dict:
+    """Every number of one weight format (module doc)."""
+    if weights == "eager":
+        nbytes, packed = sum(m.weight.numel() * 4 for m in dict.fromkeys(
+            x for x in model.modules() if isinstance(x, torch.nn.Linear))), "eager"
+    else:
+        packed = PackedLM(model, weights)
+        nbytes = packed.matrix_bytes
+    torch.set_num_threads(max(threads))
+    stream_rate(model, packed, 1, 20)                                 # warm-up
+    limit = 1.0 / read_s(nbytes, repeats)
+    out = dict(weight_bytes=nbytes, limit_bytes_per_s=limit, batch1={})
+    for n in threads:
+        torch.set_num_threads(n)
+        rate, _ = stream_rate(model, packed, 1, n_bytes)
+        out["batch1"][n] = dict(bytes_per_s=rate, of_limit=rate / limit)
+    torch.set_num_threads(max(threads))
+    out["batches"] = {}
+    for B in batches:
+        rate, _ = stream_rate(model, packed, B, max(20, n_bytes * 8 // B // 10))
+        out["batches"][B] = dict(bytes_per_s=rate,
+                                 arithmetic_bound=flops / (2 * multiply_adds(model)))
+    out["first_byte_ms"] = 1e3 * min(
+        stream_rate(model, weights, 1, 2)[1]
+        for _ in range(5))
+    if rss_bytes:
+        before = rss_mb()
+        stream_rate(model, packed, 1, rss_bytes)
+        out["rss_mb"] = [before, rss_mb()]
+    return out
+
+
+COLD = r"""
+import json, sys, time
+began = time.perf_counter()
+import torch
+import fastrwa
+from fastrwa.models import ByteLM, LMConfig
+torch.manual_seed(0)
+model = ByteLM(LMConfig(d_model=64, n_layers=2))
+tokens = torch.randint(0, 256, (4, 64))
+imported = time.perf_counter()
+def train_step():
+    logits, _ = model(tokens)
+    logits.float().logsumexp(-1).mean().backward()
+def first_byte():
+    next(iter(model.stream(tokens[0, :4], 1)))
+timings = {}
+for name, fn in (("forward_backward", train_step), ("first_byte", first_byte)):
+    t = time.perf_counter(); fn(); first = time.perf_counter() - t
+    warm = min(__import__("timeit").repeat(fn, number=1, repeat=5))
+    timings[name] = [first, warm]
+timings["import_s"] = imported - began
+print(json.dumps(timings))
+"""
+
+
+def cold_start(runs: int) -> dict:
+    """Fresh processes' first forward+backward and first byte against warm calls (median)."""
+    results = []
+    for _ in range(runs):
+        done = subprocess.run([sys.executable, "-c", COLD], capture_output=True, text=True,
+                              cwd=ROOT, check=True)
+        results.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    middle = sorted(results, key=lambda r: r["forward_backward"][0])[len(results) // 2]
+    return middle
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -110,49 +163,69 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--d-model", type=int, default=256)
     p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--bytes", type=int, default=2000)
-    p.add_argument("--threads", default=f"1,{torch.get_num_threads()}",
-                   help="torch thread counts to measure, comma-separated")
+    p.add_argument("--bytes", type=int, default=3000, help="bytes streamed at batch 1")
+    p.add_argument("--rss-bytes", type=int, default=10000,
+                   help="bytes streamed while watching resident memory")
+    p.add_argument("--threads", default="1,2", help="thread counts at batch 1")
+    p.add_argument("--batches", default="8,64", help="larger batches (max threads)")
+    p.add_argument("--weights", default=",".join(("eager", *WEIGHT_FORMATS)))
     p.add_argument("--lm", action="append", default=[], metavar="KEY=VALUE",
                    help="LMConfig fields (as the trainer's --lm)")
+    p.add_argument("--cold-runs", type=int, default=3, help="fresh processes (0: none)")
     p.add_argument("--out", type=pathlib.Path,
                    default=pathlib.Path(__file__).parent / "results" / "generation")
     p.add_argument("--quick", action="store_true", help="a tiny model, a few bytes (CI)")
     args = p.parse_args(argv)
+    repeats = 200
     if args.quick:
-        args.d_model, args.layers, args.bytes = 32, 2, 50
+        args.d_model, args.layers, args.bytes, args.rss_bytes = 32, 2, 50, 0
+        args.batches, args.cold_runs, repeats = "8", 0, 5
     from fastrwa.train.config import parse_lm_field
     config = LMConfig(d_model=args.d_model, n_layers=args.layers,
                       **dict(parse_lm_field(item) for item in args.lm))
     torch.manual_seed(0)
     model = ByteLM(config).eval()
     params = sum(p.numel() for p in dict.fromkeys(model.parameters()))
-    threads = list(dict.fromkeys(int(t) for t in args.threads.split(",")))
-    runs = {}
-    for n in threads:
-        torch.set_num_threads(n)
-        runs[n] = measure(model, config, args.bytes, 20 if args.quick else 300)
+    threads = [int(t) for t in args.threads.split(",")]
+    batches = [int(b) for b in args.batches.split(",") if b]
+    flops = gemm_flops(repeats // 10 + 1)
+    formats = {}
+    for weights in args.weights.split(","):
+        formats[weights] = measure(model, weights, threads, args.bytes if weights != "eager"
+                                   else min(args.bytes, 500), batches,
+                                   args.rss_bytes if weights != "eager" else 0, repeats, flops)
+    cold = cold_start(args.cold_runs) if args.cold_runs else None
     result = dict(config=config.to_dict(), params=params, torch=torch.__version__,
-                  cpu_count=os.cpu_count(), by_threads=runs)
+                  cpu_count=os.cpu_count(), gemm_flops=flops, formats=formats, cold_start=cold,
+                  date=time.strftime("%Y-%m-%d"))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "generation.json").write_text(json.dumps(result, indent=1))
-    print(f"ByteLM d_model {args.d_model} x {args.layers} blocks ({params:,} parameters), "
-          f"batch 1; one column per torch.set_num_threads")
-    rows = [("stream (as python -m fastrwa.generate), bytes/s", "steady_bytes_per_s", ",.0f"),
-            ("resident memory before -> after, MB", "rss", ""),
-            ("ByteLM.step_ (one byte), us", "step_us", ",.0f"),
-            ("sample (one byte), us", "sample_us", ",.0f"),
-            ("  matrix-vector products alone, us", "matvec_us", ",.0f"),
-            ("  scan steps alone (rda_step_), us", "scan_step_us", ",.0f"),
-            ("  the rest of step_ (norms, gates, copies, Python), us", "other_us", ",.0f"),
-            ("bytes/s the matrix-vector products alone would allow", "matvec_bound_bytes_per_s",
-             ",.0f")]
-    width = max(len(r[0]) for r in rows)
-    print(f"{'':<{width}}  " + "  ".join(f"{f'{n} thread(s)':>14}" for n in runs))
-    for name, key, fmt in rows:
-        cells = [f"{r['rss_mb_before']:.0f} -> {r['rss_mb_after']:.0f}" if key == "rss"
-                 else format(r[key], fmt) for r in runs.values()]
-        print(f"{name:<{width}}  " + "  ".join(f"{c:>14}" for c in cells))
+    print(f"ByteLM d_model {args.d_model} x {args.layers} blocks ({params:,} parameters); "
+          f"torch.mm peak {flops / 1e9:.0f} GFLOP/s")
+    rows = [("weight bytes read per step, MB", lambda r: f"{r['weight_bytes'] / 1e6:.1f}"),
+            ("limit at batch 1 (bytes / read bandwidth), bytes/s",
+             lambda r: f"{r['limit_bytes_per_s']:,.0f}")]
+    for n in threads:
+        rows.append((f"batch 1, {n} thread(s), bytes/s (x limit)",
+                     lambda r, n=n: f"{r['batch1'][n]['bytes_per_s']:,.0f} "
+                                    f"({r['batch1'][n]['of_limit']:.2f})"))
+    for B in batches:
+        rows.append((f"batch {B}, bytes/s all rows (arithmetic bound)",
+                     lambda r, B=B: f"{r['batches'][B]['bytes_per_s']:,.0f} "
+                                    f"({r['batches'][B]['arithmetic_bound']:,.0f})"))
+    rows.append(("first byte after load, ms", lambda r: f"{r['first_byte_ms']:.1f}"))
+    rows.append(("resident memory over the stream, MB",
+                 lambda r: "{:.0f} -> {:.0f}".format(*r["rss_mb"]) if "rss_mb" in r else "-"))
+    width = max(len(name) for name, _ in rows)
+    print(f"{'':<{width}}  " + "  ".join(f"{w:>16}" for w in formats))
+    for name, cell in rows:
+        print(f"{name:<{width}}  " + "  ".join(f"{cell(r):>16}" for r in formats.values()))
+    if cold:
+        fb, byte = cold["forward_backward"], cold["first_byte"]
+        print(f"cold start (fresh process, median of {args.cold_runs}): import "
+              f"{cold['import_s']:.2f} s; first forward+backward {fb[0]:.2f} s against "
+              f"{fb[1]:.3f} s warm (+{fb[0] - fb[1]:.2f} s); first streamed byte "
+              f"{1e3 * byte[0]:.0f} ms against {1e3 * byte[1]:.1f} ms warm")
     print(args.out / "generation.json")
     return 0
 

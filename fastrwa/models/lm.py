@@ -16,7 +16,7 @@ from ..ops.dispatch import state_dtype
 from ..state import ScanState
 from .config import LMConfig
 from .pretrained import load_pretrained, save_pretrained
-from .sampling import check_logits, collect, prepare_prompt, sample_loop
+from .sampling import check_logits, collect, prepare_prompt, sample_fused, sample_loop
 
 
 def longest_timescale(depth: int, n_layers: int) -> float:
@@ -493,7 +493,7 @@ class ByteLM(nn.Module):
         logits = decoder.prefill(context, cache)
         yield from sample_loop(logits, lambda token: decoder.step_(token, cache),
                                max_new_tokens, temperature, top_k, top_p, generator,
-                               self.config.bos_token)
+                               self.config.bos_token, None if decoder is self else sample_fused)
 
     def _beam_search(self, decoder, prompt: Tensor, context: Tensor, max_new: int,
                      K: int) -> Tensor:

@@ -65,11 +65,14 @@ def collect(prompt: Tensor, tokens: Iterator[Tensor], max_new_tokens: int) -> Te
 
 def sample_loop(logits: Tensor, step: Callable[[Tensor], Tensor], max_new_tokens: int,
                 temperature: float, top_k: Optional[int], top_p: Optional[float],
-                generator: Optional[torch.Generator], forbidden: int) -> Iterator[Tensor]:
+                generator: Optional[torch.Generator], forbidden: int,
+                draw: Optional[Callable] = None) -> Iterator[Tensor]:
     """Yield ``max_new_tokens`` tokens ``(B,)``: each sampled from ``logits`` ``(B, V)``, the
-    last position's, which ``step(token)`` then advances (not after the last token)."""
+    last position's, which ``step(token)`` then advances (not after the last token).
+    ``draw``: :func:`sample` (the default) or :func:`sample_fused`."""
+    draw = draw or sample
     for i in range(max_new_tokens):
-        token = sample(logits, temperature, top_k, top_p, generator, forbidden)
+        token = draw(logits, temperature, top_k, top_p, generator, forbidden)
         yield token
         if i + 1 < max_new_tokens:
             logits = step(token)
@@ -122,3 +125,25 @@ def sample(logits: Tensor, temperature: float, top_k: Optional[int], top_p: Opti
         logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
     probs = torch.softmax(logits, dim=-1)
     return torch.multinomial(probs, 1, generator=generator)[:, 0]
+
+
+def sample_fused(logits: Tensor, temperature: float, top_k: Optional[int],
+                 top_p: Optional[float], generator: Optional[torch.Generator],
+                 forbidden: int) -> Tensor:
+    """:func:`sample` in one compiled call for contiguous float32 CPU ``logits`` (the fused
+    decode step's: ``fastrwa.models.PackedLM``), any other logits by :func:`sample`. The same
+    distribution (top-p keeps every id tied with the last one it keeps), drawn by the
+    inverse of the cumulative weights at one uniform per row from ``generator``: other
+    draws than :func:`sample`'s for the same seed. NaN or ``+inf`` logits, or a row with
+    every id excluded, are the same ``ValueError``."""
+    if logits.device.type != "cpu" or logits.dtype != torch.float32 \
+            or not logits.is_contiguous():
+        return sample(logits, temperature, top_k, top_p, generator, forbidden)
+    from ..ops import decode_host
+    uniforms = torch.rand(logits.shape[0], generator=generator, dtype=torch.float64)
+    token, bad = decode_host.sample(logits, temperature, top_k, top_p, uniforms, forbidden)
+    if bad >= 0:
+        masked = logits.clone()
+        masked[:, forbidden:] = float("-inf")
+        check_logits(masked, masked.amax(dim=-1, keepdim=True))
+    return token

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from ..kernels.cpu.decode import check_tokens, decode as decode_kernel
+from ..kernels.cpu.sampling import sample_rows
 from .numba_host import _consts, _pool, threads
 
 WEIGHT_FORMATS = ("float32", "bfloat16", "int8")
@@ -150,3 +151,16 @@ def run(weights: Weights, state: tuple, work: dict, arrays: dict, tokens: np.nda
     for future in futures:
         future.result()
     return -1
+
+
+def sample(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None,
+           uniforms: torch.Tensor, forbidden: int) -> tuple[torch.Tensor, int]:
+    """``(ids (B,) int64, -1)``: one id per row of contiguous float32 CPU ``logits``
+    ``(B, V)`` drawn at ``uniforms`` ``(B,)`` (``kernels/cpu/sampling.py``), or ``(_, row)``
+    naming the first row nothing can be drawn from."""
+    B, V = logits.shape
+    out = torch.empty(B, dtype=torch.int64)
+    bad = sample_rows(flat(logits), B, V, forbidden, np.float32(temperature),
+                      top_k or 0, 1.0 if top_p is None else float(top_p),
+                      uniforms.numpy(), out.numpy(), np.empty(V, dtype=np.float32))
+    return out, bad
