@@ -207,3 +207,57 @@ def test_bad_arguments_are_refused_before_anything_is_written():
         packed.step_(torch.tensor([1, 2]), other)
     with pytest.raises(TypeError, match="InferenceCache"):
         packed.step_(torch.tensor([1, 2]), None)
+
+
+def _probabilities(logits, temperature, top_k, top_p, forbidden):
+    """The distribution of the eager ``sample``, in float64 (the definition)."""
+    x = logits.double().clone()
+    x[:, forbidden:] = float("-inf")
+    x = (x - x.amax(-1, keepdim=True)) / temperature
+    if top_k is not None:
+        x[x < x.topk(top_k, -1).values[:, -1:]] = float("-inf")
+    p = torch.softmax(x, -1)
+    if top_p is not None:
+        sorted_p, order = p.sort(-1, descending=True)
+        keep = (sorted_p.cumsum(-1) - sorted_p) < top_p
+        p = torch.zeros_like(p).scatter(-1, order, sorted_p * keep)
+        p = p / p.sum(-1, keepdim=True)
+    return p
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, None, None), (0.7, 4, None),
+                                                     (1.5, None, 0.6), (1.0, 6, 0.9)])
+def test_fused_sampler_draws_the_eager_distribution(temperature, top_k, top_p):
+    from fastrwa.models.sampling import sample_fused
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 20, generator=gen) * 2
+    logits[:, 3] = 5.0                                  # (a clear favourite, and ids past 16
+    forbidden, n = 16, 20000                            # that must never be drawn)
+    draws = torch.stack([sample_fused(logits, temperature, top_k, top_p, gen, forbidden)
+                         for _ in range(n)])            # (n, 2)
+    expected = _probabilities(logits, temperature, top_k, top_p, forbidden)
+    for row in range(2):
+        freq = torch.bincount(draws[:, row], minlength=20).double() / n
+        bound = 5 * (expected[row] * (1 - expected[row]) / n).sqrt() + 1e-9
+        assert ((freq - expected[row]).abs() <= bound).all(), (freq, expected[row])
+        assert freq[forbidden:].sum() == 0
+
+
+def test_fused_sampler_limits_and_errors():
+    from fastrwa.models.sampling import sample, sample_fused
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.tensor([[0.0, 3.0, 2.9, 9.0], [1.0, 1.0, 0.5, -2.0]])
+    # a temperature too small for float32: the greedy choice (the allowed maximum)
+    for _ in range(20):
+        first, second = sample_fused(logits, 1e-30, None, None, gen, 3).tolist()
+        assert first == 1 and second in (0, 1)          # (row 1: a tie of ids 0 and 1)
+    assert sample_fused(logits, 1.0, 1, None, gen, 3)[0] == 1
+    for bad, words in [(float("nan"), "hold NaN"), (float("inf"), r"hold \+inf")]:
+        broken = logits.clone()
+        broken[1, 2] = bad
+        with pytest.raises(ValueError, match=words):
+            sample_fused(broken, 1.0, None, None, gen, 3)
+        with pytest.raises(ValueError, match=words):
+            sample(broken, 1.0, None, None, gen, 3)
+    with pytest.raises(ValueError, match="all -inf"):
+        sample_fused(torch.full((1, 4), float("-inf")), 1.0, None, None, gen, 3)
