@@ -125,7 +125,9 @@ def run(weights: Weights, state: tuple, work: dict, arrays: dict, tokens: np.nda
     flat views of ``work`` (made once per cache). Returns -1, or the first row holding an id
     outside the vocabulary: then nothing was written."""
     s = weights.shapes
-    t_stride = tokens.shape[0] // batch if batch else 0
+    if batch == 0:
+        return -1
+    t_stride = tokens.shape[0] // batch
     bad = check_tokens(tokens, t_stride, steps, 0, batch, s.V)
     if bad >= 0:
         return bad
