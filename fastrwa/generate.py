@@ -123,7 +123,7 @@ def _generate(args) -> int:
             options["weights"] = args.weights
             if args.weights in WEIGHT_FORMATS:     # (refuses a model it cannot pack)
                 options["weights"] = PackedLM(model, args.weights)
-        elif args.weights != "auto":
+        elif args.weights not in ("auto", "eager"):
             raise ValueError(f"--weights {args.weights}: {type(model).__name__} (an "
                              f"{model.config.layer.upper()} baseline) has the eager step only")
         # (surrogateescape: a prompt given as bytes that are not UTF-8 is continued as given)

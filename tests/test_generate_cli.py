@@ -93,3 +93,18 @@ def test_a_reader_that_stops_early_ends_generation_quietly(export):
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 1
     assert "Traceback" not in err and "Exception ignored" not in err, err
+
+
+def test_weights_formats_stream_and_refuse_what_they_cannot_run(export, tmp_path,
+                                                                capsysbinary):
+    for weights in ("auto", "eager", "float32", "bfloat16", "int8"):
+        assert generate_main([str(export), "--max-new", "5", "--weights", weights,
+                              "--prompt", "ab"]) == 0
+        out = capsysbinary.readouterr().out
+        assert out.startswith(b"ab") and len(out) == 2 + 5 + 1
+    lstm = tmp_path / "lstm"
+    save_pretrained(build(LMConfig(layer="lstm", d_model=8, n_layers=1)), lstm / "model")
+    assert generate_main([str(lstm), "--max-new", "2", "--weights", "eager"]) == 0
+    capsysbinary.readouterr()
+    assert generate_main([str(lstm), "--max-new", "2", "--weights", "int8"]) == 2
+    assert "has the eager step only" in _error(capsysbinary)

@@ -193,7 +193,7 @@ def test_bad_arguments_are_refused_before_anything_is_written():
                          (torch.tensor([1, 2, 3]), r"shape \(B,\) = \(2,\)"),
                          (torch.tensor([1.0, 2.0]), "integer ids"),
                          ([1, 2], "integer ids")]:
-        with pytest.raises(ValueError, match=words):
+        with pytest.raises((ValueError, TypeError), match=words):
             packed.step_(token, cache)
         assert unchanged()
     for tokens, words in [(torch.tensor([[1, 2]]), r"\(B, T\) = \(2, T\)"),
@@ -261,3 +261,50 @@ def test_fused_sampler_limits_and_errors():
             sample(broken, 1.0, None, None, gen, 3)
     with pytest.raises(ValueError, match="all -inf"):
         sample_fused(torch.full((1, 4), float("-inf")), 1.0, None, None, gen, 3)
+
+
+def test_fused_top_p_keeps_a_prefix_of_the_sorted_ids_as_the_eager_sampler():
+    """Two ids tied at probability 0.5 and top_p = 0.5: the first reaches p, so only one
+    is kept (the lower id; the eager sort keeps one of the two as well), and a top_k larger
+    than any vocabulary is no top-k."""
+    from fastrwa.models.sampling import sample, sample_fused
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.tensor([[0.0, 0.0, -1e9, -1e9]])
+    fused = {int(sample_fused(logits, 1.0, 10 ** 20, 0.5, gen, 4)) for _ in range(200)}
+    eager = {int(sample(logits, 1.0, None, 0.5, gen, 4)) for _ in range(200)}
+    assert fused == {0} and len(eager) == 1
+
+
+def test_a_pack_keeps_the_weights_it_was_packed_with():
+    model = _model()
+    packed = PackedLM(model, "float32")
+    twin_before = packed.dequantized()
+    tokens = torch.tensor([TEXT[:6]])
+    cache = packed.allocate_cache(1)
+    expected = packed.prefill(tokens, cache).clone()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(2.0)                                  # (training, say)
+    assert torch.equal(packed.prefill(tokens, cache), expected)
+    for p, q in zip(twin_before.parameters(), packed.dequantized().parameters()):
+        assert torch.equal(p, q)
+    model.double()
+    with pytest.raises(ValueError, match="changed since it was packed"):
+        packed.allocate_cache(1)
+    with pytest.raises(ValueError, match="another shape, dtype or device"):
+        packed.step_(torch.tensor([1]), model.allocate_cache(1))
+
+
+@pytest.mark.parametrize("weights", WEIGHT_FORMATS)
+@torch.no_grad()
+def test_a_long_prompt_in_chunks_equals_the_eager_prefill(weights):
+    """300 positions: three calls of the kernel (128, 128, 44), the state carried."""
+    packed = PackedLM(_model(token_shift=True), weights)
+    reference = packed.dequantized()
+    tokens = torch.tensor(TEXT[:600]).view(2, 300)
+    cache, ref = packed.allocate_cache(2), reference.allocate_cache(2)
+    assert _relative(packed.prefill(tokens, cache), reference.prefill(tokens, ref)) < 1e-5
+    for got, want in zip(cache.stacked, ref.stacked):
+        assert (got - want).abs().max() <= 1e-5 * want.abs().max()
+    assert _relative(packed.step_(tokens[:, 0], cache), reference.step_(tokens[:, 0], ref)) \
+        < 1e-5

@@ -340,12 +340,16 @@ class ByteLM(nn.Module):
                             f"model.allocate_cache(B)), got {type(cache).__name__}")
         mine = self._cache_layout()
         if cache.layout != mine:
-            def describe(layout: tuple) -> str:
-                return ", ".join(f"{k}={v}" for k, v in zip(self._CACHE_FIELDS, layout))
             raise ValueError(f"cache was allocated by a model of another shape, dtype or "
-                             f"device ({describe(cache.layout)}); this model has "
-                             f"{describe(mine)}: allocate one with model.allocate_cache(B)")
+                             f"device ({self.describe_layout(cache.layout)}); this model has "
+                             f"{self.describe_layout(mine)}: allocate one with "
+                             f"model.allocate_cache(B)")
         return cache
+
+    @classmethod
+    def describe_layout(cls, layout: tuple) -> str:
+        """A cache layout (``InferenceCache.layout``) as ``field=value, ...`` for messages."""
+        return ", ".join(f"{k}={v}" for k, v in zip(cls._CACHE_FIELDS, layout))
 
     def prefill(self, tokens: Tensor, cache: InferenceCache) -> Tensor:
         """Run ``tokens`` ``(B, T)`` (``B`` the cache's batch, ``T >= 1``) in parallel from
@@ -413,7 +417,7 @@ class ByteLM(nn.Module):
     def _decoder(self, weights: object):
         """What runs the steps of ``generate``/``stream`` for their ``weights`` argument:
         this model (the eager step) or a :class:`fastrwa.models.PackedLM` of it."""
-        from .packed import WEIGHT_FORMATS, PackedLM, _unsupported
+        from .packed import WEIGHT_FORMATS, PackedLM, unsupported_reason
         if isinstance(weights, PackedLM):
             if weights.model is not self:
                 raise ValueError("weights is a PackedLM of another model: pack this one "
@@ -422,7 +426,7 @@ class ByteLM(nn.Module):
         if weights == "eager":
             return self
         if weights == "auto":
-            return self if _unsupported(self) else PackedLM(self, "float32")
+            return self if unsupported_reason(self) else PackedLM(self, "float32")
         if weights not in WEIGHT_FORMATS:
             raise ValueError(f"weights must be 'auto', 'eager', one of {WEIGHT_FORMATS} or a "
                              f"PackedLM of this model, got {weights!r}")

@@ -9,11 +9,12 @@ from torch import Tensor
 
 from ..kernels.codes import (ATTENTION_CODE, DISCOUNT_CODE, OUTPUT_FUNCTION_CODE)
 from ..ops import decode_host
-from ..ops.decode_host import WEIGHT_FORMATS, Shapes, Weights, dequantize, flat, quantize
+from ..ops.decode_host import WEIGHT_FORMATS, Shapes, Weights, dequantize, quantize
+from ..ops.numba_host import flat
 from .lm import ByteLM, InferenceCache
 
 
-def _unsupported(model: object) -> Optional[str]:
+def unsupported_reason(model: object) -> Optional[str]:
     """Why ``model`` cannot be packed, or ``None``."""
     if not isinstance(model, ByteLM):
         return f"model must be a fastrwa.models.ByteLM, got {type(model).__name__}"
@@ -58,7 +59,7 @@ class PackedLM:
     """
 
     def __init__(self, model: ByteLM, weights: str = "float32"):
-        problem = _unsupported(model)
+        problem = unsupported_reason(model)
         if problem:
             raise ValueError(problem)
         self.format = decode_host.check_format(weights)
@@ -75,6 +76,8 @@ class PackedLM:
             f_h=OUTPUT_FUNCTION_CODE[mix.f_h_name if rda else "identity"],
             f_o=OUTPUT_FUNCTION_CODE[mix.f_o_name if rda else "tanh"])
         with torch.no_grad():
+            # what dequantized() rebuilds the model from: the values packed, not later ones
+            self._snapshot = {k: v.detach().clone() for k, v in model.state_dict().items()}
             linears = dict(proj=[b.mix.proj for b in blocks], up=[b.mlp[0] for b in blocks],
                            down=[b.mlp[2] for b in blocks],
                            gate=[b.gate for b in blocks] if c.output_gate else None)
@@ -113,12 +116,13 @@ class PackedLM:
         return self._weights.matrix_bytes
 
     def dequantized(self) -> ByteLM:
-        """A copy of the model whose matrices are exactly what this pack multiplies by
-        (``q * scale`` for int8, the bfloat16 values in float32): its eager forward is the
+        """The model as it was packed, with its matrices exactly what this pack multiplies
+        by (``q * scale`` for int8, the bfloat16 values in float32): its eager forward is the
         reference of the packed step, and measures the validation loss of the format in
-        parallel."""
-        import copy
-        model = copy.deepcopy(self.model)
+        parallel. A new ``ByteLM`` (float32, CPU), sharing nothing with the model."""
+        model = ByteLM(self.model.config)
+        model.load_state_dict(self._snapshot)
+        model.train(self.model.training)
         with torch.no_grad():
             for name, linears in (("proj", [b.mix.proj for b in model.blocks]),
                                   ("up", [b.mlp[0] for b in model.blocks]),
@@ -138,11 +142,26 @@ class PackedLM:
     # -- streaming ------------------------------------------------------------------------
     def allocate_cache(self, batch: int) -> InferenceCache:
         """An :class:`InferenceCache` for ``batch`` rows (the model's)."""
+        if self.model._cache_layout() != self.layout:
+            raise ValueError(f"the model changed since it was packed (now "
+                             f"{ByteLM.describe_layout(self.model._cache_layout())}, packed "
+                             f"{ByteLM.describe_layout(self.layout)}): pack it again")
         return self.model.allocate_cache(batch)
+
+    def _check_cache(self, cache: object) -> InferenceCache:
+        """``cache`` was allocated for the model as it was packed (shape, dtype, device)."""
+        if not isinstance(cache, InferenceCache):
+            raise TypeError(f"cache must be a fastrwa.models.InferenceCache (from "
+                            f"packed.allocate_cache(B)), got {type(cache).__name__}")
+        if cache.layout != self.layout:
+            raise ValueError(f"cache was allocated by a model of another shape, dtype or "
+                             f"device ({ByteLM.describe_layout(cache.layout)}); this pack holds "
+                             f"{ByteLM.describe_layout(self.layout)}: allocate one with "
+                             f"packed.allocate_cache(B)")
+        return cache
 
     def _buffers(self, cache: InferenceCache) -> tuple:
         """This cache's kernel buffers (made on first use, kept in ``cache.work``)."""
-        self.model._check_cache(cache)
         found = cache.work.get("packed")
         if found is None:
             work = decode_host.work_buffers(self.shapes, cache.batch)
@@ -151,24 +170,40 @@ class PackedLM:
             found = cache.work["packed"] = (work, arrays, state)
         return found
 
-    def _run(self, tokens: Tensor, cache: InferenceCache, steps: int, name: str) -> Tensor:
+    def _run(self, tokens: Tensor, cache: InferenceCache, name: str) -> Tensor:
+        """Advance the cache by ``tokens`` ``(B, T)``: one call for ``T = 1``, calls of
+        ``PREFILL_CHUNK`` positions for a prompt (with buffers for them, made per prompt)."""
         work, arrays, state = self._buffers(cache)
-        ids = tokens.to(torch.int64).contiguous()
-        bad = decode_host.run(self._weights, state, work, arrays, flat(ids).reshape(-1),
-                              steps, cache.batch)
-        if bad >= 0:
-            row = ids[bad]
-            raise ValueError(f"{name} must be ids in [0, {self.shapes.V}), got values in "
-                             f"[{int(row.min())}, {int(row.max())}] in row {bad}")
+        ids = tokens.to(torch.int64)
+        T = ids.shape[1]
+        if T > 1:
+            chunk = min(T, decode_host.PREFILL_CHUNK)
+            long = decode_host.work_buffers(self.shapes, cache.batch, chunk)
+            arrays = {k: flat(v) for k, v in long.items() if k != "logits"} | \
+                {"logits": arrays["logits"]}
+            bad = decode_host.check_tokens_of(ids, self.shapes.V)   # (all before any write)
+            if bad >= 0:
+                self._refuse(ids, bad, name)
+        for lo in range(0, T, decode_host.PREFILL_CHUNK):
+            piece = ids[:, lo:lo + decode_host.PREFILL_CHUNK].contiguous()
+            bad = decode_host.run(self._weights, state, arrays, flat(piece), cache.batch)
+            if bad >= 0:
+                self._refuse(ids, bad, name)
         return work["logits"]
+
+    def _refuse(self, ids: Tensor, row: int, name: str) -> None:
+        values = ids[row]
+        raise ValueError(f"{name} must be ids in [0, {self.shapes.V}), got values in "
+                         f"[{int(values.min())}, {int(values.max())}] in row {row}")
 
     @torch.no_grad()
     def prefill(self, tokens: Tensor, cache: InferenceCache) -> Tensor:
         """Run ``tokens`` ``(B, T)`` (``B`` the cache's batch, ``T >= 1``) from the initial
-        state, one fused step per position (the head only after the last), leave the state
-        in ``cache`` and return the last position's logits ``(B, vocab_size)``: a buffer the
-        next step overwrites. Checked before anything is written."""
-        self.model._check_cache(cache)
+        state, leave the state in ``cache`` and return the last position's logits ``(B,
+        vocab_size)``: a buffer the next step overwrites. The fused kernel runs the prompt
+        layer by layer, each product on up to 128 positions at once, the scan along them in
+        order, the head after the last. Checked before anything is written."""
+        self._check_cache(cache)
         B = cache.batch
         if not isinstance(tokens, Tensor) or tokens.dim() != 2 or tokens.shape[0] != B \
                 or tokens.shape[1] == 0:
@@ -176,11 +211,14 @@ class PackedLM:
             raise ValueError(f"tokens must have shape (B, T) = ({B}, T) with T >= 1 (the "
                              f"cache's batch), got {got}")
         self.model._check_tokens(tokens, 2)
+        if tokens.device.type != "cpu":
+            raise ValueError(f"tokens must be on the CPU (the packed model's), "
+                             f"got {tokens.device}")
         for buf, init in zip(cache.stacked, self._initial):
             buf.copy_(init[:, None])
         if cache.stacked[3].numel():
             cache.stacked[3].zero_()
-        return self._run(tokens, cache, tokens.shape[1], "tokens")
+        return self._run(tokens, cache, "tokens")
 
     @torch.no_grad()
     def step_(self, token: Tensor, cache: InferenceCache) -> Tensor:
@@ -188,16 +226,17 @@ class PackedLM:
         logits ``(B, vocab_size)``, a buffer the next step overwrites (as
         :meth:`ByteLM.step_`). Ids outside the vocabulary are refused (``ValueError``)
         before anything is written."""
-        self.model._check_cache(cache)
-        if not isinstance(token, Tensor) or token.dim() != 1 or token.shape[0] != cache.batch \
-                or token.is_floating_point() or token.is_complex() or token.dtype == torch.bool:
-            got = f"{tuple(token.shape)} {token.dtype}" if isinstance(token, Tensor) \
-                else type(token).__name__
-            raise ValueError(f"token must be integer ids of shape (B,) = ({cache.batch},), "
-                             f"got {got}")
+        self._check_cache(cache)
+        if not isinstance(token, Tensor) or token.is_floating_point() or token.is_complex() \
+                or token.dtype == torch.bool:
+            got = token.dtype if isinstance(token, Tensor) else type(token).__name__
+            raise TypeError(f"token must be a tensor of integer ids (B,), got {got}")
+        if token.dim() != 1 or token.shape[0] != cache.batch:
+            raise ValueError(f"token must have shape (B,) = ({cache.batch},), "
+                             f"got {tuple(token.shape)}")
         if token.device.type != "cpu":
             raise ValueError(f"token must be on the CPU (the packed model's), got {token.device}")
-        return self._run(token[:, None], cache, 1, "token")
+        return self._run(token[:, None], cache, "token")
 
     def generate(self, prompt: Tensor, max_new_tokens: int, **options) -> Tensor:
         """:meth:`ByteLM.generate` with this pack's step (``options`` as there)."""

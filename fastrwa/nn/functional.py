@@ -6,17 +6,17 @@ from typing import Callable
 
 import torch
 
+from ..kernels.codes import OUTPUT_FUNCTIONS
+
+
 def identity(x: torch.Tensor) -> torch.Tensor:
     """``f(x) = x`` (a named function, not a lambda: it pickles)."""
     return x
 
 
-ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "tanh": torch.tanh,
-    "identity": identity,
-    "sigmoid": torch.sigmoid,
-    "relu": torch.relu,
-}
+# (named in kernels/codes.py, whose codes the fused decode step branches on)
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = dict(zip(
+    OUTPUT_FUNCTIONS, (torch.tanh, identity, torch.sigmoid, torch.relu)))
 
 # The same functions writing into ``out`` (``out`` may be ``x``): for allocation-free steps.
 ACTIVATIONS_OUT: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {

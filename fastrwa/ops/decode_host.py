@@ -10,9 +10,10 @@ float32 in every one):
 * ``int8``: per output row ``scale = max|w| / 127`` and ``q = round(w / scale)`` in
   ``[-127, 127]`` (a quarter of the bytes), ``w ~ q * scale``.
 
-A call with ``B >= 8`` rows runs up to ``torch.get_num_threads()`` ranges of rows at once
-(one on the caller's thread, the others on the numba backend's pool: the kernel releases the
-GIL), each starting at a multiple of 4 rows; smaller batches run on the caller's thread.
+A call with ``B >= 8`` rows runs up to ``torch.get_num_threads()`` ranges of 4 rows or more
+at once (one on the caller's thread, the others on the numba backend's pool: the kernel
+releases the GIL), each starting at a multiple of 4 rows; smaller batches run on the
+caller's thread.
 """
 
 from __future__ import annotations
@@ -24,14 +25,16 @@ import torch
 
 from ..kernels.cpu.decode import check_tokens, decode as decode_kernel
 from ..kernels.cpu.sampling import sample_rows
-from .numba_host import _consts, _pool, threads
+from .numba_host import flat, kernel_consts, pool, threads
 
 WEIGHT_FORMATS = ("float32", "bfloat16", "int8")
 INT8_LEVELS = 127
+PREFILL_CHUNK = 128     # positions per call of a prompt (the work buffers grow with them)
 ROW_BLOCK = 4       # rows kernels/cpu/decode.py's linear multiplies by one weight row at once
 
 
 def check_format(weights: object) -> str:
+    """``weights`` if it names a format of :data:`WEIGHT_FORMATS`, else ``ValueError``."""
     if weights not in WEIGHT_FORMATS:
         raise ValueError(f"weights must be one of {WEIGHT_FORMATS}, got {weights!r}")
     return weights
@@ -60,13 +63,6 @@ def dequantize(data: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     if data.dtype == torch.int8:
         return data.to(torch.float32) * scale[..., None]
     return data.to(torch.float32)
-
-
-def flat(t: torch.Tensor) -> np.ndarray:
-    """A flat NumPy view of a contiguous CPU tensor (bfloat16 as its ``uint16`` bits)."""
-    if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy().reshape(-1).view(np.uint16)
-    return t.numpy().reshape(-1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,46 +104,49 @@ class Weights:
         return sum(data.nbytes for data, _, _ in self.matrices)
 
 
-def work_buffers(shapes: Shapes, batch: int) -> dict[str, torch.Tensor]:
-    """The kernel's work buffers for ``batch`` rows (float32 CPU tensors)."""
+def work_buffers(shapes: Shapes, batch: int, positions: int = 1) -> dict[str, torch.Tensor]:
+    """The kernel's work buffers (float32 CPU tensors) for calls of up to ``positions``
+    tokens per row of ``batch`` rows: one row per (batch row, position), and the logits
+    ``(batch, V)``."""
     s = shapes
     widths = dict(x=s.D, normed=s.D, inp=s.F, proj=s.G * s.D, z=s.D, y=s.D, h=s.D, gate=s.D,
-                  hidden=s.R, tb=2 * s.D, logits=s.V)
-    return {name: torch.empty(batch, width, dtype=torch.float32)
+                  hidden=s.R, tb=2 * s.D)
+    work = {name: torch.empty(batch * positions, width, dtype=torch.float32)
             for name, width in widths.items()}
+    work["logits"] = torch.empty(batch, s.V, dtype=torch.float32)
+    return work
 
 
-def run(weights: Weights, state: tuple, work: dict, arrays: dict, tokens: np.ndarray,
-        steps: int, batch: int) -> int:
-    """Advance ``batch`` rows by ``tokens[:, :steps]`` (``tokens`` flat int64, ``(B,
-    t_stride)`` row-major) and write the logits into ``work['logits']``. ``state``: flat
-    ``m, n, d, last`` arrays ``(L, B, D)`` (``last`` empty without token shift); ``arrays``:
-    flat views of ``work`` (made once per cache). Returns -1, or the first row holding an id
-    outside the vocabulary: then nothing was written."""
+def run(weights: Weights, state: tuple, arrays: dict, tokens: np.ndarray, batch: int) -> int:
+    """Advance ``batch`` rows by their ``T`` tokens (``tokens`` flat int64, ``(B, T)``
+    row-major) and write the logits after the last into ``arrays['logits']``. ``state``:
+    flat ``m, n, d, last`` arrays ``(L, B, D)`` (``last`` empty without token shift);
+    ``arrays``: flat views of :func:`work_buffers` for ``T`` positions or more. Returns -1,
+    or the first row holding an id outside the vocabulary: then nothing was written."""
     s = weights.shapes
     if batch == 0:
         return -1
-    t_stride = tokens.shape[0] // batch
-    bad = check_tokens(tokens, t_stride, steps, 0, batch, s.V)
+    T = tokens.shape[0] // batch
+    bad = check_tokens(tokens, T, T, 0, batch, s.V)
     if bad >= 0:
         return bad
     (proj, gate, up, down, head) = weights.matrices
     w = arrays
-    args = (tokens, t_stride, steps)
+    args = (tokens, T, T)
     rest = (s.L, batch, s.D, s.G, s.R, s.V, s.F, s.token_shift, s.gated, s.attention,
             s.discount, s.f_h, s.f_o, weights.embed, weights.norms, weights.eps,
             *proj, *gate, *up, *down, *head, *state,
             w["x"], w["normed"], w["inp"], w["proj"], w["z"], w["y"], w["h"], w["gate"],
-            w["hidden"], w["tb"], w["logits"], _consts(torch.float32))
+            w["hidden"], w["tb"], w["logits"], kernel_consts(torch.float32))
     # Ranges start at multiples of the kernel's block of rows: a row is summed in the same
     # block (and order) whatever the split, so the result does not depend on the threads.
-    k = threads()
+    k = min(threads(), batch // ROW_BLOCK)         # (ranges of 4 rows or more)
     bounds = sorted({0, batch, *(min(batch, ROW_BLOCK * round(batch * i / k / ROW_BLOCK))
                                  for i in range(1, k))})
     if len(bounds) == 2:
         decode_kernel(*args, 0, batch, *rest)
         return -1
-    futures = [_pool(len(bounds) - 2).submit(decode_kernel, *args, lo, hi, *rest)
+    futures = [pool(len(bounds) - 2).submit(decode_kernel, *args, lo, hi, *rest)
                for lo, hi in zip(bounds[1:-1], bounds[2:])]
     decode_kernel(*args, bounds[0], bounds[1], *rest)
     for future in futures:
@@ -163,6 +162,12 @@ def sample(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: f
     B, V = logits.shape
     out = torch.empty(B, dtype=torch.int64)
     bad = sample_rows(flat(logits), B, V, forbidden, np.float32(temperature),
-                      top_k or 0, 1.0 if top_p is None else float(top_p),
+                      min(top_k or 0, V), 1.0 if top_p is None else float(top_p),
                       uniforms.numpy(), out.numpy(), np.empty(V, dtype=np.float32))
     return out, bad
+
+
+def check_tokens_of(ids: torch.Tensor, vocab: int) -> int:
+    """The first row of int64 ``ids`` ``(B, T)`` holding an id outside ``[0, vocab)``, or -1."""
+    ids = ids.contiguous()
+    return check_tokens(flat(ids), ids.shape[1], ids.shape[1], 0, ids.shape[0], vocab)

@@ -55,13 +55,13 @@ options, set_options = _knobs.get, _knobs.set
 
 
 @functools.lru_cache(maxsize=None)
-def _consts(cdt: torch.dtype) -> np.ndarray:
+def kernel_consts(cdt: torch.dtype) -> np.ndarray:
     """``[0, 1, -inf]`` in the compute type: the kernels' constants."""
     npt = torch.empty(0, dtype=cdt).numpy().dtype
     return np.array([0.0, 1.0, -np.inf], dtype=npt)
 
 
-def _flat(x: torch.Tensor) -> np.ndarray:
+def flat(x: torch.Tensor) -> np.ndarray:
     """A flat NumPy view of a CPU tensor's memory, from its first element to its last (all of
     it for a contiguous tensor; a strided input's rows with what lies between them);
     bfloat16 as its uint16 bits."""
@@ -153,7 +153,7 @@ _POOL = _Pool()
 _pool_lock = threading.Lock()
 
 
-def _pool(workers: int) -> ThreadPoolExecutor:
+def pool(workers: int) -> ThreadPoolExecutor:
     with _pool_lock:
         if _POOL.executor is None or _POOL.pid != os.getpid() or _POOL.workers < workers:
             _POOL.executor = ThreadPoolExecutor(max_workers=workers,
@@ -182,7 +182,7 @@ def _launch(kernel, work: np.ndarray, n_blk: int, D: int, args: tuple) -> None:
         return
     bounds = _ranges(work, n_blk, k)
     ranges = list(zip(bounds[:-1], bounds[1:]))      # (one range when one task is all)
-    futures = [_pool(len(ranges) - 1).submit(kernel, lo, hi, *args) for lo, hi in ranges[1:]]
+    futures = [pool(len(ranges) - 1).submit(kernel, lo, hi, *args) for lo, hi in ranges[1:]]
     kernel(*ranges[0], *args)
     for future in futures:
         future.result()
@@ -219,8 +219,8 @@ def forward(args: ScanArgs, *, output_final_state: bool, save: bool) -> ForwardR
     block = _block(n_seq, D)
     g_in = a if g is None else g        # any array of the data type where there is no g
     _launch(forward_kernel, hi - lo, -(-D // block), D, (
-        _flat(z), _flat(a), _flat(g_in), _flat(y),
-        _flat(state0), _flat(final), _flat(ck), _consts(cdt),
+        flat(z), flat(a), flat(g_in), flat(y),
+        flat(state0), flat(final), flat(ck), kernel_consts(cdt),
         *_index(z, a, g_in, (seq_b, lo, hi, ck_off)),
         T, D, chunk, block, *_codes(args), has_init, save))
     # separate tensors: a custom op's outputs may not alias one another
@@ -267,9 +267,9 @@ def backward(args: ScanArgs, saved: list, m_final, gy, g_final) -> Gradients:
     block = _block(n_seq, D)
     g_in = a if g is None else g
     _launch(backward_kernel, hi - lo, -(-D // block), D, (
-        _flat(z), _flat(a), _flat(g_in), _flat(gy), _flat(gz), _flat(ga),
-        _flat(ga if gg is None else gg),
-        _flat(state0), _flat(g_fin), _flat(g_init), _flat(ck), _consts(cdt),
+        flat(z), flat(a), flat(g_in), flat(gy), flat(gz), flat(ga),
+        flat(ga if gg is None else gg),
+        flat(state0), flat(g_fin), flat(g_init), flat(ck), kernel_consts(cdt),
         *_index(z, a, g_in, (seq_b, lo, hi, ck_off)),
         T, D, chunk, block, *_codes(args), has_init, has_g_final))
     gz, ga = gz.to(dtypes[0]), ga.to(dtypes[1])
@@ -319,9 +319,9 @@ _bound_lock = threading.Lock()
 
 def _bind_step(z, a, g, attention, discount, state, out) -> tuple:
     m, n, d = state
-    consts = _consts(m.dtype)
-    return (_flat(z), _flat(a), _flat(a if g is None else g), _flat(m), _flat(n), _flat(d),
-            _flat(out), ATTENTION_CODE[attention], DISCOUNT_CODE[discount], consts,
+    consts = kernel_consts(m.dtype)
+    return (flat(z), flat(a), flat(a if g is None else g), flat(m), flat(n), flat(d),
+            flat(out), ATTENTION_CODE[attention], DISCOUNT_CODE[discount], consts,
             np.zeros((5, m.numel()), consts.dtype))
 
 

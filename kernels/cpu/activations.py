@@ -10,14 +10,12 @@ ulp (results below float32's smallest normal number may be 0); GELU within ``3e-
 from __future__ import annotations
 
 import numpy as np
-
-from ..codes import OUT_IDENTITY, OUT_RELU, OUT_SIGMOID, OUT_TANH
 from numba import njit
 
+from ..codes import OUT_IDENTITY, OUT_RELU, OUT_SIGMOID, OUT_TANH
 from . import OPTIONS, kernel
-from .fmath import fexp
+from .fmath import F32, fexp
 
-F32 = np.float32
 _ZERO, _HALF, _ONE, _TWO = F32(0.0), F32(0.5), F32(1.0), F32(2.0)
 # tanh(x) = x + x^3 P(x^2) for |x| < 0.625 (Cephes tanhf), 1 - 2 / (exp(2|x|) + 1) above
 _TANH_SMALL = F32(0.625)

@@ -1,6 +1,6 @@
 """The fused decode step of the byte LM (``fastrwa.models.ByteLM``) on CPU: one compiled call
 advances rows ``[lo, hi)`` of a batch through every block and the head, reading each weight
-matrix once per call (the bound of a step at batch 1: docs/lm.md, "Streaming").
+matrix once per call (the bound of a step at batch 1: docs/lm.md, "Generation").
 
 Per block, as ``ByteLM.step_`` computes it (``fastrwa/models/lm.py``)::
 
@@ -16,9 +16,11 @@ step's does from the same gates. Weights are stacked per kind across blocks, fla
 ``nn.Linear``'s ``(out, in)`` layout: float32, bfloat16 (``uint16`` bits) or int8, with a
 float32 scale per output row; the arithmetic is float32 (:func:`linear`).
 
-``steps > 1`` runs a prompt: the rows advance through ``tokens[:, :steps]`` and the head
-runs after the last step only. All buffers are flat, ``(B, width)`` row-major; rows outside
-``[lo, hi)`` are not touched, so threads may run disjoint row ranges of one batch at once.
+``T > 1`` runs a prompt: layer by layer, each product on every position at once (a weight
+row serves four positions, as in the parallel forward), the scan along each row's positions
+in order, and the head after the last position only; ``T = 1`` is one decode step. All
+buffers are flat and row-major; batch rows outside ``[lo, hi)`` are not touched, so threads
+may run disjoint ranges of rows of one batch at once.
 """
 
 from __future__ import annotations
@@ -28,11 +30,10 @@ import numpy as np
 from ..codes import EXP, NO_DISCOUNT
 from . import kernel, reducing_kernel
 from .activations import fsigmoid, ftanh, gelu_row, output_row
-from .fmath import load
+from .fmath import F32, load
 from .rows import log_decay_row, log_weight_row
 from .scan_fwd import step_row
 
-F32 = np.float32
 
 
 @reducing_kernel
@@ -106,12 +107,13 @@ def check_tokens(tokens, t_stride, steps, lo, hi, vocab):
 
 
 @kernel
-def decode(tokens, t_stride, steps, lo, hi, L, B, D, G, R, V, F, token_shift, gated,
+def decode(tokens, t_stride, T, lo, hi, L, B, D, G, R, V, F, token_shift, gated,
            attention, discount, f_h, f_o, embed, norms, eps, proj_w, proj_s, proj_b,
            gate_w, gate_s, gate_b, up_w, up_s, up_b, down_w, down_s, down_b, head_w, head_s,
            head_b, m, n, d, last, x, normed, inp, proj, z, y, h, gate, hidden, tb, logits,
            consts):
-    """Advance rows ``[lo, hi)`` by ``steps`` tokens and write their logits (module doc).
+    """Advance batch rows ``[lo, hi)`` by ``T`` tokens each and write their logits after the
+    last (module doc).
 
     ``tokens``: flat int64, row ``b``'s ids at ``b * t_stride``, checked in range by the
     caller (:func:`check_tokens`). ``L`` blocks of width ``D`` (the scan's ``H = D``), ``G``
@@ -119,76 +121,97 @@ def decode(tokens, t_stride, steps, lo, hi, L, B, D, G, R, V, F, token_shift, ga
     with ``token_shift``). ``attention``/``discount``/``f_h``/``f_o``: codes.py. Weights as
     :func:`linear` reads them, stacked ``(L, out, in)``; ``norms`` ``(2L + 1, D)`` (each
     block's two, then the final one) with ``eps`` ``(2L + 1,)``. State (updated in place):
-    ``m, n, d`` ``(L, B, D)``, ``last`` ``(L, B, D)``. Work: ``x, normed, h, gate`` ``(B, D)``,
-    ``inp`` ``(B, F)``, ``proj`` ``(B, G D)``, ``z, y`` ``(B, D)``, ``hidden`` ``(B, R)``,
-    ``tb`` ``(B, 2 D)``; ``logits`` ``(B, V)``. ``consts``: ``[0, 1, -inf]`` float32."""
+    ``m, n, d`` ``(L, B, D)``, ``last`` ``(L, B, D)``. Work, one row per (batch row,
+    position), ``r = b * T + t``: ``x, normed, h, gate, z, y`` ``(B T, D)``, ``inp``
+    ``(B T, F)``, ``proj`` ``(B T, G D)``, ``hidden`` ``(B T, R)``, ``tb`` ``(B T, 2 D)``;
+    ``logits`` ``(B, V)``. ``consts``: ``[0, 1, -inf]`` float32.
+
+    Layer by layer: every position's products at once (a weight row serves four positions),
+    the scan along the positions of each row in order."""
     zero, one, ninf = consts[0], consts[1], consts[2]
-    GD, rows = G * D, hi - lo
-    for t in range(steps):
-        for b in range(lo, hi):
-            e, xo = np.uint64(tokens[b * t_stride + t] * D), np.uint64(b * D)
+    GD = G * D
+    r_lo, r_hi = lo * T, hi * T
+    rows = r_hi - r_lo
+    for b in range(lo, hi):
+        for t in range(T):
+            e, xo = np.uint64(tokens[b * t_stride + t] * D), np.uint64((b * T + t) * D)
             for j in range(D):
                 x[xo + np.uint64(j)] = embed[e + np.uint64(j)]
-        for layer in range(L):
+    for layer in range(L):
+        for r in range(r_lo, r_hi):
+            rms_norm_row(x, r * D, norms, 2 * layer * D, eps[2 * layer], normed, r * D, D)
+            io, no = np.uint64(r * F), np.uint64(r * D)
+            for j in range(D):
+                inp[io + np.uint64(j)] = normed[no + np.uint64(j)]
+        if token_shift:          # [normed_t, normed_{t-1}], the state's last input before t = 0
             for b in range(lo, hi):
-                rms_norm_row(x, b * D, norms, 2 * layer * D, eps[2 * layer], normed, b * D, D)
-                io, no = np.uint64(b * F), np.uint64(b * D)
+                so = np.uint64((layer * B + b) * D)
+                for t in range(T):
+                    io = np.uint64((b * T + t) * F + D)
+                    if t == 0:
+                        for j in range(D):
+                            inp[io + np.uint64(j)] = last[so + np.uint64(j)]
+                    else:
+                        po = np.uint64((b * T + t - 1) * D)
+                        for j in range(D):
+                            inp[io + np.uint64(j)] = normed[po + np.uint64(j)]
+                no = np.uint64((b * T + T - 1) * D)
                 for j in range(D):
-                    inp[io + np.uint64(j)] = normed[no + np.uint64(j)]
-                if token_shift:
-                    so = np.uint64((layer * B + b) * D)
-                    for j in range(D):
-                        inp[io + np.uint64(D + j)] = last[so + np.uint64(j)]
-                    for j in range(D):
-                        last[so + np.uint64(j)] = normed[no + np.uint64(j)]
-            linear(proj_w, layer * GD * F, proj_s, proj_b, layer * GD, inp, lo * F, F, proj,
-                   lo * GD, GD, GD, F, rows)
-            for b in range(lo, hi):
-                po, zo = np.uint64(b * GD), np.uint64(b * D)
+                    last[so + np.uint64(j)] = normed[no + np.uint64(j)]
+        linear(proj_w, layer * GD * F, proj_s, proj_b, layer * GD, inp, r_lo * F, F, proj,
+               r_lo * GD, GD, GD, F, rows)
+        for r in range(r_lo, r_hi):
+            po, zo = np.uint64(r * GD), np.uint64(r * D)
+            for j in range(D):
+                u = np.uint64(j)
+                z[zo + u] = ftanh(proj[po + np.uint64(D) + u]) * proj[po + u]
+            # log weights l in tb's first D, log discounts lam in its second
+            if discount == NO_DISCOUNT:
                 for j in range(D):
-                    u = np.uint64(j)
-                    z[zo + u] = ftanh(proj[po + np.uint64(D) + u]) * proj[po + u]
-                # log weights l in tb's first D, log discounts lam in its second
-                lo_l, lo_lam = b * 2 * D, b * 2 * D + D
-                if discount == NO_DISCOUNT:
-                    for j in range(D):
-                        tb[np.uint64(lo_lam + j)] = zero
-                else:
-                    log_decay_row(discount, proj, b * GD + 3 * D, tb, lo_lam, D)
-                so = (layer * B + b) * D
-                ms, ns, ds = m[so:so + D], n[so:so + D], d[so:so + D]
+                    tb[np.uint64(r * 2 * D + D + j)] = zero
+            else:
+                log_decay_row(discount, proj, r * GD + 3 * D, tb, r * 2 * D + D, D)
+            if attention != EXP:
+                log_weight_row(attention, proj, r * GD + 2 * D, tb, r * 2 * D, D)
+        for b in range(lo, hi):
+            so = (layer * B + b) * D
+            ms, ns, ds = m[so:so + D], n[so:so + D], d[so:so + D]
+            for t in range(T):
+                r = b * T + t
                 if attention == EXP:           # (l = a, read where it lies)
-                    step_row(ms, ns, ds, tb, lo_lam, z, b * D, proj, b * GD + 2 * D, y, b * D,
-                             tb, 0, tb, 0, tb, 0, False, D, ninf, zero, one)
+                    step_row(ms, ns, ds, tb, r * 2 * D + D, z, r * D, proj, r * GD + 2 * D, y,
+                             r * D, tb, 0, tb, 0, tb, 0, False, D, ninf, zero, one)
                 else:
-                    log_weight_row(attention, proj, b * GD + 2 * D, tb, lo_l, D)
-                    step_row(ms, ns, ds, tb, lo_lam, z, b * D, tb, lo_l, y, b * D,
+                    step_row(ms, ns, ds, tb, r * 2 * D + D, z, r * D, tb, r * 2 * D, y, r * D,
                              tb, 0, tb, 0, tb, 0, False, D, ninf, zero, one)
-                output_row(f_h, y, b * D, h, b * D, D)
-                output_row(f_o, h, b * D, h, b * D, D)
-            if gated:
-                linear(gate_w, layer * D * D, gate_s, gate_b, layer * D, normed, lo * D, D, gate,
-                       lo * D, D, D, D, rows)
-                for b in range(lo, hi):
-                    ho = np.uint64(b * D)
-                    for j in range(D):
-                        h[ho + np.uint64(j)] *= fsigmoid(gate[ho + np.uint64(j)])
-            for b in range(lo, hi):
-                xo = np.uint64(b * D)
+        for r in range(r_lo, r_hi):
+            output_row(f_h, y, r * D, h, r * D, D)
+            output_row(f_o, h, r * D, h, r * D, D)
+        if gated:
+            linear(gate_w, layer * D * D, gate_s, gate_b, layer * D, normed, r_lo * D, D, gate,
+                   r_lo * D, D, D, D, rows)
+            for r in range(r_lo, r_hi):
+                ho = np.uint64(r * D)
                 for j in range(D):
-                    x[xo + np.uint64(j)] += h[xo + np.uint64(j)]
-                rms_norm_row(x, b * D, norms, (2 * layer + 1) * D, eps[2 * layer + 1], normed,
-                             b * D, D)
-            linear(up_w, layer * R * D, up_s, up_b, layer * R, normed, lo * D, D, hidden,
-                   lo * R, R, R, D, rows)
-            for b in range(lo, hi):
-                gelu_row(hidden, b * R, R)
-            linear(down_w, layer * D * R, down_s, down_b, layer * D, hidden, lo * R, R, h,
-                   lo * D, D, D, R, rows)
-            for b in range(lo, hi):
-                xo = np.uint64(b * D)
-                for j in range(D):
-                    x[xo + np.uint64(j)] += h[xo + np.uint64(j)]
-    for b in range(lo, hi):
-        rms_norm_row(x, b * D, norms, 2 * L * D, eps[2 * L], normed, b * D, D)
-    linear(head_w, 0, head_s, head_b, 0, normed, lo * D, D, logits, lo * V, V, V, D, rows)
+                    h[ho + np.uint64(j)] *= fsigmoid(gate[ho + np.uint64(j)])
+        for r in range(r_lo, r_hi):
+            xo = np.uint64(r * D)
+            for j in range(D):
+                x[xo + np.uint64(j)] += h[xo + np.uint64(j)]
+            rms_norm_row(x, r * D, norms, (2 * layer + 1) * D, eps[2 * layer + 1], normed,
+                         r * D, D)
+        linear(up_w, layer * R * D, up_s, up_b, layer * R, normed, r_lo * D, D, hidden,
+               r_lo * R, R, R, D, rows)
+        for r in range(r_lo, r_hi):
+            gelu_row(hidden, r * R, R)
+        linear(down_w, layer * D * R, down_s, down_b, layer * D, hidden, r_lo * R, R, h,
+               r_lo * D, D, D, R, rows)
+        for r in range(r_lo, r_hi):
+            xo = np.uint64(r * D)
+            for j in range(D):
+                x[xo + np.uint64(j)] += h[xo + np.uint64(j)]
+    for b in range(lo, hi):                # the head on each row's last position only
+        r = b * T + T - 1
+        rms_norm_row(x, r * D, norms, 2 * L * D, eps[2 * L], normed, r * D, D)
+    linear(head_w, 0, head_s, head_b, 0, normed, (lo * T + T - 1) * D, T * D, logits, lo * V,
+           V, V, D, hi - lo)

@@ -4,8 +4,8 @@ sampler: ``fastrwa.models.sampling.sample_fused``). The distribution is that of
 
     p ~ exp((logits - max) / temperature) over ids < forbidden (the maximum's weight is 1)
     top_k: ids whose logit is below the k-th largest get 0
-    top_p: the fewest most likely ids whose probability reaches p are kept (ties with the
-           last one kept are kept too)
+    top_p: the fewest most likely ids whose probability reaches p are kept (among ids of
+           equal probability, the lower first; the eager sort's order among ties is its own)
 
 and the draw is the inverse of the cumulative weights at ``u * total`` for a uniform ``u``
 of the row (from the caller's ``torch.Generator``).
@@ -16,9 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import kernel
-from .fmath import fexp
-
-F32 = np.float32
+from .fmath import F32, fexp
 
 
 @kernel
@@ -54,17 +52,13 @@ def sample_rows(logits, B, V, forbidden, temperature, top_k, top_p, uniforms, ou
             total = zero
             for j in range(n):
                 total += weights[j]
-            order = np.argsort(-weights[:n])
-            cum, cut = zero, zero
+            order = np.argsort(-weights[:n], kind="mergesort")   # (ties: the lower id first)
+            cum, reach = zero, F32(top_p) * total
             for k in range(n):
-                w = weights[order[k]]
-                cum += w
-                cut = w
-                if cum >= F32(top_p) * total:
-                    break
-            for j in range(n):
-                if weights[j] < cut:
+                j = order[k]
+                if cum >= reach:                 # (the ids before reached p: drop the rest)
                     weights[j] = zero
+                cum += weights[j]
         total = zero
         for j in range(n):
             total += weights[j]

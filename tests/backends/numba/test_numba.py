@@ -201,7 +201,7 @@ def test_large_calls_split_over_threads_give_the_serial_results(dtype, monkeypat
     z, a, g = make_inputs(4, 520, 256, dtype=dtype, seed=12)
     assert z.numel() >= numba_host.SERIAL_BELOW
     ranges = []
-    pool = numba_host._pool
+    pool = numba_host.pool
 
     def spying_pool(workers):
         executor = pool(workers)
@@ -210,7 +210,7 @@ def test_large_calls_split_over_threads_give_the_serial_results(dtype, monkeypat
                             lambda fn, lo, hi, *args: ranges.append((lo, hi)) or
                             submit(fn, lo, hi, *args))
         return executor
-    monkeypatch.setattr(numba_host, "_pool", spying_pool)
+    monkeypatch.setattr(numba_host, "pool", spying_pool)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
     parallel = fastrwa_outputs(z, a, g)
     assert len(ranges) >= 2 and all(lo < hi for lo, hi in ranges), ranges   # fwd and bwd
