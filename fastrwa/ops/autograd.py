@@ -47,11 +47,32 @@ def check_offsets(cu_seqlens: Optional[Tensor], T: int) -> None:
                          f"got {offsets if len(offsets) <= 10 else offsets[:5] + ['...']}")
 
 
-@torch.library.custom_op("fastrwa::weighted_scan", mutates_args=())
-def scan_op(z: Tensor, a: Tensor, g: Optional[Tensor], m0: Optional[Tensor],
-            n0: Optional[Tensor], d0: Optional[Tensor], cu_seqlens: Optional[Tensor],
-            attention: str, discount: str, reverse: bool, save: bool, backend: str
-            ) -> tuple[Tensor, Tensor, Tensor, Tensor, list[Tensor]]:
+# The ops are declared with torch.library.define and torch.library.impl rather than
+# torch.library.custom_op: custom_op wraps an implementation so that its first call imports
+# torch._dynamo (1.3 s on a 2-core machine: a fresh process's first forward paid it);
+# these calls dispatch to the implementation directly. Schemas as custom_op would infer them.
+torch.library.define(
+    "fastrwa::weighted_scan",
+    "(Tensor z, Tensor a, Tensor? g, Tensor? m0, Tensor? n0, Tensor? d0, Tensor? cu_seqlens, "
+    "str attention, str discount, bool reverse, bool save, str backend) "
+    "-> (Tensor, Tensor, Tensor, Tensor, Tensor[])")
+torch.library.define(
+    "fastrwa::weighted_scan_backward",
+    "(Tensor z, Tensor a, Tensor? g, Tensor? m0, Tensor? n0, Tensor? d0, Tensor? cu_seqlens, "
+    "Tensor[] saved, Tensor m_final, Tensor gy, Tensor? gn, Tensor? gd, str attention, "
+    "str discount, bool reverse, str backend) "
+    "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
+torch.library.define(
+    "fastrwa::step_",
+    "(Tensor z, Tensor a, Tensor? g, Tensor(a!) m, Tensor(b!) n, Tensor(c!) d, "
+    "Tensor(d!) out, str attention, str discount, str backend) -> ()")
+
+
+@torch.library.impl("fastrwa::weighted_scan", "default")
+def _scan(z: Tensor, a: Tensor, g: Optional[Tensor], m0: Optional[Tensor],
+          n0: Optional[Tensor], d0: Optional[Tensor], cu_seqlens: Optional[Tensor],
+          attention: str, discount: str, reverse: bool, save: bool, backend: str
+          ) -> tuple[Tensor, Tensor, Tensor, Tensor, list[Tensor]]:
     """``(y, m, n, d, saved)``: the output, the final state, and what the backward needs."""
     check_offsets(cu_seqlens, z.shape[1])
     args = _args(z, a, g, m0, n0, d0, cu_seqlens, attention, discount, reverse)
@@ -60,7 +81,7 @@ def scan_op(z: Tensor, a: Tensor, g: Optional[Tensor], m0: Optional[Tensor],
     return y, m, n, d, list(saved)
 
 
-@scan_op.register_fake
+@torch.library.register_fake("fastrwa::weighted_scan")
 def _scan_fake(z, a, g, m0, n0, d0, cu_seqlens, attention, discount, reverse, save, backend):
     args = _args(z, a, g, m0, n0, d0, cu_seqlens, attention, discount, reverse)
     state = [z.new_empty((args.n_sequences, z.shape[2]), dtype=state_dtype(z.dtype))
@@ -69,12 +90,12 @@ def _scan_fake(z, a, g, m0, n0, d0, cu_seqlens, attention, discount, reverse, sa
     return (torch.empty_like(z), *state, saved)
 
 
-@torch.library.custom_op("fastrwa::weighted_scan_backward", mutates_args=())
-def scan_backward_op(z: Tensor, a: Tensor, g: Optional[Tensor], m0: Optional[Tensor],
-                     n0: Optional[Tensor], d0: Optional[Tensor], cu_seqlens: Optional[Tensor],
-                     saved: list[Tensor], m_final: Tensor, gy: Tensor, gn: Optional[Tensor],
-                     gd: Optional[Tensor], attention: str, discount: str, reverse: bool,
-                     backend: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+@torch.library.impl("fastrwa::weighted_scan_backward", "default")
+def _scan_backward(z: Tensor, a: Tensor, g: Optional[Tensor], m0: Optional[Tensor],
+                   n0: Optional[Tensor], d0: Optional[Tensor], cu_seqlens: Optional[Tensor],
+                   saved: list[Tensor], m_final: Tensor, gy: Tensor, gn: Optional[Tensor],
+                   gd: Optional[Tensor], attention: str, discount: str, reverse: bool,
+                   backend: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """``(gz, ga, gg, gm0, gn0, gd0)``; empty tensors stand for gradients of absent inputs."""
     check_offsets(cu_seqlens, z.shape[1])
     args = _args(z, a, g, m0, n0, d0, cu_seqlens, attention, discount, reverse)
@@ -87,13 +108,18 @@ def scan_backward_op(z: Tensor, a: Tensor, g: Optional[Tensor], m0: Optional[Ten
     return gz, ga, gg, gm0, gn0, gd0
 
 
-@scan_backward_op.register_fake
+@torch.library.register_fake("fastrwa::weighted_scan_backward")
 def _scan_backward_fake(z, a, g, m0, n0, d0, cu_seqlens, saved, m_final, gy, gn, gd, attention,
                         discount, reverse, backend):
     gg = z.new_empty(0) if g is None else torch.empty_like(g)
     g_init = [z.new_empty(0) for _ in range(3)] if m0 is None else \
         [torch.empty_like(m0), torch.empty_like(n0), torch.empty_like(d0)]
     return (torch.empty_like(z), torch.empty_like(a), gg, *g_init)
+
+
+scan_op = torch.ops.fastrwa.weighted_scan.default
+scan_backward_op = torch.ops.fastrwa.weighted_scan_backward.default
+step_op = torch.ops.fastrwa.step_.default
 
 
 def _setup_context(ctx, inputs, output):
@@ -176,16 +202,16 @@ def _step_into(z: Tensor, a: Tensor, g: Optional[Tensor], attention: str,
     out.copy_(y[:, 0])
 
 
-@torch.library.custom_op("fastrwa::step_", mutates_args=("m", "n", "d", "out"))
-def step_op(z: Tensor, a: Tensor, g: Optional[Tensor], m: Tensor, n: Tensor, d: Tensor,
-            out: Tensor, attention: str, discount: str, backend: str) -> None:
+@torch.library.impl("fastrwa::step_", "default")
+def _step(z: Tensor, a: Tensor, g: Optional[Tensor], m: Tensor, n: Tensor, d: Tensor,
+          out: Tensor, attention: str, discount: str, backend: str) -> None:
     """One streaming step on ``(B, D)`` inputs: ``(m, n, d)`` updated and ``y`` written into
     ``out``, in place. An op so that a compiled decode step keeps it as one node."""
     _step_into(z, a, g, attention, None if discount == _NONE else discount, (m, n, d), out,
                backend)
 
 
-@step_op.register_fake
+@torch.library.register_fake("fastrwa::step_")
 def _step_fake(z, a, g, m, n, d, out, attention, discount, backend) -> None:
     return None
 
