@@ -24,11 +24,13 @@ import collections
 import dataclasses
 import functools
 import os
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
+from numba.core import event as numba_event
 
 from ..kernels.codes import ATTENTION_CODE, DISCOUNT_CODE
 from ..kernels.cpu.scan_bwd import backward as backward_kernel
@@ -52,6 +54,31 @@ class Options:
 
 _knobs = Knobs(Options)
 options, set_options = _knobs.get, _knobs.set
+
+
+class CompileNotice(numba_event.Listener):
+    """Says on standard error, once per process, that fastrwa's CPU kernels are being
+    compiled: numba compiles a kernel on its first use for a dtype (seconds each; a
+    training run's first step, or a first generation, waits for it) and then loads it from
+    its on-disk cache. numba signals only real compilations ("numba:compile", not a load
+    from the cache), so a later process says nothing."""
+
+    said = False
+
+    def on_start(self, event) -> None:
+        dispatcher = event.data.get("dispatcher")
+        module = getattr(getattr(dispatcher, "py_func", None), "__module__", "") or ""
+        if not CompileNotice.said and module.startswith(KERNEL_PACKAGE):
+            CompileNotice.said = True
+            print("fastrwa: compiling CPU kernels (first run only: numba caches them on disk; "
+                  "seconds per kernel)", file=sys.stderr, flush=True)
+
+    def on_end(self, event) -> None:
+        pass
+
+
+KERNEL_PACKAGE = forward_kernel.py_func.__module__.rsplit(".", 1)[0]   # fastrwa.kernels.cpu
+numba_event.register("numba:compile", CompileNotice())
 
 
 @functools.lru_cache(maxsize=None)
