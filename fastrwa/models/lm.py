@@ -454,7 +454,7 @@ class ByteLM(nn.Module):
                 ``"float32"``, ``"bfloat16"``, ``"int8"``: the fused step with the weights
                 stored so (packed for this call; a CPU float32 model only); or a
                 ``PackedLM`` of this model (packed once for many calls). The fused step
-                runs the prompt one position at a time, with the same weights.
+                runs the prompt too, with the same weights.
 
         Returns:
             ``(B, P + max_new_tokens)`` ids (the prompt, then the new tokens). Memory does not
