@@ -171,21 +171,22 @@ class PackedLM:
         return found
 
     def _run(self, tokens: Tensor, cache: InferenceCache, name: str) -> Tensor:
-        """Advance the cache by ``tokens`` ``(B, T)``: one call for ``T = 1``, calls of
-        ``PREFILL_CHUNK`` positions for a prompt (with buffers for them, made per prompt)."""
+        """Advance the cache by ``tokens`` ``(B, T)``: one call for ``T = 1``; for a prompt,
+        calls of ``PREFILL_ROWS // B`` positions (at least 1), with buffers for them made
+        per prompt (about 20 KB a row at the default size)."""
         work, arrays, state = self._buffers(cache)
         ids = tokens.to(torch.int64)
         T = ids.shape[1]
+        chunk = min(T, max(1, decode_host.PREFILL_ROWS // max(1, cache.batch)))
         if T > 1:
-            chunk = min(T, decode_host.PREFILL_CHUNK)
             long = decode_host.work_buffers(self.shapes, cache.batch, chunk)
             arrays = {k: flat(v) for k, v in long.items() if k != "logits"} | \
                 {"logits": arrays["logits"]}
             bad = decode_host.check_tokens_of(ids, self.shapes.V)   # (all before any write)
             if bad >= 0:
                 self._refuse(ids, bad, name)
-        for lo in range(0, T, decode_host.PREFILL_CHUNK):
-            piece = ids[:, lo:lo + decode_host.PREFILL_CHUNK].contiguous()
+        for lo in range(0, T, chunk):
+            piece = ids[:, lo:lo + chunk].contiguous()
             bad = decode_host.run(self._weights, state, arrays, flat(piece), cache.batch)
             if bad >= 0:
                 self._refuse(ids, bad, name)
@@ -201,8 +202,9 @@ class PackedLM:
         """Run ``tokens`` ``(B, T)`` (``B`` the cache's batch, ``T >= 1``) from the initial
         state, leave the state in ``cache`` and return the last position's logits ``(B,
         vocab_size)``: a buffer the next step overwrites. The fused kernel runs the prompt
-        layer by layer, each product on up to 128 positions at once, the scan along them in
-        order, the head after the last. Checked before anything is written."""
+        layer by layer, each product on up to 256 (batch row, position) pairs at once, the
+        scan along the positions in order, the head after the last. Checked before anything
+        is written."""
         self._check_cache(cache)
         B = cache.batch
         if not isinstance(tokens, Tensor) or tokens.dim() != 2 or tokens.shape[0] != B \

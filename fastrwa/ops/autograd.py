@@ -50,22 +50,27 @@ def check_offsets(cu_seqlens: Optional[Tensor], T: int) -> None:
 # The ops are declared with torch.library.define and torch.library.impl rather than
 # torch.library.custom_op: custom_op wraps an implementation so that its first call imports
 # torch._dynamo (1.3 s on a 2-core machine: a fresh process's first forward paid it);
-# these calls dispatch to the implementation directly. Schemas as custom_op would infer them.
+# these calls dispatch to the implementation directly. Schemas and the pt2-compliant tag
+# as custom_op gives them. What custom_op also checked at run time, that no output aliases
+# an input or another output, is the implementations' contract, checked by
+# torch.library.opcheck in tests/test_compile.py; fastrwa::step_ mutates its state in place
+# without bumping version counters (called directly; the layers call its implementation).
+_PT2 = (torch.Tag.pt2_compliant_tag,)
 torch.library.define(
     "fastrwa::weighted_scan",
     "(Tensor z, Tensor a, Tensor? g, Tensor? m0, Tensor? n0, Tensor? d0, Tensor? cu_seqlens, "
     "str attention, str discount, bool reverse, bool save, str backend) "
-    "-> (Tensor, Tensor, Tensor, Tensor, Tensor[])")
+    "-> (Tensor, Tensor, Tensor, Tensor, Tensor[])", tags=_PT2)
 torch.library.define(
     "fastrwa::weighted_scan_backward",
     "(Tensor z, Tensor a, Tensor? g, Tensor? m0, Tensor? n0, Tensor? d0, Tensor? cu_seqlens, "
     "Tensor[] saved, Tensor m_final, Tensor gy, Tensor? gn, Tensor? gd, str attention, "
     "str discount, bool reverse, str backend) "
-    "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
+    "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)", tags=_PT2)
 torch.library.define(
     "fastrwa::step_",
     "(Tensor z, Tensor a, Tensor? g, Tensor(a!) m, Tensor(b!) n, Tensor(c!) d, "
-    "Tensor(d!) out, str attention, str discount, str backend) -> ()")
+    "Tensor(d!) out, str attention, str discount, str backend) -> ()", tags=_PT2)
 
 
 @torch.library.impl("fastrwa::weighted_scan", "default")

@@ -29,7 +29,7 @@ from .numba_host import flat, kernel_consts, pool, threads
 
 WEIGHT_FORMATS = ("float32", "bfloat16", "int8")
 INT8_LEVELS = 127
-PREFILL_CHUNK = 128     # positions per call of a prompt (the work buffers grow with them)
+PREFILL_ROWS = 256      # (batch row, position) pairs per call of a prompt: its work buffers
 ROW_BLOCK = 4       # rows kernels/cpu/decode.py's linear multiplies by one weight row at once
 
 

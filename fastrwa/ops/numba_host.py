@@ -23,8 +23,8 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+import logging
 import os
-import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -57,8 +57,8 @@ options, set_options = _knobs.get, _knobs.set
 
 
 class CompileNotice(numba_event.Listener):
-    """Says on standard error, once per process, that fastrwa's CPU kernels are being
-    compiled: numba compiles a kernel on its first use for a dtype (seconds each; a
+    """Says once per process (a warning of the ``fastrwa`` logger, shown on standard error
+    by default) that fastrwa's CPU kernels are being compiled: numba compiles a kernel on its first use for a dtype (seconds each; a
     training run's first step, or a first generation, waits for it) and then loads it from
     its on-disk cache. numba signals only real compilations ("numba:compile", not a load
     from the cache), so a later process says nothing."""
@@ -70,8 +70,11 @@ class CompileNotice(numba_event.Listener):
         module = getattr(getattr(dispatcher, "py_func", None), "__module__", "") or ""
         if not CompileNotice.said and module.startswith(KERNEL_PACKAGE):
             CompileNotice.said = True
-            print("fastrwa: compiling CPU kernels (first run only: numba caches them on disk; "
-                  "seconds per kernel)", file=sys.stderr, flush=True)
+            # (a warning of the "fastrwa" logger: printed on standard error unless the
+            # program configures logging otherwise)
+            logging.getLogger("fastrwa").warning(
+                "fastrwa: compiling CPU kernels (first run only: numba caches them on disk; "
+                "seconds per kernel)")
 
     def on_end(self, event) -> None:
         pass
