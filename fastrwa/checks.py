@@ -145,3 +145,21 @@ def check_cu_seqlens(cu_seqlens: object, z: torch.Tensor) -> int:
     if not torch.compiler.is_compiling():   # (no data-dependent guard in a compiled graph:
         check_offsets(cu_seqlens, z.shape[1])   # the op checks them when it runs)
     return cu_seqlens.shape[0] - 1
+
+
+def check_context_group(group: object, cu_seqlens: object) -> None:
+    """``group`` is a ``torch.distributed`` process group of an initialised default group,
+    and the call is not a packed variable-length one (``cu_seqlens``): context parallelism
+    splits one sequence per row along time, which packing across ranks would break."""
+    import torch.distributed as dist
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("context_group needs torch.distributed initialised "
+                           "(torch.distributed.init_process_group, e.g. under torchrun)")
+    if not isinstance(group, dist.ProcessGroup):
+        raise TypeError(f"context_group must be a torch.distributed.ProcessGroup (e.g. "
+                        f"torch.distributed.group.WORLD or one from new_group), "
+                        f"got {type(group).__name__}")
+    if cu_seqlens is not None:
+        raise ValueError("context_group and cu_seqlens cannot be combined: packed "
+                         "variable-length sequences are not split across ranks; split each "
+                         "sequence's rows instead, or pack within a rank without a group")

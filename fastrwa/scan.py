@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import torch
 
-from .checks import (check_attention, check_cu_seqlens, check_flag, check_inputs,
-                     check_no_overlap, check_state)
+from .checks import (check_attention, check_context_group, check_cu_seqlens, check_flag,
+                     check_inputs, check_no_overlap, check_state)
 from .ops.autograd import step_inplace, weighted_scan_op
+from .ops.context import context_parallel_scan
 from .ops.dispatch import ScanArgs, resolve, state_dtype
 from .state import ScanState
 
 
 def _run(named, attention, discount, initial_state, output_final_state, reverse,
-         cu_seqlens=None):
-    """Validate ``(B, T, D)`` inputs ``named`` = [(name, tensor) for z, a[, g]] and run the op."""
+         cu_seqlens=None, context_group=None):
+    """Validate ``(B, T, D)`` inputs ``named`` = [(name, tensor) for z, a[, g]] and run the op
+    (over the ranks of ``context_group`` when given: :mod:`fastrwa.ops.context`)."""
     z = check_inputs(named, "BTD")
     check_flag(output_final_state, "output_final_state")
     check_flag(reverse, "reverse")
@@ -27,6 +29,12 @@ def _run(named, attention, discount, initial_state, output_final_state, reverse,
     state = check_state(initial_state, "initial_state", z, n_states, D)
     a = named[1][1]
     g = named[2][1] if len(named) > 2 else None
+    if context_group is not None:
+        check_context_group(context_group, cu_seqlens)
+        args = ScanArgs(z, a, g, attention, discount, None if state is None else tuple(state),
+                        reverse, None)
+        y, final = context_parallel_scan(args, resolve(z.device, z.dtype), context_group)
+        return y, (ScanState(*final) if output_final_state else None)
     if T == 0:
         y = z[:, :0].clone()            # (a node of the graph: y.sum().backward() works)
         if not output_final_state:
@@ -48,6 +56,7 @@ def weighted_scan(
     output_final_state: bool = False,
     reverse: bool = False,
     cu_seqlens: torch.Tensor | None = None,
+    context_group: "torch.distributed.ProcessGroup | None" = None,
 ) -> tuple[torch.Tensor, ScanState | None]:
     """The primitive: a causal, per-channel softmax-weighted average with optional decay.
 
@@ -67,6 +76,15 @@ def weighted_scan(
             ``[:, cu_seqlens[i]:cu_seqlens[i+1]]`` (int32/int64, starts at 0, ends at ``T``).
             Each sequence scans on its own; ``initial_state`` and the returned state are
             then ``(N, D)``, one row per sequence.
+        context_group: a ``torch.distributed`` process group over which the sequence is
+            split along time (context parallelism): rank ``k`` passes the ``k``-th
+            contiguous slice of ``T`` (lengths may differ) and gets its slice of ``y``;
+            the output and every gradient equal one scan of the whole sequence. Every rank
+            calls with the same ``B``, ``D``, dtype and options, and runs the backward;
+            ``initial_state`` is given on the first rank in scan order only (rank 0, or the
+            last with ``reverse``); the returned state is the one after this rank's slice
+            (the last rank in scan order holds the whole sequence's). Not with
+            ``cu_seqlens``. docs/math.md §7.
 
     Returns:
         ``(y, state)``: ``y`` is ``(B, T, D)`` in the input dtype; ``state`` is a
@@ -84,7 +102,7 @@ def weighted_scan(
     if log_decay is not None:
         named.append(("log_decay", log_decay))
     return _run(named, "exp", None if log_decay is None else "log", initial_state,
-                output_final_state, reverse, cu_seqlens)
+                output_final_state, reverse, cu_seqlens, context_group)
 
 
 def rwa_scan(
@@ -94,6 +112,7 @@ def rwa_scan(
     output_final_state: bool = False,
     reverse: bool = False,
     cu_seqlens: torch.Tensor | None = None,
+    context_group: "torch.distributed.ProcessGroup | None" = None,
 ) -> tuple[torch.Tensor, ScanState | None]:
     """Recurrent Weighted Average: ``y_t = sum_{i<=t} exp(a_i) z_i / sum_{i<=t} exp(a_i)``.
 
@@ -104,6 +123,8 @@ def rwa_scan(
         output_final_state: also return the state after the last step.
         reverse: scan from the last step to the first.
         cu_seqlens: packed variable-length sequences (see :func:`weighted_scan`).
+        context_group: split the sequence along time over a process group (see
+            :func:`weighted_scan`).
 
     Returns:
         ``(y, state)``: ``y`` is the raw average ``n / d`` (no ``tanh``; layers apply
@@ -117,7 +138,7 @@ def rwa_scan(
         torch.Size([2, 32, 4])
     """
     return _run([("z", z), ("a", a)], "exp", None, initial_state, output_final_state, reverse,
-                cu_seqlens)
+                cu_seqlens, context_group)
 
 
 def rda_scan(
@@ -129,6 +150,7 @@ def rda_scan(
     output_final_state: bool = False,
     reverse: bool = False,
     cu_seqlens: torch.Tensor | None = None,
+    context_group: "torch.distributed.ProcessGroup | None" = None,
 ) -> tuple[torch.Tensor, ScanState | None]:
     """Recurrent Discounted Attention: ``n_t = gamma_t n_{t-1} + f_a(a_t) z_t``, ``d_t`` alike.
 
@@ -141,6 +163,8 @@ def rda_scan(
         output_final_state: also return the state after the last step.
         reverse: scan from the last step to the first.
         cu_seqlens: packed variable-length sequences (see :func:`weighted_scan`).
+        context_group: split the sequence along time over a process group (see
+            :func:`weighted_scan`).
 
     Returns:
         ``(y, state)`` with ``y = n / d`` of shape ``(B, T, D)`` in the input dtype
@@ -155,7 +179,7 @@ def rda_scan(
     """
     attention = check_attention(attention)
     return _run([("z", z), ("a", a), ("g", g)], attention, "sigmoid", initial_state,
-                output_final_state, reverse, cu_seqlens)
+                output_final_state, reverse, cu_seqlens, context_group)
 
 
 def _step(named, attention, discount, state):

@@ -1,0 +1,157 @@
+"""Context parallelism: one sequence split along time over the ranks of a process group.
+
+Rank ``k`` holds the contiguous slice ``k`` of ``T`` (slices may differ in length, ``0``
+included). The scan over a slice acts on the state entering it through a per-channel
+summary of ``4 * B * D`` numbers (docs/math.md §7): the total log-decay ``Lam`` of the slice
+and the state ``(m, n~, d~)`` the slice leaves from an empty one. So each rank
+
+1. scans its slice from the empty state (the first rank from ``initial_state``) for its
+   summary;
+2. gathers every rank's summary (one ``all_gather`` of ``4 B D`` floats, whatever ``T``);
+3. combines the summaries of the slices before its own, in scan order, with the
+   max-stabilised combine of :func:`combine` (in the state dtype: float32, float64 for
+   float64 inputs): the exact state entering its slice;
+4. scans its slice from that state (the first rank's first scan is already this one).
+
+The combine and the gather are PyTorch operations with autograd (the gather's backward sums
+each rank's gradient over the ranks: an ``all_reduce``), and the local scans are the op
+with its analytic backward; so the gradient of every input, ``initial_state`` included, is
+the gradient of one scan over the whole sequence. Every rank must take part in each call
+and, when any rank's inputs need a gradient, in each backward (its outputs then need one
+too), through its outputs to its inputs (``.backward()``, or ``torch.autograd.grad`` for
+the slice's inputs). The local scans run on any backend.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from ..kernels.codes import ATTENTION_CODE, DISCOUNT_CODE
+from .autograd import weighted_scan_op
+from .dispatch import ScanArgs, state_dtype
+from .transforms import log_decay
+
+
+class _AllGather(torch.autograd.Function):
+    """``(world, *x.shape)``: every rank's ``x``; backward: the sum over ranks of the
+    gradient of this rank's part (all-reduce, which gloo and NCCL both have)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, group) -> Tensor:
+        ctx.group = group
+        parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(parts, x.contiguous(), group=group)
+        return torch.stack(parts)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad[dist.get_rank(ctx.group)], None
+
+
+class _Joined(torch.autograd.Function):
+    """``y`` (a copy) made to depend on the gathered summaries, with a zero gradient for
+    them: the first rank's outputs (and an empty slice's) need nothing from the others,
+    but every rank's backward must reach the gather, whose all-reduce every rank joins and
+    which brings the first rank the later ranks' gradients of its summary."""
+
+    @staticmethod
+    def forward(ctx, y: Tensor, summaries: Tensor) -> Tensor:
+        ctx.shape, ctx.dtype = summaries.shape, summaries.dtype
+        return y.clone()
+
+    @staticmethod
+    def backward(ctx, gy: Tensor):
+        return gy, torch.zeros(ctx.shape, dtype=ctx.dtype, device=gy.device)
+
+
+def combine(state: tuple, lam: Tensor, own: tuple) -> tuple:
+    """The state ``state`` ``(m, n~, d~)`` carried through a slice of total log-decay ``lam``
+    whose own contributions are the state ``own``: ``N = exp(lam) N_prev + N_own`` for the
+    represented numerator and denominator, max-stabilised (``-inf`` in ``lam`` forgets the
+    past; an empty state, ``m = -inf``, weighs nothing). Out of place, with autograd."""
+    m0, n0, d0 = state
+    m1, n1, d1 = own
+    decayed = (m0 + lam).masked_fill(torch.isneginf(lam), float("-inf"))
+    m = torch.maximum(decayed, m1)
+    shift = m.clamp(min=torch.finfo(m.dtype).min)      # (nothing seen: exp(-inf - shift) = 0)
+    keep = torch.exp((decayed - shift).masked_fill(torch.isposinf(decayed), 0.0))
+    take = torch.exp((m1 - shift).masked_fill(torch.isposinf(m1), 0.0))
+    return m, n0 * keep + n1 * take, d0 * keep + d1 * take
+
+
+def _check_alike(args: ScanArgs, group, first: int) -> bool:
+    """Every rank called with the same batch, width, dtype, functions and direction, and
+    only the first rank in scan order with an ``initial_state``: checked on every rank from
+    one gather of a few integers, so that all raise the same error (none hangs). Returns
+    whether any rank's inputs need a gradient (then every rank's backward joins the
+    gather's all-reduce)."""
+    z, a, g, attention, discount, state, reverse, _ = args
+    B, T, D = z.shape
+    dtypes = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+    grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (z, a, g, *(state or ())))
+    mine = torch.tensor([B, D, dtypes.index(z.dtype), ATTENTION_CODE[attention],
+                         DISCOUNT_CODE[discount], int(reverse), int(grad),
+                         int(state is not None)], dtype=torch.int64)
+    everyone = _AllGather.apply(mine, group)
+    names = ("batch B", "width D", "dtype", "attention", "discount", "reverse")
+    for i, name in enumerate(names):
+        if (everyone[:, i] != everyone[0, i]).any():
+            raise ValueError(f"context parallel: every rank must call with the same {name}; "
+                             f"got {everyone[:, i].tolist()} over the ranks")
+    holders = everyone[:, -1].nonzero().flatten().tolist()
+    if holders not in ([], [first]):
+        raise ValueError(f"context parallel: initial_state is the state before the whole "
+                         f"sequence: pass it on rank {first} only (the first slice in scan "
+                         f"order), got it on ranks {holders}")
+    return bool(everyone[:, -2].any())
+
+
+def _local(args: ScanArgs, state, backend: str) -> tuple[Tensor, tuple]:
+    """The op on this rank's slice from ``state`` (``None``: empty); a slice of length 0
+    gives back ``state``."""
+    z = args.z
+    sdt = state_dtype(z.dtype)
+    if z.shape[1] == 0:
+        if state is None:
+            B, _, D = z.shape
+            state = (torch.full((B, D), float("-inf"), dtype=sdt, device=z.device),
+                     z.new_zeros((B, D), dtype=sdt), z.new_zeros((B, D), dtype=sdt))
+        # (an exact 0 from the empty inputs: the summary stays in their graph, so that a
+        # backward asked for their gradients, torch.autograd.grad, still reaches the gather)
+        nothing = sum(t.sum() for t in (z, args.a, args.g) if t is not None).to(sdt) * 0
+        return z[:, :0].clone(), tuple(t + nothing for t in state)
+    return weighted_scan_op(args._replace(initial_state=None if state is None else tuple(state)),
+                            backend)
+
+
+def context_parallel_scan(args: ScanArgs, backend: str, group) -> tuple[Tensor, tuple]:
+    """The scan of the whole sequence whose slice this rank holds (module doc): ``(y,
+    final)``, ``y`` this slice's outputs and ``final`` the state after this slice (the last
+    rank in scan order holds the whole sequence's)."""
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    first = world - 1 if args.reverse else 0
+    grad = _check_alike(args, group, first)
+    y, own = _local(args, args.initial_state if rank == first else None, backend)
+    lam = log_decay(args.g, args.discount)
+    sdt = state_dtype(args.z.dtype)
+    B, _, D = args.z.shape
+    total = args.z.new_zeros((B, D), dtype=sdt) if lam is None else lam.to(sdt).sum(dim=1)
+    summary = torch.stack([total, *own])                                 # (4, B, D)
+    if grad and not summary.requires_grad:      # (a rank whose inputs need none: it still
+        summary = summary.detach().requires_grad_()   # joins the backward's all-reduce)
+    summaries = _AllGather.apply(summary, group)                          # (world, 4, B, D)
+    if rank != first:
+        before = range(rank) if not args.reverse else range(world - 1, rank, -1)
+        state = (torch.full((B, D), float("-inf"), dtype=sdt, device=args.z.device),
+                 args.z.new_zeros((B, D), dtype=sdt), args.z.new_zeros((B, D), dtype=sdt))
+        for j in before:
+            state = combine(state, summaries[j, 0], tuple(summaries[j, 1:]))
+        y, own = _local(args, state, backend)
+    # (y of the first rank, or of an empty slice, does not depend on the summaries; the
+    # backward must still reach the gather on every rank)
+    return (_Joined.apply(y, summaries) if grad else y), own

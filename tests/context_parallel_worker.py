@@ -1,0 +1,115 @@
+"""One rank of tests/test_context_parallel.py: ``python context_parallel_worker.py RANK
+WORLD STORE LENGTHS`` (``LENGTHS`` comma-separated, one slice length per rank).
+
+Every rank builds the same float64 inputs for the whole sequence, computes the single-process
+scan and its gradients (the reference), then its own slice with ``context_group`` over gloo,
+and checks its outputs and its gradients against the reference's slice, for RWA and the four
+RDA attentions, with and without an initial state, both directions, on the numba and torch
+backends, and for extreme logits and ``-inf`` masks that span a rank boundary. Prints
+``OK`` and exits 0, or raises (exit 1) naming the case.
+"""
+
+import sys
+
+import torch
+import torch.distributed as dist
+
+import fastrwa
+
+rank, world, store, lengths = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+lengths = [int(n) for n in lengths.split(",")]
+dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+group = dist.group.WORLD
+lo, hi = sum(lengths[:rank]), sum(lengths[:rank + 1])
+T, B, D = sum(lengths), 2, 3
+TOL = 1e-12
+
+
+def scan(kind, z, a, g, state, reverse, context_group=None):
+    if kind == "rwa":
+        return fastrwa.rwa_scan(z, a, state, output_final_state=True, reverse=reverse,
+                                context_group=context_group)
+    return fastrwa.rda_scan(z, a, g, kind, state, output_final_state=True, reverse=reverse,
+                            context_group=context_group)
+
+
+def check(name, got, want):
+    scale = max(1.0, float(want.abs().max())) if want.numel() else 1.0
+    err = float((got - want).abs().max()) if want.numel() else 0.0
+    if not err <= TOL * scale:
+        raise AssertionError(f"rank {rank}: {name}: max error {err:.3g} (scale {scale:.3g})")
+
+
+def case(kind, reverse, with_state, inputs, backend, label):
+    gen = torch.Generator().manual_seed(7)
+    z, a, g = (t.clone().requires_grad_() for t in inputs)
+    w = torch.randn(B, T, D, generator=gen, dtype=torch.float64)
+    wf = torch.randn(B, D, generator=gen, dtype=torch.float64)
+    state = None
+    if with_state:
+        m0 = torch.randn(B, D, generator=gen, dtype=torch.float64)
+        n0 = torch.randn(B, D, generator=gen, dtype=torch.float64)
+        d0 = torch.rand(B, D, generator=gen, dtype=torch.float64) + 1.0
+        state = fastrwa.ScanState(*(t.requires_grad_() for t in (m0, n0, d0)))
+    leaves = [z, a, g] + (list(state) if state is not None else [])
+    # the reference: one scan of the whole sequence; the loss reads the final state through
+    # its average (what the state represents)
+    with fastrwa.use_backend(backend):
+        y, final = scan(kind, z, a, g, state, reverse)
+    loss = (y * w).sum() + (final.n / final.d * wf).sum()
+    want = torch.autograd.grad(loss, leaves, allow_unused=True)
+    # this rank's slice
+    first, last = (world - 1, 0) if reverse else (0, world - 1)
+    zs, as_, gs = (t.detach()[:, lo:hi].clone().requires_grad_() for t in (z, a, g))
+    mine = None
+    if with_state and rank == first:
+        mine = fastrwa.ScanState(*(t.detach().clone().requires_grad_() for t in state))
+    with fastrwa.use_backend(backend):
+        ys, fs = scan(kind, zs, as_, gs, mine, reverse, group)
+    check(f"{label}: y", ys.detach(), y.detach()[:, lo:hi])
+    part = (ys * w[:, lo:hi]).sum()
+    if rank == last:
+        check(f"{label}: final average", (fs.n / fs.d).detach(), (final.n / final.d).detach())
+        part = part + (fs.n / fs.d * wf).sum()
+    own = [zs, as_, gs] + (list(mine) if mine is not None else [])
+    got = torch.autograd.grad(part, own, allow_unused=True)
+    names = ["gz", "ga", "gg", "gm0", "gn0", "gd0"]
+    for name, gv, wv in zip(names, got, want):
+        if name in ("gz", "ga", "gg"):
+            wv = wv[:, lo:hi] if wv is not None else None
+        if kind == "rwa" and name == "gg":
+            continue
+        if gv is None and wv is not None and wv.numel() == 0:
+            continue                                   # (an empty slice: nothing to compare)
+        if gv is None or wv is None:
+            if not (gv is None and wv is None):
+                raise AssertionError(f"rank {rank}: {label}: {name} missing on one side")
+            continue
+        check(f"{label}: {name}", gv, wv)
+
+
+def inputs(extreme=None):
+    gen = torch.Generator().manual_seed(3)
+    z, a, g = (torch.randn(B, T, D, generator=gen, dtype=torch.float64) for _ in range(3))
+    if extreme == "large":
+        a = a.sign() * 1e4 + a                    # weights of e^(+-1e4) (stabilisation)
+    if extreme == "masked":
+        # -inf logits from before the first boundary to after it, and a decay that forgets
+        edge = lengths[0]
+        a[:, max(0, edge - 1):min(T, edge + 2)] = float("-inf")
+        g[0, edge % T, 1] = float("-inf")
+    return z, a, g
+
+
+for backend in ("numba", "torch"):
+    for kind in ("rwa", "exp", "sigmoid", "softplus", "relu"):
+        for reverse in (False, True):
+            for with_state in (False, True):
+                label = f"{backend} {kind} reverse={reverse} state={with_state}"
+                case(kind, reverse, with_state, inputs(), backend, label)
+    for extreme in ("large", "masked"):
+        for kind in ("rwa", "exp", "sigmoid"):
+            case(kind, False, True, inputs(extreme), backend, f"{backend} {kind} {extreme}")
+dist.barrier()
+dist.destroy_process_group()
+print("OK")
