@@ -147,10 +147,9 @@ def check_cu_seqlens(cu_seqlens: object, z: torch.Tensor) -> int:
     return cu_seqlens.shape[0] - 1
 
 
-def check_context_group(group: object, cu_seqlens: object) -> None:
-    """``group`` is a ``torch.distributed`` process group of an initialised default group,
-    and the call is not a packed variable-length one (``cu_seqlens``): context parallelism
-    splits one sequence per row along time, which packing across ranks would break."""
+def check_context_group(group: object) -> None:
+    """``group`` is a ``torch.distributed`` process group of an initialised default group
+    (checked on each rank alone: without it no rank can tell the others anything)."""
     import torch.distributed as dist
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("context_group needs torch.distributed initialised "
@@ -159,7 +158,3 @@ def check_context_group(group: object, cu_seqlens: object) -> None:
         raise TypeError(f"context_group must be a torch.distributed.ProcessGroup (e.g. "
                         f"torch.distributed.group.WORLD or one from new_group), "
                         f"got {type(group).__name__}")
-    if cu_seqlens is not None:
-        raise ValueError("context_group and cu_seqlens cannot be combined: packed "
-                         "variable-length sequences are not split across ranks; split each "
-                         "sequence's rows instead, or pack within a rank without a group")

@@ -12,7 +12,7 @@ import torch
 from .checks import (check_attention, check_context_group, check_cu_seqlens, check_flag,
                      check_inputs, check_no_overlap, check_state)
 from .ops.autograd import step_inplace, weighted_scan_op
-from .ops.context import context_parallel_scan
+from .ops.context import context_parallel_scan, refuse_together
 from .ops.dispatch import ScanArgs, resolve, state_dtype
 from .state import ScanState
 
@@ -21,31 +21,48 @@ def _run(named, attention, discount, initial_state, output_final_state, reverse,
          cu_seqlens=None, context_group=None):
     """Validate ``(B, T, D)`` inputs ``named`` = [(name, tensor) for z, a[, g]] and run the op
     (over the ranks of ``context_group`` when given: :mod:`fastrwa.ops.context`)."""
+    if context_group is not None:
+        check_context_group(context_group)
+        try:
+            args = _checked(named, attention, discount, initial_state, output_final_state,
+                            reverse, cu_seqlens)
+            if cu_seqlens is not None:
+                raise ValueError("context_group and cu_seqlens cannot be combined: packed "
+                                 "variable-length sequences are not split across ranks")
+        except (TypeError, ValueError) as exc:
+            refuse_together(exc, context_group)     # (every rank raises; none waits)
+        y, final = context_parallel_scan(args, resolve(args.z.device, args.z.dtype),
+                                         context_group)
+        return y, (ScanState(*final) if output_final_state else None)
+    args = _checked(named, attention, discount, initial_state, output_final_state, reverse,
+                    cu_seqlens)
+    z = args.z
+    if z.shape[1] == 0:
+        y = z[:, :0].clone()            # (a node of the graph: y.sum().backward() works)
+        if not output_final_state:
+            return y, None
+        state = args.initial_state
+        if state is None:
+            n_states = z.shape[0] if cu_seqlens is None else len(cu_seqlens) - 1
+            state = ScanState.empty(n_states, z.shape[2], dtype=state_dtype(z.dtype),
+                                    device=z.device)
+        return y, ScanState(*state)
+    y, final = weighted_scan_op(args, resolve(z.device, z.dtype))
+    return y, (ScanState(*final) if output_final_state else None)
+
+
+def _checked(named, attention, discount, initial_state, output_final_state, reverse,
+             cu_seqlens) -> ScanArgs:
+    """The op's arguments, every one checked (``TypeError``/``ValueError`` naming it)."""
     z = check_inputs(named, "BTD")
     check_flag(output_final_state, "output_final_state")
     check_flag(reverse, "reverse")
     B, T, D = z.shape
     n_states = B if cu_seqlens is None else check_cu_seqlens(cu_seqlens, z)
     state = check_state(initial_state, "initial_state", z, n_states, D)
-    a = named[1][1]
     g = named[2][1] if len(named) > 2 else None
-    if context_group is not None:
-        check_context_group(context_group, cu_seqlens)
-        args = ScanArgs(z, a, g, attention, discount, None if state is None else tuple(state),
-                        reverse, None)
-        y, final = context_parallel_scan(args, resolve(z.device, z.dtype), context_group)
-        return y, (ScanState(*final) if output_final_state else None)
-    if T == 0:
-        y = z[:, :0].clone()            # (a node of the graph: y.sum().backward() works)
-        if not output_final_state:
-            return y, None
-        if state is None:
-            state = ScanState.empty(n_states, D, dtype=state_dtype(z.dtype), device=z.device)
-        return y, state
-    args = ScanArgs(z, a, g, attention, discount, None if state is None else tuple(state),
-                    reverse, cu_seqlens)
-    y, final = weighted_scan_op(args, resolve(z.device, z.dtype))
-    return y, (ScanState(*final) if output_final_state else None)
+    return ScanArgs(z, named[1][1], g, attention, discount,
+                    None if state is None else tuple(state), reverse, cu_seqlens)
 
 
 def weighted_scan(

@@ -33,6 +33,11 @@ def scan(kind, z, a, g, state, reverse, context_group=None):
                             context_group=context_group)
 
 
+def average(state):
+    """What a state represents, n / d (0 for an empty state, d = 0)."""
+    return state.n / state.d.clamp(min=1e-300)
+
+
 def check(name, got, want):
     scale = max(1.0, float(want.abs().max())) if want.numel() else 1.0
     err = float((got - want).abs().max()) if want.numel() else 0.0
@@ -56,7 +61,7 @@ def case(kind, reverse, with_state, inputs, backend, label):
     # its average (what the state represents)
     with fastrwa.use_backend(backend):
         y, final = scan(kind, z, a, g, state, reverse)
-    loss = (y * w).sum() + (final.n / final.d * wf).sum()
+    loss = (y * w).sum() + (average(final) * wf).sum()
     want = torch.autograd.grad(loss, leaves, allow_unused=True)
     # this rank's slice
     first, last = (world - 1, 0) if reverse else (0, world - 1)
@@ -69,8 +74,8 @@ def case(kind, reverse, with_state, inputs, backend, label):
     check(f"{label}: y", ys.detach(), y.detach()[:, lo:hi])
     part = (ys * w[:, lo:hi]).sum()
     if rank == last:
-        check(f"{label}: final average", (fs.n / fs.d).detach(), (final.n / final.d).detach())
-        part = part + (fs.n / fs.d * wf).sum()
+        check(f"{label}: final average", average(fs).detach(), average(final).detach())
+        part = part + (average(fs) * wf).sum()
     own = [zs, as_, gs] + (list(mine) if mine is not None else [])
     got = torch.autograd.grad(part, own, allow_unused=True)
     names = ["gz", "ga", "gg", "gm0", "gn0", "gd0"]
@@ -108,8 +113,48 @@ for backend in ("numba", "torch"):
                 label = f"{backend} {kind} reverse={reverse} state={with_state}"
                 case(kind, reverse, with_state, inputs(), backend, label)
     for extreme in ("large", "masked"):
-        for kind in ("rwa", "exp", "sigmoid"):
-            case(kind, False, True, inputs(extreme), backend, f"{backend} {kind} {extreme}")
+        for kind in ("rwa", "exp", "sigmoid", "softplus", "relu"):
+            for reverse in (False, True):
+                case(kind, reverse, True, inputs(extreme), backend,
+                     f"{backend} {kind} {extreme} reverse={reverse}")
+
+
+def refused(words, **mine):
+    """Every rank calls; this rank with ``mine`` changed: every rank raises ValueError."""
+    z, a, g = (t[:, lo:hi].clone() for t in inputs())
+    call = dict(z=z, a=a, g=g, context_group=group) | mine
+    try:
+        fastrwa.rda_scan(**call)
+    except ValueError as exc:
+        if words not in str(exc) and "refused their arguments" not in str(exc):
+            raise AssertionError(f"rank {rank}: unexpected message {exc}") from exc
+        return
+    raise AssertionError(f"rank {rank}: no error for {words}")
+
+
+# a rank with other arguments, or refusing its own: every rank raises, none waits
+refused("width D", **({"z": torch.randn(B, hi - lo, D + 1, dtype=torch.float64),
+                       "a": torch.randn(B, hi - lo, D + 1, dtype=torch.float64),
+                       "g": torch.randn(B, hi - lo, D + 1, dtype=torch.float64)}
+                      if rank == world - 1 else {}))
+refused("cu_seqlens", **({"cu_seqlens": torch.tensor([0, 1])} if rank == world - 1 else {}))
+refused("initial_state", **({"initial_state": fastrwa.ScanState.empty(
+    B, D, dtype=torch.float64)} if rank == world - 1 and world > 1 else {}))
+
+# a rank whose inputs need no gradient still joins the backward; the others' are exact
+z, a, g = inputs()
+zl, al, gl = (t[:, lo:hi].clone().requires_grad_(rank != world - 1) for t in (z, a, g))
+ys, _ = fastrwa.rda_scan(zl, al, gl, "sigmoid", context_group=group)
+(ys * torch.arange(1, ys.numel() + 1, dtype=ys.dtype).view_as(ys)).sum().backward()
+zf, af, gf = (t.clone().requires_grad_() for t in (z, a, g))
+yf, _ = fastrwa.rda_scan(zf, af, gf, "sigmoid")
+weights = torch.cat([torch.arange(1, B * n * D + 1, dtype=yf.dtype).view(B, n, D)
+                     for n in lengths], dim=1)
+(yf * weights).sum().backward()
+if rank != world - 1:
+    for name, got, want in (("gz", zl.grad, zf.grad), ("ga", al.grad, af.grad),
+                            ("gg", gl.grad, gf.grad)):
+        check(f"no-grad rank: {name}", got, want[:, lo:hi])
 dist.barrier()
 dist.destroy_process_group()
 print("OK")

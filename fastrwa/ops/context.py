@@ -83,23 +83,49 @@ def combine(state: tuple, lam: Tensor, own: tuple) -> tuple:
     return m, n0 * keep + n1 * take, d0 * keep + d1 * take
 
 
+FIELDS = ("refused", "batch B", "width D", "dtype", "attention", "discount", "reverse",
+          "grad mode", "needs grad", "initial_state")
+
+
+def _gather_fields(mine: list, group, device) -> Tensor:
+    """Every rank's :data:`FIELDS` (one ``all_gather`` of a few integers)."""
+    return _AllGather.apply(torch.tensor(mine, dtype=torch.int64, device=device), group)
+
+
+def _device_of(group) -> torch.device:
+    """Where a tensor for a collective of ``group`` must be when there are no inputs."""
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def refuse_together(problem: Exception, group) -> None:
+    """Raise ``problem`` on this rank after telling the others (who raise too): this rank's
+    arguments were refused before the call's gather, which they are waiting in."""
+    _gather_fields([1] + [-1] * (len(FIELDS) - 1), group, _device_of(group))
+    raise problem
+
+
 def _check_alike(args: ScanArgs, group, first: int) -> bool:
-    """Every rank called with the same batch, width, dtype, functions and direction, and
-    only the first rank in scan order with an ``initial_state``: checked on every rank from
-    one gather of a few integers, so that all raise the same error (none hangs). Returns
-    whether any rank's inputs need a gradient (then every rank's backward joins the
-    gather's all-reduce)."""
+    """Every rank's arguments passed its checks, and every rank called with the same batch,
+    width, dtype, functions, direction and grad mode, and only the first rank in scan order
+    with an ``initial_state``: checked on every rank from one gather of a few integers, so
+    that all raise (none waits). Returns whether any rank's inputs need a gradient (then
+    every rank's backward joins the gather's all-reduce)."""
     z, a, g, attention, discount, state, reverse, _ = args
     B, T, D = z.shape
     dtypes = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
     grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (z, a, g, *(state or ())))
-    mine = torch.tensor([B, D, dtypes.index(z.dtype), ATTENTION_CODE[attention],
-                         DISCOUNT_CODE[discount], int(reverse), int(grad),
-                         int(state is not None)], dtype=torch.int64)
-    everyone = _AllGather.apply(mine, group)
-    names = ("batch B", "width D", "dtype", "attention", "discount", "reverse")
-    for i, name in enumerate(names):
+    everyone = _gather_fields([0, B, D, dtypes.index(z.dtype), ATTENTION_CODE[attention],
+                               DISCOUNT_CODE[discount], int(reverse),
+                               int(torch.is_grad_enabled()), int(grad),
+                               int(state is not None)], group, z.device)
+    refused = everyone[:, 0].nonzero().flatten().tolist()
+    if refused:
+        raise ValueError(f"context parallel: rank(s) {refused} refused their arguments (their "
+                         f"error says why); every rank stops")
+    for i, name in enumerate(FIELDS[1:8], start=1):
         if (everyone[:, i] != everyone[0, i]).any():
             raise ValueError(f"context parallel: every rank must call with the same {name}; "
                              f"got {everyone[:, i].tolist()} over the ranks")
@@ -136,9 +162,9 @@ def context_parallel_scan(args: ScanArgs, backend: str, group) -> tuple[Tensor, 
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     first = world - 1 if args.reverse else 0
     grad = _check_alike(args, group, first)
-    y, own = _local(args, args.initial_state if rank == first else None, backend)
-    lam = log_decay(args.g, args.discount)
     sdt = state_dtype(args.z.dtype)
+    y, own = _local(args, args.initial_state if rank == first else None, backend)
+    lam = log_decay(None if args.g is None else args.g.to(sdt), args.discount)
     B, _, D = args.z.shape
     total = args.z.new_zeros((B, D), dtype=sdt) if lam is None else lam.to(sdt).sum(dim=1)
     summary = torch.stack([total, *own])                                 # (4, B, D)
@@ -152,6 +178,8 @@ def context_parallel_scan(args: ScanArgs, backend: str, group) -> tuple[Tensor, 
         for j in before:
             state = combine(state, summaries[j, 0], tuple(summaries[j, 1:]))
         y, own = _local(args, state, backend)
-    # (y of the first rank, or of an empty slice, does not depend on the summaries; the
-    # backward must still reach the gather on every rank)
-    return (_Joined.apply(y, summaries) if grad else y), own
+    # (the first rank's outputs, or an empty slice's, do not depend on the summaries; the
+    # backward must still reach the gather on every rank, from whichever output it starts)
+    if grad:
+        y, own = _Joined.apply(y, summaries), tuple(_Joined.apply(t, summaries) for t in own)
+    return y, own
