@@ -99,7 +99,7 @@ class PackedLM:
             eps = torch.finfo(torch.float32).eps
             self._eps = torch.tensor([eps if n.eps is None else n.eps for n in norms],
                                      dtype=torch.float32)
-            self._embed = model.embed.weight.detach().float().contiguous().clone()
+            self._embed = self._snapshot["embed.weight"]            # (a float32 copy)
             # the state before the first token (each layer's learned prior), one row each
             initial = [b.mix.initial_state(1) for b in blocks]
             self._initial = [torch.cat([s.scan[k] for s in initial]).float()
@@ -178,13 +178,10 @@ class PackedLM:
         ids = tokens.to(torch.int64)
         T = ids.shape[1]
         chunk = min(T, max(1, decode_host.PREFILL_ROWS // max(1, cache.batch)))
-        if T > 1:
+        if T > 1:         # (a prompt: prefill checked every id before anything was written)
             long = decode_host.work_buffers(self.shapes, cache.batch, chunk)
             arrays = {k: flat(v) for k, v in long.items() if k != "logits"} | \
                 {"logits": arrays["logits"]}
-            bad = decode_host.check_tokens_of(ids, self.shapes.V)   # (all before any write)
-            if bad >= 0:
-                self._refuse(ids, bad, name)
         for lo in range(0, T, chunk):
             piece = ids[:, lo:lo + chunk].contiguous()
             bad = decode_host.run(self._weights, state, arrays, flat(piece), cache.batch)

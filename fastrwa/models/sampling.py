@@ -132,7 +132,8 @@ def sample_fused(logits: Tensor, temperature: float, top_k: Optional[int],
                  forbidden: int) -> Tensor:
     """:func:`sample` in one compiled call for contiguous float32 CPU ``logits`` (the fused
     decode step's: ``fastrwa.models.PackedLM``), any other logits by :func:`sample`. The same
-    distribution (top-p keeps every id tied with the last one it keeps), drawn by the
+    distribution (where top-p cuts among ids of equal probability, it keeps the lower
+    ids; the eager sort keeps its own order's first), drawn by the
     inverse of the cumulative weights at one uniform per row from ``generator``: other
     draws than :func:`sample`'s for the same seed. NaN or ``+inf`` logits, or a row with
     every id excluded, are the same ``ValueError``."""

@@ -166,8 +166,3 @@ def sample(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: f
                       uniforms.numpy(), out.numpy(), np.empty(V, dtype=np.float32))
     return out, bad
 
-
-def check_tokens_of(ids: torch.Tensor, vocab: int) -> int:
-    """The first row of int64 ``ids`` ``(B, T)`` holding an id outside ``[0, vocab)``, or -1."""
-    ids = ids.contiguous()
-    return check_tokens(flat(ids), ids.shape[1], ids.shape[1], 0, ids.shape[0], vocab)
