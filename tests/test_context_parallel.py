@@ -14,15 +14,15 @@ import torch
 import fastrwa
 
 WORKER = pathlib.Path(__file__).with_name("context_parallel_worker.py")
+LAYERS_WORKER = pathlib.Path(__file__).with_name("context_parallel_layers_worker.py")
 
 
-@pytest.mark.parametrize("lengths", [[1, 6], [3, 1, 4], [2, 0, 3], [2, 3, 1, 2]],
-                         ids=["2 ranks", "3 ranks", "3 ranks, one empty", "4 ranks"])
-def test_slices_over_ranks_equal_one_scan(tmp_path, lengths):
+def _run_ranks(worker, tmp_path, lengths):
+    """Run ``worker`` as ``len(lengths)`` gloo processes; each must print OK."""
     world = len(lengths)
     store = tmp_path / "store"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, str(WORKER), str(rank), str(world), str(store),
+    procs = [subprocess.Popen([sys.executable, str(worker), str(rank), str(world), str(store),
                                ",".join(map(str, lengths))], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, env=env)
              for rank in range(world)]
@@ -34,6 +34,21 @@ def test_slices_over_ranks_equal_one_scan(tmp_path, lengths):
     for rank, (p, (out, err)) in enumerate(zip(procs, results)):
         assert p.returncode == 0 and out.strip().endswith("OK"), \
             f"rank {rank} of {world}:\n{err[-3000:]}"
+
+
+@pytest.mark.parametrize("lengths", [[1, 6], [3, 1, 4], [2, 0, 3], [2, 3, 1, 2]],
+                         ids=["2 ranks", "3 ranks", "3 ranks, one empty", "4 ranks"])
+def test_slices_over_ranks_equal_one_scan(tmp_path, lengths):
+    _run_ranks(WORKER, tmp_path, lengths)
+
+
+@pytest.mark.parametrize("lengths", [[1, 6], [2, 0, 3], [2, 3, 1, 2]],
+                         ids=["2 ranks", "3 ranks, one empty", "4 ranks"])
+def test_layers_and_the_language_model_over_ranks_equal_one_process(tmp_path, lengths):
+    """RWA/RDA layers (token shift, bidirectional, time-first, float32) and a ByteLM: outputs,
+    input gradients, final state and the parameters' gradients summed over the ranks equal
+    one process's (tests/context_parallel_layers_worker.py); refusals stop every rank."""
+    _run_ranks(LAYERS_WORKER, tmp_path, lengths)
 
 
 def test_a_group_needs_torch_distributed():

@@ -8,10 +8,11 @@ from typing import Iterator, NamedTuple, Optional
 import torch
 from torch import Tensor, nn
 
-from ..checks import check_no_overlap
+from ..checks import check_context_group, check_no_overlap
 from ..nn.checks import check_buffer, check_count, check_input_dtype
 from ..nn.functional import rms_norm_into
 from ..nn import RDA, RWA, LayerState
+from ..ops.context import refuse_together
 from ..ops.dispatch import state_dtype
 from ..state import ScanState
 from .config import LMConfig
@@ -49,9 +50,10 @@ class Block(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(d, config.mlp_ratio * d), nn.GELU(),
                                  nn.Linear(config.mlp_ratio * d, d))
 
-    def forward(self, x: Tensor, state: Optional[LayerState]) -> tuple[Tensor, LayerState]:
+    def forward(self, x: Tensor, state: Optional[LayerState],
+                context_group=None) -> tuple[Tensor, LayerState]:
         normed = self.norm1(x)
-        h, state = self.mix(normed, state)
+        h, state = self.mix(normed, state, context_group=context_group)
         x = x + self._gated(h, normed)
         return x + self.mlp(self.norm2(x)), state
 
@@ -299,13 +301,28 @@ class ByteLM(nn.Module):
         return state.layers
 
     # -- parallel and streaming ---------------------------------------------------------
-    def forward(self, tokens: Tensor, state: Optional[LMState] = None) -> tuple[Tensor, LMState]:
-        """Logits ``(B, T, vocab_size)`` for every position and the state after the last."""
-        tokens = self._check_tokens(tokens, 2)
+    def forward(self, tokens: Tensor, state: Optional[LMState] = None,
+                context_group: "torch.distributed.ProcessGroup | None" = None,
+                ) -> tuple[Tensor, LMState]:
+        """Logits ``(B, T, vocab_size)`` for every position and the state after the last.
+
+        With ``context_group`` (context parallelism, docs/distributed.md) ``tokens`` is this
+        rank's contiguous slice of the sequence along time (rank order is time order),
+        ``state`` the state before the whole sequence on rank 0 (``None`` on the others),
+        and the returned state the one after this rank's slice: the whole sequence's on the
+        last rank. Every rank of the group makes the same calls (and, when training, the
+        backward through its logits)."""
+        try:
+            tokens, states = self._check_tokens(tokens, 2), self._check_state(state)
+        except (TypeError, ValueError) as exc:
+            if context_group is None:
+                raise
+            check_context_group(context_group)
+            refuse_together(exc, context_group)     # (the other ranks raise too)
         x = self.embed(tokens)
         new = []
-        for block, layer_state in zip(self.blocks, self._check_state(state)):
-            x, layer_state = block(x, layer_state)
+        for block, layer_state in zip(self.blocks, states):
+            x, layer_state = block(x, layer_state, context_group)
             new.append(layer_state)
         return self.head(self.norm(x)), LMState(tuple(new))
 

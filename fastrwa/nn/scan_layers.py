@@ -10,13 +10,15 @@ import math
 from typing import NamedTuple, Optional
 
 import torch
+import torch.distributed as dist
 from einops import rearrange
 from torch import Tensor, nn
 
 from .. import scan as _scan
 from ..ops.dispatch import state_dtype
 from ..state import ScanState
-from ..checks import check_no_overlap
+from ..checks import check_context_group, check_no_overlap
+from ..ops.context import DTYPES, after, agree, previous_input, refuse_together, same_everywhere
 from .checks import check_buffer, check_count, check_input_dtype, check_size
 from .functional import ACTIVATIONS_OUT, NamedActivations, rda_functions
 
@@ -154,44 +156,97 @@ class _ScanLayer(nn.Module):
         G = self.num_gates
         return [parts[d * G:(d + 1) * G] for d in range(self.num_directions)]
 
-    def _scan(self, gates: tuple[Tensor, ...], state: ScanState, reverse: bool, step: bool):
+    def _scan(self, gates: tuple[Tensor, ...], state: Optional[ScanState], reverse: bool,
+              step: bool, context_group=None):
         raise NotImplementedError
 
     def _output(self, y: Tensor) -> Tensor:
         raise NotImplementedError
 
-    def forward(self, x: Tensor, state: Optional[LayerState] = None) -> tuple[Tensor, LayerState]:
+    def forward(self, x: Tensor, state: Optional[LayerState] = None,
+                context_group: "dist.ProcessGroup | None" = None) -> tuple[Tensor, LayerState]:
         """Run the layer over a whole sequence.
 
         Args:
             x: ``(B, T, input_size)`` (``(T, B, input_size)`` if ``batch_first=False``).
             state: a :class:`LayerState` to continue from, or ``None`` for the initial state.
+            context_group: a ``torch.distributed`` process group over whose ranks the sequence
+                is split along time (context parallelism, docs/distributed.md): ``x`` is this
+                rank's contiguous slice (rank order is time order; lengths may differ, 0
+                included). ``state`` is then the state before the whole sequence, given on
+                rank 0 only (``None`` elsewhere; a bidirectional layer takes none), and every
+                rank of the group must make the same calls.
 
         Returns:
             ``(output, state)``: output ``(B, T, directions * hidden_size)`` (time first if
-            ``batch_first=False``) and the :class:`LayerState` after the last token.
+            ``batch_first=False``) and the :class:`LayerState` after the last token (with
+            ``context_group``: after this rank's slice, so the whole sequence's on the last
+            rank).
         """
-        self._check_input(x, 3)
-        if not self.batch_first:
-            x = rearrange(x, "t b i -> b t i")
-        B = x.shape[0]
-        state = self._check_state(state, B)
-        gates = self._gates(x, state.last_input)
+        if context_group is None:
+            self._check_input(x, 3)
+            if not self.batch_first:
+                x = rearrange(x, "t b i -> b t i")
+            state = self._check_state(state, x.shape[0])
+            previous = state.last_input
+        else:
+            x, state, previous = self._split_inputs(x, state, context_group)
+        gates = self._gates(x, previous)
         H = self.hidden_size
-        outs, finals = [], []
+        ys, finals = [], []
         for d in range(self.num_directions):
             part = ScanState(*(s[:, d * H:(d + 1) * H] for s in state.scan))
-            y, final = self._scan(gates[d], part, reverse=d == 1, step=False)
-            outs.append(self._output(y))
+            mine = gates[d]
+            if context_group is not None:
+                world = dist.get_world_size(context_group)
+                if dist.get_rank(context_group) != (world - 1 if d == 1 else 0):
+                    part = None         # (the state before the sequence is the first rank's)
+                if d == 1 and ys[0].requires_grad:
+                    # the two directions' gathers: their backward all-reduces in one order
+                    mine = (after(mine[0], ys[0]), *mine[1:])
+            y, final = self._scan(mine, part, reverse=d == 1, step=False,
+                                  context_group=context_group)
+            ys.append(y)
             finals.append(final)
-        out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
+        out = torch.cat([self._output(y) for y in ys], dim=-1) if len(ys) > 1 \
+            else self._output(ys[0])
         final = finals[0] if len(finals) == 1 else ScanState(
             *(torch.cat(parts, dim=-1) for parts in zip(*finals)))
         # a copy, not a view of x: step_ updates a state's last_input in place
-        last = x[:, -1].clone() if self.token_shift and x.shape[1] else state.last_input
+        last = x[:, -1].clone() if self.token_shift and x.shape[1] else previous
         if not self.batch_first:
             out = rearrange(out, "b t h -> t b h")
         return out, LayerState(final, last)
+
+    def _split_inputs(self, x, state, group) -> tuple[Tensor, LayerState, Optional[Tensor]]:
+        """:meth:`forward`'s checks under context parallelism, then the token shift's input
+        before this rank's slice: ``(x (B, T, input), state, previous input)``. A rank whose
+        arguments are refused tells the others, which raise too (none waits)."""
+        check_context_group(group)
+        try:
+            self._check_input(x, 3)
+            if state is not None and (self.bidirectional or dist.get_rank(group) != 0):
+                raise ValueError("with context_group, state is the state before the whole "
+                                 "sequence: pass it on rank 0 only (None on the others; a "
+                                 "bidirectional layer takes none)")
+            if not self.batch_first:
+                x = rearrange(x, "t b i -> b t i")
+            state = self._check_state(state, x.shape[0])
+        except (TypeError, ValueError) as exc:
+            refuse_together(exc, group)
+        if not self.token_shift:        # (the scans' own agreement checks the rest)
+            return x, state, state.last_input
+        B, T, _ = x.shape
+        grad = torch.is_grad_enabled() and (
+            x.requires_grad or any(p.requires_grad for p in self.parameters())
+            or any(t.requires_grad for t in (*state.scan, state.last_input)))
+        every = agree({"batch B": B, "input_size": x.shape[2], "dtype": DTYPES.index(x.dtype),
+                       "grad mode": int(torch.is_grad_enabled()), "needs grad": int(grad),
+                       "length": T}, group, x.device)
+        same_everywhere(every, ("batch B", "input_size", "dtype", "grad mode"))
+        previous = previous_input(x[:, -1] if T else None, state.last_input, every["length"],
+                                  group, any(every["needs grad"]))
+        return x, state, previous
 
     def step(self, x_t: Tensor, state: Optional[LayerState] = None) -> tuple[Tensor, LayerState]:
         """Advance one token: ``x_t`` ``(B, input_size)`` -> ``(output_t (B, H), new state)``.
@@ -397,13 +452,14 @@ class RWA(_ScanLayer):
                          bidirectional=bidirectional, token_shift=token_shift,
                          learn_initial_state=learn_initial_state, device=device, dtype=dtype)
 
-    def _scan(self, gates, state, reverse, step):
+    def _scan(self, gates, state, reverse, step, context_group=None):
         u, g, a = gates
         z = u * torch.tanh(g)
         if step:
             y, final = _scan.rwa_step(z[:, 0], a[:, 0], state)
             return y[:, None], final
-        return _scan.rwa_scan(z, a, state, output_final_state=True, reverse=reverse)
+        return _scan.rwa_scan(z, a, state, output_final_state=True, reverse=reverse,
+                              context_group=context_group)
 
     def _output(self, y):
         return torch.tanh(y)
@@ -485,14 +541,14 @@ class RDA(NamedActivations, _ScanLayer):
                              dir=self.num_directions, gate=self.num_gates)
             bias[:, 3].copy_(torch.log(tau - 1).to(bias.dtype))
 
-    def _scan(self, gates, state, reverse, step):
+    def _scan(self, gates, state, reverse, step, context_group=None):
         u, g, a, c = gates
         z = u * torch.tanh(g)
         if step:
             y, final = _scan.rda_step(z[:, 0], a[:, 0], c[:, 0], state, self.attention)
             return y[:, None], final
         return _scan.rda_scan(z, a, c, self.attention, state, output_final_state=True,
-                              reverse=reverse)
+                              reverse=reverse, context_group=context_group)
 
     def _output(self, y):
         return self._f_o(self._f_h(y))

@@ -52,20 +52,26 @@ class _AllGather(torch.autograd.Function):
         return grad[dist.get_rank(ctx.group)], None
 
 
-class _Joined(torch.autograd.Function):
-    """``y`` (a copy) made to depend on the gathered summaries, with a zero gradient for
-    them: the first rank's outputs (and an empty slice's) need nothing from the others,
-    but every rank's backward must reach the gather, whose all-reduce every rank joins and
-    which brings the first rank the later ranks' gradients of its summary."""
+class _After(torch.autograd.Function):
+    """``y`` (a copy) made to depend on ``earlier``, with a zero gradient for it: autograd
+    then runs everything behind ``y`` (its collectives included) before ``earlier``'s
+    backward, the same order on every rank."""
 
     @staticmethod
-    def forward(ctx, y: Tensor, summaries: Tensor) -> Tensor:
-        ctx.shape, ctx.dtype = summaries.shape, summaries.dtype
+    def forward(ctx, y: Tensor, earlier: Tensor) -> Tensor:
+        ctx.shape, ctx.dtype = earlier.shape, earlier.dtype
         return y.clone()
 
     @staticmethod
     def backward(ctx, gy: Tensor):
         return gy, torch.zeros(ctx.shape, dtype=ctx.dtype, device=gy.device)
+
+
+def after(y: Tensor, earlier: Tensor) -> Tensor:
+    """``y``, ordered after ``earlier`` in the backward (:class:`_After`): two collectives
+    that no data orders (the two directions of a bidirectional layer) must run their
+    backward all-reduces in the same order on every rank."""
+    return _After.apply(y, earlier)
 
 
 def combine(state: tuple, lam: Tensor, own: tuple) -> tuple:
@@ -83,13 +89,8 @@ def combine(state: tuple, lam: Tensor, own: tuple) -> tuple:
     return m, n0 * keep + n1 * take, d0 * keep + d1 * take
 
 
-FIELDS = ("refused", "batch B", "width D", "dtype", "attention", "discount", "reverse",
-          "grad mode", "needs grad", "initial_state")
-
-
-def _gather_fields(mine: list, group, device) -> Tensor:
-    """Every rank's :data:`FIELDS` (one ``all_gather`` of a few integers)."""
-    return _AllGather.apply(torch.tensor(mine, dtype=torch.int64, device=device), group)
+SLOTS = 12          # integers in every agreement gather (the op's and the layers')
+DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def _device_of(group) -> torch.device:
@@ -99,11 +100,39 @@ def _device_of(group) -> torch.device:
     return torch.device("cpu")
 
 
+def _gather_slots(mine: list, group, device) -> Tensor:
+    """``(world, SLOTS)``: every rank's integers (one ``all_gather``), ``mine`` padded."""
+    mine = mine + [-1] * (SLOTS - len(mine))
+    return _AllGather.apply(torch.tensor(mine, dtype=torch.int64, device=device), group)
+
+
 def refuse_together(problem: Exception, group) -> None:
     """Raise ``problem`` on this rank after telling the others (who raise too): this rank's
-    arguments were refused before the call's gather, which they are waiting in."""
-    _gather_fields([1] + [-1] * (len(FIELDS) - 1), group, _device_of(group))
+    arguments were refused before a gather of :func:`agree`, which they are waiting in."""
+    _gather_slots([1], group, _device_of(group))
     raise problem
+
+
+def agree(values: dict, group, device=None) -> dict:
+    """Every rank's ``values`` (names to integers, at most ``SLOTS - 1``) from one
+    ``all_gather``, as ``{name: [value of rank 0, rank 1, ...]}``; raises on every rank
+    (none waits) when a rank refused its arguments (:func:`refuse_together`)."""
+    device = _device_of(group) if device is None else device
+    everyone = _gather_slots([0, *values.values()], group, device).tolist()
+    refused = [rank for rank, row in enumerate(everyone) if row[0]]
+    if refused:
+        raise ValueError(f"context parallel: rank(s) {refused} refused their arguments (their "
+                         f"error says why); every rank stops")
+    return {name: [row[i] for row in everyone] for i, name in enumerate(values, start=1)}
+
+
+def same_everywhere(values: dict, names) -> None:
+    """Raise unless every rank gave the same value for each of ``names`` (of :func:`agree`'s
+    result)."""
+    for name in names:
+        if len(set(values[name])) > 1:
+            raise ValueError(f"context parallel: every rank must call with the same {name}; "
+                             f"got {values[name]} over the ranks")
 
 
 def _check_alike(args: ScanArgs, group, first: int) -> bool:
@@ -114,27 +143,37 @@ def _check_alike(args: ScanArgs, group, first: int) -> bool:
     every rank's backward joins the gather's all-reduce)."""
     z, a, g, attention, discount, state, reverse, _ = args
     B, T, D = z.shape
-    dtypes = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
     grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (z, a, g, *(state or ())))
-    everyone = _gather_fields([0, B, D, dtypes.index(z.dtype), ATTENTION_CODE[attention],
-                               DISCOUNT_CODE[discount], int(reverse),
-                               int(torch.is_grad_enabled()), int(grad),
-                               int(state is not None)], group, z.device)
-    refused = everyone[:, 0].nonzero().flatten().tolist()
-    if refused:
-        raise ValueError(f"context parallel: rank(s) {refused} refused their arguments (their "
-                         f"error says why); every rank stops")
-    for i, name in enumerate(FIELDS[1:8], start=1):
-        if (everyone[:, i] != everyone[0, i]).any():
-            raise ValueError(f"context parallel: every rank must call with the same {name}; "
-                             f"got {everyone[:, i].tolist()} over the ranks")
-    holders = everyone[:, -1].nonzero().flatten().tolist()
+    everyone = agree({"batch B": B, "width D": D, "dtype": DTYPES.index(z.dtype),
+                      "attention": ATTENTION_CODE[attention],
+                      "discount": DISCOUNT_CODE[discount], "reverse": int(reverse),
+                      "grad mode": int(torch.is_grad_enabled()), "needs grad": int(grad),
+                      "initial_state": int(state is not None)}, group, z.device)
+    same_everywhere(everyone, ("batch B", "width D", "dtype", "attention", "discount",
+                               "reverse", "grad mode"))
+    holders = [rank for rank, has in enumerate(everyone["initial_state"]) if has]
     if holders not in ([], [first]):
         raise ValueError(f"context parallel: initial_state is the state before the whole "
                          f"sequence: pass it on rank {first} only (the first slice in scan "
                          f"order), got it on ranks {holders}")
-    return bool(everyone[:, -2].any())
+    return any(everyone["needs grad"])
+
+
+def previous_input(last: Tensor, initial: Tensor, lengths: list, group, grad: bool) -> Tensor:
+    """The input before this rank's slice, for a token shift: the last input ``(B, I)`` of
+    the nearest earlier rank whose slice has tokens, else the sequence's ``initial`` one
+    (rank 0's). ``last``: this slice's last input (unused for an empty slice); ``lengths``:
+    every rank's slice length; ``grad``: whether any rank needs gradients (then the gather's
+    all-reduce is in every rank's backward). One ``all_gather`` of ``B * I`` numbers."""
+    rank = dist.get_rank(group)
+    mine = last if lengths[rank] else (initial if rank == 0 else torch.zeros_like(initial))
+    if grad and not mine.requires_grad:
+        mine = mine.detach().requires_grad_()
+    gathered = _AllGather.apply(mine, group)                              # (world, B, I)
+    earlier = [j for j in range(rank) if lengths[j]]
+    previous = initial if rank == 0 else gathered[earlier[-1] if earlier else 0]
+    return after(previous, gathered) if grad else previous
 
 
 def _local(args: ScanArgs, state, backend: str) -> tuple[Tensor, tuple]:
@@ -181,5 +220,5 @@ def context_parallel_scan(args: ScanArgs, backend: str, group) -> tuple[Tensor, 
     # (the first rank's outputs, or an empty slice's, do not depend on the summaries; the
     # backward must still reach the gather on every rank, from whichever output it starts)
     if grad:
-        y, own = _Joined.apply(y, summaries), tuple(_Joined.apply(t, summaries) for t in own)
+        y, own = after(y, summaries), tuple(after(t, summaries) for t in own)
     return y, own

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import gc
 import json
 import os
 import sys
@@ -189,6 +190,10 @@ def main(argv: list[str] | None = None) -> int:
             discard_unstarted_run(run_dir, created)
         hold.close()
         if world > 1 and dist.is_initialized():
+            # (DDP's reducer, in reference cycles, holds the groups: collected here, their
+            # gloo threads end now rather than in the interpreter's teardown, where they
+            # could abort the process: "terminate called without an active exception")
+            gc.collect()
             dist.destroy_process_group()
 
 

@@ -1,0 +1,142 @@
+"""One rank of tests/test_context_parallel.py's layer and model cases: ``python
+context_parallel_layers_worker.py RANK WORLD STORE LENGTHS``.
+
+Every rank builds the same modules and inputs, runs the whole sequence in one process (the
+reference), then its own slice with ``context_group`` over gloo, and checks its outputs, the
+gradient of its input slice, the final state (last rank) and the parameters' gradients
+(summed over the ranks, as data parallelism sums them) against the reference: float64 within
+1e-12, float32 within 1e-5. Cases: RWA and RDA layers with and without token shift,
+bidirectional, time-first; a ByteLM with a state passed on rank 0; float32; and refusals
+(every rank raises, none waits). Prints ``OK`` and exits 0, or raises (exit 1).
+"""
+
+import sys
+
+import torch
+import torch.distributed as dist
+
+import fastrwa
+from fastrwa.models import ByteLM, LMConfig
+
+rank, world, store, lengths = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+lengths = [int(n) for n in lengths.split(",")]
+dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+group = dist.group.WORLD
+lo, hi = sum(lengths[:rank]), sum(lengths[:rank + 1])
+T, B = sum(lengths), 2
+LAST = world - 1
+
+
+def check(name, got, want, tol):
+    scale = max(1.0, float(want.abs().max())) if want.numel() else 1.0
+    err = float((got - want).abs().max()) if want.numel() else 0.0
+    if not err <= tol * scale:
+        raise AssertionError(f"rank {rank}: {name}: max error {err:.3g} (scale {scale:.3g})")
+
+
+def summed_grads(module):
+    """Every parameter's gradient summed over the ranks (zeros where a rank had none)."""
+    grads = []
+    for p in module.parameters():
+        g = torch.zeros_like(p) if p.grad is None else p.grad.clone()
+        dist.all_reduce(g)
+        grads.append(g)
+    return grads
+
+
+def layer_case(label, make, dtype, tol, time_first=False):
+    torch.manual_seed(3)
+    layer = make().to(dtype)
+    gen = torch.Generator().manual_seed(11)
+    x = torch.randn(B, T, layer.input_size, generator=gen, dtype=dtype)
+    out, _ = layer(x[:, :1])                              # (the output width)
+    w = torch.randn(B, T, out.shape[-1], generator=gen, dtype=dtype)
+    full_x = x.clone().requires_grad_()
+    y, final = layer(full_x.transpose(0, 1) if time_first else full_x)
+    y = y.transpose(0, 1) if time_first else y
+    (y * w).sum().backward()
+    want_grads = [p.grad.clone() for p in layer.parameters()]
+    layer.zero_grad(set_to_none=True)
+    mine = x[:, lo:hi].clone().requires_grad_()
+    ys, fs = layer(mine.transpose(0, 1) if time_first else mine, context_group=group)
+    ys = ys.transpose(0, 1) if time_first else ys
+    check(f"{label}: y", ys.detach(), y.detach()[:, lo:hi], tol)
+    (ys * w[:, lo:hi]).sum().backward()
+    check(f"{label}: grad x", mine.grad, full_x.grad[:, lo:hi], tol)
+    for (name, _), got, want in zip(layer.named_parameters(), summed_grads(layer), want_grads):
+        check(f"{label}: grad {name}", got, want, tol)
+    if rank == LAST and not getattr(layer, "bidirectional", False):
+        check(f"{label}: final n/d", (fs.scan.n / fs.scan.d).detach(),
+              (final.scan.n / final.scan.d).detach(), tol)
+        if final.last_input is not None:
+            check(f"{label}: final last_input", fs.last_input.detach(),
+                  final.last_input.detach(), tol)
+
+
+def model_case(label, dtype, tol, with_state):
+    torch.manual_seed(5)
+    model = ByteLM(LMConfig(d_model=8, n_layers=2, mlp_ratio=2)).to(dtype)
+    gen = torch.Generator().manual_seed(13)
+    tokens = torch.randint(0, 256, (B, T), generator=gen)
+    target = torch.randint(0, 256, (B, T), generator=gen)
+    state = None
+    if with_state:
+        with torch.no_grad():
+            _, state = model(torch.randint(0, 256, (B, 5), generator=gen))
+
+    def loss_of(logits, target):
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                 target.reshape(-1), reduction="sum")
+
+    logits, final = model(tokens, state)
+    loss_of(logits, target).backward()
+    want_grads = [torch.zeros_like(p) if p.grad is None else p.grad.clone()
+                  for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    mine, _ = model(tokens[:, lo:hi], state if rank == 0 else None, context_group=group)
+    check(f"{label}: logits", mine.detach(), logits.detach()[:, lo:hi], tol)
+    loss_of(mine, target[:, lo:hi]).backward()
+    for (name, _), got, want in zip(model.named_parameters(), summed_grads(model), want_grads):
+        check(f"{label}: grad {name}", got, want, tol)
+
+
+def refused(label, call, words):
+    """``call`` raises ValueError on every rank (the refusing rank's own error, or the
+    others' 'refused' naming it)."""
+    try:
+        call()
+    except ValueError as exc:
+        if not any(w in str(exc) for w in words):
+            raise AssertionError(f"rank {rank}: {label}: unexpected error {exc}") from exc
+        return
+    raise AssertionError(f"rank {rank}: {label}: no error")
+
+
+F64, F32 = torch.float64, torch.float32
+for shift in (False, True):
+    layer_case(f"rwa shift={shift}", lambda: fastrwa.nn.RWA(3, 4, token_shift=shift), F64, 1e-12)
+    for attention in ("exp", "sigmoid"):
+        layer_case(f"rda {attention} shift={shift}",
+                   lambda: fastrwa.nn.RDA(3, 4, attention=attention, token_shift=shift),
+                   F64, 1e-12)
+    layer_case(f"bidirectional rda shift={shift}",
+               lambda: fastrwa.nn.RDA(3, 4, bidirectional=True, token_shift=shift), F64, 1e-12)
+layer_case("time-first rwa", lambda: fastrwa.nn.RWA(3, 4, batch_first=False, token_shift=True),
+           F64, 1e-12, time_first=True)
+layer_case("float32 rda", lambda: fastrwa.nn.RDA(3, 4, token_shift=True), F32, 1e-5)
+model_case("bytelm", F64, 1e-12, with_state=False)
+model_case("bytelm with state", F64, 1e-12, with_state=True)
+model_case("bytelm float32", F32, 1e-5, with_state=False)
+
+layer = fastrwa.nn.RDA(3, 4, token_shift=True).double()
+x = torch.randn(B, hi - lo, 3 if rank != LAST else 5, dtype=F64)
+refused("a wrong width on the last rank", lambda: layer(x, context_group=group),
+        ["input_size", "refused"])
+x = torch.randn(B, hi - lo, 3, dtype=F64)
+_, state = layer(torch.randn(B, 2, 3, dtype=F64))
+refused("a state on every rank", lambda: layer(x, state, context_group=group),
+        ["rank 0 only", "refused"])
+refused("a batch that differs", lambda: layer(x[:1] if rank == 0 else x, context_group=group),
+        ["batch B"])
+print("OK")
+dist.destroy_process_group()
