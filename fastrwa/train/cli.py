@@ -49,6 +49,10 @@ def parser() -> argparse.ArgumentParser:
     add("--attention", choices=ATTENTIONS, help=f"f_a of RDA models ({per_kind('attention')})")
     add("--batch-size", type=int, help=f"per process and micro-batch ({per_kind('batch_size')})")
     add("--accum", type=int, help="micro-batches accumulated per optimizer step (default 1)")
+    add("--context-parallel", type=int, metavar="N",
+        help="byte corpora, scan models: split each BPTT segment along time over N processes "
+             "of torchrun (which runs a multiple of N: that many data-parallel replicas); "
+             "docs/distributed.md (default 1)")
     add("--lr", type=float, help=f"peak AdamW learning rate ({per_kind('lr')})")
     add("--weight-decay", type=float, help=f"AdamW weight decay of matrices, not of norms, "
                                            f"biases or embeddings ({per_kind('weight_decay')})")

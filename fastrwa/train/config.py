@@ -61,6 +61,7 @@ class RunConfig:
     schedule: Optional[str] = None
     decay_steps: Optional[int] = None
     accum: int = 1
+    context_parallel: int = 1
     clip: float = 1.0
     steps: Optional[int] = None
     seed: int = 0
@@ -107,7 +108,8 @@ class RunConfig:
             if kind in ("dict", dict) and not isinstance(value, dict):
                 raise ValueError(f"{field.name} must be a mapping, got {value!r}")
         for name in ("seq_len", "hidden", "layers", "batch_size", "steps", "bptt", "eval_every",
-                     "eval_batches", "log_every", "checkpoint_every", "accum", "decay_steps"):
+                     "eval_batches", "log_every", "checkpoint_every", "accum", "decay_steps",
+                     "context_parallel"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{flag(name)} must be at least 1, got {getattr(self, name)}")
         if self.eval_bytes < 0:
@@ -143,6 +145,19 @@ class RunConfig:
             raise ValueError(f"--lm vocab_size must be {BYTE_VOCAB + 1} (the {BYTE_VOCAB} byte "
                              f"values and the beginning-of-sequence id) for a byte corpus, got "
                              f"{self.lm['vocab_size']!r}")
+        if self.context_parallel > 1:
+            if not self.is_lm or self.model not in ("rda-scan", "rwa-scan"):
+                raise ValueError(f"--context-parallel splits a language model's BPTT segments "
+                                 f"along time: it needs --task {' or '.join(LM_TASKS)} and "
+                                 f"--model rda-scan or rwa-scan, got --task {self.task} "
+                                 f"--model {self.model}")
+            if self.bptt < self.context_parallel:
+                raise ValueError(f"--bptt ({self.bptt}) must be at least --context-parallel "
+                                 f"({self.context_parallel}): every process holds a slice of "
+                                 f"at least one byte")
+            if self.compile:
+                raise ValueError("--compile and --context-parallel cannot be combined (the "
+                                 "context-parallel layers' collectives run eagerly)")
         if self.lm and not self.is_lm:
             raise ValueError(f"--lm sets language-model fields; --task {self.task} is not a "
                              f"byte corpus ({LM_TASKS})")

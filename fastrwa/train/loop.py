@@ -18,6 +18,7 @@ from .checkpoints import (check_checkpoint, check_provenance, load_checkpoint, p
                           truncate_samples)
 from .config import RunConfig
 from .device import Placement, placement
+from .parallel import from_the_last_slice, layout, share_of_the_loss, time_slice
 from .models import LM_LAYERS, SequenceNet, detach_state, lm_config
 from .optim import lr_factor, make_optimizer, set_lr
 from .problems import make_problem
@@ -69,10 +70,11 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False) -> dict:
     """Train as configured; return the latest record per split ("train", "valid", "test").
     Rank 0 writes the run directory. The test split is evaluated once, after the last step."""
     rank, world = _world()
+    lay = layout(cfg.context_parallel)
     place = placement(cfg.device, cfg.autocast)
     torch.manual_seed(cfg.seed)
     micro, accum = cfg.batch_size, cfg.accum
-    problem = make_problem(cfg, micro * accum * world)
+    problem = make_problem(cfg, micro * accum * lay.data_world)
     model = build_model(cfg, problem).to(place.device)
     optimizer = make_optimizer(model, cfg.lr, cfg.weight_decay)
     start, carried, clock, train_clock, best = 0, [None] * accum, 0.0, 0.0, None
@@ -123,6 +125,7 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False) -> dict:
         model, device_ids=[place.device.index] if place.device.type == "cuda" else None,
         find_unused_parameters=problem.stateful) if world > 1 else model
     forward = torch.compile(net) if cfg.compile else net
+    context = {} if lay.context_group is None else {"context_group": lay.context_group}
     last = {}   # the latest record per split
     tokens, train_time = 0, 0.0   # since the last train record
     bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, dynamic_ncols=True,
@@ -132,8 +135,12 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False) -> dict:
         model.train()
         lr = cfg.lr * lr_factor(step, cfg.warmup, cfg.decay_steps, cfg.schedule)
         set_lr(optimizer, lr)
-        batch = problem.batch(step, micro * accum * world)
-        batch = _slice(batch, rank * micro * accum, (rank + 1) * micro * accum)
+        batch = problem.batch(step, micro * accum * lay.data_world)
+        tokens += batch.x.shape[0] * batch.x.shape[1]
+        segment = batch.x.shape[1]
+        batch = _slice(batch, lay.data_rank * micro * accum, (lay.data_rank + 1) * micro * accum)
+        batch = time_slice(batch, lay)
+        share = share_of_the_loss(batch.x.shape[1], segment, lay)
         if problem.stateful and getattr(batch, "new_pass", False):
             carried = [None] * accum
         optimizer.zero_grad(set_to_none=True)
@@ -144,15 +151,18 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False) -> dict:
             sync = world == 1 or k == accum - 1
             with contextlib.nullcontext() if sync else net.no_sync():
                 with place.autocast():
-                    output, state = forward(part.x, carried[k])
+                    # (with context parallelism the state enters at the first slice)
+                    output, state = forward(part.x, carried[k] if lay.context_rank == 0
+                                            else None, **context)
                 loss, metric = problem.score(output.float(), part)
+                loss, metric = loss * share, metric * share
                 (loss / accum).backward()
-            carried[k] = detach_state(state) if problem.stateful else None
+            carried[k] = from_the_last_slice(detach_state(state), lay) if problem.stateful \
+                else None
             loss_sum, metric_sum = loss_sum + float(loss.detach()), metric_sum + metric
         if cfg.clip > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
         optimizer.step()
-        tokens += batch.x.shape[0] * batch.x.shape[1] * world
         train_time += time.perf_counter() - began
         train_clock += time.perf_counter() - began
         done = step + 1
