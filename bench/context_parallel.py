@@ -129,6 +129,8 @@ def main(argv=None) -> int:
     p.add_argument("--worker", nargs=6, metavar=("MODE", "RANK", "WORLD", "STORE", "T", "D"))
     p.add_argument("--T-log2", type=int, default=20, help="the long sequence's log2 T (20)")
     p.add_argument("--layer-T-log2", type=int, default=18, help="the layer's log2 T (18)")
+    p.add_argument("--quick", action="store_true",
+                   help="tiny sizes (seconds), to check that the script runs")
     p.add_argument("--out", type=pathlib.Path,
                    default=ROOT / "bench" / "results" / "context_parallel")
     args = p.parse_args(argv)
@@ -137,10 +139,12 @@ def main(argv=None) -> int:
         print(json.dumps(worker(mode, int(rank), int(world), store, int(T), int(D))))
         return 0
     D = 256
-    record = {"D": D, "bytes": [], "long": []}
+    if args.quick:
+        args.T_log2 = args.layer_T_log2 = 10
+    record = {"D": D, "quick": args.quick, "bytes": [], "long": []}
     print("bytes each process sends per RDA layer (token shift), forward+backward, 2 processes")
     print(f"{'T':>8} {'fwd bytes':>10} {'fwd calls':>9} {'bwd bytes':>10} {'bwd calls':>9}")
-    for log2 in (10, 13, 16):
+    for log2 in (8, 10) if args.quick else (10, 13, 16):
         ranks = launch("bytes", 2, 1, 2 ** log2, D)
         record["bytes"].append({"T": 2 ** log2, "ranks": ranks})
         r = ranks[0]

@@ -29,10 +29,10 @@ def _run(named, attention, discount, initial_state, output_final_state, reverse,
             if cu_seqlens is not None:
                 raise ValueError("context_group and cu_seqlens cannot be combined: packed "
                                  "variable-length sequences are not split across ranks")
-        except (TypeError, ValueError) as exc:
+            backend = resolve(args.z.device, args.z.dtype)
+        except (TypeError, ValueError, RuntimeError) as exc:
             refuse_together(exc, context_group)     # (every rank raises; none waits)
-        y, final = context_parallel_scan(args, resolve(args.z.device, args.z.dtype),
-                                         context_group)
+        y, final = context_parallel_scan(args, backend, context_group)
         return y, (ScanState(*final) if output_final_state else None)
     args = _checked(named, attention, discount, initial_state, output_final_state, reverse,
                     cu_seqlens)

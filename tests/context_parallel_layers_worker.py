@@ -10,6 +10,7 @@ bidirectional, time-first; a ByteLM with a state passed on rank 0; float32; and 
 (every rank raises, none waits). Prints ``OK`` and exits 0, or raises (exit 1).
 """
 
+import gc
 import sys
 
 import torch
@@ -28,6 +29,9 @@ LAST = world - 1
 
 
 def check(name, got, want, tol):
+    if got is None or got.shape != want.shape:
+        raise AssertionError(f"rank {rank}: {name}: got {None if got is None else got.shape}, "
+                             f"want {tuple(want.shape)}")
     scale = max(1.0, float(want.abs().max())) if want.numel() else 1.0
     err = float((got - want).abs().max()) if want.numel() else 0.0
     if not err <= tol * scale:
@@ -44,6 +48,23 @@ def summed_grads(module):
     return grads
 
 
+def final_terms(layer, state, wf, wl, where):
+    """The loss's terms of a layer's final state that ``where`` holds for the whole sequence
+    ("all": one process; "mine": this rank's share): the average ``n / d`` of the forward
+    channels (the last rank) and of the reverse ones (rank 0), and the last input (the last
+    rank)."""
+    H = layer.hidden_size
+    average = state.scan.n / state.scan.d
+    total = average.new_zeros(())
+    if where == "all" or rank == LAST:
+        total = total + (average[:, :H] * wf[:, :H]).sum()
+        if state.last_input is not None:
+            total = total + (state.last_input * wl).sum()
+    if layer.bidirectional and (where == "all" or rank == 0):
+        total = total + (average[:, H:] * wf[:, H:]).sum()
+    return total
+
+
 def layer_case(label, make, dtype, tol, time_first=False):
     torch.manual_seed(3)
     layer = make().to(dtype)
@@ -51,26 +72,30 @@ def layer_case(label, make, dtype, tol, time_first=False):
     x = torch.randn(B, T, layer.input_size, generator=gen, dtype=dtype)
     out, _ = layer(x[:, :1])                              # (the output width)
     w = torch.randn(B, T, out.shape[-1], generator=gen, dtype=dtype)
+    wf = torch.randn(B, out.shape[-1], generator=gen, dtype=dtype)
+    wl = torch.randn(B, layer.input_size, generator=gen, dtype=dtype)
     full_x = x.clone().requires_grad_()
     y, final = layer(full_x.transpose(0, 1) if time_first else full_x)
     y = y.transpose(0, 1) if time_first else y
-    (y * w).sum().backward()
+    ((y * w).sum() + final_terms(layer, final, wf, wl, "all")).backward()
     want_grads = [p.grad.clone() for p in layer.parameters()]
     layer.zero_grad(set_to_none=True)
     mine = x[:, lo:hi].clone().requires_grad_()
     ys, fs = layer(mine.transpose(0, 1) if time_first else mine, context_group=group)
     ys = ys.transpose(0, 1) if time_first else ys
     check(f"{label}: y", ys.detach(), y.detach()[:, lo:hi], tol)
-    (ys * w[:, lo:hi]).sum().backward()
+    ((ys * w[:, lo:hi]).sum() + final_terms(layer, fs, wf, wl, "mine")).backward()
     check(f"{label}: grad x", mine.grad, full_x.grad[:, lo:hi], tol)
     for (name, _), got, want in zip(layer.named_parameters(), summed_grads(layer), want_grads):
         check(f"{label}: grad {name}", got, want, tol)
-    if rank == LAST and not getattr(layer, "bidirectional", False):
-        check(f"{label}: final n/d", (fs.scan.n / fs.scan.d).detach(),
-              (final.scan.n / final.scan.d).detach(), tol)
-        if final.last_input is not None:
-            check(f"{label}: final last_input", fs.last_input.detach(),
-                  final.last_input.detach(), tol)
+    H = layer.hidden_size
+    for holder, channels in ((LAST, slice(0, H)), (0, slice(H, 2 * H))):
+        if rank == holder and (channels.start == 0 or layer.bidirectional):
+            check(f"{label}: final n/d {channels}", (fs.scan.n / fs.scan.d)[:, channels].detach(),
+                  (final.scan.n / final.scan.d)[:, channels].detach(), tol)
+    if rank == LAST and final.last_input is not None:
+        check(f"{label}: final last_input", fs.last_input.detach(), final.last_input.detach(),
+              tol)
 
 
 def model_case(label, dtype, tol, with_state):
@@ -93,8 +118,15 @@ def model_case(label, dtype, tol, with_state):
     want_grads = [torch.zeros_like(p) if p.grad is None else p.grad.clone()
                   for p in model.parameters()]
     model.zero_grad(set_to_none=True)
-    mine, _ = model(tokens[:, lo:hi], state if rank == 0 else None, context_group=group)
+    mine, mine_final = model(tokens[:, lo:hi], state if rank == 0 else None,
+                             context_group=group)
     check(f"{label}: logits", mine.detach(), logits.detach()[:, lo:hi], tol)
+    if rank == LAST:                        # (the state a next segment starts from)
+        for k, (got, want) in enumerate(zip(mine_final.layers, final.layers)):
+            check(f"{label}: final state {k} n/d", (got.scan.n / got.scan.d).detach(),
+                  (want.scan.n / want.scan.d).detach(), tol)
+            check(f"{label}: final state {k} last input", got.last_input.detach(),
+                  want.last_input.detach(), tol)
     loss_of(mine, target[:, lo:hi]).backward()
     for (name, _), got, want in zip(model.named_parameters(), summed_grads(model), want_grads):
         check(f"{label}: grad {name}", got, want, tol)
@@ -138,5 +170,14 @@ refused("a state on every rank", lambda: layer(x, state, context_group=group),
         ["rank 0 only", "refused"])
 refused("a batch that differs", lambda: layer(x[:1] if rank == 0 else x, context_group=group),
         ["batch B"])
-print("OK")
+model = ByteLM(LMConfig(d_model=8, n_layers=1, mlp_ratio=2))
+tokens = torch.randint(0, 256, (B, hi - lo))
+if rank == LAST:
+    tokens[0, -1:] = 300                    # (out of the vocabulary, on one rank)
+refused("a token id out of range on the last rank",
+        lambda: model(tokens, context_group=group), ["ids in [0, 257)", "refused"])
+dist.barrier()
+del group
+gc.collect()
 dist.destroy_process_group()
+print("OK")

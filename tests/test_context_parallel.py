@@ -39,8 +39,10 @@ def _run_ranks(worker, tmp_path, lengths, *more):
 @pytest.mark.parametrize("lengths", [[1, 6], [3, 1, 4], [2, 0, 3], [2, 3, 1, 2]],
                          ids=["2 ranks", "3 ranks", "3 ranks, one empty", "4 ranks"])
 def test_slices_over_ranks_equal_one_scan(tmp_path, lengths):
-    # (Triton's interpreter, slow, in one layout: the one with an empty slice)
-    _run_ranks(WORKER, tmp_path, lengths, *(["triton"] if 0 in lengths else []))
+    # (Triton's interpreter, slow, in one layout: the one with an empty slice; not under
+    # --cuda, which compiles the kernels for CUDA tensors)
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+    _run_ranks(WORKER, tmp_path, lengths, *(["triton"] if interpreted and 0 in lengths else []))
 
 
 @pytest.mark.parametrize("lengths", [[1, 6], [2, 0, 3], [2, 3, 1, 2]],

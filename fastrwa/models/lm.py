@@ -314,6 +314,9 @@ class ByteLM(nn.Module):
         backward through its logits)."""
         try:
             tokens, states = self._check_tokens(tokens, 2), self._check_state(state)
+            if context_group is not None and tokens.device != self.embed.weight.device:
+                raise ValueError(f"tokens must be on the model's device "
+                                 f"({self.embed.weight.device}), got {tokens.device}")
         except (TypeError, ValueError) as exc:
             if context_group is None:
                 raise

@@ -18,7 +18,8 @@ from .. import scan as _scan
 from ..ops.dispatch import state_dtype
 from ..state import ScanState
 from ..checks import check_context_group, check_no_overlap
-from ..ops.context import DTYPES, after, agree, previous_input, refuse_together, same_everywhere
+from ..ops.context import (CALL_TOKEN_SHIFT, DTYPES, after, agree, previous_input,
+                           refuse_together, same_everywhere)
 from .checks import check_buffer, check_count, check_input_dtype, check_size
 from .functional import ACTIVATIONS_OUT, NamedActivations, rda_functions
 
@@ -180,8 +181,9 @@ class _ScanLayer(nn.Module):
         Returns:
             ``(output, state)``: output ``(B, T, directions * hidden_size)`` (time first if
             ``batch_first=False``) and the :class:`LayerState` after the last token (with
-            ``context_group``: after this rank's slice, so the whole sequence's on the last
-            rank).
+            ``context_group``: after this rank's slice in each direction's order, so the
+            whole sequence's on the last rank, for a bidirectional layer its forward
+            channels there and its reverse channels on rank 0).
         """
         if context_group is None:
             self._check_input(x, 3)
@@ -229,6 +231,9 @@ class _ScanLayer(nn.Module):
                 raise ValueError("with context_group, state is the state before the whole "
                                  "sequence: pass it on rank 0 only (None on the others; a "
                                  "bidirectional layer takes none)")
+            if x.dtype not in DTYPES:
+                raise TypeError(f"x must be float16, bfloat16, float32 or float64 with "
+                                f"context_group, got {x.dtype}")
             if not self.batch_first:
                 x = rearrange(x, "t b i -> b t i")
             state = self._check_state(state, x.shape[0])
@@ -240,12 +245,13 @@ class _ScanLayer(nn.Module):
         grad = torch.is_grad_enabled() and (
             x.requires_grad or any(p.requires_grad for p in self.parameters())
             or any(t.requires_grad for t in (*state.scan, state.last_input)))
-        every = agree({"batch B": B, "input_size": x.shape[2], "dtype": DTYPES.index(x.dtype),
+        every = agree({"call": CALL_TOKEN_SHIFT, "batch B": B, "input_size": x.shape[2],
+                       "dtype": DTYPES.index(x.dtype),
                        "grad mode": int(torch.is_grad_enabled()), "needs grad": int(grad),
                        "length": T}, group, x.device)
-        same_everywhere(every, ("batch B", "input_size", "dtype", "grad mode"))
+        same_everywhere(every, ("call", "batch B", "input_size", "dtype", "grad mode"))
         previous = previous_input(x[:, -1] if T else None, state.last_input, every["length"],
-                                  group, any(every["needs grad"]))
+                                  group, any(every["needs grad"]), x.dtype)
         return x, state, previous
 
     def step(self, x_t: Tensor, state: Optional[LayerState] = None) -> tuple[Tensor, LayerState]:

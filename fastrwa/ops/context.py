@@ -47,9 +47,10 @@ class _AllGather(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        grad = grad.contiguous().clone()
-        dist.all_reduce(grad, group=ctx.group)
-        return grad[dist.get_rank(ctx.group)], None
+        group, ctx.group = ctx.group, None    # (a graph kept alive past the backward must not
+        grad = grad.contiguous().clone()      # keep the group into interpreter teardown, where
+        dist.all_reduce(grad, group=group)    # gloo's threads abort the process)
+        return grad[dist.get_rank(group)], None
 
 
 class _After(torch.autograd.Function):
@@ -91,6 +92,8 @@ def combine(state: tuple, lam: Tensor, own: tuple) -> tuple:
 
 SLOTS = 12          # integers in every agreement gather (the op's and the layers')
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+# what an agreement gather is for (its first value): ranks in different calls are told so
+CALL_SCAN, CALL_TOKEN_SHIFT = 1, 2
 
 
 def _device_of(group) -> torch.device:
@@ -117,6 +120,7 @@ def agree(values: dict, group, device=None) -> dict:
     """Every rank's ``values`` (names to integers, at most ``SLOTS - 1``) from one
     ``all_gather``, as ``{name: [value of rank 0, rank 1, ...]}``; raises on every rank
     (none waits) when a rank refused its arguments (:func:`refuse_together`)."""
+    assert len(values) < SLOTS, "an agreement gather holds SLOTS - 1 values"
     device = _device_of(group) if device is None else device
     everyone = _gather_slots([0, *values.values()], group, device).tolist()
     refused = [rank for rank, row in enumerate(everyone) if row[0]]
@@ -145,13 +149,14 @@ def _check_alike(args: ScanArgs, group, first: int) -> bool:
     B, T, D = z.shape
     grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (z, a, g, *(state or ())))
-    everyone = agree({"batch B": B, "width D": D, "dtype": DTYPES.index(z.dtype),
+    everyone = agree({"call": CALL_SCAN, "batch B": B, "width D": D,
+                      "dtype": DTYPES.index(z.dtype),
                       "attention": ATTENTION_CODE[attention],
                       "discount": DISCOUNT_CODE[discount], "reverse": int(reverse),
                       "grad mode": int(torch.is_grad_enabled()), "needs grad": int(grad),
                       "initial_state": int(state is not None)}, group, z.device)
-    same_everywhere(everyone, ("batch B", "width D", "dtype", "attention", "discount",
-                               "reverse", "grad mode"))
+    same_everywhere(everyone, ("call", "batch B", "width D", "dtype", "attention",
+                               "discount", "reverse", "grad mode"))
     holders = [rank for rank, has in enumerate(everyone["initial_state"]) if has]
     if holders not in ([], [first]):
         raise ValueError(f"context parallel: initial_state is the state before the whole "
@@ -160,14 +165,17 @@ def _check_alike(args: ScanArgs, group, first: int) -> bool:
     return any(everyone["needs grad"])
 
 
-def previous_input(last: Tensor, initial: Tensor, lengths: list, group, grad: bool) -> Tensor:
+def previous_input(last: Tensor, initial: Tensor, lengths: list, group, grad: bool,
+                   dtype: torch.dtype) -> Tensor:
     """The input before this rank's slice, for a token shift: the last input ``(B, I)`` of
     the nearest earlier rank whose slice has tokens, else the sequence's ``initial`` one
     (rank 0's). ``last``: this slice's last input (unused for an empty slice); ``lengths``:
     every rank's slice length; ``grad``: whether any rank needs gradients (then the gather's
-    all-reduce is in every rank's backward). One ``all_gather`` of ``B * I`` numbers."""
+    all-reduce is in every rank's backward); ``dtype``: the inputs' (agreed by every rank),
+    in which every rank sends. One ``all_gather`` of ``B * I`` numbers."""
     rank = dist.get_rank(group)
     mine = last if lengths[rank] else (initial if rank == 0 else torch.zeros_like(initial))
+    mine = mine.to(dtype)
     if grad and not mine.requires_grad:
         mine = mine.detach().requires_grad_()
     gathered = _AllGather.apply(mine, group)                              # (world, B, I)

@@ -18,7 +18,7 @@ from .checkpoints import (check_checkpoint, check_provenance, load_checkpoint, p
                           truncate_samples)
 from .config import RunConfig
 from .device import Placement, placement
-from .parallel import from_the_last_slice, layout, share_of_the_loss, time_slice
+from .parallel import from_the_last_slice, layout, rows, share_of_the_loss, time_slice
 from .models import LM_LAYERS, SequenceNet, detach_state, lm_config
 from .optim import lr_factor, make_optimizer, set_lr
 from .problems import make_problem
@@ -31,14 +31,6 @@ def _world() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
-
-
-def _slice(batch, lo: int, hi: int):
-    """Rows ``lo:hi`` of a batch (a process's share, or one accumulation micro-batch)."""
-    out = type(batch)(batch.x[lo:hi], batch.target[lo:hi], batch.mask[lo:hi])
-    if hasattr(batch, "new_pass"):
-        out.new_pass = batch.new_pass
-    return out
 
 
 def _mean_over_ranks(value: float, world: int) -> float:
@@ -138,7 +130,7 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False) -> dict:
         batch = problem.batch(step, micro * accum * lay.data_world)
         tokens += batch.x.shape[0] * batch.x.shape[1]
         segment = batch.x.shape[1]
-        batch = _slice(batch, lay.data_rank * micro * accum, (lay.data_rank + 1) * micro * accum)
+        batch = rows(batch, lay.data_rank * micro * accum, (lay.data_rank + 1) * micro * accum)
         batch = time_slice(batch, lay)
         share = share_of_the_loss(batch.x.shape[1], segment, lay)
         if problem.stateful and getattr(batch, "new_pass", False):
@@ -146,7 +138,7 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False) -> dict:
         optimizer.zero_grad(set_to_none=True)
         loss_sum = metric_sum = 0.0
         for k in range(accum):
-            part = place.to(_slice(batch, k * micro, (k + 1) * micro))
+            part = place.to(rows(batch, k * micro, (k + 1) * micro))
             # Gradients are averaged across processes once, after the last micro-batch.
             sync = world == 1 or k == accum - 1
             with contextlib.nullcontext() if sync else net.no_sync():

@@ -18,8 +18,6 @@ from torch import Tensor
 class Layout(NamedTuple):
     """This process's place in the run."""
 
-    rank: int                       # of all processes
-    world: int
     data_rank: int                  # which data replica
     data_world: int                 # data replicas (world // context_world)
     context_rank: int               # which slice of the segment
@@ -39,7 +37,8 @@ def layout(context_parallel: int) -> Layout:
     if world % context_parallel:
         raise ValueError(f"--context-parallel {context_parallel} must divide the number of "
                          f"processes ({world}): each data replica is a group of "
-                         f"{context_parallel} processes")
+                         f"{context_parallel} processes"
+                         + (" (run it under torchrun)" if world == 1 else ""))
     group = None
     if context_parallel > 1:
         for replica in range(world // context_parallel):      # (every rank makes every group)
@@ -47,8 +46,21 @@ def layout(context_parallel: int) -> Layout:
             made = dist.new_group(ranks)
             if rank in ranks:
                 group = made
-    return Layout(rank, world, rank // context_parallel, world // context_parallel,
+    return Layout(rank // context_parallel, world // context_parallel,
                   rank % context_parallel, context_parallel, group)
+
+
+def _cut(batch, cut):
+    """A batch of ``cut(t)`` of its ``x``, ``target`` and ``mask`` (keeping ``new_pass``)."""
+    out = type(batch)(cut(batch.x), cut(batch.target), cut(batch.mask))
+    if hasattr(batch, "new_pass"):
+        out.new_pass = batch.new_pass
+    return out
+
+
+def rows(batch, lo: int, hi: int):
+    """Rows ``lo:hi`` of a batch (a data replica's share, or one accumulation micro-batch)."""
+    return _cut(batch, lambda t: t[lo:hi])
 
 
 def time_slice(batch, place: Layout):
@@ -57,11 +69,7 @@ def time_slice(batch, place: Layout):
     if place.context_world == 1:
         return batch
     k, n = place.context_rank, place.context_world
-    cut = lambda t: torch.tensor_split(t, n, dim=1)[k]         # noqa: E731
-    out = type(batch)(cut(batch.x), cut(batch.target), cut(batch.mask))
-    if hasattr(batch, "new_pass"):
-        out.new_pass = batch.new_pass
-    return out
+    return _cut(batch, lambda t: torch.tensor_split(t, n, dim=1)[k])
 
 
 def share_of_the_loss(slice_length: int, segment: int, place: Layout) -> float:
