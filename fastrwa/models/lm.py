@@ -50,10 +50,10 @@ class Block(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(d, config.mlp_ratio * d), nn.GELU(),
                                  nn.Linear(config.mlp_ratio * d, d))
 
-    def forward(self, x: Tensor, state: Optional[LayerState],
+    def forward(self, x: Tensor, state: Optional[LayerState], mask: Optional[Tensor] = None,
                 context_group=None) -> tuple[Tensor, LayerState]:
         normed = self.norm1(x)
-        h, state = self.mix(normed, state, context_group=context_group)
+        h, state = self.mix(normed, state, mask, context_group=context_group)
         x = x + self._gated(h, normed)
         return x + self.mlp(self.norm2(x)), state
 
@@ -302,9 +302,15 @@ class ByteLM(nn.Module):
 
     # -- parallel and streaming ---------------------------------------------------------
     def forward(self, tokens: Tensor, state: Optional[LMState] = None,
+                mask: Optional[Tensor] = None,
                 context_group: "torch.distributed.ProcessGroup | None" = None,
                 ) -> tuple[Tensor, LMState]:
         """Logits ``(B, T, vocab_size)`` for every position and the state after the last.
+
+        ``mask`` ``(B, T)`` bool, ``False`` at tokens to skip (padding, anywhere in a row):
+        they leave every layer's state as it was (:meth:`fastrwa.nn.RDA.forward`), so a
+        padded row's logits at its kept tokens, and its final state, are those of the row
+        without them; the logits at skipped tokens are to be ignored.
 
         With ``context_group`` (context parallelism, docs/distributed.md) ``tokens`` is this
         rank's contiguous slice of the sequence along time (rank order is time order),
@@ -325,7 +331,7 @@ class ByteLM(nn.Module):
         x = self.embed(tokens)
         new = []
         for block, layer_state in zip(self.blocks, states):
-            x, layer_state = block(x, layer_state, context_group)
+            x, layer_state = block(x, layer_state, mask, context_group)
             new.append(layer_state)
         return self.head(self.norm(x)), LMState(tuple(new))
 

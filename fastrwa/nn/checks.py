@@ -80,3 +80,20 @@ def check_state_tensor(x: object, name: str, shape: tuple, like: Tensor) -> Tens
     if x.device != like.device:
         raise ValueError(f"{name} must be on the input's device {like.device}, got {x.device}")
     return x
+
+
+def check_mask(mask: object, x: Tensor, batch_first: bool, name: str = "mask") -> None:
+    """A bool tensor of ``x``'s first two sizes (``(B, T)``, or ``(T, B)`` time-first) on its
+    device: ``True`` at the tokens a layer reads, ``False`` at those it skips."""
+    layout = "(B, T)" if batch_first else "(T, B)"
+    if not isinstance(mask, Tensor):
+        raise TypeError(f"{name} must be a bool torch.Tensor {layout}, got "
+                        f"{type(mask).__name__}")
+    if mask.dtype != torch.bool:
+        raise TypeError(f"{name} must be a bool tensor (True at the tokens to read), got "
+                        f"dtype {mask.dtype}")
+    if tuple(mask.shape) != tuple(x.shape[:2]):
+        raise ValueError(f"{name} must have shape {layout} = {tuple(x.shape[:2])} (x's), got "
+                         f"{tuple(mask.shape)}")
+    if mask.device != x.device:
+        raise ValueError(f"{name} must be on x's device ({x.device}), got {mask.device}")

@@ -20,7 +20,7 @@ from ..state import ScanState
 from ..checks import check_context_group, check_no_overlap
 from ..ops.context import (CALL_TOKEN_SHIFT, DTYPES, after, agree, previous_input,
                            refuse_together, same_everywhere)
-from .checks import check_buffer, check_count, check_input_dtype, check_size
+from .checks import check_buffer, check_count, check_input_dtype, check_mask, check_size
 from .functional import ACTIVATIONS_OUT, NamedActivations, rda_functions
 
 # Layouts of in-place step arguments whose memory passed the overlap checks of
@@ -30,6 +30,20 @@ from .functional import ACTIVATIONS_OUT, NamedActivations, rda_functions
 _NO_OVERLAP: set = set()
 _NO_OVERLAP_MAX = 4096
 _SCAN_NAMES = tuple(f"state.scan.{field}" for field in ScanState._fields)
+
+
+def _last_kept(mask: Tensor) -> Tensor:
+    """``(B, T)``: the position of the last ``True`` of ``mask`` at or before each ``t``
+    (``-1`` where there is none)."""
+    positions = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
+    return torch.where(mask, positions, -1).cummax(dim=1).values
+
+
+def _last_kept_before(mask: Tensor) -> Tensor:
+    """``(B, T)``: ``1 +`` the position of the last ``True`` of ``mask`` before each ``t``
+    (``0`` where there is none): indices into ``[previous, x_0, x_1, ...]``."""
+    return torch.cat([mask.new_zeros((mask.shape[0], 1), dtype=torch.long),
+                      _last_kept(mask)[:, :-1] + 1], dim=1)
 
 
 class LayerState(NamedTuple):
@@ -145,13 +159,19 @@ class _ScanLayer(nn.Module):
         check_input_dtype(x, name, self.proj.weight, "layer", autocast)
 
     # -- the computation -----------------------------------------------------------------
-    def _gates(self, x: Tensor, previous: Optional[Tensor]) -> list[tuple[Tensor, ...]]:
+    def _gates(self, x: Tensor, previous: Optional[Tensor],
+               mask: Optional[Tensor] = None) -> list[tuple[Tensor, ...]]:
         """Per direction, the gate pre-activations ``(u, g, a[, c])``, each ``(B, T, H)``,
         from ``x`` ``(B, T, input)``: views of one projection, split along its features (the
         split's backward is one concatenation into the projection's gradient; indexing a
-        ``(dir, gate, ...)`` view instead cost a zero-fill and three copies of it)."""
+        ``(dir, gate, ...)`` view instead cost a zero-fill and three copies of it). With a
+        ``mask``, the token shift's previous input is that of the last unmasked token."""
         if self.token_shift:
-            shifted = torch.cat([previous[:, None].to(x.dtype), x], dim=1)[:, :x.shape[1]]
+            inputs = torch.cat([previous[:, None].to(x.dtype), x], dim=1)    # (B, 1 + T, I)
+            if mask is None:
+                shifted = inputs[:, :x.shape[1]]
+            else:
+                shifted = inputs.gather(1, _last_kept_before(mask)[..., None].expand_as(x))
             x = torch.cat([x, shifted], dim=-1)
         parts = self.proj(x).split(self.hidden_size, dim=-1)
         G = self.num_gates
@@ -165,12 +185,17 @@ class _ScanLayer(nn.Module):
         raise NotImplementedError
 
     def forward(self, x: Tensor, state: Optional[LayerState] = None,
+                mask: Optional[Tensor] = None,
                 context_group: "dist.ProcessGroup | None" = None) -> tuple[Tensor, LayerState]:
         """Run the layer over a whole sequence.
 
         Args:
             x: ``(B, T, input_size)`` (``(T, B, input_size)`` if ``batch_first=False``).
             state: a :class:`LayerState` to continue from, or ``None`` for the initial state.
+            mask: ``(B, T)`` bool (``(T, B)`` if ``batch_first=False``), ``False`` at tokens
+                to skip (padding, anywhere in a row): they leave the state as it was (no
+                weight, no discount, not the token shift's previous input), as if the row
+                had not held them; their outputs are those of the state so far.
             context_group: a ``torch.distributed`` process group over whose ranks the sequence
                 is split along time (context parallelism, docs/distributed.md): ``x`` is this
                 rank's contiguous slice (rank order is time order; lengths may differ, 0
@@ -187,18 +212,28 @@ class _ScanLayer(nn.Module):
         """
         if context_group is None:
             self._check_input(x, 3)
+            if mask is not None:
+                check_mask(mask, x, self.batch_first)
+                mask = mask if self.batch_first else mask.t()
             if not self.batch_first:
                 x = rearrange(x, "t b i -> b t i")
             state = self._check_state(state, x.shape[0])
             previous = state.last_input
         else:
+            if mask is not None:
+                raise ValueError("mask and context_group cannot be combined (padding is not "
+                                 "split across ranks)")
             x, state, previous = self._split_inputs(x, state, context_group)
-        gates = self._gates(x, previous)
+        gates = self._gates(x, previous, mask)
         H = self.hidden_size
         ys, finals = [], []
         for d in range(self.num_directions):
             part = ScanState(*(s[:, d * H:(d + 1) * H] for s in state.scan))
             mine = gates[d]
+            if mask is not None:        # no weight (a = -inf) and no discount (c = +inf)
+                skip = ~mask[..., None]
+                mine = (*mine[:2], mine[2].masked_fill(skip, float("-inf")),
+                        *(c.masked_fill(skip, float("inf")) for c in mine[3:]))
             if context_group is not None:
                 world = dist.get_world_size(context_group)
                 if dist.get_rank(context_group) != (world - 1 if d == 1 else 0):
@@ -216,6 +251,10 @@ class _ScanLayer(nn.Module):
             *(torch.cat(parts, dim=-1) for parts in zip(*finals)))
         # a copy, not a view of x: step_ updates a state's last_input in place
         last = x[:, -1].clone() if self.token_shift and x.shape[1] else previous
+        if self.token_shift and mask is not None and x.shape[1]:   # the last kept token's
+            last = torch.where(mask.any(dim=1, keepdim=True),
+                               x.gather(1, _last_kept(mask)[:, -1, None, None].clamp(min=0)
+                                        .expand(-1, 1, x.shape[2]))[:, 0], previous)
         if not self.batch_first:
             out = rearrange(out, "b t h -> t b h")
         return out, LayerState(final, last)
