@@ -19,17 +19,7 @@ from pathlib import Path
 
 import torch
 
-from .models import WEIGHT_FORMATS, ByteLM, PackedLM, load_pretrained
-
-
-def _model_dir(run_dir: Path, best: bool) -> Path:
-    for candidate in ([run_dir / "best"] if best else [run_dir / "model", run_dir]):
-        if (candidate / "config.json").is_file() and (candidate / "model.pt").is_file():
-            return candidate
-    raise FileNotFoundError(
-        f"{run_dir}: no model there " + ("(no best/ export: the run has not evaluated yet)"
-                                         if best else "(a run's model/ export appears when it "
-                                         "finishes; --best takes the best one so far)"))
+from .models import WEIGHT_FORMATS, ByteLM, PackedLM, load_pretrained, run_model_dir
 
 
 def _speed(count: int, began: float, first: float | None, end: float) -> str:
@@ -117,7 +107,7 @@ def _generate(args) -> int:
     device = torch.device("cuda" if args.device == "cuda" or (
         args.device == "auto" and torch.cuda.is_available()) else "cpu")
     try:
-        model = load_pretrained(_model_dir(args.run_dir, args.best)).to(device)
+        model = load_pretrained(run_model_dir(args.run_dir, args.best)).to(device)
         options = {}
         if isinstance(model, ByteLM):
             options["weights"] = args.weights

@@ -7,7 +7,7 @@ from .baseline import RecurrentLM
 from .config import LMConfig
 from .lm import Block, ByteLM, InferenceCache, LMState
 from .packed import WEIGHT_FORMATS, PackedLM
-from .pretrained import build, load_pretrained, save_pretrained
+from .pretrained import build, load_pretrained, run_model_dir, save_pretrained
 
 __all__ = ["LMConfig", "ByteLM", "Block", "InferenceCache", "LMState", "RecurrentLM", "build",
-           "save_pretrained", "load_pretrained", "PackedLM", "WEIGHT_FORMATS"]
+           "save_pretrained", "load_pretrained", "run_model_dir", "PackedLM", "WEIGHT_FORMATS"]

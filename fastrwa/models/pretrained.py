@@ -167,3 +167,17 @@ def load_pretrained(directory: str | os.PathLike, map_location=None) -> nn.Modul
         raise ValueError(f"weights {path / WEIGHTS} do not fit the model {path / CONFIG} "
                          f"describes ({type(exc).__name__}: {str(exc)[:300]})") from exc
     return model.eval()
+
+
+def run_model_dir(run_dir: str | os.PathLike, best: bool = False) -> Path:
+    """The model directory of a training run (its final ``model/`` export, or ``best/``
+    with ``best``), or ``run_dir`` itself when :func:`save_pretrained` wrote it; a clear
+    ``FileNotFoundError`` otherwise."""
+    run_dir = Path(run_dir)
+    for candidate in ([run_dir / "best"] if best else [run_dir / "model", run_dir]):
+        if (candidate / CONFIG).is_file() and (candidate / WEIGHTS).is_file():
+            return candidate
+    raise FileNotFoundError(
+        f"{run_dir}: no model there " + ("(no best/ export: the run has not evaluated yet)"
+                                         if best else "(a run's model/ export appears when it "
+                                         "finishes; --best takes the best one so far)"))

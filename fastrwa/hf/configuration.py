@@ -1,0 +1,64 @@
+"""The Hugging Face configuration of a fastrwa byte language model."""
+
+from __future__ import annotations
+
+from transformers import PreTrainedConfig
+
+from ..models.config import BYTE_VOCAB, LMConfig
+
+
+class FastRWAConfig(PreTrainedConfig):
+    """:class:`fastrwa.models.LMConfig`'s fields (``tie_embeddings`` is Hugging Face's
+    ``tie_word_embeddings``), with the special ids of the byte vocabulary: ids 0-255 are the
+    bytes, 256 the beginning-of-sequence id an empty prompt starts from; there is no
+    end-of-sequence id (generation runs to its length).
+
+    Example:
+        >>> from fastrwa.hf import FastRWAConfig
+        >>> FastRWAConfig(d_model=32, n_layers=2).to_lm_config().d_model
+        32
+    """
+
+    model_type = "fastrwa"
+
+    vocab_size: int = BYTE_VOCAB + 1
+    d_model: int = 256
+    n_layers: int = 4
+    layer: str = "rda"
+    attention: str = "sigmoid"
+    f_h: str = "identity"
+    f_o: str = "identity"
+    preset: str | None = None
+    token_shift: bool = True
+    discount_init: str = "paper"
+    output_gate: bool = True
+    mlp_ratio: int = 4
+    tie_word_embeddings: bool = True
+    bos_token_id: int | None = BYTE_VOCAB
+    eos_token_id: int | None = None
+    pad_token_id: int | None = None
+    use_cache: bool = True
+
+    def __post_init__(self, **kwargs):
+        super().__post_init__(**kwargs)
+        config = self.to_lm_config()          # (refuses what LMConfig refuses, naming it)
+        if config.layer not in ("rda", "rwa"):
+            raise ValueError(f"FastRWAConfig.layer must be 'rda' or 'rwa' (the scan models; "
+                             f"the LSTM/GRU baselines have no Hugging Face class), got "
+                             f"{config.layer!r}")
+
+    def to_lm_config(self) -> LMConfig:
+        """The :class:`fastrwa.models.LMConfig` of the model this describes."""
+        return LMConfig(vocab_size=self.vocab_size, d_model=self.d_model,
+                        n_layers=self.n_layers, layer=self.layer, attention=self.attention,
+                        f_h=self.f_h, f_o=self.f_o, preset=self.preset,
+                        token_shift=self.token_shift, discount_init=self.discount_init,
+                        output_gate=self.output_gate, mlp_ratio=self.mlp_ratio,
+                        tie_embeddings=self.tie_word_embeddings)
+
+    @classmethod
+    def from_lm_config(cls, config: LMConfig) -> "FastRWAConfig":
+        """The Hugging Face configuration of a :class:`fastrwa.models.LMConfig`."""
+        fields = config.to_dict()
+        fields["tie_word_embeddings"] = fields.pop("tie_embeddings")
+        return cls(**fields)

@@ -1,0 +1,87 @@
+"""``python -m fastrwa.hf.export RUN_DIR OUT_DIR``: a training run's model as a Hugging Face
+directory (``config.json``, ``model.safetensors``, ``generation_config.json``, the
+tokenizer's files) that ``AutoModelForCausalLM`` / ``AutoTokenizer.from_pretrained`` load
+after ``import fastrwa.hf``.
+
+``RUN_DIR`` is a run directory (its final ``model/`` export, or ``best/`` with ``--best``)
+or any directory ``fastrwa.models.save_pretrained`` wrote. The directory is written beside
+``OUT_DIR`` and renamed into place when complete: an interrupted export leaves no half
+directory. An existing ``OUT_DIR`` is replaced with ``--overwrite`` only, and only if it
+holds a fastrwa export.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from ..models import ByteLM, load_pretrained, run_model_dir
+from . import FastRWAByteTokenizer, FastRWAConfig, FastRWAForCausalLM
+
+
+def _is_export(directory: Path) -> bool:
+    try:
+        config = json.loads((directory / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and config.get("model_type") == FastRWAConfig.model_type
+
+
+def export(run_dir: str | Path, out_dir: str | Path, best: bool = False,
+           overwrite: bool = False) -> Path:
+    """Write the Hugging Face directory of ``run_dir``'s model to ``out_dir`` (module doc);
+    returns ``out_dir``. Raises ``FileNotFoundError`` (no model there), ``ValueError`` (a
+    baseline, or an ``out_dir`` that would be overwritten without ``overwrite``)."""
+    out_dir = Path(out_dir)
+    model = load_pretrained(run_model_dir(run_dir, best))
+    if not isinstance(model, ByteLM):
+        raise ValueError(f"{run_dir}: a {model.config.layer.upper()} baseline has no Hugging "
+                         f"Face class (only the rda/rwa scan models export)")
+    if out_dir.exists() and not (out_dir.is_dir() and not any(out_dir.iterdir())):
+        if not overwrite:
+            raise ValueError(f"{out_dir} exists; pass --overwrite to replace an earlier export")
+        if not _is_export(out_dir):
+            raise ValueError(f"{out_dir} exists and is not a fastrwa Hugging Face export; "
+                             f"--overwrite replaces only those")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        FastRWAForCausalLM.from_bytelm(model).save_pretrained(staging)
+        FastRWAByteTokenizer().save_pretrained(staging)
+        old = None
+        if out_dir.exists() and any(out_dir.iterdir()):   # (moved aside, removed once the
+            old = staging.with_name(staging.name + ".old")  # new one is in place)
+            out_dir.rename(old)
+        staging.rename(out_dir)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return out_dir
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m fastrwa.hf.export", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    p.add_argument("out_dir", type=Path, metavar="OUT_DIR")
+    p.add_argument("--best", action="store_true", help="the run's best-validation model")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace OUT_DIR if it holds an earlier export")
+    args = p.parse_args(argv)
+    try:
+        out = export(args.run_dir, args.out_dir, args.best, args.overwrite)
+    except (FileNotFoundError, ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"exported {out}: AutoModelForCausalLM.from_pretrained({str(out)!r}) after "
+          f"import fastrwa.hf", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

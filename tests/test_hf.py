@@ -1,0 +1,214 @@
+"""fastrwa.hf: a ByteLM as a Hugging Face causal LM. Logits and the loss equal ByteLM's; greedy
+generate() equals ByteLM.generate and the streaming CLI (after an export of a trained run,
+loaded by the Auto classes in a process without training code); padding and holes in the
+attention mask stay out of the state; save/load is bit-identical; the cache does not grow;
+the pipeline runs offline. Skipped only where the ``hf`` extra is absent and not under CI
+(CI installs it: there a missing transformers fails)."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+if not os.environ.get("CI"):
+    pytest.importorskip("transformers")
+
+import fastrwa.hf as fhf  # noqa: E402
+from fastrwa.models import ByteLM, LMConfig  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline  # noqa: E402
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+
+
+TEXT = (b"the cat sat on the mat. a dog ran in the fog. my hat is red, his is blue. "
+        b"we hid the big lid under the bed; she fed ten hens. ") * 8
+
+
+@pytest.fixture(scope="module")
+def byte_lm():
+    """A ByteLM trained a little on TEXT: its next byte depends on the context (an untrained
+    one repeats one byte whatever it reads, which would hide a state fed with padding)."""
+    torch.manual_seed(0)
+    model = ByteLM(LMConfig(d_model=32, n_layers=2, mlp_ratio=2))
+    data = torch.tensor(list(TEXT))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for step in range(60):
+        gen = torch.Generator().manual_seed(step)
+        starts = torch.randint(0, len(data) - 33, (8,), generator=gen)
+        rows = torch.stack([data[s:s + 33] for s in starts.tolist()])
+        logits, _ = model(rows[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                 rows[:, 1:].reshape(-1))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def exported(byte_lm, tmp_path_factory):
+    directory = tmp_path_factory.mktemp("hf")
+    fhf.FastRWAForCausalLM.from_bytelm(byte_lm).save_pretrained(directory)
+    fhf.FastRWAByteTokenizer().save_pretrained(directory)
+    return directory
+
+
+def test_logits_and_loss_equal_the_byte_lm(byte_lm, exported):
+    model = AutoModelForCausalLM.from_pretrained(exported)
+    assert type(model) is fhf.FastRWAForCausalLM
+    ids = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(1))
+    out = model(ids, labels=ids)
+    want, _ = byte_lm(ids)
+    assert torch.allclose(out.logits, want, rtol=0, atol=1e-5)
+    # the trainer's loss: inputs bytes[:-1], targets bytes[1:], mean cross-entropy
+    loss = torch.nn.functional.cross_entropy(want[:, :-1].reshape(-1, want.shape[-1]),
+                                             ids[:, 1:].reshape(-1))
+    assert abs(float(out.loss.detach()) - float(loss)) < 1e-5
+
+
+def test_greedy_generate_equals_the_byte_lm_and_the_tokenizer_gives_its_context(byte_lm,
+                                                                                 exported):
+    model = AutoModelForCausalLM.from_pretrained(exported)
+    tokenizer = AutoTokenizer.from_pretrained(exported)
+    assert type(tokenizer) is fhf.FastRWAByteTokenizer
+    for text in ("The cat", ""):             # (an empty prompt starts from BOS, as ByteLM's)
+        enc = tokenizer(text, return_tensors="pt")
+        out = model.generate(**enc, max_new_tokens=30, do_sample=False)
+        prompt = torch.tensor([list(text.encode())], dtype=torch.long)
+        for weights in ("eager", "float32"):
+            want = byte_lm.generate(prompt, 30, top_k=1, weights=weights)
+            assert out[0, -30:].tolist() == want[0, -30:].tolist(), (text, weights)
+        assert all(t < 256 for t in out[0, -30:].tolist())
+
+
+def test_sampling_with_a_seed_is_reproducible(exported):
+    model = AutoModelForCausalLM.from_pretrained(exported)
+    ids = torch.tensor([[104, 101, 108]])
+    runs = []
+    for _ in range(2):
+        torch.manual_seed(5)
+        runs.append(model.generate(ids, max_new_tokens=20, do_sample=True, top_k=20))
+    assert torch.equal(runs[0], runs[1])
+
+
+def test_padding_and_holes_stay_out_of_the_state(exported):
+    """Left padding (as the tokenizer pads) and a hole in the mask: each row generates the
+    bytes it generates alone. Feeding the padding into the state breaks this (tried)."""
+    model = AutoModelForCausalLM.from_pretrained(exported)
+    tokenizer = AutoTokenizer.from_pretrained(exported)
+    texts = ["hi", "a longer prompt", "mid"]
+    batch = tokenizer(texts, return_tensors="pt", padding=True)
+    assert batch.attention_mask[0, 0] == 0               # (left padding)
+    out = model.generate(**batch, max_new_tokens=15, do_sample=False)
+    for row, text in enumerate(texts):
+        alone = model.generate(**tokenizer(text, return_tensors="pt"), max_new_tokens=15,
+                               do_sample=False)
+        assert out[row, -15:].tolist() == alone[0, -15:].tolist(), text
+    ids = torch.tensor([[104, 33, 33, 105]])             # "h!!i" with the "!!" masked out
+    holed = model.generate(ids, attention_mask=torch.tensor([[1, 0, 0, 1]]),
+                           max_new_tokens=15, do_sample=False)
+    alone = model.generate(torch.tensor([[104, 105]]), max_new_tokens=15, do_sample=False)
+    assert holed[0, -15:].tolist() == alone[0, -15:].tolist()
+
+
+def test_round_trip_is_bit_identical_and_damage_is_a_clear_error(exported, tmp_path):
+    model = AutoModelForCausalLM.from_pretrained(exported)
+    model.save_pretrained(tmp_path / "again")
+    again = AutoModelForCausalLM.from_pretrained(tmp_path / "again")
+    for (name, a), b in zip(model.state_dict().items(), again.state_dict().values()):
+        assert torch.equal(a, b), name
+    assert again.model.head.weight is again.model.embed.weight       # (tied, as trained)
+    damaged = tmp_path / "damaged"
+    damaged.mkdir()
+    for f in exported.iterdir():
+        (damaged / f.name).write_bytes(f.read_bytes())
+    weights = damaged / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])                  # (cut short)
+    with pytest.raises(Exception, match="(?i)safetensors|header|deserializ|incomplete"):
+        AutoModelForCausalLM.from_pretrained(damaged)
+    (damaged / "config.json").write_text(json.dumps({"model_type": "fastrwa",
+                                                     "attention": "nope"}))
+    with pytest.raises(ValueError, match="attention must be one of"):
+        AutoModelForCausalLM.from_pretrained(damaged)
+
+
+def test_the_cache_does_not_grow_and_beams_are_refused(exported):
+    model = AutoModelForCausalLM.from_pretrained(exported)
+    ids = torch.tensor([[104, 101]])
+    sizes = []
+    for n in (2, 60):
+        out = model.generate(ids, max_new_tokens=n, do_sample=False,
+                             return_dict_in_generate=True)
+        assert isinstance(out.past_key_values, fhf.FastRWACache)
+        sizes.append(out.past_key_values.nbytes())
+    assert sizes[0] == sizes[1] > 0
+    with pytest.raises(ValueError, match="(?i)beam"):
+        model.generate(ids, max_new_tokens=3, num_beams=2)
+
+
+def test_pipeline_runs_offline(exported, byte_lm):
+    generator = pipeline("text-generation", model=str(exported))
+    text = generator("The cat", max_new_tokens=10, do_sample=False)[0]["generated_text"]
+    want = byte_lm.generate(torch.tensor(list(b"The cat")), 10, top_k=1)[0]
+    assert text == bytes(want.tolist()).decode("utf-8", errors="replace")
+
+
+def test_an_exported_training_run_generates_what_the_cli_streams(tmp_path):
+    """Train a tiny run, export it with the CLI, load it with the Auto classes in a process
+    that imports no training code, and generate greedily: the bytes the streaming CLI gives
+    with --top-k 1."""
+    from fastrwa.train.cli import main as train_main
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_bytes(b"the quick brown fox jumps over the lazy dog. " * 400)
+    run = tmp_path / "run"
+    assert train_main(["--task", "text", "--data", str(corpus), "--hidden", "16",
+                       "--layers", "2", "--bptt", "32", "--batch-size", "4", "--steps", "30",
+                       "--lr", "1e-2", "--warmup", "0", "--eval-every", "30",
+                       "--eval-bytes", "200", "--no-progress", "--run-dir", str(run)]) == 0
+    out = tmp_path / "hf"
+    subprocess.run([sys.executable, "-m", "fastrwa.hf.export", str(run), str(out)],
+                   check=True, env=ENV, capture_output=True, timeout=600)
+    cli = subprocess.run([sys.executable, "-m", "fastrwa.generate", str(run), "--prompt",
+                          "the quick ", "--max-new", "40", "--top-k", "1"], check=True,
+                         env=ENV, capture_output=True, timeout=600).stdout
+    script = textwrap.dedent(f"""
+        import sys
+        import fastrwa.hf
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        model = AutoModelForCausalLM.from_pretrained({str(out)!r})
+        tokenizer = AutoTokenizer.from_pretrained({str(out)!r})
+        ids = model.generate(**tokenizer("the quick ", return_tensors="pt"),
+                             max_new_tokens=40, do_sample=False)
+        assert not [m for m in sys.modules if m.startswith("fastrwa.train")], "training code"
+        sys.stdout.buffer.write(bytes(ids[0].tolist()))
+    """)
+    hf = subprocess.run([sys.executable, "-c", script], check=True, env=ENV,
+                        capture_output=True, timeout=600).stdout
+    assert hf == cli[:len(hf)] and len(hf) == len("the quick ") + 40
+    assert b"the" in hf[len("the quick "):]               # (it learned something)
+
+
+def test_export_refuses_to_overwrite_what_it_did_not_write(tmp_path, exported, capsys):
+    from fastrwa.hf.export import main as export_main
+    from fastrwa.models import save_pretrained
+
+    torch.manual_seed(0)
+    save_pretrained(ByteLM(LMConfig(d_model=8, n_layers=1)), tmp_path / "m")
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("keep me")
+    assert export_main([str(tmp_path / "m"), str(other)]) == 2
+    assert "--overwrite" in capsys.readouterr().err
+    assert export_main([str(tmp_path / "m"), str(other), "--overwrite"]) == 2
+    assert "not a fastrwa Hugging Face export" in capsys.readouterr().err
+    assert (other / "notes.txt").read_text() == "keep me"
+    assert export_main([str(tmp_path / "m"), str(tmp_path / "new")]) == 0
+    assert export_main([str(tmp_path / "m"), str(tmp_path / "new"), "--overwrite"]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m", "new", "other"]   # no leftovers
+    assert export_main([str(tmp_path / "missing"), str(tmp_path / "x")]) == 2
+    assert "no model there" in capsys.readouterr().err
