@@ -89,10 +89,30 @@ def test_sampling_with_a_seed_is_reproducible(exported):
     model = AutoModelForCausalLM.from_pretrained(exported)
     ids = torch.tensor([[104, 101, 108]])
     runs = []
-    for _ in range(2):
-        torch.manual_seed(5)
-        runs.append(model.generate(ids, max_new_tokens=20, do_sample=True, top_k=20))
-    assert torch.equal(runs[0], runs[1])
+    for seed in (5, 5, 6):
+        torch.manual_seed(seed)
+        runs.append(model.generate(ids, max_new_tokens=40, do_sample=True, top_k=20))
+    assert torch.equal(runs[0], runs[1]) and not torch.equal(runs[0], runs[2])
+
+
+def test_ids_past_the_bytes_are_never_generated(exported, tmp_path):
+    """Even by a model whose best next id is BOS, and from a directory without
+    generation_config.json (whose suppress_tokens would otherwise be lost)."""
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    for f in exported.iterdir():
+        if f.name != "generation_config.json":
+            (plain / f.name).write_bytes(f.read_bytes())
+    model = AutoModelForCausalLM.from_pretrained(plain)
+
+    def favour_bos(module, inputs, logits):
+        return logits + 100 * torch.nn.functional.one_hot(torch.tensor(256), logits.shape[-1])
+
+    model.model.head.register_forward_hook(favour_bos)
+    ids = torch.tensor([[104, 101]])
+    assert int(model(ids).logits[0, -1].argmax()) == 256
+    out = model.generate(ids, max_new_tokens=20, do_sample=False)
+    assert all(t < 256 for t in out[0, 2:].tolist())
 
 
 def test_padding_and_holes_stay_out_of_the_state(exported):
@@ -113,6 +133,24 @@ def test_padding_and_holes_stay_out_of_the_state(exported):
                            max_new_tokens=15, do_sample=False)
     alone = model.generate(torch.tensor([[104, 105]]), max_new_tokens=15, do_sample=False)
     assert holed[0, -15:].tolist() == alone[0, -15:].tolist()
+    tokenizer.padding_side = "right"                     # (right padding: the logits at a
+    batch = tokenizer(texts, return_tensors="pt", padding=True)   # pad are the last byte's)
+    assert batch.attention_mask[0, -1] == 0
+    out = model.generate(**batch, max_new_tokens=15, do_sample=False)
+    for row, text in enumerate(texts):
+        alone = model.generate(**tokenizer(text, return_tensors="pt"), max_new_tokens=15,
+                               do_sample=False)
+        assert out[row, -15:].tolist() == alone[0, -15:].tolist(), text
+    with pytest.raises(ValueError, match=r"ids in \[0, 257\)"):   # (padding without its mask)
+        model.generate(batch.input_ids, max_new_tokens=2)
+
+
+def test_the_tokenizer_reads_text_as_bytes(exported):
+    tokenizer = AutoTokenizer.from_pretrained(exported)
+    assert tokenizer("a<bos>b<pad>").input_ids == list(b"a<bos>b<pad>")
+    assert tokenizer("é").input_ids == [195, 169] and tokenizer("").input_ids == [256]
+    assert tokenizer.decode([104, 0xFF, 105]) == "h\ufffdi"
+    assert tokenizer.batch_decode([[257, 257, 104, 105]], skip_special_tokens=True) == ["hi"]
 
 
 def test_round_trip_is_bit_identical_and_damage_is_a_clear_error(exported, tmp_path):
@@ -130,10 +168,27 @@ def test_round_trip_is_bit_identical_and_damage_is_a_clear_error(exported, tmp_p
     weights.write_bytes(weights.read_bytes()[:100])                  # (cut short)
     with pytest.raises(Exception, match="(?i)safetensors|header|deserializ|incomplete"):
         AutoModelForCausalLM.from_pretrained(damaged)
+    from safetensors.torch import load_file, save_file
+    tensors = load_file(exported / "model.safetensors")
+    tensors.pop("model.blocks.0.mix.proj.weight")
+    save_file(tensors, weights, metadata={"format": "pt"})
+    with pytest.raises(ValueError, match="do not hold.*model.blocks.0.mix.proj.weight"):
+        AutoModelForCausalLM.from_pretrained(damaged)
     (damaged / "config.json").write_text(json.dumps({"model_type": "fastrwa",
                                                      "attention": "nope"}))
     with pytest.raises(ValueError, match="attention must be one of"):
         AutoModelForCausalLM.from_pretrained(damaged)
+
+
+def test_untied_and_spread_models_round_trip(tmp_path):
+    torch.manual_seed(0)
+    byte_lm = ByteLM(LMConfig(d_model=8, n_layers=2, mlp_ratio=2, tie_embeddings=False,
+                              discount_init="spread"))
+    fhf.FastRWAForCausalLM.from_bytelm(byte_lm).save_pretrained(tmp_path)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert model.model.head.weight is not model.model.embed.weight
+    for (name, a), b in zip(byte_lm.state_dict().items(), model.model.state_dict().values()):
+        assert torch.equal(a, b), name
 
 
 def test_the_cache_does_not_grow_and_beams_are_refused(exported):
@@ -148,6 +203,8 @@ def test_the_cache_does_not_grow_and_beams_are_refused(exported):
     assert sizes[0] == sizes[1] > 0
     with pytest.raises(ValueError, match="(?i)beam"):
         model.generate(ids, max_new_tokens=3, num_beams=2)
+    with pytest.raises(ValueError, match="no past_key_values"):
+        model.generate(ids, past_key_values=out.past_key_values, max_new_tokens=3)
 
 
 def test_pipeline_runs_offline(exported, byte_lm):

@@ -40,34 +40,72 @@ LAYERS = {
 }
 
 
+LAYERS["rda, no learned prior"] = lambda shift: fastrwa.nn.RDA(I, H, token_shift=shift,
+                                                             learn_initial_state=False)
+
+
+def _average(state):
+    return state.scan.n / state.scan.d.clamp(min=1e-300)
+
+
 @pytest.mark.parametrize("scan_backend", ["numba", "torch"])
 @pytest.mark.parametrize("shift", [False, True], ids=["no shift", "token shift"])
 @pytest.mark.parametrize("kind", list(LAYERS))
 def test_skipped_tokens_leave_the_state_as_if_absent(kind, shift, scan_backend):
+    """Per row: the kept outputs, the final state (every direction) and the gradients of
+    x, of the parameters and of the starting state equal those of the row without its
+    skipped tokens."""
     torch.manual_seed(0)
     layer = LAYERS[kind](shift).double()
-    x = torch.randn(B, T, I, dtype=torch.float64, requires_grad=True)
+    x = torch.randn(B, T, I, dtype=torch.float64)
     with torch.no_grad():
         _, start = layer(torch.randn(B, 2, I, dtype=torch.float64))
     mask = _masks()
-    w = torch.randn(B, T, layer.num_directions * H, dtype=torch.float64)
+    width = layer.num_directions * H
+    w = torch.randn(B, T, width, dtype=torch.float64)
+    wf = torch.randn(B, width, dtype=torch.float64)
+
+    def leaves(state):
+        last = None if state.last_input is None else state.last_input.clone().requires_grad_()
+        return LayerState(ScanState(*(t.clone().requires_grad_() for t in state.scan)), last)
+
+    def loss(y, final, weights, final_weights, keep=None):
+        kept = y if keep is None else y * keep[..., None]
+        return (kept * weights).sum() + (_average(final) * final_weights).sum()
+
     with fastrwa.use_backend(scan_backend):
-        y, final = layer(x, start, mask)
-        # the loss reads the kept outputs only (a skipped token's output is not defined)
-        (y * w * mask[..., None]).sum().backward()
+        xs, states = x.clone().requires_grad_(), leaves(start)
+        y, final = layer(xs, states, mask)
+        loss(y, final, w, wf, mask).backward()
+        grads = {n: p.grad.clone() for n, p in layer.named_parameters() if p.grad is not None}
         for b in range(B):
             keep = mask[b]
-            xb = x.detach()[b:b + 1, keep].clone().requires_grad_()
-            yb, fb = layer(xb, _row(start, b))
+            layer.zero_grad(set_to_none=True)
+            xb, sb = x[b:b + 1, keep].clone().requires_grad_(), leaves(_row(start, b))
+            yb, fb = layer(xb, sb)
+            # (each row's own loss: the batch's gradients are the sums of the rows')
             assert torch.allclose(y[b, keep], yb[0], rtol=0, atol=1e-12), b
-            (yb * w[b:b + 1, keep]).sum().backward()
-            assert torch.allclose(x.grad[b, keep], xb.grad[0], rtol=0, atol=1e-12), b
-            assert torch.all(x.grad[b, ~keep] == 0), b
-            if not layer.bidirectional:
-                assert torch.allclose(final.scan.n[b] / final.scan.d[b],
-                                      fb.scan.n[0] / fb.scan.d[0], rtol=0, atol=1e-12), b
+            assert torch.allclose(_average(final)[b], _average(fb)[0], rtol=0, atol=1e-12), b
+            loss(yb, fb, w[b:b + 1, keep], wf[b:b + 1]).backward()
+            assert torch.allclose(xs.grad[b, keep], xb.grad[0], rtol=0, atol=1e-12), b
+            assert torch.all(xs.grad[b, ~keep] == 0), b
+            for got, want in zip(states.scan, sb.scan):   # (no gradient: zero)
+                g = torch.zeros_like(got[b]) if got.grad is None else got.grad[b]
+                h = torch.zeros_like(want[0]) if want.grad is None else want.grad[0]
+                assert torch.allclose(g, h, rtol=0, atol=1e-12), b
             if shift:
                 assert torch.equal(final.last_input[b], fb.last_input[0]), b
+        # the parameters' gradient of the batch is the sum over rows of each row's alone
+        total = {n: torch.zeros_like(g) for n, g in grads.items()}
+        for b in range(B):
+            layer.zero_grad(set_to_none=True)
+            keep = mask[b]
+            yb, fb = layer(x[b:b + 1, keep], _row(start, b))
+            loss(yb, fb, w[b:b + 1, keep], wf[b:b + 1]).backward()
+            for n in total:
+                total[n] += layer.get_parameter(n).grad
+        for n, g in grads.items():
+            assert torch.allclose(g, total[n], rtol=0, atol=1e-11), n
 
 
 def test_time_first_masks_follow_the_layout():

@@ -10,8 +10,10 @@ from ..models.config import BYTE_VOCAB, LMConfig
 class FastRWAConfig(PreTrainedConfig):
     """:class:`fastrwa.models.LMConfig`'s fields (``tie_embeddings`` is Hugging Face's
     ``tie_word_embeddings``), with the special ids of the byte vocabulary: ids 0-255 are the
-    bytes, 256 the beginning-of-sequence id an empty prompt starts from; there is no
-    end-of-sequence id (generation runs to its length).
+    bytes, 256 the beginning-of-sequence id an empty prompt starts from; the tokenizer pads
+    with 257, outside the model's vocabulary (``attention_mask`` skips it: a padded batch
+    without its mask is refused, not read), so the model has no ``pad_token_id``; there is
+    no end-of-sequence id (generation runs to its length).
 
     Example:
         >>> from fastrwa.hf import FastRWAConfig

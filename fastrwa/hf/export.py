@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -23,12 +24,20 @@ from ..models import ByteLM, load_pretrained, run_model_dir
 from . import FastRWAByteTokenizer, FastRWAConfig, FastRWAForCausalLM
 
 
+# What an export holds (save_pretrained's files for the model and the tokenizer).
+EXPORT_FILES = {"config.json", "model.safetensors", "generation_config.json",
+                "tokenizer_config.json", "added_tokens.json", "special_tokens_map.json"}
+
+
 def _is_export(directory: Path) -> bool:
+    """A fastrwa export and nothing else (``--overwrite`` replaces only that)."""
     try:
         config = json.loads((directory / "config.json").read_text())
+        names = {p.name for p in directory.iterdir()}
     except (OSError, ValueError):
         return False
-    return isinstance(config, dict) and config.get("model_type") == FastRWAConfig.model_type
+    return (isinstance(config, dict) and config.get("model_type") == FastRWAConfig.model_type
+            and names <= EXPORT_FILES)
 
 
 def export(run_dir: str | Path, out_dir: str | Path, best: bool = False,
@@ -45,10 +54,13 @@ def export(run_dir: str | Path, out_dir: str | Path, best: bool = False,
         if not overwrite:
             raise ValueError(f"{out_dir} exists; pass --overwrite to replace an earlier export")
         if not _is_export(out_dir):
-            raise ValueError(f"{out_dir} exists and is not a fastrwa Hugging Face export; "
-                             f"--overwrite replaces only those")
+            raise ValueError(f"{out_dir} exists and is not a fastrwa Hugging Face export "
+                             f"(or holds other files too); --overwrite replaces only those")
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    staging.chmod(0o777 & ~umask)          # (mkdtemp's 0700 would outlive the rename)
     try:
         FastRWAForCausalLM.from_bytelm(model).save_pretrained(staging)
         FastRWAByteTokenizer().save_pretrained(staging)
@@ -56,9 +68,14 @@ def export(run_dir: str | Path, out_dir: str | Path, best: bool = False,
         if out_dir.exists() and any(out_dir.iterdir()):   # (moved aside, removed once the
             old = staging.with_name(staging.name + ".old")  # new one is in place)
             out_dir.rename(old)
-        staging.rename(out_dir)
+        try:
+            staging.rename(out_dir)
+        except OSError:
+            if old is not None:
+                old.rename(out_dir)                      # (the earlier export, back)
+            raise
         if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+            shutil.rmtree(old)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return out_dir

@@ -13,6 +13,7 @@ from transformers.generation import GenerationMode
 from transformers.utils import ModelOutput
 
 from ..models import ByteLM, LMState
+from ..models.config import BYTE_VOCAB
 from .configuration import FastRWAConfig
 
 
@@ -72,7 +73,8 @@ class FastRWAForCausalLM(FastRWAPreTrainedModel, GenerationMixin):
     labels=None)``: ``input_ids`` ``(B, T)`` byte ids (256: BOS); an ``attention_mask`` of
     0 at padding (left, right or holes) keeps those positions out of the state (ByteLM's
     ``mask``), so a padded row generates what it generates alone; ``labels`` (``-100``
-    ignored) gives the next-byte cross-entropy of the trainer. ``generate()`` runs greedy or
+    ignored) gives the next-byte cross-entropy of the trainer; at a padded position the
+    logits are the last real token's (ByteLM's ``mask``). ``generate()`` runs greedy or
     sampled decoding, one token per step from the cached state; ids 256 and up are never
     generated (``generation_config.suppress_tokens``). Beam search is refused.
 
@@ -90,9 +92,34 @@ class FastRWAForCausalLM(FastRWAPreTrainedModel, GenerationMixin):
         super().__init__(config)
         self.model = ByteLM(config.to_lm_config())
         self.post_init()
-        if self.generation_config is not None:
-            self.generation_config.suppress_tokens = list(range(config.bos_token_id,
-                                                                config.vocab_size))
+
+    @property
+    def _not_bytes(self) -> list[int]:
+        """The ids generation never produces: BOS and any past it (as ByteLM.generate)."""
+        return list(range(BYTE_VOCAB, self.config.vocab_size))
+
+    @classmethod
+    def from_pretrained(cls, *args, **kwargs):
+        """``PreTrainedModel.from_pretrained``, refusing a weights file that lacks any of the
+        model's tensors (rather than leaving them uninitialised with a warning)."""
+        wanted = kwargs.pop("output_loading_info", False)
+        model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
+        if info.get("missing_keys"):
+            raise ValueError(f"the weights do not hold {sorted(info['missing_keys'])}: a "
+                             f"damaged or foreign directory (export it again with "
+                             f"python -m fastrwa.hf.export)")
+        return (model, info) if wanted else model
+
+    def generate(self, *args, **kwargs):
+        """``GenerationMixin.generate`` from a prompt (the whole sequence: the state is built
+        from it; a ``past_key_values`` given is refused), never producing the ids past the
+        bytes (``suppress_tokens``, set when the generation config has none)."""
+        if kwargs.get("past_key_values") is not None:
+            raise ValueError("generate() builds the state from the prompt: pass the whole "
+                             "sequence as input_ids and no past_key_values")
+        if self.generation_config is not None and not self.generation_config.suppress_tokens:
+            self.generation_config.suppress_tokens = self._not_bytes
+        return super().generate(*args, **kwargs)
 
     @classmethod
     def from_bytelm(cls, model: ByteLM) -> "FastRWAForCausalLM":

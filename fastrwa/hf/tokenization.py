@@ -8,15 +8,15 @@ from transformers.tokenization_python import AddedToken
 
 from ..models.config import BYTE_VOCAB
 
-BOS = "<bos>"
+BOS, PAD = "<bos>", "<pad>"
 
 
 class FastRWAByteTokenizer(PreTrainedTokenizer):
     """Text to UTF-8 byte ids and back (invalid UTF-8 decodes with U+FFFD). With special
     tokens (the default), a text is its bytes as they are and an empty text is ``[256]``:
-    the context :meth:`fastrwa.models.ByteLM.generate` gives a prompt. Padding (left, with
-    the BOS id, masked out by ``attention_mask``) lets rows of different lengths share a
-    batch.
+    the context :meth:`fastrwa.models.ByteLM.generate` gives a prompt; the text ``"<bos>"``
+    is its six bytes (special tokens are never read from text). Padding (left, id 257,
+    masked out by ``attention_mask``) lets rows of different lengths share a batch.
 
     Example:
         >>> from fastrwa.hf import FastRWAByteTokenizer
@@ -30,13 +30,14 @@ class FastRWAByteTokenizer(PreTrainedTokenizer):
     model_input_names = ["input_ids", "attention_mask"]
     padding_side = "left"
 
-    def __init__(self, bos_token: str | AddedToken = BOS, pad_token: str | AddedToken = BOS,
+    def __init__(self, bos_token: str | AddedToken = BOS, pad_token: str | AddedToken = PAD,
                  **kwargs):
-        if isinstance(bos_token, str):
-            bos_token = AddedToken(bos_token, special=True, normalized=False)
-        self._added_tokens_decoder = {BYTE_VOCAB: bos_token}
+        special = [AddedToken(t, special=True, normalized=False) if isinstance(t, str) else t
+                   for t in (bos_token, pad_token)]
+        self._added_tokens_decoder = dict(enumerate(special, start=BYTE_VOCAB))
         kwargs.setdefault("clean_up_tokenization_spaces", False)
-        super().__init__(bos_token=bos_token, pad_token=pad_token, **kwargs)
+        kwargs.setdefault("split_special_tokens", True)
+        super().__init__(bos_token=special[0], pad_token=special[1], **kwargs)
 
     @property
     def vocab_size(self) -> int:

@@ -12,6 +12,7 @@ from ..checks import check_context_group, check_no_overlap
 from ..nn.checks import check_buffer, check_count, check_input_dtype
 from ..nn.functional import rms_norm_into
 from ..nn import RDA, RWA, LayerState
+from ..nn.masks import last_kept
 from ..ops.context import refuse_together
 from ..ops.dispatch import state_dtype
 from ..state import ScanState
@@ -310,7 +311,10 @@ class ByteLM(nn.Module):
         ``mask`` ``(B, T)`` bool, ``False`` at tokens to skip (padding, anywhere in a row):
         they leave every layer's state as it was (:meth:`fastrwa.nn.RDA.forward`), so a
         padded row's logits at its kept tokens, and its final state, are those of the row
-        without them; the logits at skipped tokens are to be ignored.
+        without them. At a skipped token the logits are the last kept token's before it
+        (the prediction from the state so far: right padding reads the next token's
+        distribution at its last position); before a row's first kept token they are
+        undefined.
 
         With ``context_group`` (context parallelism, docs/distributed.md) ``tokens`` is this
         rank's contiguous slice of the sequence along time (rank order is time order),
@@ -333,6 +337,8 @@ class ByteLM(nn.Module):
         for block, layer_state in zip(self.blocks, states):
             x, layer_state = block(x, layer_state, mask, context_group)
             new.append(layer_state)
+        if mask is not None:                  # (a skipped token: the last kept one's output)
+            x = x.gather(1, last_kept(mask).clamp(min=0)[..., None].expand_as(x))
         return self.head(self.norm(x)), LMState(tuple(new))
 
     def step(self, token: Tensor, state: LMState) -> tuple[Tensor, LMState]:

@@ -22,6 +22,7 @@ from ..ops.context import (CALL_TOKEN_SHIFT, DTYPES, after, agree, previous_inpu
                            refuse_together, same_everywhere)
 from .checks import check_buffer, check_count, check_input_dtype, check_mask, check_size
 from .functional import ACTIVATIONS_OUT, NamedActivations, rda_functions
+from .masks import last_kept, last_kept_before
 
 # Layouts of in-place step arguments whose memory passed the overlap checks of
 # _ScanLayer.step_ (the written tensors' addresses and strides, the batch and dtype): a
@@ -30,20 +31,6 @@ from .functional import ACTIVATIONS_OUT, NamedActivations, rda_functions
 _NO_OVERLAP: set = set()
 _NO_OVERLAP_MAX = 4096
 _SCAN_NAMES = tuple(f"state.scan.{field}" for field in ScanState._fields)
-
-
-def _last_kept(mask: Tensor) -> Tensor:
-    """``(B, T)``: the position of the last ``True`` of ``mask`` at or before each ``t``
-    (``-1`` where there is none)."""
-    positions = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
-    return torch.where(mask, positions, -1).cummax(dim=1).values
-
-
-def _last_kept_before(mask: Tensor) -> Tensor:
-    """``(B, T)``: ``1 +`` the position of the last ``True`` of ``mask`` before each ``t``
-    (``0`` where there is none): indices into ``[previous, x_0, x_1, ...]``."""
-    return torch.cat([mask.new_zeros((mask.shape[0], 1), dtype=torch.long),
-                      _last_kept(mask)[:, :-1] + 1], dim=1)
 
 
 class LayerState(NamedTuple):
@@ -171,7 +158,7 @@ class _ScanLayer(nn.Module):
             if mask is None:
                 shifted = inputs[:, :x.shape[1]]
             else:
-                shifted = inputs.gather(1, _last_kept_before(mask)[..., None].expand_as(x))
+                shifted = inputs.gather(1, last_kept_before(mask)[..., None].expand_as(x))
             x = torch.cat([x, shifted], dim=-1)
         parts = self.proj(x).split(self.hidden_size, dim=-1)
         G = self.num_gates
@@ -253,7 +240,7 @@ class _ScanLayer(nn.Module):
         last = x[:, -1].clone() if self.token_shift and x.shape[1] else previous
         if self.token_shift and mask is not None and x.shape[1]:   # the last kept token's
             last = torch.where(mask.any(dim=1, keepdim=True),
-                               x.gather(1, _last_kept(mask)[:, -1, None, None].clamp(min=0)
+                               x.gather(1, last_kept(mask)[:, -1, None, None].clamp(min=0)
                                         .expand(-1, 1, x.shape[2]))[:, 0], previous)
         if not self.batch_first:
             out = rearrange(out, "b t h -> t b h")
