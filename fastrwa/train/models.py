@@ -28,18 +28,23 @@ class SequenceNet(nn.Module):
         layers: stacked recurrent layers.
         output_size: head outputs per step.
         attention: ``f_a`` of the RDA layers and cells.
+        preset: an RDA preset of the scan layers ("exp-tanh", "sigmoid-id": the RDA paper's
+            two variants), overriding ``attention``; ``None`` for ``attention`` with the
+            layer's default output functions.
 
     ``out, state = net(x, state=None)``; ``state`` can be carried to the next call (TBPTT).
     """
 
     def __init__(self, kind: str, input_size: int, hidden: int, layers: int, output_size: int,
-                 attention: str = "exp"):
+                 attention: str = "exp", preset: str | None = None):
         super().__init__()
         if kind not in MODELS:
             raise ValueError(f"--model must be one of {MODELS}, got {kind!r}")
         for name, value in (("--hidden", hidden), ("--layers", layers)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if preset is not None and kind != "rda-scan":
+            raise ValueError(f"an RDA preset applies to --model rda-scan, not {kind}")
         self.kind = kind
         features = input_size
         sizes = [features] + [hidden] * layers
@@ -48,7 +53,8 @@ class SequenceNet(nn.Module):
         elif kind == "rwa-scan":
             self.core = nn.ModuleList(RWA(i, hidden) for i in sizes[:-1])
         elif kind == "rda-scan":
-            self.core = nn.ModuleList(RDA(i, hidden, attention=attention) for i in sizes[:-1])
+            self.core = nn.ModuleList(RDA(i, hidden, attention=attention, preset=preset)
+                                      for i in sizes[:-1])
         else:
             make = {"rwa-cell": lambda i: RWACell(i, hidden),
                     "rda-cell": lambda i: RDACell(i, hidden, attention=attention),

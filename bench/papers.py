@@ -1,0 +1,189 @@
+"""The RDA paper's steps-to-threshold tables, measured here: ``python bench/papers.py``.
+
+The RDA paper ("Efficiently applying attention to sequential data with the Recurrent
+Discounted Attention unit") trains each model on each task with one recipe and reports the
+training steps until a threshold: 250 units, batch 100, Adam at 1e-3, gradients clipped to
+[-1, 1], sequences of length 1000 with full backpropagation. This script runs that recipe
+(``fastrwa.train``'s tasks and ``SequenceNet``) for the models asked for, per seed, and
+evaluates every ``--eval-every`` steps on a held-out batch of 100 (the validation split's
+first batch) until the threshold is met, ``--max-steps`` is reached or ``--time-limit``
+seconds have passed. Prints the paper's table beside ours and writes ``OUT/papers.json``
+and one learning-curve PNG per task (``OUT/<task>.png``).
+
+Models: ``rwa-scan``, ``rda-exp-tanh``, ``rda-sigmoid-id`` (the scan layers, the RDA
+presets), ``rwa-cell``, ``rda-cell`` (the faithful cells) and ``gru``, ``lstm``
+(PyTorch's). ``--quick`` runs every task for 3 steps at T = 20 (to check the script).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import pathlib
+import statistics
+import sys
+import time
+
+import torch
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from fastrwa.train.models import SequenceNet  # noqa: E402
+from fastrwa.train.tasks import make_task  # noqa: E402
+
+# The RDA paper's tables (steps to the threshold; None: not reached in the steps given).
+PAPER = {
+    "adding": {"metric": "loss", "below": 0.001, "limit": 10000,
+               "steps": {"gru": 2036, "lstm": None, "rda-exp-tanh": 1781,
+                         "rda-sigmoid-id": 2016, "rwa": 1735}},
+    "classify-length": {"metric": "accuracy", "at_least": 1.0, "limit": 10000,
+                        "steps": {"gru": 71, "lstm": 776, "rda-exp-tanh": 164,
+                                  "rda-sigmoid-id": 414, "rwa": 133}},
+    "copy": {"metric": "accuracy", "above": 0.999, "limit": 20000,
+             "steps": {"gru": 5329, "lstm": None, "rda-exp-tanh": 11831,
+                       "rda-sigmoid-id": 9840, "rwa": 5660}},
+    "multicopy": {"metric": "accuracy", "above": 0.99, "limit": 10000,
+                  "steps": {"gru": 3984, "lstm": 4048, "rda-exp-tanh": 1114,
+                            "rda-sigmoid-id": 1316, "rwa": None}},
+}
+# Our model -> (SequenceNet kind, RDA preset, the paper's row it answers)
+MODELS = {
+    "rwa-scan": ("rwa-scan", None, "rwa"),
+    "rda-exp-tanh": ("rda-scan", "exp-tanh", "rda-exp-tanh"),
+    "rda-sigmoid-id": ("rda-scan", "sigmoid-id", "rda-sigmoid-id"),
+    "rwa-cell": ("rwa-cell", None, "rwa"),
+    "rda-cell": ("rda-cell", None, "rda-exp-tanh"),
+    "gru": ("gru", None, "gru"),
+    "lstm": ("lstm", None, "lstm"),
+}
+SCAN_MODELS = ("rwa-scan", "rda-exp-tanh", "rda-sigmoid-id")
+
+
+def met(task: str, value: float) -> bool:
+    rule = PAPER[task]
+    if "below" in rule:
+        return value < rule["below"]
+    if "above" in rule:
+        return value > rule["above"]
+    return value >= rule["at_least"]
+
+
+@torch.no_grad()
+def evaluate(net, task, batch) -> float:
+    """The paper's metric on ``batch``: the loss (adding) or the accuracy of the scored
+    positions."""
+    out, _ = net(batch.x)
+    if PAPER[task.name]["metric"] == "loss":
+        return float(task.score(out, batch)[0])
+    logits = out[batch.mask]
+    return float((logits.argmax(-1) == batch.target[batch.mask]).float().mean())
+
+
+def run(task_name: str, model: str, seed: int, seq_len: int, max_steps: int,
+        eval_every: int, time_limit: float, hidden: int = 250, batch: int = 100) -> dict:
+    """One model on one task with one seed: the steps to the threshold (or ``None``)."""
+    kind, preset, _ = MODELS[model]
+    torch.manual_seed(seed)
+    task = make_task(task_name, seq_len, seed)
+    net = SequenceNet(kind, task.input_size, hidden, 1, task.output_size, preset=preset)
+    optimizer = torch.optim.Adam(net.parameters(), lr=1e-3)
+    held_out = task.batch(0, batch, "valid")
+    curve, reached, began = [], None, time.perf_counter()
+    step = 0
+    while step < max_steps and time.perf_counter() - began < time_limit:
+        step += 1
+        data = task.batch(step, batch)
+        out, _ = net(data.x)
+        loss, _ = task.score(out, data)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_value_(net.parameters(), 1.0)
+        optimizer.step()
+        if step % eval_every == 0 or step == max_steps:
+            value = evaluate(net, task, held_out)
+            curve.append((step, value))
+            if not math.isfinite(value):
+                break
+            if met(task_name, value):
+                reached = step
+                break
+    return {"task": task_name, "model": model, "seed": seed, "steps_to_threshold": reached,
+            "steps_run": step, "seconds": time.perf_counter() - began, "curve": curve}
+
+
+def _cell(steps: list) -> str:
+    """Median and range of the steps over seeds (``>N`` when a seed did not reach it)."""
+    if not steps:
+        return "-"
+    if any(s is None for s in steps):
+        return f"not reached ({sum(s is not None for s in steps)}/{len(steps)} seeds)"
+    if len(steps) == 1:
+        return str(steps[0])
+    return f"{statistics.median(steps):g} ({min(steps)}-{max(steps)})"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--tasks", nargs="+", default=list(PAPER), choices=list(PAPER))
+    p.add_argument("--models", nargs="+", default=list(SCAN_MODELS), choices=list(MODELS))
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
+    p.add_argument("--max-steps", type=int, default=None,
+                   help="per run (default: the paper's limit for the task)")
+    p.add_argument("--eval-every", type=int, default=10)
+    p.add_argument("--seq-len", type=int, default=1000)
+    p.add_argument("--time-limit", type=float, default=3600.0, help="seconds per run")
+    p.add_argument("--quick", action="store_true", help="3 steps per run at T = 20")
+    p.add_argument("--out", type=pathlib.Path, default=ROOT / "bench" / "results" / "papers")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.seq_len, args.max_steps, args.eval_every, args.seeds = 20, 3, 1, [0]
+    results = []
+    for task in args.tasks:
+        for model in args.models:
+            for seed in args.seeds:
+                limit = args.max_steps or PAPER[task]["limit"]
+                r = run(task, model, seed, args.seq_len, limit, args.eval_every,
+                        args.time_limit)
+                results.append(r)
+                print(f"{task:16} {model:15} seed {seed}: "
+                      f"{r['steps_to_threshold'] or 'not reached'} "
+                      f"({r['steps_run']} steps, {r['seconds']:.0f} s)", flush=True)
+    print(f"\n{'task':16} {'model':15} {'paper':>8} {'here (median, range)':>24}")
+    for task in args.tasks:
+        for model in args.models:
+            steps = [r["steps_to_threshold"] for r in results
+                     if r["task"] == task and r["model"] == model]
+            paper = PAPER[task]["steps"][MODELS[model][2]]
+            print(f"{task:16} {model:15} {paper if paper else '> limit':>8} {_cell(steps):>24}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    record = {"argv": sys.argv[1:], "quick": args.quick, "seq_len": args.seq_len,
+              "paper": PAPER, "results": results}
+    (args.out / "papers.json").write_text(json.dumps(record, indent=1) + "\n")
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    for task in args.tasks:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for r in results:
+            if r["task"] == task and r["curve"]:
+                steps, values = zip(*r["curve"])
+                ax.plot(steps, values, label=f"{r['model']} seed {r['seed']}")
+        rule = PAPER[task]
+        ax.axhline(rule.get("below", rule.get("above", rule.get("at_least"))), color="grey",
+                   linestyle="--", linewidth=0.8, label="threshold")
+        if rule["metric"] == "loss":
+            ax.set_yscale("log")
+        ax.set_xlabel("training step")
+        ax.set_ylabel(f"held-out {rule['metric']}")
+        ax.set_title(f"{task}, T = {args.seq_len}")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(args.out / f"{task}.png", dpi=100)
+        plt.close(fig)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
