@@ -180,6 +180,19 @@ def test_round_trip_is_bit_identical_and_damage_is_a_clear_error(exported, tmp_p
         AutoModelForCausalLM.from_pretrained(damaged)
 
 
+def test_the_configuration_carries_every_lm_field_and_its_default():
+    import dataclasses
+
+    assert fhf.FastRWAConfig().to_lm_config() == LMConfig()
+    # every field away from its default survives the round trip
+    other = LMConfig(vocab_size=300, d_model=8, n_layers=3, layer="rwa", attention="exp",
+                     f_h="tanh", f_o="tanh", preset="exp-tanh", token_shift=False,
+                     discount_init="spread", output_gate=False, mlp_ratio=2,
+                     tie_embeddings=False)
+    assert all(getattr(other, f.name) != f.default for f in dataclasses.fields(LMConfig))
+    assert fhf.FastRWAConfig.from_lm_config(other).to_lm_config() == other
+
+
 def test_untied_and_spread_models_round_trip(tmp_path):
     torch.manual_seed(0)
     byte_lm = ByteLM(LMConfig(d_model=8, n_layers=2, mlp_ratio=2, tie_embeddings=False,

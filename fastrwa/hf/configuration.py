@@ -23,19 +23,20 @@ class FastRWAConfig(PreTrainedConfig):
 
     model_type = "fastrwa"
 
-    vocab_size: int = BYTE_VOCAB + 1
-    d_model: int = 256
-    n_layers: int = 4
-    layer: str = "rda"
-    attention: str = "sigmoid"
-    f_h: str = "identity"
-    f_o: str = "identity"
-    preset: str | None = None
-    token_shift: bool = True
-    discount_init: str = "paper"
-    output_gate: bool = True
-    mlp_ratio: int = 4
-    tie_word_embeddings: bool = True
+    # LMConfig's fields, with its defaults (tests/test_hf.py checks that none is missing)
+    vocab_size: int = LMConfig.vocab_size
+    d_model: int = LMConfig.d_model
+    n_layers: int = LMConfig.n_layers
+    layer: str = LMConfig.layer
+    attention: str = LMConfig.attention
+    f_h: str = LMConfig.f_h
+    f_o: str = LMConfig.f_o
+    preset: str | None = LMConfig.preset
+    token_shift: bool = LMConfig.token_shift
+    discount_init: str = LMConfig.discount_init
+    output_gate: bool = LMConfig.output_gate
+    mlp_ratio: int = LMConfig.mlp_ratio
+    tie_word_embeddings: bool = LMConfig.tie_embeddings
     bos_token_id: int | None = BYTE_VOCAB
     eos_token_id: int | None = None
     pad_token_id: int | None = None
