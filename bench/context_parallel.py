@@ -150,8 +150,9 @@ def main(argv=None) -> int:
         r = ranks[0]
         print(f"{2 ** log2:>8} {r['forward_bytes']:>10} {r['forward_calls']:>9} "
               f"{r['backward_bytes']:>10} {r['backward_calls']:>9}")
-    for mode, log2, what in (("long", args.T_log2, "rda_scan"),
-                             ("layer", args.layer_T_log2, "nn.RDA(256, 256, token_shift)")):
+    modes = (("long", args.T_log2, "rda_scan"),
+             ("layer", args.layer_T_log2, "nn.RDA(256, 256, token_shift)"))
+    for mode, log2, what in modes[:1] if args.quick else modes:
         T = 2 ** log2
         print(f"\n{what} forward+backward, T = 2^{log2}, B = 1, D = {D}, float32")
         print(f"{'layout':>26} {'tokens/s':>10} {'peak RSS MiB (each)':>22} "
