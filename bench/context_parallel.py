@@ -136,8 +136,9 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.worker:
         mode, rank, world, store, T, D = args.worker
-        print(json.dumps(worker(mode, int(rank), int(world), store, int(T), int(D))))
-        return 0
+        print(json.dumps(worker(mode, int(rank), int(world), store, int(T), int(D))),
+              flush=True)
+        os._exit(0)     # (done: gloo's threads can abort a process in the teardown)
     D = 256
     if args.quick:
         args.T_log2 = args.layer_T_log2 = 10

@@ -82,12 +82,19 @@ def evaluate(net, task, batch) -> float:
 
 
 def run(task_name: str, model: str, seed: int, seq_len: int, max_steps: int,
-        eval_every: int, time_limit: float, hidden: int = 250, batch: int = 100) -> dict:
-    """One model on one task with one seed: the steps to the threshold (or ``None``)."""
+        eval_every: int, time_limit: float, hidden: int = 250, batch: int = 100,
+        timescales: tuple | None = None) -> dict:
+    """One model on one task with one seed: the steps to the threshold (or ``None``).
+    ``timescales``: ``(shortest, longest)`` memory lengths for the RDA scan layers'
+    discount initialisation (``fastrwa.nn.RDA.set_discount_timescales``; default: the
+    paper's bias of 1)."""
     kind, preset, _ = MODELS[model]
     torch.manual_seed(seed)
     task = make_task(task_name, seq_len, seed)
     net = SequenceNet(kind, task.input_size, hidden, 1, task.output_size, preset=preset)
+    if timescales is not None and kind == "rda-scan":
+        for layer in net.core:
+            layer.set_discount_timescales(*timescales)
     optimizer = torch.optim.Adam(net.parameters(), lr=1e-3)
     held_out = task.batch(0, batch, "valid")
     curve, reached, began = [], None, time.perf_counter()
@@ -109,7 +116,8 @@ def run(task_name: str, model: str, seed: int, seq_len: int, max_steps: int,
             if met(task_name, value):
                 reached = step
                 break
-    return {"task": task_name, "model": model, "seed": seed, "steps_to_threshold": reached,
+    return {"task": task_name, "model": model, "seed": seed, "timescales": timescales,
+            "steps_to_threshold": reached,
             "steps_run": step, "seconds": time.perf_counter() - began, "curve": curve}
 
 
@@ -134,6 +142,9 @@ def main(argv=None) -> int:
     p.add_argument("--eval-every", type=int, default=10)
     p.add_argument("--seq-len", type=int, default=1000)
     p.add_argument("--time-limit", type=float, default=3600.0, help="seconds per run")
+    p.add_argument("--discount-timescales", nargs=2, type=float, metavar=("SHORT", "LONG"),
+                   help="an ablation: initialise the RDA scan layers' discounts to memory "
+                        "lengths from SHORT to LONG tokens (default: the paper's bias 1)")
     p.add_argument("--quick", action="store_true", help="3 steps per run at T = 20")
     p.add_argument("--out", type=pathlib.Path, default=ROOT / "bench" / "results" / "papers")
     args = p.parse_args(argv)
@@ -145,7 +156,7 @@ def main(argv=None) -> int:
             for seed in args.seeds:
                 limit = args.max_steps or PAPER[task]["limit"]
                 r = run(task, model, seed, args.seq_len, limit, args.eval_every,
-                        args.time_limit)
+                        args.time_limit, timescales=args.discount_timescales)
                 results.append(r)
                 print(f"{task:16} {model:15} seed {seed}: "
                       f"{r['steps_to_threshold'] or 'not reached'} "
