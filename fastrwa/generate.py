@@ -114,8 +114,8 @@ def _generate(args) -> int:
             if args.weights in WEIGHT_FORMATS:     # (refuses a model it cannot pack)
                 options["weights"] = PackedLM(model, args.weights)
         elif args.weights not in ("auto", "eager"):
-            raise ValueError(f"--weights {args.weights}: {type(model).__name__} (an "
-                             f"{model.config.layer.upper()} baseline) has the eager step only")
+            raise ValueError(f"--weights {args.weights}: {type(model).__name__} (the "
+                             f"{model.config.layer!r} baseline) has the eager step only")
         # (surrogateescape: a prompt given as bytes that are not UTF-8 is continued as given)
         text = args.prompt.encode("utf-8", "surrogateescape")
         prompt = torch.tensor(list(text), dtype=torch.long, device=device)

@@ -201,7 +201,7 @@ def test_bad_input():
     with pytest.raises(ValueError, match="temperature"):
         model.generate(torch.tensor([1]), 3, temperature=0.0)
     with pytest.raises(ValueError, match="LMConfig.layer"):
-        LMConfig(layer="transformer")
+        LMConfig(layer="mamba")
     with pytest.raises(ValueError, match="unknown LMConfig fields"):
         LMConfig.from_dict({"d_model": 8, "heads": 2})
 

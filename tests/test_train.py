@@ -518,7 +518,7 @@ def test_language_model_run_records_every_lm_field_and_old_runs_resume_as_built(
     assert _run(tmp_path, "new", *_lm_flags(corpus), "--steps", 3)[0] == 0
     lm = json.loads((tmp_path / "new" / "config.json").read_text())["lm"]
     expected = LMConfig().to_dict()
-    for flagged in ("layer", "d_model", "n_layers", "attention"):
+    for flagged in ("layer", "d_model", "n_layers", "attention", "context"):
         del expected[flagged]
     assert lm == expected
     flags = [*_lm_flags(corpus), "--lm", "output_gate=false", "--steps", 3]

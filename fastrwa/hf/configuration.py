@@ -37,6 +37,8 @@ class FastRWAConfig(PreTrainedConfig):
     output_gate: bool = LMConfig.output_gate
     mlp_ratio: int = LMConfig.mlp_ratio
     tie_word_embeddings: bool = LMConfig.tie_embeddings
+    n_heads: int = LMConfig.n_heads              # (the baselines' fields: unused here)
+    context: int = LMConfig.context
     bos_token_id: int | None = BYTE_VOCAB
     eos_token_id: int | None = None
     pad_token_id: int | None = None
@@ -47,7 +49,7 @@ class FastRWAConfig(PreTrainedConfig):
         config = self.to_lm_config()          # (refuses what LMConfig refuses, naming it)
         if config.layer not in ("rda", "rwa"):
             raise ValueError(f"FastRWAConfig.layer must be 'rda' or 'rwa' (the scan models; "
-                             f"the LSTM/GRU baselines have no Hugging Face class), got "
+                             f"the baselines have no Hugging Face class), got "
                              f"{config.layer!r}")
 
     def to_lm_config(self) -> LMConfig:
@@ -57,7 +59,8 @@ class FastRWAConfig(PreTrainedConfig):
                         f_h=self.f_h, f_o=self.f_o, preset=self.preset,
                         token_shift=self.token_shift, discount_init=self.discount_init,
                         output_gate=self.output_gate, mlp_ratio=self.mlp_ratio,
-                        tie_embeddings=self.tie_word_embeddings)
+                        tie_embeddings=self.tie_word_embeddings, n_heads=self.n_heads,
+                        context=self.context)
 
     @classmethod
     def from_lm_config(cls, config: LMConfig) -> "FastRWAConfig":

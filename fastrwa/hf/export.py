@@ -48,8 +48,9 @@ def export(run_dir: str | Path, out_dir: str | Path, best: bool = False,
     out_dir = Path(out_dir)
     model = load_pretrained(run_model_dir(run_dir, best))
     if not isinstance(model, ByteLM):
-        raise ValueError(f"{run_dir}: a {model.config.layer.upper()} baseline has no Hugging "
-                         f"Face class (only the rda/rwa scan models export)")
+        raise ValueError(f"{run_dir}: the {model.config.layer!r} baseline "
+                         f"({type(model).__name__}) has no Hugging Face class (only the rda/rwa "
+                         f"scan models export)")
     if out_dir.exists() and not (out_dir.is_dir() and not any(out_dir.iterdir())):
         if not overwrite:
             raise ValueError(f"{out_dir} exists; pass --overwrite to replace an earlier export")

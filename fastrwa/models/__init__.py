@@ -1,13 +1,16 @@
-"""Language models built from fastrwa layers (:class:`ByteLM`) and their recurrent
-baselines (:class:`RecurrentLM`), with :func:`build`, :func:`save_pretrained` and
-:func:`load_pretrained`; :class:`PackedLM`, a ``ByteLM`` packed for the fused CPU decode
+"""Language models built from fastrwa layers (:class:`ByteLM`) and their baselines
+(:class:`RecurrentLM`: LSTM, GRU; :class:`TransformerLM`; :class:`MinGRULM`), with
+:func:`build`, :func:`save_pretrained` and :func:`load_pretrained`; :class:`PackedLM`, a ``ByteLM`` packed for the fused CPU decode
 step."""
 
 from .baseline import RecurrentLM
 from .config import LMConfig
 from .lm import Block, ByteLM, InferenceCache, LMState
+from .mingru import MinGRULM
 from .packed import WEIGHT_FORMATS, PackedLM
 from .pretrained import build, load_pretrained, run_model_dir, save_pretrained
+from .transformer import TransformerLM
 
-__all__ = ["LMConfig", "ByteLM", "Block", "InferenceCache", "LMState", "RecurrentLM", "build",
+__all__ = ["LMConfig", "ByteLM", "Block", "InferenceCache", "LMState", "RecurrentLM",
+           "TransformerLM", "MinGRULM", "build",
            "save_pretrained", "load_pretrained", "run_model_dir", "PackedLM", "WEIGHT_FORMATS"]

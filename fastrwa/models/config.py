@@ -9,7 +9,7 @@ from ..nn.functional import ACTIVATIONS, RDA_PRESETS
 from ..kernels.codes import ATTENTIONS
 
 BYTE_VOCAB = 256
-LAYERS = ("rda", "rwa", "lstm", "gru")
+LAYERS = ("rda", "rwa", "lstm", "gru", "transformer", "mingru")
 DISCOUNT_INITS = ("paper", "spread")
 
 
@@ -23,7 +23,8 @@ class LMConfig:
         d_model: width of the residual stream and of every scan layer.
         n_layers: number of blocks (pre-norm -> scan layer -> residual -> MLP -> residual).
         layer: "rda" or "rwa" (:class:`ByteLM`), or the baselines "lstm", "gru"
-            (:class:`RecurrentLM`: the same embedding, norm and head around PyTorch's RNN).
+            (:class:`RecurrentLM`: the same embedding, norm and head around PyTorch's RNN),
+            "transformer" (:class:`TransformerLM`) and "mingru" (:class:`MinGRULM`).
         attention, f_h, f_o: the RDA layer's ``f_a`` and output functions (ignored for "rwa").
         preset: an RDA preset ("exp-tanh", "sigmoid-id") that overrides the three above.
         token_shift: scan-layer gates also see the previous token's input.
@@ -38,6 +39,9 @@ class LMConfig:
             loads as ``False`` (:func:`fastrwa.models.load_pretrained`).
         mlp_ratio: hidden width of each MLP over ``d_model``.
         tie_embeddings: the output head reuses the input embedding matrix.
+        n_heads: attention heads of "transformer" (``d_model / n_heads`` even).
+        context: "transformer"'s window in bytes (even; a training run sets it to its
+            BPTT); other layers ignore it.
     """
 
     vocab_size: int = BYTE_VOCAB + 1
@@ -53,13 +57,15 @@ class LMConfig:
     output_gate: bool = True
     mlp_ratio: int = 4
     tie_embeddings: bool = True
+    n_heads: int = 4
+    context: int = 128
 
     @property
     def bos_token(self) -> int:
         return BYTE_VOCAB
 
     def __post_init__(self) -> None:
-        positive = ("vocab_size", "d_model", "n_layers", "mlp_ratio")
+        positive = ("vocab_size", "d_model", "n_layers", "mlp_ratio", "n_heads", "context")
         for name in positive:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -83,6 +89,14 @@ class LMConfig:
         if self.discount_init not in DISCOUNT_INITS:
             raise ValueError(f"LMConfig.discount_init must be one of {DISCOUNT_INITS}, "
                              f"got {self.discount_init!r}")
+        if self.layer == "transformer":
+            if self.d_model % self.n_heads or (self.d_model // self.n_heads) % 2:
+                raise ValueError(f"LMConfig.n_heads ({self.n_heads}) must divide d_model "
+                                 f"({self.d_model}) into even head widths (rotary positions "
+                                 f"turn pairs of channels)")
+            if self.context % 2:
+                raise ValueError(f"LMConfig.context must be even for a transformer (sliding "
+                                 f"windows start every context / 2 bytes), got {self.context}")
         if self.preset is not None and self.preset not in RDA_PRESETS:
             raise ValueError(f"LMConfig.preset must be one of {sorted(RDA_PRESETS)} or None, "
                              f"got {self.preset!r}")

@@ -16,6 +16,7 @@ from ..nn.masks import last_kept
 from ..ops.context import refuse_together
 from ..ops.dispatch import state_dtype
 from ..state import ScanState
+from .checks import check_tokens
 from .config import LMConfig
 from .pretrained import load_pretrained, save_pretrained
 from .sampling import check_logits, collect, prepare_prompt, sample_fused, sample_loop
@@ -277,20 +278,7 @@ class ByteLM(nn.Module):
 
     # -- input checks -------------------------------------------------------------------
     def _check_tokens(self, tokens, rank: int, name: str = "tokens") -> Tensor:
-        layout = "(B, T)" if rank == 2 else "(B,)"
-        if not isinstance(tokens, Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor of integer ids {layout}, "
-                            f"got {type(tokens).__name__}")
-        if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
-            raise TypeError(f"{name} must hold integer token ids, got dtype {tokens.dtype}")
-        if tokens.dim() != rank:
-            raise ValueError(f"{name} must have shape {layout}, got {tuple(tokens.shape)}")
-        if not torch.compiler.is_compiling() and tokens.numel():
-            low, high = int(tokens.min()), int(tokens.max())
-            if low < 0 or high >= self.config.vocab_size:
-                raise ValueError(f"{name} must be ids in [0, {self.config.vocab_size}), "
-                                 f"got values in [{low}, {high}]")
-        return tokens.long()
+        return check_tokens(tokens, self.config.vocab_size, rank, name)
 
     def _check_state(self, state) -> tuple:
         if state is None:

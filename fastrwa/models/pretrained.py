@@ -23,7 +23,8 @@ WEIGHTS, CONFIG = "model.pt", "config.json"
 
 def build(config: LMConfig | dict) -> nn.Module:
     """The model ``config`` describes: :class:`ByteLM` for "rda"/"rwa" layers,
-    :class:`RecurrentLM` for the "lstm"/"gru" baselines.
+    :class:`RecurrentLM` for the "lstm"/"gru" baselines, :class:`TransformerLM` and
+    :class:`MinGRULM` for "transformer" and "mingru".
 
     Example:
         >>> from fastrwa.models import LMConfig, build
@@ -32,9 +33,13 @@ def build(config: LMConfig | dict) -> nn.Module:
     """
     from .baseline import RecurrentLM
     from .lm import ByteLM
+    from .mingru import MinGRULM
+    from .transformer import TransformerLM
 
     config = config if isinstance(config, LMConfig) else LMConfig.from_dict(config)
-    return RecurrentLM(config) if config.layer in ("lstm", "gru") else ByteLM(config)
+    model = {"lstm": RecurrentLM, "gru": RecurrentLM, "transformer": TransformerLM,
+             "mingru": MinGRULM}.get(config.layer, ByteLM)
+    return model(config)
 
 
 class WriteError(OSError):

@@ -23,8 +23,8 @@ import torch.distributed as dist
 
 from ..kernels.codes import ATTENTIONS
 from ..models.pretrained import WriteError
-from .config import (AUTOCASTS, DEFAULTS, DEVICES, RESUMABLE_CHANGES, SCHEDULES, RunConfig,
-                     parse_lm_field)
+from .config import (AUTOCASTS, DEFAULTS, DEVICES, LM_ONLY_MODELS, RESUMABLE_CHANGES,
+                     SCHEDULES, RunConfig, parse_lm_field)
 from .device import process_group_backend, resolve_device
 from .loop import train
 from .models import LM_LAYERS, MODELS
@@ -41,7 +41,7 @@ def parser() -> argparse.ArgumentParser:
     per_kind = lambda name: f"default {seq[name]}, byte corpora {lm[name]}"  # noqa: E731
     add = lambda flag, **kw: p.add_argument(flag, default=None, **kw)  # noqa: E731
     add("--task", choices=ALL_TASKS, help=f"default {defaults.task}; synthetic: {sorted(TASKS)}")
-    add("--model", choices=MODELS, help=f"{per_kind('model')}; byte corpora take "
+    add("--model", choices=MODELS + LM_ONLY_MODELS, help=f"{per_kind('model')}; byte corpora take "
                                         f"{sorted(LM_LAYERS)}")
     add("--seq-len", type=int, help=f"synthetic tasks' T (default {defaults.seq_len})")
     add("--hidden", type=int, help=f"units per layer, d_model of an LM ({per_kind('hidden')})")

@@ -18,9 +18,10 @@ RESUMABLE_CHANGES = ("steps", "eval_every", "log_every", "checkpoint_every", "pr
 # invocation only.
 RECORDED_ON_RESUME = ("steps", "eval_every", "log_every", "checkpoint_every")
 LM_TASKS = ("enwik8", "text")
-# LMConfig fields that a run sets by its own flags (--model, --hidden, --layers, --attention),
-# never through --lm.
-LM_FLAG_FIELDS = ("layer", "d_model", "n_layers", "attention")
+LM_ONLY_MODELS = ("transformer", "mingru")    # --model values for byte corpora only
+# LMConfig fields that a run sets by its own flags (--model, --hidden, --layers, --attention,
+# --bptt), never through --lm.
+LM_FLAG_FIELDS = ("layer", "d_model", "n_layers", "attention", "context")
 DEVICES = ("auto", "cpu", "cuda")
 SCHEDULES = ("constant", "cosine")
 AUTOCASTS = ("none", "bf16")
@@ -139,8 +140,8 @@ class RunConfig:
                                  f"got {getattr(self, name)!r}")
         reserved = sorted(set(self.lm) & set(LM_FLAG_FIELDS))
         if reserved:
-            raise ValueError(f"--lm {reserved[0]}=... is set by --hidden, --layers, --model and "
-                             f"--attention; use those flags")
+            raise ValueError(f"--lm {reserved[0]}=... is set by --hidden, --layers, --model, "
+                             f"--attention and --bptt; use those flags")
         if "vocab_size" in self.lm and self.lm["vocab_size"] != BYTE_VOCAB + 1:
             raise ValueError(f"--lm vocab_size must be {BYTE_VOCAB + 1} (the {BYTE_VOCAB} byte "
                              f"values and the beginning-of-sequence id) for a byte corpus, got "
@@ -158,6 +159,9 @@ class RunConfig:
             if self.compile:
                 raise ValueError("--compile and --context-parallel cannot be combined (the "
                                  "context-parallel layers' collectives run eagerly)")
+        if self.model in LM_ONLY_MODELS and not self.is_lm:
+            raise ValueError(f"--model {self.model} is a language model: it trains on a byte "
+                             f"corpus (--task {' or '.join(LM_TASKS)}), not --task {self.task}")
         if self.lm and not self.is_lm:
             raise ValueError(f"--lm sets language-model fields; --task {self.task} is not a "
                              f"byte corpus ({LM_TASKS})")

@@ -149,7 +149,9 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False) -> dict:
                 loss, metric = problem.score(output.float(), part)
                 loss, metric = loss * share, metric * share
                 (loss / accum).backward()
-            carried[k] = from_the_last_slice(detach_state(state), lay) if problem.stateful \
+            # (a Transformer trains each window from nothing: nothing is carried)
+            carried[k] = from_the_last_slice(detach_state(state), lay) \
+                if problem.stateful and getattr(model, "carries_state_in_training", True) \
                 else None
             loss_sum, metric_sum = loss_sum + float(loss.detach()), metric_sum + metric
         if cfg.clip > 0:

@@ -11,11 +11,12 @@ from torch import Tensor, nn
 
 from ..models import LMConfig
 from ..nn import RDA, RWA, RDACell, Recurrent, RRACell, RWACell
-from .config import LM_FLAG_FIELDS, RunConfig
+from .config import LM_FLAG_FIELDS, LM_ONLY_MODELS, RunConfig
 
 MODELS = ("rda-scan", "rwa-scan", "rwa-cell", "rda-cell", "rra-cell", "lstm", "gru", "rnn")
 # The byte corpora's language models: --model -> fastrwa.models.LMConfig.layer
-LM_LAYERS = {"rda-scan": "rda", "rwa-scan": "rwa", "lstm": "lstm", "gru": "gru"}
+LM_LAYERS = {"rda-scan": "rda", "rwa-scan": "rwa", "lstm": "lstm", "gru": "gru",
+             **{m: m for m in LM_ONLY_MODELS}}
 
 
 class SequenceNet(nn.Module):
@@ -82,10 +83,11 @@ def detach_state(state):
 
 def lm_config(cfg: RunConfig) -> LMConfig:
     """The :class:`LMConfig` of a language-model run: ``--model``, ``--hidden``, ``--layers``,
-    ``--attention``, then the ``--lm`` fields over the defaults."""
+    ``--attention``, the context (``--bptt``: a Transformer's window), then the ``--lm``
+    fields over the defaults."""
     try:
         return LMConfig(layer=LM_LAYERS[cfg.model], d_model=cfg.hidden, n_layers=cfg.layers,
-                        attention=cfg.attention, **cfg.lm)
+                        attention=cfg.attention, context=cfg.bptt, **cfg.lm)
     except TypeError as exc:           # an unknown field, or a bool given a number
         raise ValueError(f"--lm: {exc}") from exc
 

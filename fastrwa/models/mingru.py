@@ -1,0 +1,156 @@
+"""The minGRU baseline of the language-model comparison ("Were RNNs All We Needed?", Feng et
+al. 2024): a GRU whose gates see the input only, run as a log-space parallel scan in PyTorch,
+stacked in the same pre-norm blocks (norm, MLP, residuals), embedding, final norm and tied
+head as :class:`fastrwa.models.ByteLM`.
+
+    z_t = sigmoid(W_z x_t)          h~_t = g(W_h x_t)        g(v) = v + 1/2 (v >= 0), sigmoid(v) (v < 0)
+    h_t = (1 - z_t) * h_{t-1} + z_t * h~_t
+
+``g`` keeps ``h~`` positive, so ``log h_t`` is a cumulative log-sum-exp (:func:`min_gru_scan`;
+tests/test_baselines.py checks it against the recurrence, one step at a time).
+"""
+
+from __future__ import annotations
+
+from typing import Iterator, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .checks import check_tokens
+from .config import LMConfig
+from .sampling import collect, prepare_prompt, sample_loop
+
+
+def log_g(v: Tensor) -> Tensor:
+    """``log g(v)``: ``log(v + 1/2)`` for ``v >= 0``, ``log sigmoid(v)`` below."""
+    return torch.where(v >= 0, torch.log(F.relu(v) + 0.5), -F.softplus(-v))
+
+
+def min_gru_scan(k: Tensor, v: Tensor, h0: Optional[Tensor] = None) -> Tensor:
+    """Every ``h_t`` of minGRU, ``(B, T, D)``, from the gate and candidate pre-activations
+    ``k``, ``v`` ``(B, T, D)`` and the state before the first step ``h0`` ``(B, D)``
+    (positive; ``None``: zero), as the paper's log-space scan:
+    ``log h_t = a_t + logcumsumexp_s(log b_s - a_s)`` with ``a_t = sum_{s<=t} log(1 - z_s)``
+    and ``b_s = z_s h~_s`` (``h0`` enters as ``b_0`` with ``a_0 = 0``)."""
+    log_coeffs = -F.softplus(k)                                   # log(1 - z)   [B, T, D]
+    log_values = -F.softplus(-k) + log_g(v)                       # log(z h~)    [B, T, D]
+    if h0 is not None:
+        log_coeffs = F.pad(log_coeffs, (0, 0, 1, 0))
+        log_values = torch.cat([torch.log(h0)[:, None], log_values], dim=1)
+    a = torch.cumsum(log_coeffs, dim=1)                           # [B, T(+1), D]
+    h = torch.exp(a + torch.logcumsumexp(log_values - a, dim=1))
+    return h if h0 is None else h[:, 1:]
+
+
+class MinGRU(nn.Module):
+    """A minGRU layer of width ``d``: ``(k, v) = W x`` (no bias), the scan, an output
+    projection. ``y, h_last = layer(x (B, T, d), h (B, d) or None)``."""
+
+    def __init__(self, d: int):
+        super().__init__()
+        self.proj = nn.Linear(d, 2 * d, bias=False)
+        self.out = nn.Linear(d, d, bias=False)
+
+    def forward(self, x: Tensor, h: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+        k, v = self.proj(x).chunk(2, dim=-1)
+        states = min_gru_scan(k, v, h)
+        return self.out(states), states[:, -1]
+
+
+class MinGRUBlock(nn.Module):
+    """Pre-norm -> minGRU -> residual -> pre-norm -> MLP -> residual (ByteLM's block with
+    minGRU as the mixing layer and no output gate)."""
+
+    def __init__(self, config: LMConfig):
+        super().__init__()
+        d = config.d_model
+        self.norm1 = nn.RMSNorm(d)
+        self.mix = MinGRU(d)
+        self.norm2 = nn.RMSNorm(d)
+        self.mlp = nn.Sequential(nn.Linear(d, config.mlp_ratio * d), nn.GELU(),
+                                 nn.Linear(config.mlp_ratio * d, d))
+
+    def forward(self, x: Tensor, h: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+        y, h = self.mix(self.norm1(x), h)
+        x = x + y
+        return x + self.mlp(self.norm2(x)), h
+
+
+class MinGRULM(nn.Module):
+    """Byte-level LM: embedding -> ``n_layers`` :class:`MinGRUBlock` -> RMSNorm -> head
+    (tied to the embedding with ``tie_embeddings``); ``config.layer`` is "mingru".
+
+    ``logits, state = model(tokens, state=None)``: ``tokens`` ``(B, T)`` ids, logits
+    ``(B, T, vocab_size)``; ``state`` is a tuple of one ``(B, d_model)`` hidden state per
+    block (positive), carried to the next call to continue the stream.
+
+    Example:
+        >>> import torch
+        >>> from fastrwa.models import LMConfig, MinGRULM
+        >>> model = MinGRULM(LMConfig(layer="mingru", d_model=32, n_layers=2))
+        >>> logits, state = model(torch.randint(0, 256, (2, 16)))
+        >>> logits.shape, len(state), state[0].shape
+        (torch.Size([2, 16, 257]), 2, torch.Size([2, 32]))
+    """
+
+    def __init__(self, config: LMConfig):
+        super().__init__()
+        if config.layer != "mingru":
+            raise ValueError(f"MinGRULM needs LMConfig.layer 'mingru', got {config.layer!r}")
+        self.config = config
+        d = config.d_model
+        self.embed = nn.Embedding(config.vocab_size, d)
+        self.blocks = nn.ModuleList(MinGRUBlock(config) for _ in range(config.n_layers))
+        self.norm = nn.RMSNorm(d)
+        self.head = nn.Linear(d, config.vocab_size, bias=False)
+        nn.init.normal_(self.embed.weight, std=d ** -0.5)
+        if config.tie_embeddings:
+            self.head.weight = self.embed.weight
+
+    def forward(self, tokens: Tensor, state: Optional[tuple] = None) -> tuple[Tensor, tuple]:
+        """Logits ``(B, T, vocab_size)`` and the state after the last position."""
+        tokens = check_tokens(tokens, self.config.vocab_size)
+        if state is not None and (not isinstance(state, (tuple, list))
+                                  or len(state) != len(self.blocks)):
+            raise ValueError(f"state must be a tuple of {len(self.blocks)} (B, d_model) "
+                             f"tensors (one per block), as forward returned it")
+        x = self.embed(tokens)
+        new = []
+        for block, h in zip(self.blocks, state if state is not None else (None,) * len(self.blocks)):
+            x, h = block(x, h)
+            new.append(h)
+        return self.head(self.norm(x)), tuple(new)
+
+    @torch.no_grad()
+    def generate(self, prompt: Tensor, max_new_tokens: int, temperature: float = 1.0,
+                 top_k: Optional[int] = None, top_p: Optional[float] = None,
+                 beam_size: int = 1, generator: Optional[torch.Generator] = None) -> Tensor:
+        """Sample a continuation of ``prompt`` ``(B, P)`` or ``(P,)``, as
+        :meth:`ByteLM.generate` (no beam search: ``beam_size`` must be 1)."""
+        prompt, _ = prepare_prompt(prompt, self.config.vocab_size, self.config.bos_token,
+                                   max_new_tokens, temperature, top_k, top_p, beam_size)
+        if beam_size != 1:
+            raise ValueError("MinGRULM.generate samples only: beam_size must be 1")
+        return collect(prompt, self.stream(prompt, max_new_tokens, temperature, top_k, top_p,
+                                           generator), max_new_tokens)
+
+    @torch.no_grad()
+    def stream(self, prompt: Tensor, max_new_tokens: int, temperature: float = 1.0,
+               top_k: Optional[int] = None, top_p: Optional[float] = None,
+               generator: Optional[torch.Generator] = None) -> Iterator[Tensor]:
+        """Yield each sampled token ``(B,)`` as :meth:`ByteLM.stream` does (O(1) state)."""
+        _, context = prepare_prompt(prompt, self.config.vocab_size, self.config.bos_token,
+                                    max_new_tokens, temperature, top_k, top_p, 1)
+        if max_new_tokens == 0:
+            return
+        logits, state = self(context)
+
+        def step(token: Tensor) -> Tensor:
+            nonlocal state
+            logits, state = self(token[:, None], state)
+            return logits[:, -1]
+        yield from sample_loop(logits[:, -1], step, max_new_tokens, temperature, top_k, top_p,
+                               generator, self.config.bos_token)
+

@@ -1,0 +1,144 @@
+"""The language-model comparison's Transformer and minGRU baselines against plain references:
+minGRU's log-space scan against its recurrence (float64, forward and backward), the
+Transformer's sliding windows against each window recomputed, streams carried in pieces
+against one call, and sampling against the logits of ``forward``."""
+
+import pytest
+import torch
+
+from fastrwa.models import LMConfig, MinGRULM, TransformerLM, build
+from fastrwa.models.mingru import min_gru_scan
+
+
+def mingru_loop(k, v, h0=None):
+    """The paper's recurrence, written out here: z = sigmoid(k), h~ = g(v),
+    h_t = (1 - z_t) h_{t-1} + z_t h~_t from h0 (zero when None)."""
+    h = torch.zeros_like(k[:, 0]) if h0 is None else h0
+    out = []
+    for t in range(k.shape[1]):
+        z = torch.sigmoid(k[:, t])
+        candidate = torch.where(v[:, t] >= 0, v[:, t] + 0.5, torch.sigmoid(v[:, t]))
+        h = (1 - z) * h + z * candidate
+        out.append(h)
+    return torch.stack(out, dim=1)
+
+
+@pytest.mark.parametrize("with_h0", [False, True])
+def test_mingru_scan_matches_the_recurrence_forward_and_backward(with_h0):
+    torch.manual_seed(0)
+    k = (3 * torch.randn(2, 40, 5, dtype=torch.float64)).requires_grad_()
+    v = (3 * torch.randn(2, 40, 5, dtype=torch.float64)).requires_grad_()
+    h0 = (torch.rand(2, 5, dtype=torch.float64) + 0.1).requires_grad_() if with_h0 else None
+    inputs = [k, v] + ([h0] if with_h0 else [])
+    got, want = min_gru_scan(k, v, h0), mingru_loop(k, v, h0)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    weights = torch.randn_like(want)
+    grads = torch.autograd.grad((got * weights).sum(), inputs)
+    expected = torch.autograd.grad((want * weights).sum(), inputs)
+    for g, e in zip(grads, expected):
+        torch.testing.assert_close(g, e, rtol=1e-10, atol=1e-12)
+
+
+def test_mingru_scan_float32_matches_the_float64_recurrence():
+    torch.manual_seed(1)
+    k, v = torch.randn(3, 200, 8), torch.randn(3, 200, 8)
+    want = mingru_loop(k.double(), v.double())
+    torch.testing.assert_close(min_gru_scan(k, v).double(), want, rtol=1e-4, atol=1e-5)
+
+
+def tiny(layer, **kw):
+    torch.manual_seed(0)
+    extra = dict(n_heads=2, context=8) if layer == "transformer" else {}
+    return build(LMConfig(layer=layer, d_model=16, n_layers=2, **extra, **kw)).eval()
+
+
+@pytest.mark.parametrize("layer", ["transformer", "mingru"])
+def test_a_stream_in_pieces_matches_one_call(layer):
+    model = tiny(layer)
+    tokens = torch.randint(0, 256, (2, 37))
+    whole, _ = model(tokens)
+    pieces, state = [], None
+    for lo, hi in ((0, 5), (5, 6), (6, 20), (20, 37)):
+        logits, state = model(tokens[:, lo:hi], state)
+        pieces.append(logits)
+    torch.testing.assert_close(torch.cat(pieces, dim=1), whole, rtol=1e-5, atol=1e-5)
+
+
+def test_transformer_scores_each_position_in_its_sliding_window():
+    """Position i is read from the window starting at max(0, (i // 4 - 1) * 4) (context 8,
+    stride 4), recomputed from nothing: each byte sees between 4 and 8 bytes."""
+    model = tiny("transformer")
+    tokens = torch.randint(0, 256, (2, 30))
+    got, state = model(tokens)
+    for i in range(30):
+        start = max(0, (i // 4 - 1) * 4)
+        alone, _ = model(tokens[:, start:i + 1])         # (at most 8 bytes: one window)
+        torch.testing.assert_close(got[:, i], alone[:, -1], rtol=1e-5, atol=1e-5)
+    assert torch.equal(state, tokens[:, 24:])             # the next window starts at 24
+    # a training window (T <= context, no state) is causal attention over the window
+    first, _ = model(tokens[:, :8])
+    torch.testing.assert_close(first, got[:, :8], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("layer", ["transformer", "mingru"])
+def test_greedy_sampling_follows_the_forward_logits(layer):
+    """Greedy decoding (the Transformer's key/value cache moves with its window) picks the
+    argmax of ``forward`` over the text so far, at every step, across several windows."""
+    model = tiny(layer)
+    prompt = torch.randint(0, 256, (2, 3))
+    got = model.generate(prompt, 20, top_k=1)
+    text = prompt
+    for _ in range(20):
+        logits, _ = model(text)
+        text = torch.cat([text, logits[:, -1, :256].argmax(-1, keepdim=True)], dim=1)
+    assert torch.equal(got, text)
+
+
+@pytest.mark.parametrize("layer", ["transformer", "mingru"])
+def test_bad_input_is_refused(layer):
+    model = tiny(layer)
+    with pytest.raises(TypeError, match="integer token ids"):
+        model(torch.zeros(2, 3))
+    with pytest.raises(ValueError, match=r"ids in \[0, 257\)"):
+        model(torch.tensor([[0, 300]]))
+    with pytest.raises(ValueError, match="beam_size must be 1"):
+        model.generate(torch.tensor([1]), 3, beam_size=2)
+    with pytest.raises(ValueError, match="state must be"):
+        model(torch.zeros(2, 3, dtype=torch.long), torch.zeros(3, 9, dtype=torch.long)
+              if layer == "transformer" else (torch.ones(2, 16),))
+
+
+def test_configuration_errors_name_the_field():
+    with pytest.raises(ValueError, match=r"n_heads \(3\) must divide d_model \(16\)"):
+        TransformerLM(LMConfig(layer="transformer", d_model=16, n_heads=3))
+    with pytest.raises(ValueError, match="context must be even"):
+        LMConfig(layer="transformer", d_model=16, n_heads=2, context=7)
+    with pytest.raises(ValueError, match="MinGRULM needs LMConfig.layer 'mingru'"):
+        MinGRULM(LMConfig(layer="gru"))
+
+
+def test_the_trainer_trains_each_transformer_window_from_nothing(tmp_path):
+    """Every LM carries its state from one BPTT segment to the next except the Transformer,
+    whose context is the segment: its checkpoint carries nothing; its run resumes, exports
+    and generates."""
+    from fastrwa.generate import main as generate_main
+    from fastrwa.models import load_pretrained
+    from fastrwa.train.checkpoints import load_checkpoint
+    from fastrwa.train.cli import main as train_main
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_bytes(b"the quick brown fox jumps over the lazy dog. " * 200)
+    flags = ["--task", "text", "--data", str(corpus), "--hidden", "16", "--layers", "1",
+             "--bptt", "16", "--batch-size", "2", "--eval-every", "3", "--checkpoint-every",
+             "3", "--eval-bytes", "200", "--no-progress"]
+    for model in ("transformer", "mingru"):
+        run = tmp_path / model
+        assert train_main([*flags, "--model", model, "--steps", "3", "--run-dir", str(run)]) == 0
+        carried = load_checkpoint(run / "checkpoint.pt")["carried"][0]
+        assert (carried == [None]) == (model == "transformer"), carried
+        assert train_main(["--resume", str(run), "--steps", "4", "--no-progress"]) == 0
+        loaded = load_pretrained(run / "model")
+        assert loaded.config.layer == model and loaded.config.context == 16
+        assert generate_main([str(run), "--prompt", "the", "--max-new", "5"]) == 0
+    assert train_main(["--task", "adding", "--model", "mingru", "--steps", "1",
+                       "--run-dir", str(tmp_path / "adding")]) == 2
