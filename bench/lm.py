@@ -1,10 +1,13 @@
 """The language-model comparison, in one command: ``python bench/lm.py [--minutes M]``.
 
-Trains the fastrwa byte LM (``ByteLM``, RDA blocks) and the LSTM and GRU baselines
-(``RecurrentLM``: the same embedding, norm, tied head, data and loop) through the trainer's
-CLI, each on the same corpus with the same batch, BPTT, optimizer and schedule, at equal
-parameter counts (the baselines' width is solved to within 5% of the fastrwa model's; the
-counts are printed). Two comparisons:
+Trains the fastrwa byte LM (``ByteLM``, RDA blocks) and the baselines (``RecurrentLM``'s
+LSTM and GRU; ``TransformerLM``, a nanoGPT-style Transformer whose context is the BPTT;
+``MinGRULM``, minGRU in ByteLM's blocks: the same embedding, norm, tied head, data and loop)
+through the trainer's CLI, each on the same corpus with the same batch, BPTT, optimizer and
+schedule, at equal parameter counts (the baselines' width is solved to the parameter count
+nearest the fastrwa model's, within a few percent; the counts are printed; the Transformer
+and minGRU have as many blocks as the fastrwa model, LSTM and GRU ``--baseline-layers``).
+Two comparisons:
 
 * ``--equal time`` (default): every model trains for ``--minutes`` of training time. Its step
   count comes from a short calibration run (seconds per step), and its cosine schedule
@@ -35,8 +38,9 @@ sys.path.insert(0, str(ROOT))
 
 from fastrwa.models import LMConfig, build  # noqa: E402
 from fastrwa.train.config import parse_lm_field  # noqa: E402
+from fastrwa.train.models import LM_LAYERS as LAYER  # noqa: E402
 
-LAYER = {"rda-scan": "rda", "rwa-scan": "rwa", "lstm": "lstm", "gru": "gru"}
+BLOCKS = ("rda", "rwa", "transformer", "mingru")     # layers with ByteLM's depth
 
 
 def params(model: str, d_model: int, n_layers: int, lm: dict) -> int:
@@ -85,10 +89,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--equal", choices=("time", "steps"), default="time")
     p.add_argument("--minutes", type=float, default=20.0, help="training time per model")
     p.add_argument("--steps", type=int, default=1000, help="--equal steps: steps per model")
-    p.add_argument("--models", default="rda-scan,lstm,gru")
+    p.add_argument("--models", default="rda-scan,lstm,gru,transformer,mingru")
     p.add_argument("--d-model", type=int, default=256, help="the fastrwa model's width")
     p.add_argument("--layers", type=int, default=4, help="the fastrwa model's blocks")
-    p.add_argument("--baseline-layers", type=int, default=2)
+    p.add_argument("--baseline-layers", type=int, default=2, help="LSTM and GRU layers")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--bptt", type=int, default=128)
     p.add_argument("--lr", type=float, default=2e-3)
@@ -118,10 +122,10 @@ def main(argv: list[str] | None = None) -> int:
     models = args.models.split(",")
     fast = [m for m in models if LAYER[m] in ("rda", "rwa")]
     target = params(fast[0] if fast else models[0], args.d_model, args.layers, lm)
-    shapes = {m: (args.d_model, args.layers) if LAYER[m] in ("rda", "rwa") else
-              (matched_width(m, target, args.baseline_layers), args.baseline_layers)
-              for m in models}
-    counts = {m: params(m, *shapes[m], {}) if LAYER[m] in ("lstm", "gru") else target
+    depth = {m: args.layers if LAYER[m] in BLOCKS else args.baseline_layers for m in models}
+    shapes = {m: (args.d_model, depth[m]) if LAYER[m] in ("rda", "rwa") else
+              (matched_width(m, target, depth[m]), depth[m]) for m in models}
+    counts = {m: params(m, *shapes[m], {}) if LAYER[m] not in ("rda", "rwa") else target
               for m in models}
     for m in models:
         print(f"{m}: d_model {shapes[m][0]}, {shapes[m][1]} layers, {counts[m]:,} parameters "
