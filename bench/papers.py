@@ -116,20 +116,88 @@ def run(task_name: str, model: str, seed: int, seq_len: int, max_steps: int,
             if met(task_name, value):
                 reached = step
                 break
-    return {"task": task_name, "model": model, "seed": seed, "timescales": timescales,
+    return {"task": task_name, "model": model, "seed": seed,
+            "timescales": timescales if kind == "rda-scan" else None,
             "steps_to_threshold": reached,
             "steps_run": step, "seconds": time.perf_counter() - began, "curve": curve}
 
 
-def _cell(steps: list) -> str:
-    """Median and range of the steps over seeds (``>N`` when a seed did not reach it)."""
-    if not steps:
+def _cell(runs: list) -> str:
+    """Median and range of the steps to the threshold over seeds; a seed that did not reach
+    it shows as ``>N`` (the steps it ran)."""
+    if not runs:
         return "-"
+    steps = [r["steps_to_threshold"] for r in runs]
     if any(s is None for s in steps):
-        return f"not reached ({sum(s is not None for s in steps)}/{len(steps)} seeds)"
+        return ", ".join(str(s) if s is not None else f">{r['steps_run']}"
+                         for s, r in zip(steps, runs))
     if len(steps) == 1:
         return str(steps[0])
     return f"{statistics.median(steps):g} ({min(steps)}-{max(steps)})"
+
+
+def init_label(timescales) -> str:
+    """How a run initialised the RDA discount: the paper's bias, or a spread of memories
+    ("paper" also for the models without a discount)."""
+    return "paper" if not timescales else f"spread {timescales[0]:g}-{timescales[1]:g}"
+
+
+def merged(path: pathlib.Path, new: list, seq_len: int) -> list:
+    """The results in ``path`` (earlier invocations) with ``new`` added: a run of the same
+    task, model, seed, length and discount initialisation replaces the earlier one."""
+    for r in new:
+        r["seq_len"] = seq_len
+        r["timescales"] = list(r["timescales"]) if r["timescales"] else None
+    key = lambda r: (r["task"], r["model"], r["seed"], r["seq_len"],  # noqa: E731
+                     init_label(r["timescales"]))
+    old = []
+    if path.is_file():
+        record = json.loads(path.read_text())
+        old = [dict(r, seq_len=r.get("seq_len", record.get("seq_len")),
+                    timescales=r.get("timescales")) for r in record["results"]]
+    replaced = {key(r) for r in new}
+    return [r for r in old if key(r) not in replaced] + new
+
+
+def table(results: list) -> dict:
+    """The runs per (task, model, T, discount init), in seed order."""
+    rows = {}
+    for r in sorted(results, key=lambda r: (list(PAPER).index(r["task"]),
+                                            list(MODELS).index(r["model"]), r["seed"])):
+        rows.setdefault((r["task"], r["model"], r["seq_len"], init_label(r["timescales"])),
+                        []).append(r)
+    return rows
+
+
+def plot(results: list, tasks: set, out: pathlib.Path) -> None:
+    """One PNG per task: held-out metric against step for every run of that task."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    for task in tasks:
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        runs = [r for r in results if r["task"] == task and r["curve"]]
+        kinds = list(dict.fromkeys((r["model"], init_label(r["timescales"]), r["seq_len"])
+                                   for r in runs))
+        for r in runs:         # a colour per model and initialisation, a line style per seed
+            steps, values = zip(*r["curve"])
+            kind = kinds.index((r["model"], init_label(r["timescales"]), r["seq_len"]))
+            ax.plot(steps, values, linewidth=1, color=f"C{kind % 10}",
+                    linestyle=("-", "--", ":", "-.")[r["seed"] % 4],
+                    label=f"{r['model']} ({init_label(r['timescales'])}) seed {r['seed']}, "
+                          f"T = {r['seq_len']}")
+        rule = PAPER[task]
+        ax.axhline(rule.get("below", rule.get("above", rule.get("at_least"))), color="grey",
+                   linestyle="--", linewidth=0.8, label="the paper's threshold")
+        if rule["metric"] == "loss":
+            ax.set_yscale("log")
+        ax.set_xlabel("training step")
+        ax.set_ylabel(f"held-out {rule['metric']}")
+        ax.set_title(f"{task}: the RDA paper's recipe (batch 100, Adam 1e-3, 250 units)")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out / f"{task}.png", dpi=100)
+        plt.close(fig)
 
 
 def main(argv=None) -> int:
@@ -157,42 +225,24 @@ def main(argv=None) -> int:
                 limit = args.max_steps or PAPER[task]["limit"]
                 r = run(task, model, seed, args.seq_len, limit, args.eval_every,
                         args.time_limit, timescales=args.discount_timescales)
-                results.append(r)
+                results.append(dict(r, argv=sys.argv[1:] if argv is None else list(argv)))
                 print(f"{task:16} {model:15} seed {seed}: "
                       f"{r['steps_to_threshold'] or 'not reached'} "
                       f"({r['steps_run']} steps, {r['seconds']:.0f} s)", flush=True)
-    print(f"\n{'task':16} {'model':15} {'paper':>8} {'here (median, range)':>24}")
-    for task in args.tasks:
-        for model in args.models:
-            steps = [r["steps_to_threshold"] for r in results
-                     if r["task"] == task and r["model"] == model]
-            paper = PAPER[task]["steps"][MODELS[model][2]]
-            print(f"{task:16} {model:15} {paper if paper else '> limit':>8} {_cell(steps):>24}")
     args.out.mkdir(parents=True, exist_ok=True)
-    record = {"argv": sys.argv[1:], "quick": args.quick, "seq_len": args.seq_len,
-              "paper": PAPER, "results": results}
-    (args.out / "papers.json").write_text(json.dumps(record, indent=1) + "\n")
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    for task in args.tasks:
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for r in results:
-            if r["task"] == task and r["curve"]:
-                steps, values = zip(*r["curve"])
-                ax.plot(steps, values, label=f"{r['model']} seed {r['seed']}")
-        rule = PAPER[task]
-        ax.axhline(rule.get("below", rule.get("above", rule.get("at_least"))), color="grey",
-                   linestyle="--", linewidth=0.8, label="threshold")
-        if rule["metric"] == "loss":
-            ax.set_yscale("log")
-        ax.set_xlabel("training step")
-        ax.set_ylabel(f"held-out {rule['metric']}")
-        ax.set_title(f"{task}, T = {args.seq_len}")
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(args.out / f"{task}.png", dpi=100)
-        plt.close(fig)
+    path = args.out / "papers.json"
+    results = merged(path, results, args.seq_len)
+    record = {"argv": sys.argv[1:], "quick": args.quick, "paper": PAPER, "results": results}
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(record, indent=1) + "\n")
+    tmp.replace(path)                    # (a run killed while writing keeps the old file)
+    print(f"\n{'task':16} {'model':15} {'T':>5} {'discount init':>14} {'paper':>8} "
+          f"{'here (median, range)':>24}")
+    for (task, model, seq_len, init), runs in table(results).items():
+        paper = PAPER[task]["steps"][MODELS[model][2]]
+        print(f"{task:16} {model:15} {seq_len:>5} {init:>14} {paper if paper else '> limit':>8} "
+              f"{_cell(runs):>24}")
+    plot(results, {r["task"] for r in results}, args.out)
     return 0
 
 
