@@ -3,6 +3,8 @@ once, as CI does, so they cannot rot). Timings are reported, never asserted; the
 ``copy_`` and to ``torch.nn.LSTM`` come from ``python bench/run.py``.
 """
 
+import math
+
 import pytest
 import torch
 
@@ -58,3 +60,23 @@ def test_lm_streaming_step(benchmark):
         model.prefill(torch.randint(0, 256, (1, 16)), cache)
         logits = benchmark(model.step_, token, cache)
     assert logits.shape == (1, 257) and torch.isfinite(logits).all()
+
+
+def test_long_context_carried_windows_read_as_one_pass():
+    """bench/long_context.py: windows that carry the state score each byte as one forward
+    pass over the stretch does; reset windows differ after the first window."""
+    import long_context
+
+    torch.manual_seed(0)
+    model = ByteLM(LMConfig(d_model=16, n_layers=1)).eval()
+    data = torch.randint(0, 256, (2, 41))
+    logits, _ = model(data[:, :-1])
+    want = torch.nn.functional.cross_entropy(logits.transpose(1, 2), data[:, 1:],
+                                             reduction="none").mean(0) / math.log(2)
+    carried = long_context.bits_per_position(model, data, 16, "carried")
+    reset = long_context.bits_per_position(model, data, 16, "reset")
+    torch.testing.assert_close(carried, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(reset[:16], want[:16], rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(reset[16:], want[16:], rtol=1e-3, atol=1e-3)
+    assert long_context.buckets(300, 32) == [(0, 32), (32, 64), (64, 128), (128, 256),
+                                             (256, 300)]
