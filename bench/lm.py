@@ -14,8 +14,9 @@ Two comparisons:
   decays over exactly those steps.
 * ``--equal steps``: every model trains for ``--steps`` steps.
 
-Writes the runs under ``OUT/runs/``, ``OUT/lm.json`` (every run's records and settings), ``OUT/lm.png`` (validation bpc
-against step and against training seconds) and prints a markdown table: parameters,
+Writes the runs under ``OUT/runs/``, ``OUT/lm.json`` (every run's records and settings),
+``OUT/lm.png`` (validation bpc against step and against training seconds) and prints a
+markdown table: parameters,
 steps, s/step, tokens/s, the ratio of tokens/s to LSTM's, final validation bpc on the first
 ``--eval-bytes`` of the split, and test bpc on the whole test split. docs/lm.md records a run.
 ``--quick`` runs each model for a few steps on a slice (CI).

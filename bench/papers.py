@@ -154,7 +154,8 @@ def merged(path: pathlib.Path, new: list, seq_len: int) -> list:
     if path.is_file():
         record = json.loads(path.read_text())
         old = [dict(r, seq_len=r.get("seq_len", record.get("seq_len")),
-                    timescales=r.get("timescales")) for r in record["results"]]
+                    quick=r.get("quick", record.get("quick", False)),
+                    timescales=r.get("timescales") or None) for r in record["results"]]
     replaced = {key(r) for r in new}
     return [r for r in old if key(r) not in replaced] + new
 
@@ -162,8 +163,10 @@ def merged(path: pathlib.Path, new: list, seq_len: int) -> list:
 def table(results: list) -> dict:
     """The runs per (task, model, T, discount init), in seed order."""
     rows = {}
-    for r in sorted(results, key=lambda r: (list(PAPER).index(r["task"]),
-                                            list(MODELS).index(r["model"]), r["seed"])):
+    def order(names: list, name: str) -> int:            # names this script no longer knows last
+        return names.index(name) if name in names else len(names)
+    for r in sorted(results, key=lambda r: (order(list(PAPER), r["task"]),
+                                            order(list(MODELS), r["model"]), r["seed"])):
         rows.setdefault((r["task"], r["model"], r["seq_len"], init_label(r["timescales"])),
                         []).append(r)
     return rows
@@ -225,7 +228,8 @@ def main(argv=None) -> int:
                 limit = args.max_steps or PAPER[task]["limit"]
                 r = run(task, model, seed, args.seq_len, limit, args.eval_every,
                         args.time_limit, timescales=args.discount_timescales)
-                results.append(dict(r, argv=sys.argv[1:] if argv is None else list(argv)))
+                results.append(dict(r, argv=sys.argv[1:] if argv is None else list(argv),
+                                    quick=args.quick))
                 print(f"{task:16} {model:15} seed {seed}: "
                       f"{r['steps_to_threshold'] or 'not reached'} "
                       f"({r['steps_run']} steps, {r['seconds']:.0f} s)", flush=True)
@@ -239,6 +243,8 @@ def main(argv=None) -> int:
     print(f"\n{'task':16} {'model':15} {'T':>5} {'discount init':>14} {'paper':>8} "
           f"{'here (median, range)':>24}")
     for (task, model, seq_len, init), runs in table(results).items():
+        if task not in PAPER or model not in MODELS:
+            continue                                      # kept in the file, not tabled
         paper = PAPER[task]["steps"][MODELS[model][2]]
         print(f"{task:16} {model:15} {seq_len:>5} {init:>14} {paper if paper else '> limit':>8} "
               f"{_cell(runs):>24}")

@@ -80,3 +80,24 @@ def test_long_context_carried_windows_read_as_one_pass():
     assert not torch.allclose(reset[16:], want[16:], rtol=1e-3, atol=1e-3)
     assert long_context.buckets(300, 32) == [(0, 32), (32, 64), (64, 128), (128, 256),
                                              (256, 300)]
+
+
+def test_papers_results_merge_across_invocations(tmp_path):
+    """A new run replaces only the earlier run of the same task, model, seed, length and
+    discount initialisation; runs saved by older versions (no length, timescales or quick
+    fields) load with the record's values."""
+    import papers
+    path = tmp_path / "papers.json"
+    path.write_text('{"seq_len": 1000, "quick": false, "results": ['
+                    '{"task": "adding", "model": "rwa-scan", "seed": 0, "steps_run": 5},'
+                    '{"task": "adding", "model": "rda-exp-tanh", "seed": 0, "steps_run": 6}]}')
+    new = [{"task": "adding", "model": "rda-exp-tanh", "seed": 0, "timescales": None,
+            "steps_run": 7},
+           {"task": "adding", "model": "rda-exp-tanh", "seed": 0, "timescales": (2, 2000),
+            "steps_run": 8}]
+    out = papers.merged(path, new, 1000)
+    assert sorted((r["model"], r["steps_run"]) for r in out) == [
+        ("rda-exp-tanh", 7), ("rda-exp-tanh", 8), ("rwa-scan", 5)]
+    assert all(r["seq_len"] == 1000 for r in out)
+    assert [r["quick"] for r in out if r["model"] == "rwa-scan"] == [False]
+    assert len(papers.merged(path, new, 20)) == 4          # another length replaces nothing

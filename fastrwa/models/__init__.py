@@ -1,7 +1,7 @@
 """Language models built from fastrwa layers (:class:`ByteLM`) and their baselines
 (:class:`RecurrentLM`: LSTM, GRU; :class:`TransformerLM`; :class:`MinGRULM`), with
-:func:`build`, :func:`save_pretrained` and :func:`load_pretrained`; :class:`PackedLM`, a ``ByteLM`` packed for the fused CPU decode
-step."""
+:func:`build`, :func:`save_pretrained` and :func:`load_pretrained`; :class:`PackedLM`, a
+``ByteLM`` packed for the fused CPU decode step."""
 
 from .baseline import RecurrentLM
 from .config import LMConfig

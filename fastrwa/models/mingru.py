@@ -3,7 +3,8 @@ al. 2024): a GRU whose gates see the input only, run as a log-space parallel sca
 stacked in the same pre-norm blocks (norm, MLP, residuals), embedding, final norm and tied
 head as :class:`fastrwa.models.ByteLM`.
 
-    z_t = sigmoid(W_z x_t)          h~_t = g(W_h x_t)        g(v) = v + 1/2 (v >= 0), sigmoid(v) (v < 0)
+    z_t = sigmoid(W_z x_t)      h~_t = g(W_h x_t)
+    g(v) = v + 1/2 (v >= 0), sigmoid(v) (v < 0)
     h_t = (1 - z_t) * h_{t-1} + z_t * h~_t
 
 ``g`` keeps ``h~`` positive, so ``log h_t`` is a cumulative log-sum-exp (:func:`min_gru_scan`;
@@ -33,7 +34,18 @@ def min_gru_scan(k: Tensor, v: Tensor, h0: Optional[Tensor] = None) -> Tensor:
     ``k``, ``v`` ``(B, T, D)`` and the state before the first step ``h0`` ``(B, D)``
     (positive; ``None``: zero), as the paper's log-space scan:
     ``log h_t = a_t + logcumsumexp_s(log b_s - a_s)`` with ``a_t = sum_{s<=t} log(1 - z_s)``
-    and ``b_s = z_s h~_s`` (``h0`` enters as ``b_0`` with ``a_0 = 0``)."""
+    and ``b_s = z_s h~_s`` (``h0`` enters as ``b_0`` with ``a_0 = 0``).
+
+    It computes in float32 (or float64 for float64 inputs) whatever the inputs' dtype or an
+    autocast region, and returns that dtype: ``exp(a)`` and ``exp(-a)`` meet in the product,
+    so the rounding error grows with ``T``: in float32 about ``1e-7 * T`` relative to the
+    recurrence (1e-4 at T = 1000, tests/test_baselines.py)."""
+    dtype = torch.float64 if k.dtype == torch.float64 else torch.float32
+    with torch.autocast(k.device.type, enabled=False):
+        return _scan(k.to(dtype), v.to(dtype), None if h0 is None else h0.to(dtype))
+
+
+def _scan(k: Tensor, v: Tensor, h0: Optional[Tensor]) -> Tensor:
     log_coeffs = -F.softplus(k)                                   # log(1 - z)   [B, T, D]
     log_values = -F.softplus(-k) + log_g(v)                       # log(z h~)    [B, T, D]
     if h0 is not None:
@@ -53,10 +65,12 @@ class MinGRU(nn.Module):
         self.proj = nn.Linear(d, 2 * d, bias=False)
         self.out = nn.Linear(d, d, bias=False)
 
-    def forward(self, x: Tensor, h: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+    def forward(self, x: Tensor, h: Optional[Tensor] = None) -> tuple[Tensor, Optional[Tensor]]:
         k, v = self.proj(x).chunk(2, dim=-1)
+        if x.shape[1] == 0:                      # no step: the state is unchanged
+            return self.out(k), h
         states = min_gru_scan(k, v, h)
-        return self.out(states), states[:, -1]
+        return self.out(states.to(x.dtype)), states[:, -1]
 
 
 class MinGRUBlock(nn.Module):
@@ -84,7 +98,8 @@ class MinGRULM(nn.Module):
 
     ``logits, state = model(tokens, state=None)``: ``tokens`` ``(B, T)`` ids, logits
     ``(B, T, vocab_size)``; ``state`` is a tuple of one ``(B, d_model)`` hidden state per
-    block (positive), carried to the next call to continue the stream.
+    block (positive, float32), carried to the next call to continue the stream. An empty
+    input (``T = 0``) gives back the state it was given.
 
     Example:
         >>> import torch
@@ -112,16 +127,31 @@ class MinGRULM(nn.Module):
     def forward(self, tokens: Tensor, state: Optional[tuple] = None) -> tuple[Tensor, tuple]:
         """Logits ``(B, T, vocab_size)`` and the state after the last position."""
         tokens = check_tokens(tokens, self.config.vocab_size)
-        if state is not None and (not isinstance(state, (tuple, list))
-                                  or len(state) != len(self.blocks)):
-            raise ValueError(f"state must be a tuple of {len(self.blocks)} (B, d_model) "
-                             f"tensors (one per block), as forward returned it")
+        self._check_state(state, tokens.shape[0])
         x = self.embed(tokens)
+        if tokens.shape[1] == 0:
+            return self.head(self.norm(x)), state
         new = []
-        for block, h in zip(self.blocks, state if state is not None else (None,) * len(self.blocks)):
+        for block, h in zip(self.blocks, state or (None,) * len(self.blocks)):
             x, h = block(x, h)
             new.append(h)
         return self.head(self.norm(x)), tuple(new)
+
+    def _check_state(self, state: Optional[tuple], batch: int) -> None:
+        if state is None:
+            return
+        n, d = len(self.blocks), self.config.d_model
+        if not isinstance(state, (tuple, list)) or len(state) != n:
+            raise ValueError(f"state must be a tuple of {n} ({batch}, {d}) tensors (one per "
+                             f"block), as forward returned it, got {type(state).__name__}"
+                             + (f" of {len(state)}" if isinstance(state, (tuple, list)) else ""))
+        for i, h in enumerate(state):
+            if not isinstance(h, Tensor) or not h.is_floating_point():
+                raise TypeError(f"state[{i}] must be a floating-point tensor ({batch}, {d}), "
+                                f"got {type(h).__name__ if not isinstance(h, Tensor) else h.dtype}")
+            if tuple(h.shape) != (batch, d):
+                raise ValueError(f"state[{i}] must have shape ({batch}, {d}) (batch, d_model), "
+                                 f"got {tuple(h.shape)}")
 
     @torch.no_grad()
     def generate(self, prompt: Tensor, max_new_tokens: int, temperature: float = 1.0,

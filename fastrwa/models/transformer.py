@@ -6,7 +6,8 @@ and a GELU MLP, a final RMSNorm, the head tied to the embedding) with a context 
 A stream longer than the context is scored with sliding windows of ``C = context`` bytes
 whose starts are ``C // 2`` apart: a byte at position ``i`` of the stream is predicted from
 the window starting at ``max(0, (i // (C // 2) - 1) * (C // 2))``, recomputed from nothing,
-so it sees between ``C // 2`` and ``C`` bytes (all before it near the stream's start).
+so it sees between ``C // 2 + 1`` and ``C`` bytes, itself included (all up to it near
+the stream's start).
 Training windows (``T <= C``, no state) are the first such window. The ``state`` that
 ``forward`` returns is the stream's bytes since the next window's start; generation keeps a
 key/value cache of that window and, when the window moves on, refills it from the bytes the
@@ -31,13 +32,15 @@ KV = tuple[Tensor, Tensor]           # keys and values (B, heads, L, head_dim)
 
 def rotate(x: Tensor, start: int) -> Tensor:
     """Rotary position embedding of ``x`` ``(B, H, T, E)`` at positions ``start ..
-    start + T - 1`` (pairs of channels ``(j, j + E/2)`` rotated by ``pos / 10000^(2j/E)``)."""
+    start + T - 1`` (pairs of channels ``(j, j + E/2)`` rotated by ``pos / 10000^(2j/E)``),
+    computed in float32 (float64 for float64 ``x``) and returned in ``x``'s dtype."""
+    dtype, x = x.dtype, x.to(torch.float64 if x.dtype == torch.float64 else torch.float32)
     E, T = x.shape[-1], x.shape[-2]
     freq = 10000.0 ** (-torch.arange(0, E // 2, device=x.device, dtype=torch.float32) * 2 / E)
     angle = torch.arange(start, start + T, device=x.device, dtype=torch.float32)[:, None] * freq
     cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)          # [T, E/2]
     x1, x2 = x[..., :E // 2], x[..., E // 2:]
-    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).to(dtype)
 
 
 class SelfAttention(nn.Module):
@@ -153,7 +156,7 @@ class TransformerLM(nn.Module):
             padded = F.pad(stream, (0, n * S - N))
             windows = padded.unfold(1, 2 * S, S)                        # [B, n - 1, 2S]
             out = self._window(rearrange(windows, "b w t -> (b w) t"))
-            out = rearrange(out, "(b w) t v -> b w t v", b=B)
+            out = out.reshape(B, windows.shape[1], 2 * S, out.shape[-1])    # [B, n - 1, 2S, V]
             # window 0 scores its 2S positions, window w >= 1 its second half
             logits = torch.cat([out[:, 0], rearrange(out[:, 1:, S:], "b w t v -> b (w t) v")],
                                dim=1)[:, :N]

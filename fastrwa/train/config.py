@@ -8,7 +8,7 @@ import json
 import math
 from typing import Any, Optional
 
-from ..models.config import BYTE_VOCAB
+from ..models.config import BYTE_VOCAB, LMConfig
 
 # Flags that may change when a run is resumed (they do not change what has been computed).
 RESUMABLE_CHANGES = ("steps", "eval_every", "log_every", "checkpoint_every", "progress",
@@ -165,6 +165,15 @@ class RunConfig:
         if self.lm and not self.is_lm:
             raise ValueError(f"--lm sets language-model fields; --task {self.task} is not a "
                              f"byte corpus ({LM_TASKS})")
+        if self.model == "transformer":
+            heads = self.lm.get("n_heads", LMConfig.n_heads)
+            if self.bptt % 2:
+                raise ValueError(f"--bptt is the transformer's context and must be even (its "
+                                 f"sliding windows start every --bptt / 2 bytes), got {self.bptt}")
+            if not isinstance(heads, int) or heads < 1 or self.hidden % heads \
+                    or (self.hidden // heads) % 2:
+                raise ValueError(f"--hidden ({self.hidden}) must split into --lm n_heads={heads} "
+                                 f"heads of an even width (rotary positions rotate pairs)")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
