@@ -3,16 +3,13 @@ embedding, final norm and (tied) head as :class:`fastrwa.models.ByteLM`."""
 
 from __future__ import annotations
 
-from typing import Iterator, Optional
-
-import torch
 from torch import Tensor, nn
 
 from .config import LMConfig
-from .sampling import collect, prepare_prompt, sample_loop
+from .sampling import Sampler
 
 
-class RecurrentLM(nn.Module):
+class RecurrentLM(Sampler, nn.Module):
     """Byte-level LM: embedding -> ``n_layers`` of ``torch.nn.LSTM``/``GRU`` (width
     ``d_model``, cuDNN on a GPU) -> RMSNorm -> head; ``config.layer`` is "lstm" or "gru".
 
@@ -52,34 +49,3 @@ class RecurrentLM(nn.Module):
             raise ValueError(f"tokens must be integer ids of shape (B, T), got {got}")
         h, state = self.rnn(self.embed(tokens.long()), state)
         return self.head(self.norm(h)), state
-
-    @torch.no_grad()
-    def generate(self, prompt: Tensor, max_new_tokens: int, temperature: float = 1.0,
-                 top_k: Optional[int] = None, top_p: Optional[float] = None,
-                 beam_size: int = 1, generator: Optional[torch.Generator] = None) -> Tensor:
-        """Sample a continuation of ``prompt`` ``(B, P)`` or ``(P,)``, as
-        :meth:`ByteLM.generate` (no beam search: ``beam_size`` must be 1)."""
-        prompt, _ = prepare_prompt(prompt, self.config.vocab_size, self.config.bos_token,
-                                   max_new_tokens, temperature, top_k, top_p, beam_size)
-        if beam_size != 1:
-            raise ValueError("RecurrentLM.generate samples only: beam_size must be 1")
-        return collect(prompt, self.stream(prompt, max_new_tokens, temperature, top_k, top_p,
-                                           generator), max_new_tokens)
-
-    @torch.no_grad()
-    def stream(self, prompt: Tensor, max_new_tokens: int, temperature: float = 1.0,
-               top_k: Optional[int] = None, top_p: Optional[float] = None,
-               generator: Optional[torch.Generator] = None) -> Iterator[Tensor]:
-        """Yield each sampled token ``(B,)`` as :meth:`ByteLM.stream` does."""
-        _, context = prepare_prompt(prompt, self.config.vocab_size, self.config.bos_token,
-                                    max_new_tokens, temperature, top_k, top_p, 1)
-        if max_new_tokens == 0:
-            return
-        logits, state = self(context)
-
-        def step(token: Tensor) -> Tensor:
-            nonlocal state
-            logits, state = self(token[:, None], state)
-            return logits[:, -1]
-        yield from sample_loop(logits[:, -1], step, max_new_tokens, temperature, top_k, top_p,
-                               generator, self.config.bos_token)

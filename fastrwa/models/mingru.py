@@ -13,7 +13,7 @@ tests/test_baselines.py checks it against the recurrence, one step at a time).
 
 from __future__ import annotations
 
-from typing import Iterator, Optional
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from .checks import check_tokens
 from .config import LMConfig
-from .sampling import collect, prepare_prompt, sample_loop
+from .sampling import Sampler
 
 
 def log_g(v: Tensor) -> Tensor:
@@ -92,7 +92,7 @@ class MinGRUBlock(nn.Module):
         return x + self.mlp(self.norm2(x)), h
 
 
-class MinGRULM(nn.Module):
+class MinGRULM(Sampler, nn.Module):
     """Byte-level LM: embedding -> ``n_layers`` :class:`MinGRUBlock` -> RMSNorm -> head
     (tied to the embedding with ``tie_embeddings``); ``config.layer`` is "mingru".
 
@@ -152,35 +152,3 @@ class MinGRULM(nn.Module):
             if tuple(h.shape) != (batch, d):
                 raise ValueError(f"state[{i}] must have shape ({batch}, {d}) (batch, d_model), "
                                  f"got {tuple(h.shape)}")
-
-    @torch.no_grad()
-    def generate(self, prompt: Tensor, max_new_tokens: int, temperature: float = 1.0,
-                 top_k: Optional[int] = None, top_p: Optional[float] = None,
-                 beam_size: int = 1, generator: Optional[torch.Generator] = None) -> Tensor:
-        """Sample a continuation of ``prompt`` ``(B, P)`` or ``(P,)``, as
-        :meth:`ByteLM.generate` (no beam search: ``beam_size`` must be 1)."""
-        prompt, _ = prepare_prompt(prompt, self.config.vocab_size, self.config.bos_token,
-                                   max_new_tokens, temperature, top_k, top_p, beam_size)
-        if beam_size != 1:
-            raise ValueError("MinGRULM.generate samples only: beam_size must be 1")
-        return collect(prompt, self.stream(prompt, max_new_tokens, temperature, top_k, top_p,
-                                           generator), max_new_tokens)
-
-    @torch.no_grad()
-    def stream(self, prompt: Tensor, max_new_tokens: int, temperature: float = 1.0,
-               top_k: Optional[int] = None, top_p: Optional[float] = None,
-               generator: Optional[torch.Generator] = None) -> Iterator[Tensor]:
-        """Yield each sampled token ``(B,)`` as :meth:`ByteLM.stream` does (O(1) state)."""
-        _, context = prepare_prompt(prompt, self.config.vocab_size, self.config.bos_token,
-                                    max_new_tokens, temperature, top_k, top_p, 1)
-        if max_new_tokens == 0:
-            return
-        logits, state = self(context)
-
-        def step(token: Tensor) -> Tensor:
-            nonlocal state
-            logits, state = self(token[:, None], state)
-            return logits[:, -1]
-        yield from sample_loop(logits[:, -1], step, max_new_tokens, temperature, top_k, top_p,
-                               generator, self.config.bos_token)
-

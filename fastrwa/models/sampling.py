@@ -148,3 +148,51 @@ def sample_fused(logits: Tensor, temperature: float, top_k: Optional[int],
         masked[:, forbidden:] = float("-inf")
         check_logits(masked, masked.amax(dim=-1, keepdim=True))
     return token
+
+
+class Sampler:
+    """``generate`` and ``stream`` for a language model whose ``forward(tokens, state)``
+    returns ``(logits, state)`` and continues a stream from ``state`` (the baselines; ByteLM
+    has its own, with beam search and a fused decode step). A model that decodes otherwise
+    (the Transformer's key/value cache) overrides :meth:`_decoder`."""
+
+    config: object
+
+    @torch.no_grad()
+    def generate(self, prompt: Tensor, max_new_tokens: int, temperature: float = 1.0,
+                 top_k: Optional[int] = None, top_p: Optional[float] = None,
+                 beam_size: int = 1, generator: Optional[torch.Generator] = None) -> Tensor:
+        """Sample a continuation of ``prompt`` ``(B, P)`` or ``(P,)``: ``(B, P +
+        max_new_tokens)``, as :meth:`ByteLM.generate` (no beam search: ``beam_size`` must
+        be 1)."""
+        prompt, _ = prepare_prompt(prompt, self.config.vocab_size, self.config.bos_token,
+                                   max_new_tokens, temperature, top_k, top_p, beam_size)
+        if beam_size != 1:
+            raise ValueError(f"{type(self).__name__}.generate samples only: beam_size must be 1")
+        return collect(prompt, self.stream(prompt, max_new_tokens, temperature, top_k, top_p,
+                                           generator), max_new_tokens)
+
+    @torch.no_grad()
+    def stream(self, prompt: Tensor, max_new_tokens: int, temperature: float = 1.0,
+               top_k: Optional[int] = None, top_p: Optional[float] = None,
+               generator: Optional[torch.Generator] = None) -> Iterator[Tensor]:
+        """Yield each sampled token ``(B,)`` as :meth:`ByteLM.stream` does."""
+        _, context = prepare_prompt(prompt, self.config.vocab_size, self.config.bos_token,
+                                    max_new_tokens, temperature, top_k, top_p, 1)
+        if max_new_tokens == 0:
+            return
+        logits, step = self._decoder(context)
+        yield from sample_loop(logits, step, max_new_tokens, temperature, top_k, top_p,
+                               generator, self.config.bos_token)
+
+    def _decoder(self, context: Tensor) -> tuple[Tensor, Callable[[Tensor], Tensor]]:
+        """The last position's logits ``(B, V)`` after reading ``context``, and the step that
+        reads one token ``(B,)`` more and returns the next logits: ``forward`` with the
+        state carried."""
+        logits, state = self(context)
+
+        def step(token: Tensor) -> Tensor:
+            nonlocal state
+            logits, state = self(token[:, None], state)
+            return logits[:, -1]
+        return logits[:, -1], step

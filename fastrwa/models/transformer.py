@@ -16,7 +16,7 @@ new window keeps, so that sampling reads the same logits as ``forward``.
 
 from __future__ import annotations
 
-from typing import Iterator, Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from .checks import check_tokens
 from .config import LMConfig
-from .sampling import collect, prepare_prompt, sample_loop
+from .sampling import Sampler
 
 KV = tuple[Tensor, Tensor]           # keys and values (B, heads, L, head_dim)
 
@@ -87,7 +87,7 @@ class TransformerBlock(nn.Module):
         return x + self.mlp(self.norm2(x)), kv
 
 
-class TransformerLM(nn.Module):
+class TransformerLM(Sampler, nn.Module):
     """Byte-level Transformer: embedding -> ``n_layers`` :class:`TransformerBlock` (``n_heads``
     heads, rotary positions) -> RMSNorm -> head (tied with ``tie_embeddings``);
     ``config.layer`` is "transformer", the context ``config.context`` bytes.
@@ -162,29 +162,10 @@ class TransformerLM(nn.Module):
                                dim=1)[:, :N]
         return logits[:, before:], stream[:, max(0, (N // S - 1) * S):]
 
-    @torch.no_grad()
-    def generate(self, prompt: Tensor, max_new_tokens: int, temperature: float = 1.0,
-                 top_k: Optional[int] = None, top_p: Optional[float] = None,
-                 beam_size: int = 1, generator: Optional[torch.Generator] = None) -> Tensor:
-        """Sample a continuation of ``prompt`` ``(B, P)`` or ``(P,)``, as
-        :meth:`ByteLM.generate` (no beam search: ``beam_size`` must be 1)."""
-        prompt, _ = prepare_prompt(prompt, self.config.vocab_size, self.config.bos_token,
-                                   max_new_tokens, temperature, top_k, top_p, beam_size)
-        if beam_size != 1:
-            raise ValueError("TransformerLM.generate samples only: beam_size must be 1")
-        return collect(prompt, self.stream(prompt, max_new_tokens, temperature, top_k, top_p,
-                                           generator), max_new_tokens)
-
-    @torch.no_grad()
-    def stream(self, prompt: Tensor, max_new_tokens: int, temperature: float = 1.0,
-               top_k: Optional[int] = None, top_p: Optional[float] = None,
-               generator: Optional[torch.Generator] = None) -> Iterator[Tensor]:
-        """Yield each sampled token ``(B,)`` as :meth:`ByteLM.stream` does, decoding with a
-        key/value cache of the current window (refilled when the window moves on)."""
-        _, context = prepare_prompt(prompt, self.config.vocab_size, self.config.bos_token,
-                                    max_new_tokens, temperature, top_k, top_p, 1)
-        if max_new_tokens == 0:
-            return
+    def _decoder(self, context: Tensor) -> tuple[Tensor, Callable[[Tensor], Tensor]]:
+        """:meth:`Sampler._decoder` with a key/value cache of the current window (refilled
+        from the bytes the window keeps when it moves on), so that sampling reads the
+        logits of ``forward``."""
         logits, window = self(context)
         cache = self._prefill(window)
 
@@ -196,8 +177,7 @@ class TransformerLM(nn.Module):
             window = torch.cat([window, token[:, None]], dim=1)
             logits, cache = self._extend(token[:, None], cache)
             return logits[:, -1]
-        yield from sample_loop(logits[:, -1], step, max_new_tokens, temperature, top_k, top_p,
-                               generator, self.config.bos_token)
+        return logits[:, -1], step
 
     def _prefill(self, window: Tensor) -> list:
         """Per block, the keys and values of ``window`` ``(B, L)`` read from its start."""
