@@ -2,15 +2,17 @@
 
 Trains the fastrwa byte LM once per row through the trainer's CLI, each row one change from
 a base (the defaults with the output gate off): an ``LMConfig`` field, the learning rate, or
-depth against width at equal parameters, all else equal: the same corpus, batch, BPTT, seed,
-steps and schedule. The study runs at a reduced size (``--d-model 128 --layers 4`` by
-default, ~0.3 s/step on two cores) so that a dozen rows fit in well under an hour; a choice
-it favours is then checked in the full-size comparison (``bench/lm.py``). A second seed of
-the base shows the run-to-run variation that a row has to beat.
+depth against width at equal parameters, all else equal: the same corpus, batch, BPTT,
+steps and schedule, each row once per seed (``--seeds``, 0 and 1 by default: the spread of
+the two is the run-to-run variation a row has to beat). The study runs at a reduced size
+(``--d-model 128 --layers 4`` by default, ~0.3 s/step on two cores) so that a dozen rows fit
+in about an hour per seed; a choice it favours is then checked in the full-size comparison
+(``bench/lm.py``).
 
 Writes ``OUT/ablate.json`` (every run's records) and prints a markdown table: what, parameters,
-validation bpc on the first ``--eval-bytes`` of the split, test bpc on the whole test split,
-s/step. ``--only NAME,...`` runs a subset; ``--table OUT/ablate.json`` reprints a table.
+validation bpc on the first ``--eval-bytes`` of the split and test bpc on the whole test split
+(the mean over the seeds, then each seed's), s/step. ``--only NAME,...`` runs a subset;
+``--table OUT/ablate.json`` reprints a table.
 docs/lm.md records a run.
 """
 
@@ -32,7 +34,6 @@ BASE_LM = ["output_gate=false"]
 # base depth; else the width is solved for the base model's parameter count)
 ROWS = {
     "base": ([], [], None),
-    "base, seed 1": (["--seed", "1"], [], None),
     "discount_init=spread": ([], ["discount_init=spread"], None),
     "token_shift=false": ([], ["token_shift=false"], None),
     "output_gate=true": ([], ["output_gate=true"], None),
@@ -42,6 +43,9 @@ ROWS = {
     "mlp_ratio=2": ([], ["mlp_ratio=2"], None),
     "lr 1e-3": (["--lr", "1e-3"], [], None),
     "lr 4e-3": (["--lr", "4e-3"], [], None),
+    "no warmup": (["--warmup", "0"], [], None),
+    "warmup 100": (["--warmup", "100"], [], None),
+    "tie_embeddings=false": ([], ["tie_embeddings=false"], None),
     "2 layers, equal params": ([], [], 2),
     "8 layers, equal params": ([], [], 8),
 }
@@ -58,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--bptt", type=int, default=128)
     p.add_argument("--eval-bytes", type=int, default=100_000)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     p.add_argument("--only", help="comma-separated row names (default: every row)")
     p.add_argument("--out", type=pathlib.Path,
                    default=pathlib.Path(__file__).parent / "results" / "ablate")
@@ -82,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         args.d_model, args.steps, args.warmup, args.batch_size = 16, 4, 1, 4
         args.bptt, args.eval_bytes = 16, 2000
         names = names if args.only else ["base", "2 layers, equal params"]
+        args.seeds = args.seeds[:1]
     args.out.mkdir(parents=True, exist_ok=True)
     base = ["--task", "text", "--data", args.data, "--model", "rda-scan", "--batch-size",
             args.batch_size, "--bptt", args.bptt, "--steps", args.steps, "--warmup",
@@ -89,19 +95,20 @@ def main(argv: list[str] | None = None) -> int:
             args.eval_bytes, "--log-every", 10, "--device", "cpu",
             "--checkpoint-every", args.steps]
     rows = []
-    for name in names:
+    for name, seed in ((name, seed) for name in names for seed in args.seeds):
         extra, lm, layers = ROWS[name]
         width, layers = args.d_model, layers or args.layers
         if layers != args.layers:       # depth against width at equal parameters
             width = matched_width("rda-scan", _params(args.d_model, args.layers), layers,
                                   _fields())
-        flags = [*base, "--hidden", width, "--layers", layers, *extra,
+        flags = [*base, "--hidden", width, "--layers", layers, "--seed", seed, *extra,
                  *[x for item in BASE_LM + lm for x in ("--lm", item)]]
-        slug = "".join(c if c.isalnum() else "-" for c in name)
+        slug = "".join(c if c.isalnum() else "-" for c in name) + f"-seed{seed}"
         records = run(slug, flags, args.out)
         train = [r for r in records if r["split"] == "train"]
         final = {s: [r for r in records if r["split"] == s][-1] for s in ("valid", "test")}
-        rows.append(dict(name=name, d_model=width, layers=layers, flags=[str(f) for f in flags],
+        rows.append(dict(name=name, seed=seed, d_model=width, layers=layers,
+                         flags=[str(f) for f in flags],
                          params=_params(width, layers, lm),
                          s_per_step=train[-1]["train_s"] / args.steps,
                          valid_bpc=final["valid"]["bpc"], test_bpc=final["test"]["bpc"],
@@ -160,9 +167,19 @@ def table(summary: dict) -> str:
     eval_bytes = int(summary["settings"]["eval_bytes"])
     lines = [f"| what | d_model x layers | params | valid bpc ({eval_bytes:,} B) "
              f"| test bpc (whole split) | s/step |", "|---|---|---|---|---|---|"]
+    groups = {}                          # a row per name, its seeds together
     for r in summary["rows"]:
-        lines.append(f"| {r['name']} | {r['d_model']} x {r['layers']} | {r['params']:,} "
-                     f"| {r['valid_bpc']:.3f} | {r['test_bpc']:.3f} | {r['s_per_step']:.3f} |")
+        groups.setdefault(r["name"], []).append(r)
+
+    def cell(runs: list, key: str) -> str:
+        values = [r[key] for r in runs]
+        mean = f"{sum(values) / len(values):.3f}"
+        return mean if len(values) == 1 else f"{mean} ({', '.join(f'{v:.3f}' for v in values)})"
+    for name, runs in groups.items():
+        r = runs[0]
+        lines.append(f"| {name} | {r['d_model']} x {r['layers']} | {r['params']:,} "
+                     f"| {cell(runs, 'valid_bpc')} | {cell(runs, 'test_bpc')} "
+                     f"| {sum(x['s_per_step'] for x in runs) / len(runs):.3f} |")
     return "\n".join(lines)
 
 
