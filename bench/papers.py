@@ -177,8 +177,8 @@ def plot(results: list, tasks: set, out: pathlib.Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    for task in tasks:
-        fig, ax = plt.subplots(figsize=(7, 4.5))
+    for task in sorted(tasks & set(PAPER)):
+        fig, ax = plt.subplots(figsize=(10, 4.5))
         runs = [r for r in results if r["task"] == task and r["curve"]]
         kinds = list(dict.fromkeys((r["model"], init_label(r["timescales"]), r["seq_len"])
                                    for r in runs))
@@ -197,7 +197,7 @@ def plot(results: list, tasks: set, out: pathlib.Path) -> None:
         ax.set_xlabel("training step")
         ax.set_ylabel(f"held-out {rule['metric']}")
         ax.set_title(f"{task}: the RDA paper's recipe (batch 100, Adam 1e-3, 250 units)")
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))   # beside the axes
         fig.tight_layout()
         fig.savefig(out / f"{task}.png", dpi=100)
         plt.close(fig)
