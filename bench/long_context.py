@@ -80,6 +80,11 @@ def main(argv: list[str] | None = None) -> int:
                    default=ROOT / "bench" / "results" / "long_context")
     p.add_argument("--quick", action="store_true", help="tiny untrained models (CI)")
     args = p.parse_args(argv)
+    for flag in ("length", "docs", "window"):
+        if getattr(args, flag) < 1:
+            p.error(f"--{flag} must be a positive number, got {getattr(args, flag)}")
+    if args.window > args.length:
+        p.error(f"--window ({args.window}) must not be longer than --length ({args.length})")
     if args.quick:
         args.length, args.docs, args.window = 256, 2, 32
         torch.manual_seed(0)

@@ -145,9 +145,8 @@ def init_label(timescales) -> str:
 def merged(path: pathlib.Path, new: list, seq_len: int) -> list:
     """The results in ``path`` (earlier invocations) with ``new`` added: a run of the same
     task, model, seed, length and discount initialisation replaces the earlier one."""
-    for r in new:
-        r["seq_len"] = seq_len
-        r["timescales"] = list(r["timescales"]) if r["timescales"] else None
+    new = [dict(r, seq_len=seq_len, timescales=list(r["timescales"]) if r["timescales"]
+                else None) for r in new]
     key = lambda r: (r["task"], r["model"], r["seed"], r["seq_len"],  # noqa: E731
                      init_label(r["timescales"]))
     old = []
@@ -163,6 +162,7 @@ def merged(path: pathlib.Path, new: list, seq_len: int) -> list:
 def table(results: list) -> dict:
     """The runs per (task, model, T, discount init), in seed order."""
     rows = {}
+
     def order(names: list, name: str) -> int:            # names this script no longer knows last
         return names.index(name) if name in names else len(names)
     for r in sorted(results, key=lambda r: (order(list(PAPER), r["task"]),
@@ -219,6 +219,9 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="3 steps per run at T = 20")
     p.add_argument("--out", type=pathlib.Path, default=ROOT / "bench" / "results" / "papers")
     args = p.parse_args(argv)
+    if args.quick and args.out.resolve() == (ROOT / "bench" / "results" / "papers").resolve():
+        p.error("--quick needs --out elsewhere: bench/results/papers keeps the measured runs, "
+                "which T = 20 check runs would join")
     if args.quick:
         args.seq_len, args.max_steps, args.eval_every, args.seeds = 20, 3, 1, [0]
     results = []

@@ -101,3 +101,12 @@ def test_papers_results_merge_across_invocations(tmp_path):
     assert all(r["seq_len"] == 1000 for r in out)
     assert [r["quick"] for r in out if r["model"] == "rwa-scan"] == [False]
     assert len(papers.merged(path, new, 20)) == 4          # another length replaces nothing
+
+
+def test_long_context_refuses_empty_windows(tmp_path):
+    import long_context
+    corpus = tmp_path / "c.txt"
+    corpus.write_bytes(b"abc " * 100)
+    for flags in (["--window", "0"], ["--length", "16", "--window", "32"], ["--docs", "-1"]):
+        with pytest.raises(SystemExit):
+            long_context.main(["--data", str(corpus), "--quick", *flags])

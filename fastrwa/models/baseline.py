@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
+from .checks import check_tokens
 from .config import LMConfig
 from .sampling import Sampler
 
@@ -43,9 +44,6 @@ class RecurrentLM(Sampler, nn.Module):
 
     def forward(self, tokens: Tensor, state=None) -> tuple[Tensor, object]:
         """Logits ``(B, T, vocab_size)`` and the RNN state after the last position."""
-        if not isinstance(tokens, Tensor) or tokens.dim() != 2 or tokens.is_floating_point():
-            got = f"{tuple(tokens.shape)} {tokens.dtype}" if isinstance(tokens, Tensor) \
-                else type(tokens).__name__
-            raise ValueError(f"tokens must be integer ids of shape (B, T), got {got}")
-        h, state = self.rnn(self.embed(tokens.long()), state)
+        tokens = check_tokens(tokens, self.config.vocab_size)
+        h, state = self.rnn(self.embed(tokens), state)
         return self.head(self.norm(h)), state

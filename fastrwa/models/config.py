@@ -13,6 +13,12 @@ LAYERS = ("rda", "rwa", "lstm", "gru", "transformer", "mingru")
 DISCOUNT_INITS = ("paper", "spread")
 
 
+def heads_split_evenly(d_model: int, n_heads: int) -> bool:
+    """Whether ``n_heads`` heads split ``d_model`` channels into heads of an even width (the
+    Transformer's rotary positions turn pairs of channels)."""
+    return n_heads >= 1 and d_model % n_heads == 0 and (d_model // n_heads) % 2 == 0
+
+
 @dataclasses.dataclass
 class LMConfig:
     """Hyper-parameters of :class:`fastrwa.models.ByteLM`.
@@ -90,7 +96,7 @@ class LMConfig:
             raise ValueError(f"LMConfig.discount_init must be one of {DISCOUNT_INITS}, "
                              f"got {self.discount_init!r}")
         if self.layer == "transformer":
-            if self.d_model % self.n_heads or (self.d_model // self.n_heads) % 2:
+            if not heads_split_evenly(self.d_model, self.n_heads):
                 raise ValueError(f"LMConfig.n_heads ({self.n_heads}) must divide d_model "
                                  f"({self.d_model}) into even head widths (rotary positions "
                                  f"turn pairs of channels)")

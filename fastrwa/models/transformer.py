@@ -36,8 +36,8 @@ def rotate(x: Tensor, start: int) -> Tensor:
     computed in float32 (float64 for float64 ``x``) and returned in ``x``'s dtype."""
     dtype, x = x.dtype, x.to(torch.float64 if x.dtype == torch.float64 else torch.float32)
     E, T = x.shape[-1], x.shape[-2]
-    freq = 10000.0 ** (-torch.arange(0, E // 2, device=x.device, dtype=torch.float32) * 2 / E)
-    angle = torch.arange(start, start + T, device=x.device, dtype=torch.float32)[:, None] * freq
+    freq = 10000.0 ** (-torch.arange(0, E // 2, device=x.device, dtype=x.dtype) * 2 / E)
+    angle = torch.arange(start, start + T, device=x.device, dtype=x.dtype)[:, None] * freq
     cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)          # [T, E/2]
     x1, x2 = x[..., :E // 2], x[..., E // 2:]
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).to(dtype)

@@ -8,7 +8,7 @@ import json
 import math
 from typing import Any, Optional
 
-from ..models.config import BYTE_VOCAB, LMConfig
+from ..models.config import BYTE_VOCAB, LMConfig, heads_split_evenly
 
 # Flags that may change when a run is resumed (they do not change what has been computed).
 RESUMABLE_CHANGES = ("steps", "eval_every", "log_every", "checkpoint_every", "progress",
@@ -170,8 +170,9 @@ class RunConfig:
             if self.bptt % 2:
                 raise ValueError(f"--bptt is the transformer's context and must be even (its "
                                  f"sliding windows start every --bptt / 2 bytes), got {self.bptt}")
-            if not isinstance(heads, int) or heads < 1 or self.hidden % heads \
-                    or (self.hidden // heads) % 2:
+            if isinstance(heads, bool) or not isinstance(heads, int) or heads < 1:
+                raise ValueError(f"--lm n_heads must be a positive int, got {heads!r}")
+            if not heads_split_evenly(self.hidden, heads):
                 raise ValueError(f"--hidden ({self.hidden}) must split into --lm n_heads={heads} "
                                  f"heads of an even width (rotary positions rotate pairs)")
 

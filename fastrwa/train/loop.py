@@ -43,7 +43,8 @@ def _mean_over_ranks(value: float, world: int) -> float:
 
 def build_model(cfg: RunConfig, problem) -> torch.nn.Module:
     """The network ``--model`` names: for a byte corpus a language model (``ByteLM`` for the
-    scan models, ``RecurrentLM`` for the LSTM/GRU baselines) configured by ``--hidden``,
+    scan models, ``RecurrentLM`` for the LSTM/GRU baselines, ``TransformerLM``, ``MinGRULM``;
+    :func:`fastrwa.models.build`) configured by ``--hidden``,
     ``--layers``, ``--attention`` and ``--lm``; otherwise a :class:`SequenceNet`."""
     if not cfg.is_lm:
         return SequenceNet(cfg.model, problem.input_size, cfg.hidden, cfg.layers,
