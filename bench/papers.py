@@ -83,11 +83,11 @@ def evaluate(net, task, batch) -> float:
 
 def run(task_name: str, model: str, seed: int, seq_len: int, max_steps: int,
         eval_every: int, time_limit: float, hidden: int = 250, batch: int = 100,
-        timescales: tuple | None = None) -> dict:
+        timescales: tuple | None = None, progress: bool = False) -> dict:
     """One model on one task with one seed: the steps to the threshold (or ``None``).
     ``timescales``: ``(shortest, longest)`` memory lengths for the RDA scan layers'
     discount initialisation (``fastrwa.nn.RDA.set_discount_timescales``; default: the
-    paper's bias of 1)."""
+    paper's bias of 1). ``progress``: print each evaluation as it comes."""
     kind, preset, _ = MODELS[model]
     torch.manual_seed(seed)
     task = make_task(task_name, seq_len, seed)
@@ -111,6 +111,9 @@ def run(task_name: str, model: str, seed: int, seq_len: int, max_steps: int,
         if step % eval_every == 0 or step == max_steps:
             value = evaluate(net, task, held_out)
             curve.append((step, value))
+            if progress:
+                print(f"  {task_name} {model} seed {seed} step {step}: {value:.4f} "
+                      f"({time.perf_counter() - began:.0f} s)", flush=True)
             if not math.isfinite(value):
                 break
             if met(task_name, value):
@@ -230,7 +233,8 @@ def main(argv=None) -> int:
             for seed in args.seeds:
                 limit = args.max_steps or PAPER[task]["limit"]
                 r = run(task, model, seed, args.seq_len, limit, args.eval_every,
-                        args.time_limit, timescales=args.discount_timescales)
+                        args.time_limit, timescales=args.discount_timescales,
+                        progress=not args.quick)
                 results.append(dict(r, argv=sys.argv[1:] if argv is None else list(argv),
                                     quick=args.quick))
                 print(f"{task:16} {model:15} seed {seed}: "
