@@ -161,7 +161,11 @@ class MinGRULM(Sampler, nn.Module):
             if tuple(h.shape) != (batch, d):
                 raise ValueError(f"state[{i}] must have shape ({batch}, {d}) (batch, d_model), "
                                  f"got {tuple(h.shape)}")
-            if not torch.compiler.is_compiling() and bool((h < 0).any()):
-                raise ValueError(f"state[{i}] must be >= 0 (minGRU's states are positive; "
-                                 f"its scan reads their logarithm), got a minimum of "
-                                 f"{float(h.min())}")
+        if torch.compiler.is_compiling():
+            return
+        negative = torch.stack([(h < 0).any() for h in state])     # one host sync per call
+        if bool(negative.any()):                                   # (it runs every decode step)
+            i = int(negative.nonzero()[0])
+            raise ValueError(f"state[{i}] must be >= 0 (minGRU's states are positive; its "
+                             f"scan reads their logarithm), got a minimum of "
+                             f"{float(state[i].min())}")
