@@ -83,15 +83,16 @@ def evaluate(net, task, batch) -> float:
 
 def run(task_name: str, model: str, seed: int, seq_len: int, max_steps: int,
         eval_every: int, time_limit: float, hidden: int = 250, batch: int = 100,
-        timescales: tuple | None = None, progress: bool = False) -> dict:
+        timescales: tuple | None = None, layers: int = 1, progress: bool = False) -> dict:
     """One model on one task with one seed: the steps to the threshold (or ``None``).
     ``timescales``: ``(shortest, longest)`` memory lengths for the RDA scan layers'
     discount initialisation (``fastrwa.nn.RDA.set_discount_timescales``; default: the
-    paper's bias of 1). ``progress``: print each evaluation as it comes."""
+    paper's bias of 1). ``layers``: stacked recurrent layers (the paper: 1).
+    ``progress``: print each evaluation as it comes."""
     kind, preset, _ = MODELS[model]
     torch.manual_seed(seed)
     task = make_task(task_name, seq_len, seed)
-    net = SequenceNet(kind, task.input_size, hidden, 1, task.output_size, preset=preset)
+    net = SequenceNet(kind, task.input_size, hidden, layers, task.output_size, preset=preset)
     if timescales is not None and kind == "rda-scan":
         for layer in net.core:
             layer.set_discount_timescales(*timescales)
@@ -120,7 +121,7 @@ def run(task_name: str, model: str, seed: int, seq_len: int, max_steps: int,
                 reached = step
                 break
     return {"task": task_name, "model": model, "seed": seed,
-            "timescales": timescales if kind == "rda-scan" else None,
+            "timescales": timescales if kind == "rda-scan" else None, "layers": layers,
             "steps_to_threshold": reached,
             "steps_run": step, "seconds": time.perf_counter() - began, "curve": curve}
 
@@ -139,19 +140,22 @@ def _cell(runs: list) -> str:
     return f"{statistics.median(steps):g} ({min(steps)}-{max(steps)})"
 
 
-def init_label(timescales) -> str:
-    """How a run initialised the RDA discount: the paper's bias, or a spread of memories
-    ("paper" also for the models without a discount)."""
-    return "paper" if not timescales else f"spread {timescales[0]:g}-{timescales[1]:g}"
+def variant(r: dict) -> str:
+    """How a run differs from the paper's recipe: its RDA discount initialisation (the
+    paper's bias, "paper", also for the models without a discount, or a spread of memories)
+    and, where not the paper's one, its number of layers."""
+    ts = r.get("timescales")
+    label = "paper" if not ts else f"spread {ts[0]:g}-{ts[1]:g}"
+    layers = r.get("layers", 1)
+    return label if layers == 1 else f"{label}, {layers} layers"
 
 
 def merged(path: pathlib.Path, new: list, seq_len: int) -> list:
     """The results in ``path`` (earlier invocations) with ``new`` added: a run of the same
-    task, model, seed, length and discount initialisation replaces the earlier one."""
+    task, model, seed, length and :func:`variant` replaces the earlier one."""
     new = [dict(r, seq_len=seq_len, timescales=list(r["timescales"]) if r["timescales"]
                 else None) for r in new]
-    key = lambda r: (r["task"], r["model"], r["seed"], r["seq_len"],  # noqa: E731
-                     init_label(r["timescales"]))
+    key = lambda r: (r["task"], r["model"], r["seed"], r["seq_len"], variant(r))  # noqa: E731
     old = []
     if path.is_file():
         record = json.loads(path.read_text())
@@ -163,15 +167,14 @@ def merged(path: pathlib.Path, new: list, seq_len: int) -> list:
 
 
 def table(results: list) -> dict:
-    """The runs per (task, model, T, discount init), in seed order."""
+    """The runs per (task, model, T, variant), in seed order."""
     rows = {}
 
     def order(names: list, name: str) -> int:            # names this script no longer knows last
         return names.index(name) if name in names else len(names)
     for r in sorted(results, key=lambda r: (order(list(PAPER), r["task"]),
                                             order(list(MODELS), r["model"]), r["seed"])):
-        rows.setdefault((r["task"], r["model"], r["seq_len"], init_label(r["timescales"])),
-                        []).append(r)
+        rows.setdefault((r["task"], r["model"], r["seq_len"], variant(r)), []).append(r)
     return rows
 
 
@@ -183,14 +186,13 @@ def plot(results: list, tasks: set, out: pathlib.Path) -> None:
     for task in sorted(tasks & set(PAPER)):
         fig, ax = plt.subplots(figsize=(10, 4.5))
         runs = [r for r in results if r["task"] == task and r["curve"]]
-        kinds = list(dict.fromkeys((r["model"], init_label(r["timescales"]), r["seq_len"])
-                                   for r in runs))
+        kinds = list(dict.fromkeys((r["model"], variant(r), r["seq_len"]) for r in runs))
         for r in runs:         # a colour per model and initialisation, a line style per seed
             steps, values = zip(*r["curve"])
-            kind = kinds.index((r["model"], init_label(r["timescales"]), r["seq_len"]))
+            kind = kinds.index((r["model"], variant(r), r["seq_len"]))
             ax.plot(steps, values, linewidth=1, color=f"C{kind % 10}",
                     linestyle=("-", "--", ":", "-.")[r["seed"] % 4],
-                    label=f"{r['model']} ({init_label(r['timescales'])}) seed {r['seed']}, "
+                    label=f"{r['model']} ({variant(r)}) seed {r['seed']}, "
                           f"T = {r['seq_len']}")
         rule = PAPER[task]
         ax.axhline(rule.get("below", rule.get("above", rule.get("at_least"))), color="grey",
@@ -219,6 +221,8 @@ def main(argv=None) -> int:
     p.add_argument("--discount-timescales", nargs=2, type=float, metavar=("SHORT", "LONG"),
                    help="an ablation: initialise the RDA scan layers' discounts to memory "
                         "lengths from SHORT to LONG tokens (default: the paper's bias 1)")
+    p.add_argument("--layers", type=int, default=1,
+                   help="an ablation: stacked recurrent layers (default: the paper's 1)")
     p.add_argument("--quick", action="store_true", help="3 steps per run at T = 20")
     p.add_argument("--out", type=pathlib.Path, default=ROOT / "bench" / "results" / "papers")
     args = p.parse_args(argv)
@@ -234,7 +238,7 @@ def main(argv=None) -> int:
                 limit = args.max_steps or PAPER[task]["limit"]
                 r = run(task, model, seed, args.seq_len, limit, args.eval_every,
                         args.time_limit, timescales=args.discount_timescales,
-                        progress=not args.quick)
+                        layers=args.layers, progress=not args.quick)
                 results.append(dict(r, argv=sys.argv[1:] if argv is None else list(argv),
                                     quick=args.quick))
                 print(f"{task:16} {model:15} seed {seed}: "
@@ -247,13 +251,13 @@ def main(argv=None) -> int:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(record, indent=1) + "\n")
     tmp.replace(path)                    # (a run killed while writing keeps the old file)
-    print(f"\n{'task':16} {'model':15} {'T':>5} {'discount init':>14} {'paper':>8} "
+    print(f"\n{'task':16} {'model':15} {'T':>5} {'variant':>24} {'paper':>8} "
           f"{'here (median, range)':>24}")
     for (task, model, seq_len, init), runs in table(results).items():
         if task not in PAPER or model not in MODELS:
             continue                                      # kept in the file, not tabled
         paper = PAPER[task]["steps"][MODELS[model][2]]
-        print(f"{task:16} {model:15} {seq_len:>5} {init:>14} {paper if paper else '> limit':>8} "
+        print(f"{task:16} {model:15} {seq_len:>5} {init:>24} {paper if paper else '> limit':>8} "
               f"{_cell(runs):>24}")
     plot(results, {r["task"] for r in results}, args.out)
     return 0

@@ -84,7 +84,7 @@ def test_long_context_carried_windows_read_as_one_pass():
 
 def test_papers_results_merge_across_invocations(tmp_path):
     """A new run replaces only the earlier run of the same task, model, seed, length and
-    discount initialisation; runs saved by older versions (no length, timescales or quick
+    variant (discount initialisation, layers); runs saved by older versions (no length, timescales or quick
     fields) load with the record's values."""
     import papers
     path = tmp_path / "papers.json"
@@ -94,13 +94,16 @@ def test_papers_results_merge_across_invocations(tmp_path):
     new = [{"task": "adding", "model": "rda-exp-tanh", "seed": 0, "timescales": None,
             "steps_run": 7},
            {"task": "adding", "model": "rda-exp-tanh", "seed": 0, "timescales": (2, 2000),
-            "steps_run": 8}]
+            "steps_run": 8},
+           {"task": "adding", "model": "rwa-scan", "seed": 0, "timescales": None, "layers": 2,
+            "steps_run": 9}]
     out = papers.merged(path, new, 1000)
     assert sorted((r["model"], r["steps_run"]) for r in out) == [
-        ("rda-exp-tanh", 7), ("rda-exp-tanh", 8), ("rwa-scan", 5)]
+        ("rda-exp-tanh", 7), ("rda-exp-tanh", 8), ("rwa-scan", 5), ("rwa-scan", 9)]
+    assert papers.variant(out[-1]) == "paper, 2 layers"
     assert all(r["seq_len"] == 1000 for r in out)
-    assert [r["quick"] for r in out if r["model"] == "rwa-scan"] == [False]
-    assert len(papers.merged(path, new, 20)) == 4          # another length replaces nothing
+    assert [r["quick"] for r in out if r["steps_run"] == 5] == [False]
+    assert len(papers.merged(path, new, 20)) == 5          # another length replaces nothing
 
 
 def test_long_context_refuses_empty_windows(tmp_path):
