@@ -86,8 +86,8 @@ def run(task_name: str, model: str, seed: int, seq_len: int, max_steps: int,
         timescales: tuple | None = None, layers: int = 1, progress: bool = False) -> dict:
     """One model on one task with one seed: the steps to the threshold (or ``None``).
     ``timescales``: ``(shortest, longest)`` memory lengths for the RDA scan layers'
-    discount initialisation (``fastrwa.nn.RDA.set_discount_timescales``; default: the
-    paper's bias of 1). ``layers``: stacked recurrent layers (the paper: 1).
+    discount initialisation (``fastrwa.nn.RDA.set_discount_timescales``, every layer;
+    default: the paper's bias of 1). ``layers``: stacked recurrent layers (the paper: 1).
     ``progress``: print each evaluation as it comes."""
     kind, preset, _ = MODELS[model]
     torch.manual_seed(seed)
@@ -152,16 +152,19 @@ def variant(r: dict) -> str:
 
 def merged(path: pathlib.Path, new: list, seq_len: int) -> list:
     """The results in ``path`` (earlier invocations) with ``new`` added: a run of the same
-    task, model, seed, length and :func:`variant` replaces the earlier one."""
-    new = [dict(r, seq_len=seq_len, timescales=list(r["timescales"]) if r["timescales"]
-                else None) for r in new]
-    key = lambda r: (r["task"], r["model"], r["seed"], r["seq_len"], variant(r))  # noqa: E731
+    task, model, seed, length, discount initialisation and layers replaces the earlier one.
+    Runs saved without a field (older versions) take the record's value or the default."""
+    new = [dict(r, seq_len=seq_len, layers=r.get("layers", 1),
+                timescales=list(r["timescales"]) if r["timescales"] else None) for r in new]
+    key = lambda r: (r["task"], r["model"], r["seed"], r["seq_len"],  # noqa: E731
+                     tuple(r["timescales"] or ()), r["layers"])
     old = []
     if path.is_file():
         record = json.loads(path.read_text())
         old = [dict(r, seq_len=r.get("seq_len", record.get("seq_len")),
                     quick=r.get("quick", record.get("quick", False)),
-                    timescales=r.get("timescales") or None) for r in record["results"]]
+                    timescales=r.get("timescales") or None, layers=r.get("layers", 1))
+               for r in record["results"]]
     replaced = {key(r) for r in new}
     return [r for r in old if key(r) not in replaced] + new
 
@@ -187,7 +190,7 @@ def plot(results: list, tasks: set, out: pathlib.Path) -> None:
         fig, ax = plt.subplots(figsize=(10, 4.5))
         runs = [r for r in results if r["task"] == task and r["curve"]]
         kinds = list(dict.fromkeys((r["model"], variant(r), r["seq_len"]) for r in runs))
-        for r in runs:         # a colour per model and initialisation, a line style per seed
+        for r in runs:         # a colour per model, variant and T; a line style per seed
             steps, values = zip(*r["curve"])
             kind = kinds.index((r["model"], variant(r), r["seq_len"]))
             ax.plot(steps, values, linewidth=1, color=f"C{kind % 10}",
@@ -229,6 +232,10 @@ def main(argv=None) -> int:
     if args.quick and args.out.resolve() == (ROOT / "bench" / "results" / "papers").resolve():
         p.error("--quick needs --out elsewhere: bench/results/papers keeps the measured runs, "
                 "which T = 20 check runs would join")
+    if args.layers < 1:
+        p.error(f"--layers must be at least 1, got {args.layers}")
+    if args.eval_every < 1:
+        p.error(f"--eval-every must be at least 1, got {args.eval_every}")
     if args.quick:
         args.seq_len, args.max_steps, args.eval_every, args.seeds = 20, 3, 1, [0]
     results = []
@@ -247,17 +254,17 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "papers.json"
     results = merged(path, results, args.seq_len)
-    record = {"argv": sys.argv[1:], "quick": args.quick, "paper": PAPER, "results": results}
+    record = {"argv": sys.argv[1:] if argv is None else list(argv), "quick": args.quick, "paper": PAPER, "results": results}
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(record, indent=1) + "\n")
     tmp.replace(path)                    # (a run killed while writing keeps the old file)
     print(f"\n{'task':16} {'model':15} {'T':>5} {'variant':>24} {'paper':>8} "
           f"{'here (median, range)':>24}")
-    for (task, model, seq_len, init), runs in table(results).items():
+    for (task, model, seq_len, label), runs in table(results).items():
         if task not in PAPER or model not in MODELS:
             continue                                      # kept in the file, not tabled
         paper = PAPER[task]["steps"][MODELS[model][2]]
-        print(f"{task:16} {model:15} {seq_len:>5} {init:>24} {paper if paper else '> limit':>8} "
+        print(f"{task:16} {model:15} {seq_len:>5} {label:>24} {paper if paper else '> limit':>8} "
               f"{_cell(runs):>24}")
     plot(results, {r["task"] for r in results}, args.out)
     return 0

@@ -83,16 +83,16 @@ def test_long_context_carried_windows_read_as_one_pass():
 
 
 def test_papers_results_merge_across_invocations(tmp_path):
-    """A new run replaces only the earlier run of the same task, model, seed, length and
-    variant (discount initialisation, layers); runs saved by older versions (no length, timescales or quick
-    fields) load with the record's values."""
+    """A new run replaces only the earlier run of the same task, model, seed, length,
+    discount initialisation and layers; runs saved by older versions (no length, timescales,
+    quick or layers fields) load with the record's values or the defaults."""
     import papers
     path = tmp_path / "papers.json"
     path.write_text('{"seq_len": 1000, "quick": false, "results": ['
                     '{"task": "adding", "model": "rwa-scan", "seed": 0, "steps_run": 5},'
                     '{"task": "adding", "model": "rda-exp-tanh", "seed": 0, "steps_run": 6}]}')
     new = [{"task": "adding", "model": "rda-exp-tanh", "seed": 0, "timescales": None,
-            "steps_run": 7},
+            "layers": 1, "steps_run": 7},
            {"task": "adding", "model": "rda-exp-tanh", "seed": 0, "timescales": (2, 2000),
             "steps_run": 8},
            {"task": "adding", "model": "rwa-scan", "seed": 0, "timescales": None, "layers": 2,
