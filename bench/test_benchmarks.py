@@ -113,3 +113,18 @@ def test_long_context_refuses_empty_windows(tmp_path):
     for flags in (["--window", "0"], ["--length", "16", "--window", "32"], ["--docs", "-1"]):
         with pytest.raises(SystemExit):
             long_context.main(["--data", str(corpus), "--quick", *flags])
+
+
+def test_papers_accuracy_exactly_at_the_threshold_is_not_above_it():
+    """Multicopy's rule is accuracy > 0.99: 99 right of 100 must not pass (a float32 mean of
+    0.99 is 0.9900000095 and did)."""
+    import types
+    import papers
+    target = torch.arange(100) % 8
+    logits = torch.nn.functional.one_hot(target, 9).float()
+    logits[0] = torch.nn.functional.one_hot((target[0] + 1) % 8, 9).float()    # one wrong
+    batch = types.SimpleNamespace(x=logits[None], target=target[None],
+                                  mask=torch.ones(1, 100, dtype=torch.bool))
+    net = lambda x: (x, None)                                                  # noqa: E731
+    value = papers.evaluate(net, types.SimpleNamespace(name="multicopy"), batch)
+    assert value == 0.99 and not papers.met("multicopy", value)
