@@ -4,6 +4,7 @@ rounding; bfloat16/int8 weights give the logits of the eager model whose matrice
 dequantized ones (``PackedLM.dequantized``), so every format is checked against an
 independent computation, not against itself."""
 
+import copy
 import pathlib
 
 import pytest
@@ -25,6 +26,7 @@ def _model(seed=0, **fields) -> ByteLM:
 
 
 def _relative(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    actual, expected = actual.double(), expected.double()
     return float((actual - expected).abs().max() / expected.abs().max())
 
 
@@ -77,8 +79,17 @@ CONFIGS = [
 @pytest.mark.parametrize("B", [1, 3])
 @pytest.mark.parametrize("fields", CONFIGS, ids=lambda f: ",".join(f"{k}={v}" for k, v in f.items()) or "default")
 def test_every_format_equals_its_dequantized_eager_model(weights, B, fields):
+    """Against the dequantized model in float64 (the truth), the packed float32 step is as
+    accurate as the eager float32 step (within 2x, or 1e-5 relative). Not packed against
+    eager float32 directly: some configurations are ill-conditioned in float32 (relu
+    attention: both float32 paths 2.3e-4 from float64, 2.8e-5 apart on an AVX-512 CPU),
+    where two correct float32 computations differ by more than 1e-5."""
     packed = PackedLM(_model(**fields), weights)
-    assert _compare(packed, packed.dequantized(), B, steps=40) < 1e-5
+    eager = packed.dequantized()
+    truth = copy.deepcopy(eager).double()
+    packed_error = _compare(packed, truth, B, steps=40)
+    eager_error = _compare(eager, truth, B, steps=40)
+    assert packed_error <= max(1e-5, 2 * eager_error), (packed_error, eager_error)
 
 
 def test_float32_pack_dequantizes_to_the_model_itself():
