@@ -238,6 +238,7 @@ def main(argv=None) -> int:
         p.error(f"--eval-every must be at least 1, got {args.eval_every}")
     if args.quick:
         args.seq_len, args.max_steps, args.eval_every, args.seeds = 20, 3, 1, [0]
+    given = sys.argv[1:] if argv is None else list(argv)
     results = []
     for task in args.tasks:
         for model in args.models:
@@ -246,15 +247,14 @@ def main(argv=None) -> int:
                 r = run(task, model, seed, args.seq_len, limit, args.eval_every,
                         args.time_limit, timescales=args.discount_timescales,
                         layers=args.layers, progress=not args.quick)
-                results.append(dict(r, argv=sys.argv[1:] if argv is None else list(argv),
-                                    quick=args.quick))
+                results.append(dict(r, argv=given, quick=args.quick))
                 print(f"{task:16} {model:15} seed {seed}: "
                       f"{r['steps_to_threshold'] or 'not reached'} "
                       f"({r['steps_run']} steps, {r['seconds']:.0f} s)", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "papers.json"
     results = merged(path, results, args.seq_len)
-    record = {"argv": sys.argv[1:] if argv is None else list(argv), "quick": args.quick, "paper": PAPER, "results": results}
+    record = {"argv": given, "quick": args.quick, "paper": PAPER, "results": results}
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(record, indent=1) + "\n")
     tmp.replace(path)                    # (a run killed while writing keeps the old file)
