@@ -671,3 +671,22 @@ def test_torchrun_resume_picks_the_process_group_for_the_saved_device(tmp_path):
     assert device("--task", "text") == "auto"
     (run / "config.json").write_text("{not json")
     assert device("--resume", str(run)) == "auto"     # rank 0 reports the bad file next
+
+
+def test_a_run_flushes_subnormals_and_restores_the_default(tmp_path, monkeypatch):
+    """The trainer runs with subnormals flushed to zero (they made CPU matrix products 5-20x
+    slower, docs/training.md) and leaves PyTorch's default (off) behind."""
+    import fastrwa.train.cli as cli
+    tiny_product = lambda: (torch.tensor([1e-30]) * torch.tensor([1e-10])).item()
+    assert tiny_product() != 0                       # PyTorch's default: kept
+    seen = []
+
+    def fake_train(cfg, run_dir, resume=False):
+        seen.append(tiny_product())
+        raise ValueError("stop here")
+
+    monkeypatch.setattr(cli, "train", fake_train)
+    assert train_main(["--task", "adding", "--steps", "1", "--run-dir",
+                       str(tmp_path / "run")]) == 2
+    assert seen == [0.0]
+    assert tiny_product() != 0

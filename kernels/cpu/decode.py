@@ -128,7 +128,7 @@ def decode(tokens, t_stride, T, lo, hi, L, B, D, G, R, V, F, token_shift, gated,
 
     Layer by layer: every position's products at once (a weight row serves four positions),
     the scan along the positions of each row in order."""
-    zero, one, ninf = consts[0], consts[1], consts[2]
+    zero, one, ninf, tiny = consts[0], consts[1], consts[2], consts[3]
     GD = G * D
     r_lo, r_hi = lo * T, hi * T
     rows = r_hi - r_lo
@@ -180,10 +180,10 @@ def decode(tokens, t_stride, T, lo, hi, L, B, D, G, R, V, F, token_shift, gated,
                 r = b * T + t
                 if attention == EXP:           # (l = a, read where it lies)
                     step_row(ms, ns, ds, tb, r * 2 * D + D, z, r * D, proj, r * GD + 2 * D, y,
-                             r * D, tb, 0, tb, 0, tb, 0, False, D, ninf, zero, one)
+                             r * D, tb, 0, tb, 0, tb, 0, False, D, ninf, zero, one, tiny)
                 else:
                     step_row(ms, ns, ds, tb, r * 2 * D + D, z, r * D, tb, r * 2 * D, y, r * D,
-                             tb, 0, tb, 0, tb, 0, False, D, ninf, zero, one)
+                             tb, 0, tb, 0, tb, 0, False, D, ninf, zero, one, tiny)
         for r in range(r_lo, r_hi):
             output_row(f_h, y, r * D, h, r * D, D)
             output_row(f_o, h, r * D, h, r * D, D)

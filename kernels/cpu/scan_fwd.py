@@ -15,6 +15,11 @@ chosen by the sign of ``l - (m + lam)``, with the limits spelled out: equal infi
 arguments (``l = m + lam = +inf`` or both ``-inf``) count as a difference of 0 (equal weights),
 and a ``-inf`` argument has weight 0 (a masked step, nothing seen yet, or ``lam = -inf``), so
 every finite logit counts, however negative; ``y = 0`` where ``d~ = 0``.
+``n~`` is flushed to 0 below the dtype's smallest normal number ``tiny`` (``d~`` is at least
+the current maximum's weight, 1, wherever it is not 0): a numerator that decays by
+``keep > 1/2`` per step (a discounted past with ``z = 0`` since) would otherwise stop at the
+smallest subnormal and stay there, making ``y`` subnormal for the rest of the sequence, and
+subnormal operands make x86 matrix products downstream about 20x slower.
 Flat arrays; ``off = ((b * T + t) * D + lo)`` in int64.
 """
 
@@ -30,7 +35,7 @@ from .rows import log_decay_row, log_weight_row
 
 @kernel
 def step_row(m, n, d, lam, lam_off, z, z_off, l, l_off, y, y_off, d_out, d_off, take, take_off,
-             keep, keep_off, save, w, ninf, zero, one):
+             keep, keep_off, save, w, ninf, zero, one, tiny):
     """One step for ``w`` channels: update the state rows ``m, n, d`` (``(m, n~, d~)``) in
     place and write ``y = n~ / d~`` at ``y[y_off:]``.
 
@@ -59,6 +64,7 @@ def step_row(m, n, d, lam, lam_off, z, z_off, l, l_off, y, y_off, d_out, d_off, 
         take_j = one if up else (zero if l_j == ninf else e)   # -inf: no weight
         m[j] = l_j if up else dec
         n_j = n[j] * keep_j + load(z, zo + u, zero) * take_j
+        n_j = zero if abs(n_j) < tiny else n_j       # (no subnormals: module docstring)
         d_j = d[j] * keep_j + take_j
         n[j] = n_j
         d[j] = d_j
@@ -97,7 +103,7 @@ def forward(task_lo, task_hi, z, a, g, y, state0, final, ck, consts, strides, se
     chunk ``k``'s state is row ``ck_off[i] + k`` of ``ck``. Scalars: ``block`` channels per
     task; ``attention``, ``discount``: codes of :mod:`fastrwa.kernels.codes`.
     """
-    zero, one, ninf = consts[0], consts[1], consts[2]
+    zero, one, ninf, tiny = consts[0], consts[1], consts[2], consts[3]
     n_seq = seq_b.shape[0]
     n_blk = (D + block - 1) // block
     n_ck = ck.shape[0] // (3 * D) if save else 0
@@ -133,11 +139,11 @@ def forward(task_lo, task_hi, z, a, g, y, state0, final, ck, consts, strides, se
                 log_decay_row(discount, g, input_row(strides, 2, b, t, lo), tb, w, w)
             if attention == EXP:        # l = a: read straight from the input
                 step_row(m, n, d, tb, w, z, oz, a, oa, y, off, d1, 0, take1, 0, keep1, 0,
-                         False, w, ninf, zero, one)
+                         False, w, ninf, zero, one, tiny)
             else:
                 log_weight_row(attention, a, oa, tb, 0, w)
                 step_row(m, n, d, tb, w, z, oz, tb, 0, y, off, d1, 0, take1, 0, keep1, 0,
-                         False, w, ninf, zero, one)
+                         False, w, ninf, zero, one, tiny)
         for j in range(w):
             final[base + j] = m[j]
             final[n_seq * D + base + j] = n[j]
@@ -150,7 +156,7 @@ def step_inplace(z, a, g, m, n, d, y, attention, discount, consts, scratch):
     flat, compute type, updated in place (``-inf`` in ``m`` for nothing seen, as stored).
     ``scratch``: ``(5, B * D)`` in the compute type (``l``, ``lam`` and three rows the step
     could save)."""
-    zero, one, ninf = consts[0], consts[1], consts[2]
+    zero, one, ninf, tiny = consts[0], consts[1], consts[2], consts[3]
     w = m.shape[0]
     tb, d1, take, keep = scratch[0:2].reshape(-1), scratch[2], scratch[3], scratch[4]
     for j in range(w):
@@ -159,8 +165,8 @@ def step_inplace(z, a, g, m, n, d, y, attention, discount, consts, scratch):
         log_decay_row(discount, g, 0, tb, w, w)
     if attention == EXP:
         step_row(m, n, d, tb, w, z, 0, a, 0, y, 0, d1, 0, take, 0, keep, 0, True, w, ninf,
-                 zero, one)
+                 zero, one, tiny)
     else:
         log_weight_row(attention, a, 0, tb, 0, w)
         step_row(m, n, d, tb, w, z, 0, tb, 0, y, 0, d1, 0, take, 0, keep, 0, True, w, ninf,
-                 zero, one)
+                 zero, one, tiny)

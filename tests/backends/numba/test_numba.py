@@ -2,6 +2,8 @@
 bfloat16 conversion, many chunks and channel blocks, packed sequences, threads, and the
 paths the autograd op does not take by default."""
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -176,6 +178,42 @@ def test_masked_prefix_and_zero_discount_give_zero_not_nan():
     assert_close(y, y_ref, TOL[torch.float32]["y"], "y")
     y, final = fastrwa.rwa_scan(z[:, :5], a[:, :5], output_final_state=True)
     assert torch.isneginf(final.m).all() and (final.d == 0).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_decayed_past_reaches_zero_not_the_smallest_subnormal(dtype):
+    """A discounted past with no new content decays by gamma per step, in the forward
+    (``n~``) and in the backward (the adjoint): both must reach 0 where the float64 reference
+    is below the dtype's smallest normal number. ``x * gamma`` rounds back to ``x`` for the
+    smallest subnormal ``x`` and ``gamma > 1/2``: unflushed, the decay stops there and fills
+    the state and every later gradient with subnormals (20x slower matrix products on x86)."""
+    B, T, D, content = 2, 700 if dtype == torch.float32 else 5000, 4, 5
+    gamma = 0.75                                       # the paper's discount bias of ~1
+    z = torch.zeros(B, T, D, dtype=dtype)
+    z[:, :content] = torch.randn(B, content, D, dtype=dtype)
+    a = torch.zeros(B, T, D, dtype=dtype)              # equal weights: d~ = 1 / (1 - gamma)
+    g = torch.full((B, T, D), math.log(gamma / (1 - gamma)), dtype=dtype)
+    z.requires_grad_()
+    y, final = fastrwa.rda_scan(z, a, g, output_final_state=True)
+    y[:, -1].sum().backward()                          # a loss on the last step only
+    # where the reference's value is far below tiny (gamma^k < tiny * 1e-3), exactly 0
+    k = math.ceil(math.log(torch.finfo(dtype).tiny * 1e-3) / math.log(gamma))
+    assert T - content > k
+    assert torch.equal(final.n, torch.zeros_like(final.n)), "n~ stopped above 0"
+    assert torch.equal(y[:, content + k:], torch.zeros_like(y[:, content + k:]))
+    assert torch.equal(z.grad[:, :T - k], torch.zeros_like(z.grad[:, :T - k])), \
+        "the adjoint stopped above 0"
+    # a few subnormal steps of y are right (n~ just above tiny, divided by d~ = 4); a stuck
+    # decay gives T - k of them per channel
+    tiny = torch.finfo(dtype).tiny
+    for what, x in (("y", y), ("z.grad", z.grad)):
+        subnormal = ((x != 0) & (x.abs() < tiny)).sum().item()
+        assert subnormal <= B * D * 10, f"{what}: {subnormal} subnormal entries"
+    z_ref = z.detach().double().requires_grad_()
+    y_ref, _ = reference(z_ref, a, g)
+    y_ref[:, -1].sum().backward()
+    assert_close(y, y_ref, TOL[dtype]["y"], "y")
+    assert_close(z.grad, z_ref.grad, TOL[dtype]["grad"], "z.grad")
 
 
 @settings(max_examples=25, deadline=None)
