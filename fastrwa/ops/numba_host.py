@@ -87,7 +87,8 @@ numba_event.register("numba:compile", CompileNotice())
 @functools.lru_cache(maxsize=None)
 def kernel_consts(cdt: torch.dtype) -> np.ndarray:
     """``[0, 1, -inf, tiny]`` in the compute type: the kernels' constants (``tiny``: the
-    smallest normal number, below which the backward's adjoint flushes to 0)."""
+    smallest normal number; the scan flushes its decaying state and adjoint below it,
+    docs/kernels.md "Subnormals")."""
     npt = torch.empty(0, dtype=cdt).numpy().dtype
     return np.array([0.0, 1.0, -np.inf, np.finfo(npt).tiny], dtype=npt)
 

@@ -25,7 +25,7 @@ from ..kernels.codes import ATTENTIONS
 from ..models.pretrained import WriteError
 from .config import (AUTOCASTS, DEFAULTS, DEVICES, LM_ONLY_MODELS, RESUMABLE_CHANGES,
                      SCHEDULES, RunConfig, parse_lm_field)
-from .device import process_group_backend, resolve_device, subnormals_flushed
+from .device import process_group_backend, resolve_device
 from .loop import train
 from .models import LM_LAYERS, MODELS
 from .problems import ALL_TASKS, make_problem
@@ -175,8 +175,7 @@ def main(argv: list[str] | None = None) -> int:
             raise RunDirError(error)
         if rank == 0:
             print(f"run directory: {run_dir}", file=sys.stderr)
-        with subnormals_flushed():
-            last = train(cfg, run_dir, resume=args.resume is not None)
+        last = train(cfg, run_dir, resume=args.resume is not None)
         fresh = False
         if rank == 0:
             _report(cfg, run_dir, last)

@@ -53,22 +53,5 @@ class Placement(NamedTuple):
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
 
-@contextlib.contextmanager
-def subnormals_flushed():
-    """Within: the CPU flushes subnormal floats to zero (``torch.set_flush_denormal``); off
-    again on exit (PyTorch's default; the state before cannot be read). Training makes
-    subnormals: gradients and states that decay through a long discounted past pass through
-    them, and x86 matrix products with even ~1% subnormal operands run several times slower
-    (a two-layer ``SequenceNet`` on classify length, T = 1000: 1.6 s per backward with the
-    flush, 8 s without). Changes no value above the smallest normal number (1.2e-38 in
-    float32). Yields whether the CPU supports it (x86 with SSE3)."""
-    supported = torch.set_flush_denormal(True)
-    try:
-        yield supported
-    finally:
-        if supported:
-            torch.set_flush_denormal(False)
-
-
 def placement(device: str, autocast: str) -> Placement:
     return Placement(resolve_device(device), torch.bfloat16 if autocast == "bf16" else None)

@@ -124,7 +124,7 @@ def decode(tokens, t_stride, T, lo, hi, L, B, D, G, R, V, F, token_shift, gated,
     ``m, n, d`` ``(L, B, D)``, ``last`` ``(L, B, D)``. Work, one row per (batch row,
     position), ``r = b * T + t``: ``x, normed, h, gate, z, y`` ``(B T, D)``, ``inp``
     ``(B T, F)``, ``proj`` ``(B T, G D)``, ``hidden`` ``(B T, R)``, ``tb`` ``(B T, 2 D)``;
-    ``logits`` ``(B, V)``. ``consts``: ``[0, 1, -inf]`` float32.
+    ``logits`` ``(B, V)``. ``consts``: ``[0, 1, -inf, tiny]`` float32.
 
     Layer by layer: every position's products at once (a weight row serves four positions),
     the scan along the positions of each row in order."""

@@ -27,12 +27,12 @@ needs was already computed by the forward step: the adjoint needs no ``exp`` at 
 factor is at most 1. ``gm`` of the final state is not used (docs/math.md §4).
 
 The later steps' part ``(P_t, Q_t)`` is flushed to 0 below the dtype's smallest normal
-number. Unflushed, it would never reach 0: ``keep * x`` for the smallest subnormal ``x``
-and any ``keep > 1/2`` rounds back to ``x``, so an adjoint that has decayed below 1e-38
-(float32) would stay subnormal for the rest of the sequence and fill ``gz``, ``ga`` and
-``gg`` with subnormals, which make x86 matrix products on them (the input projections'
-backward) about 20x slower. The flush changes a gradient by less than ``tiny`` times a
-weight of at most 1.
+number ``tiny``. Unflushed, it would never reach 0: ``keep * x`` rounds back to ``x`` for
+the smallest subnormals ``x`` (for any ``keep > 1/2``), so an adjoint that has decayed
+below 1e-38 (float32) would stay subnormal for the rest of the sequence and fill ``gz``,
+``ga`` and ``gg`` with subnormals, which make x86 matrix products on them (the input
+projections' backward) about 20x slower. Each flush changes ``rho``, ``sigma`` by less
+than ``tiny``.
 """
 
 from __future__ import annotations

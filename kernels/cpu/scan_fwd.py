@@ -15,11 +15,12 @@ chosen by the sign of ``l - (m + lam)``, with the limits spelled out: equal infi
 arguments (``l = m + lam = +inf`` or both ``-inf``) count as a difference of 0 (equal weights),
 and a ``-inf`` argument has weight 0 (a masked step, nothing seen yet, or ``lam = -inf``), so
 every finite logit counts, however negative; ``y = 0`` where ``d~ = 0``.
-``n~`` is flushed to 0 below the dtype's smallest normal number ``tiny`` (``d~`` is at least
-the current maximum's weight, 1, wherever it is not 0): a numerator that decays by
-``keep > 1/2`` per step (a discounted past with ``z = 0`` since) would otherwise stop at the
-smallest subnormal and stay there, making ``y`` subnormal for the rest of the sequence, and
-subnormal operands make x86 matrix products downstream about 20x slower.
+``n~`` is flushed to 0 where ``|y| = |n~| / d~`` is below the dtype's smallest normal number
+``tiny``: a numerator that decays by ``keep`` per step (a discounted past with ``z = 0``
+since) would otherwise stop at a few ulps of the smallest subnormal (``x * keep`` rounds
+back to ``x`` there) and stay, keeping ``y`` subnormal for the rest of the sequence, and
+subnormal operands make x86 matrix products downstream about 20x slower. Each flush
+changes ``y`` by less than ``tiny``.
 Flat arrays; ``off = ((b * T + t) * D + lo)`` in int64.
 """
 
@@ -63,9 +64,9 @@ def step_row(m, n, d, lam, lam_off, z, z_off, l, l_off, y, y_off, d_out, d_off, 
         keep_j = e if up else (zero if dec == ninf else one)   # lam = -inf keeps nothing
         take_j = one if up else (zero if l_j == ninf else e)   # -inf: no weight
         m[j] = l_j if up else dec
-        n_j = n[j] * keep_j + load(z, zo + u, zero) * take_j
-        n_j = zero if abs(n_j) < tiny else n_j       # (no subnormals: module docstring)
         d_j = d[j] * keep_j + take_j
+        n_j = n[j] * keep_j + load(z, zo + u, zero) * take_j
+        n_j = zero if abs(n_j) < tiny * d_j else n_j    # (|y| < tiny: module docstring)
         n[j] = n_j
         d[j] = d_j
         store(y, yo + u, zero if d_j == zero else n_j / d_j)      # (NaN stays NaN)
@@ -98,7 +99,8 @@ def forward(task_lo, task_hi, z, a, g, y, state0, final, ck, consts, strides, se
     strided (``strides``: the B and T element strides of z, a, g; see :func:`input_row`),
     e.g. gate slices of a projection. State, in the compute type: ``state0`` and ``final``
     ``(3, N, D)`` ``(m, n~, d~)``; with ``save``, ``ck`` ``(3, chunks, D)`` receives the
-    state entering every chunk of ``chunk`` steps; ``consts`` ``[0, 1, -inf]``.
+    state entering every chunk of ``chunk`` steps; ``consts`` ``[0, 1, -inf, tiny]``
+    (:func:`fastrwa.ops.numba_host.kernel_consts`).
     Index: sequence ``i`` is batch row ``seq_b[i]``, steps ``[seq_lo[i], seq_hi[i])``; its
     chunk ``k``'s state is row ``ck_off[i] + k`` of ``ck``. Scalars: ``block`` channels per
     task; ``attention``, ``discount``: codes of :mod:`fastrwa.kernels.codes`.
