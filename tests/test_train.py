@@ -673,13 +673,12 @@ def test_torchrun_resume_picks_the_process_group_for_the_saved_device(tmp_path):
     assert device("--resume", str(run)) == "auto"     # rank 0 reports the bad file next
 
 
-
 def test_the_trainer_process_flushes_subnormals(monkeypatch):
     """``python -m fastrwa.train`` runs with subnormal floats flushed to zero (training makes
     them; x86 matrix products on them run several times slower, docs/training.md)."""
     import runpy
     import fastrwa.train.cli as cli
-    tiny_product = lambda: (torch.tensor([1e-30]) * torch.tensor([1e-10])).item()
+    tiny_product = lambda: (torch.tensor([1e-30]) * torch.tensor([1e-10])).item()  # noqa: E731
     assert tiny_product() != 0                       # PyTorch's default: kept
     if not torch.set_flush_denormal(False):
         pytest.skip("this CPU cannot flush subnormals (torch.set_flush_denormal)")
