@@ -22,6 +22,9 @@ if ls .whl/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target /tmp/site .whl/*.whl && export PYTHONPATH=$PYTHONPATH:/tmp/site
 fi
+# fastrwa.kernels is the top-level kernels/ folder, mapped into the package by pyproject.toml:
+# only an install makes it importable (editable, so the tests run this checkout).
+python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . || exit 99
 failed=0
 step() { [[ ",$steps," == *",$1,"* ]]; }
 note() { echo "== $* ($(date +%T))" | tee -a "$out/log.txt"; }

@@ -37,9 +37,11 @@ def reference_log_weight(a: torch.Tensor, attention: str) -> torch.Tensor:
 def _weight(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     """``exp(x - m)`` for ``x <= m = max(...)``, with the limits spelled out: ``0`` for
     ``x = -inf`` (no weight; also when ``m = -inf``, nothing seen), ``1`` for ``x = m = +inf``
-    (an infinite logit dominates, and equal infinite logits share the weight). NaN stays NaN."""
+    (an infinite logit dominates, and equal infinite logits share the weight). NaN stays NaN.
+    Only an infinite tie is replaced by its limit: a finite ``x == m`` keeps ``x - m`` in the
+    graph, whose gradient (``1``, ``-1``) the gauge invariance needs where logits tie."""
     shift = torch.where(torch.isneginf(m), 0, m)
-    diff = torch.where(x == m, 0, x - shift)
+    diff = torch.where((x == m) & torch.isinf(m), 0, x - shift)
     return torch.where(torch.isneginf(x), 0, torch.exp(diff))
 
 

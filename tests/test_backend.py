@@ -83,8 +83,9 @@ def test_triton_backend_on_cpu_without_the_interpreter_is_a_clear_error(monkeypa
             fastrwa.rwa_scan(*_inputs())
 
 
-def test_triton_backend_refuses_float64():
-    z, a = (x.double() for x in _inputs())
+def test_triton_backend_refuses_float64(request):
+    device = "cuda" if request.config.getoption("--cuda") else "cpu"   # cpu: the interpreter
+    z, a = (x.to(device, torch.float64) for x in _inputs())
     with fastrwa.use_backend("triton"), pytest.raises(TypeError, match="triton.*float64"):
         fastrwa.rwa_scan(z, a)
 

@@ -78,13 +78,15 @@ def _reference(op, inputs, state):
 
 @pytest.mark.parametrize("name,op,inputs,state,expected", ROWS, ids=[r[0] for r in ROWS])
 def test_edge_table(backend, name, op, inputs, state, expected):
-    cast = lambda x: x.to(backend.dtype)                                   # noqa: E731
-    st = None if state is None else ScanState(*(cast(s) if backend.exact else s.float()
+    # The table is built at import, on the CPU: move it to the column's device and dtype.
+    cast = lambda x: x.to(backend.device, backend.dtype)                   # noqa: E731
+    st = None if state is None else ScanState(*(cast(s) if backend.exact
+                                                else s.to(backend.device, torch.float32)
                                                 for s in state))
-    y = _call(op, [cast(x) for x in inputs], st).double().flatten()
+    y = _call(op, [cast(x) for x in inputs], st).double().flatten().cpu()
     ref = _reference(op, [cast(x).double() for x in inputs],
                      None if st is None else ScanState(*(s.double() for s in st)))
-    ref = ref.flatten()
+    ref = ref.flatten().cpu()
     want = ref if expected is None else torch.tensor(expected, dtype=torch.float64)
     if expected is not None:    # the reference itself must give the stated answer
         torch.testing.assert_close(ref, want, equal_nan=True, rtol=1e-6, atol=0)
@@ -99,9 +101,10 @@ def test_nan_reaches_the_gradients(backend, name, op, inputs, state, expected):
     analytic backward is checked against the reference's autograd everywhere else): NaN at
     the same places, never a silent finite number there."""
     def grads(backend_name):
-        leaves = [x.to(backend.dtype).requires_grad_() for x in inputs]
-        st = None if state is None else ScanState(*(s.to(backend.dtype if backend.exact
-                                                         else torch.float32) for s in state))
+        leaves = [x.to(backend.device, backend.dtype).requires_grad_() for x in inputs]
+        st = None if state is None else ScanState(*(s.to(backend.device, backend.dtype
+                                                         if backend.exact else torch.float32)
+                                                    for s in state))
         with fastrwa.use_backend(backend_name):
             return torch.autograd.grad(_call(op, leaves, st).sum(), leaves)
 

@@ -5,6 +5,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from fastrwa.reference import rwa_scan_reference, weighted_scan_reference
 from fastrwa.state import ScanState
 from helpers import (ATTENTIONS, compare_gradients, leaf, loss_and_grads, make_inputs,
                      make_state, run)
@@ -31,6 +32,39 @@ def test_gradcheck_float64(exact_backend, attention, reverse, T, chunk):
 
     assert torch.autograd.gradcheck(with_state, (z, a, g, m0, n0, d0))
     assert torch.autograd.gradcheck(rwa, (z, a))
+
+
+def _tied(T=12, B=2, D=3):
+    """Inputs whose logits tie the running maximum exactly at many steps (as bfloat16 logits
+    often do): ``a`` takes only three values, and the discount logits are 0 or +inf-like."""
+    gen = torch.Generator().manual_seed(4)
+    z = torch.randn(B, T, D, generator=gen, dtype=torch.float64)
+    a = torch.tensor([0.25, 0.5, 0.5], dtype=torch.float64)[
+        torch.randint(0, 3, (B, T, D), generator=gen)]
+    return z, a
+
+
+def test_the_reference_gradient_where_logits_tie_the_running_max():
+    """Finite differences of the reference (a smooth function: the max is only a gauge) equal
+    its autograd where a logit equals the running max, discounted (log decay 0) or not."""
+    z, a = (leaf(x) for x in _tied())
+    log_decay = leaf(torch.zeros_like(a))
+    m0, n0, d0 = (leaf(x) for x in make_state(2, 3))
+    m0 = leaf(torch.full_like(m0, 0.5))         # the state's max ties the logits too
+
+    def weighted(z, a, log_decay, m0, n0, d0):
+        y, st = weighted_scan_reference(z, a, log_decay, ScanState(m0, n0, d0))
+        return _gauge_free(y, st)
+
+    assert torch.autograd.gradcheck(lambda z, a: rwa_scan_reference(z, a)[0], (z, a))
+    assert torch.autograd.gradcheck(weighted, (z, a, log_decay, m0, n0, d0))
+
+
+def test_gradients_where_logits_tie(backend):
+    z, a = _tied(T=20)
+    for dtype in (torch.float64, torch.float32)[0 if backend.exact else 1:]:
+        compare_gradients(z, a, None, "exp", make_state(2, 3), False, 7, dtype)
+        compare_gradients(z, a, torch.zeros_like(a) + 30, "exp", None, True, None, dtype)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16])
