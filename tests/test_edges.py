@@ -87,7 +87,7 @@ def test_edge_table(backend, name, op, inputs, state, expected):
     ref = _reference(op, [cast(x).double() for x in inputs],
                      None if st is None else ScanState(*(s.double() for s in st)))
     ref = ref.flatten().cpu()
-    want = ref if expected is None else torch.tensor(expected, dtype=torch.float64)
+    want = ref if expected is None else torch.tensor(expected, dtype=torch.float64, device="cpu")
     if expected is not None:    # the reference itself must give the stated answer
         torch.testing.assert_close(ref, want, equal_nan=True, rtol=1e-6, atol=0)
     torch.testing.assert_close(y, want, equal_nan=True, rtol=backend.tol["y"], atol=0)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import fastrwa
-from helpers import TOL
+from helpers import TOL, randn
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -24,7 +24,7 @@ def _dtypes(backend):
 def _layouts(B, T, D, dtype, gen):
     """``(name, make)``: ``make()`` returns a ``(B, T, D)`` view in that layout of fresh
     random numbers (the same numbers for every layout)."""
-    base = torch.randn(B, T, D, generator=gen, dtype=torch.float64)
+    base = randn(B, T, D, gen=gen)
     return [
         ("contiguous", lambda: base.to(dtype).clone()),
         ("transposed", lambda: base.transpose(1, 2).to(dtype).contiguous().transpose(1, 2)),

@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from fastrwa.reference import rwa_scan_reference, weighted_scan_reference
 from fastrwa.state import ScanState
 from helpers import (ATTENTIONS, compare_gradients, leaf, loss_and_grads, make_inputs,
-                     make_state, run)
+                     make_state, randn, run)
 
 
 def _gauge_free(y, state):
@@ -38,10 +38,10 @@ def _tied(T=12, B=2, D=3):
     """Inputs whose logits tie the running maximum exactly at many steps (as bfloat16 logits
     often do): ``a`` takes only three values, and the discount logits are 0 or +inf-like."""
     gen = torch.Generator().manual_seed(4)
-    z = torch.randn(B, T, D, generator=gen, dtype=torch.float64)
-    a = torch.tensor([0.25, 0.5, 0.5], dtype=torch.float64)[
-        torch.randint(0, 3, (B, T, D), generator=gen)]
-    return z, a
+    z = randn(B, T, D, gen=gen)
+    pick = torch.randint(0, 3, (B, T, D), generator=gen, device="cpu")
+    a = torch.tensor([0.25, 0.5, 0.5], dtype=torch.float64, device="cpu")[pick]
+    return z, a.to(z.device)
 
 
 def test_the_reference_gradient_where_logits_tie_the_running_max():
