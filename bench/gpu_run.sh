@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # The whole GPU run, as device commands from the repository root (carry .whl and .carry,
 # made by bench/gpu_prepare.sh). Each call of the device tool may run 10 minutes, so the
-# steps are meant to be split over calls (estimates, not yet measured):
-#     bash bench/gpu_run.sh tests,memcheck     # ~6 min
-#     bash bench/gpu_run.sh bench              # ~5 min: every op, peer and layer row
-#     bash bench/gpu_run.sh tune               # ~8 min
-#     bash bench/gpu_run.sh train              # ~4 min
+# steps are split over calls (times measured on an H200 on 2026-11-26 where given):
+#     bash bench/gpu_run.sh tests,memcheck     # 2.5 min (pytest 90 s on 14 workers, memcheck <50 s)
+#     bash bench/gpu_run.sh bench              # checks 11 s, ops 61 s, peers >5.5 min (a 420 s call
+#                                              # ended inside their last shape; torch.logcumsumexp
+#                                              # takes 2-5 s a call at 1M steps)
+#     bash bench/gpu_run.sh layers             # layers and streaming (not yet measured)
+#     bash bench/gpu_run.sh tune               # ~8 min (estimate)
+#     bash bench/gpu_run.sh train              # ~4 min (estimate)
 # then join the calls' reports:
 #     python bench/gpu_report.py merge A.json B.json --training lm.json --out bench/results
 # Writes under $OUT (or bench-results/gpu): log.txt, pytest.txt, memcheck.txt,
@@ -14,7 +17,7 @@
 # of failed steps.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-steps=${1:-tests,memcheck,bench,train,tune}
+steps=${1:-tests,memcheck,bench,layers,train,tune}
 out=${OUT:-bench-results/gpu}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
@@ -32,9 +35,9 @@ note "$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noh
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" \
     | tee -a "$out/log.txt"
 if step tests; then
-    # xdist spreads Triton's compiles (one per kernel specialisation) over 8 processes.
+    # xdist spreads Triton's compiles (one per kernel specialisation) over 14 processes.
     note "pytest --cuda (the Triton columns and tests/test_cuda.py)"
-    timeout 330 python3 -m pytest -q -p no:cacheprovider -n 8 --cuda --maxfail=30 \
+    timeout 330 python3 -m pytest -q -p no:cacheprovider -n 14 --cuda -rf \
         -k "triton or test_cuda" tests > "$out/pytest.txt" 2>&1 || failed=$((failed + 1))
     tail -n 25 "$out/pytest.txt" | tee -a "$out/log.txt"
 fi
@@ -56,7 +59,8 @@ if step train && [ -f .carry/text-corpus.txt ]; then
     fi
 fi
 sections=""
-step bench && sections="checks,ops,peers,layers,streaming"
+step bench && sections="checks,ops,peers"
+step layers && sections="${sections:+$sections,}layers,streaming"
 step tune && sections="${sections:+$sections,}sweep,crossover"
 if [ -n "$sections" ]; then
     note "bench/gpu.py --only $sections"
