@@ -10,11 +10,11 @@
 #     bash bench/gpu_run.sh tune               # ~8 min (estimate)
 #     bash bench/gpu_run.sh train              # ~4 min (estimate)
 # then join the calls' reports:
-#     python bench/gpu_report.py merge A.json B.json --training lm.json --out bench/results
+#     python bench/gpu_report.py merge B.json L.json T.json --training lm.json --out bench/results/gpu
 # Writes under $OUT (or bench-results/gpu): log.txt, pytest.txt, memcheck.txt,
 # gpu-<device>.json and .png, lm.json, and prints the short table last. A step that fails or
 # outruns its time limit is reported and the next still runs; the exit status is the number
-# of failed steps.
+# of failed steps (99: the package did not install, and nothing ran).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 steps=${1:-tests,memcheck,bench,layers,train,tune}
@@ -27,7 +27,8 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 # fastrwa.kernels is the top-level kernels/ folder, mapped into the package by pyproject.toml:
 # only an install makes it importable (editable, so the tests run this checkout).
-python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . || exit 99
+python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . \
+    || { echo "pip install -e . failed: fastrwa cannot be imported" >&2; exit 99; }
 failed=0
 step() { [[ ",$steps," == *",$1,"* ]]; }
 note() { echo "== $* ($(date +%T))" | tee -a "$out/log.txt"; }

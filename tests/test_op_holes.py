@@ -50,7 +50,7 @@ def test_every_dtype_and_layout_gives_the_contiguous_answer(backend, layout):
             assert made[0].stride(0) == 0
         leaves = [x.detach().requires_grad_() for x in made]
         flat = [x.detach().contiguous().requires_grad_() for x in made]
-        gy = torch.randn(B, T, D, generator=gen).to(dtype)
+        gy = randn(B, T, D, gen=gen).to(dtype)
         y, _ = fastrwa.rda_scan(*leaves, attention="softplus")
         y_flat, _ = fastrwa.rda_scan(*flat, attention="softplus")
         torch.testing.assert_close(y, y_flat, rtol=0, atol=0, msg=f"y, {dtype}")
