@@ -46,6 +46,7 @@ ROWS = {
     "no warmup": (["--warmup", "0"], [], None),
     "warmup 100": (["--warmup", "100"], [], None),
     "tie_embeddings=false": ([], ["tie_embeddings=false"], None),
+    "learn_initial_state=false": ([], ["learn_initial_state=false"], None),
     "2 layers, equal params": ([], [], 2),
     "8 layers, equal params": ([], [], 8),
 }

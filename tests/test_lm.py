@@ -12,7 +12,8 @@ from fastrwa.testing import LiveTensorMeter, NewStorageCounter, storages
 from fastrwa.nn.functional import rms_norm_into
 
 VARIANTS = ([dict(layer="rwa")] + [dict(layer="rda", attention=a) for a in ATTENTIONS]
-            + [dict(layer="rda", output_gate=False)])
+            + [dict(layer="rda", output_gate=False), dict(layer="rda", learn_initial_state=False),
+               dict(layer="rwa", learn_initial_state=False)])
 TOL_FP32 = 2e-5  # logits, streaming vs parallel
 
 
@@ -155,6 +156,29 @@ def test_a_saved_config_without_output_gate_loads_the_model_it_was_saved_from(tm
     torch.testing.assert_close(loaded(tokens)[0], model(tokens)[0], rtol=0, atol=0)
 
 
+def test_learn_initial_state_reaches_every_scan_layer():
+    """Off: no layer's prior pseudo-step is a trained parameter, and each starts empty (the
+    first output is the first step's value alone); on (the default): every one is trained."""
+    for learn in (True, False):
+        model = tiny(learn_initial_state=learn)
+        for block in model.blocks:
+            for p in (block.mix.initial_value, block.mix.initial_logit):
+                assert p.requires_grad == learn
+            assert torch.isneginf(block.mix.initial_logit).all() != learn
+
+
+def test_a_saved_config_without_learn_initial_state_loads_with_a_learned_state(tmp_path):
+    """Every model saved before the field existed learned its initial state."""
+    import json
+
+    model = tiny()
+    model.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    del saved["learn_initial_state"]
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    assert ByteLM.load(tmp_path).config.learn_initial_state
+
+
 def test_tied_embeddings_survive_loading(tmp_path):
     model = tiny()
     model.save_pretrained(tmp_path)
@@ -237,6 +261,8 @@ def test_a_fresh_cache_starts_from_the_learned_initial_state():
     (lambda: LMConfig(token_shift="no"), TypeError, "token_shift must be True or False"),
     (lambda: LMConfig(tie_embeddings=1), TypeError, "tie_embeddings must be True or False"),
     (lambda: LMConfig(output_gate="yes"), TypeError, "output_gate must be True or False"),
+    (lambda: LMConfig(learn_initial_state=1), TypeError,
+     "learn_initial_state must be True or False"),
     (lambda: LMConfig(d_model=True), ValueError, "d_model must be a positive int"),
 ])
 def test_config_types_are_checked(call, error, words):

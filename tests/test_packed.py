@@ -72,6 +72,7 @@ CONFIGS = [
     dict(attention="softplus", f_o="relu", token_shift=False),
     dict(attention="relu", output_gate=False, tie_embeddings=False, mlp_ratio=2),
     dict(preset="exp-tanh", discount_init="spread", n_layers=3),
+    dict(learn_initial_state=False),
 ]
 
 

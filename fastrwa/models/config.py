@@ -43,6 +43,10 @@ class LMConfig:
             projection more per block, as gated linear RNNs gate their outputs). A saved
             ``config.json`` without this field was written by a model without the gate and
             loads as ``False`` (:func:`fastrwa.models.load_pretrained`).
+        learn_initial_state: each scan layer learns its prior pseudo-step ``(s_0, a_0)``, the
+            RWA paper's learned initial state (:class:`fastrwa.nn.RDA`); ``False`` starts every
+            sequence from an empty state. Scan layers only. A saved ``config.json`` without
+            this field loads as ``True``, what every earlier model had.
         mlp_ratio: hidden width of each MLP over ``d_model``.
         tie_embeddings: the output head reuses the input embedding matrix.
         n_heads: attention heads of "transformer" (``d_model / n_heads`` even).
@@ -61,6 +65,7 @@ class LMConfig:
     token_shift: bool = True
     discount_init: str = "paper"
     output_gate: bool = True
+    learn_initial_state: bool = True
     mlp_ratio: int = 4
     tie_embeddings: bool = True
     n_heads: int = 4
@@ -76,7 +81,7 @@ class LMConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"LMConfig.{name} must be a positive int, got {value!r}")
-        for name in ("token_shift", "output_gate", "tie_embeddings"):
+        for name in ("token_shift", "output_gate", "learn_initial_state", "tie_embeddings"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"LMConfig.{name} must be True or False, got "
                                 f"{getattr(self, name)!r}")
@@ -122,4 +127,4 @@ class LMConfig:
 # A saved model (load_pretrained) or run (--resume) whose configuration lacks one of these
 # fields was written before the field existed, by a model built without it: it loads as it
 # was built, whatever the field's default is now.
-FIELDS_BEFORE_THEY_EXISTED = {"output_gate": False}
+FIELDS_BEFORE_THEY_EXISTED = {"output_gate": False, "learn_initial_state": True}

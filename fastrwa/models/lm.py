@@ -43,10 +43,12 @@ class Block(nn.Module):
         d = config.d_model
         self.norm1 = nn.RMSNorm(d)
         if config.layer == "rwa":
-            self.mix = RWA(d, d, token_shift=config.token_shift)
+            self.mix = RWA(d, d, token_shift=config.token_shift,
+                           learn_initial_state=config.learn_initial_state)
         else:
             self.mix = RDA(d, d, attention=config.attention, f_h=config.f_h, f_o=config.f_o,
-                           preset=config.preset, token_shift=config.token_shift)
+                           preset=config.preset, token_shift=config.token_shift,
+                           learn_initial_state=config.learn_initial_state)
         self.gate = nn.Linear(d, d) if config.output_gate else None
         self.norm2 = nn.RMSNorm(d)
         self.mlp = nn.Sequential(nn.Linear(d, config.mlp_ratio * d), nn.GELU(),
