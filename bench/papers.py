@@ -33,6 +33,8 @@ sys.path.insert(0, str(ROOT))
 from fastrwa.train.models import SequenceNet  # noqa: E402
 from fastrwa.train.tasks import make_task  # noqa: E402
 
+PAPER_LR = 1e-3            # the RDA paper's Adam learning rate
+
 # The RDA paper's tables (steps to the threshold; None: not reached in the steps given).
 PAPER = {
     "adding": {"metric": "loss", "below": 0.001, "limit": 10000,
@@ -83,11 +85,13 @@ def evaluate(net, task, batch) -> float:
 
 def run(task_name: str, model: str, seed: int, seq_len: int, max_steps: int,
         eval_every: int, time_limit: float, hidden: int = 250, batch: int = 100,
-        timescales: tuple | None = None, layers: int = 1, progress: bool = False) -> dict:
+        timescales: tuple | None = None, layers: int = 1, lr: float = PAPER_LR,
+        progress: bool = False) -> dict:
     """One model on one task with one seed: the steps to the threshold (or ``None``).
     ``timescales``: ``(shortest, longest)`` memory lengths for the RDA scan layers'
     discount initialisation (``fastrwa.nn.RDA.set_discount_timescales``, every layer;
     default: the paper's bias of 1). ``layers``: stacked recurrent layers (the paper: 1).
+    ``lr``: Adam's learning rate (the paper's: 1e-3).
     ``progress``: print each evaluation as it comes."""
     kind, preset, _ = MODELS[model]
     torch.manual_seed(seed)
@@ -96,7 +100,7 @@ def run(task_name: str, model: str, seed: int, seq_len: int, max_steps: int,
     if timescales is not None and kind == "rda-scan":
         for layer in net.core:
             layer.set_discount_timescales(*timescales)
-    optimizer = torch.optim.Adam(net.parameters(), lr=1e-3)
+    optimizer = torch.optim.Adam(net.parameters(), lr=lr)
     held_out = task.batch(0, batch, "valid")
     curve, reached, began = [], None, time.perf_counter()
     step = 0
@@ -122,6 +126,7 @@ def run(task_name: str, model: str, seed: int, seq_len: int, max_steps: int,
                 break
     return {"task": task_name, "model": model, "seed": seed,
             "timescales": timescales if kind == "rda-scan" else None, "layers": layers,
+            "lr": lr,
             "steps_to_threshold": reached,
             "steps_run": step, "seconds": time.perf_counter() - began, "curve": curve}
 
@@ -143,27 +148,30 @@ def _cell(runs: list) -> str:
 def variant(r: dict) -> str:
     """How a run differs from the paper's recipe: its RDA discount initialisation (the
     paper's bias, "paper", also for the models without a discount, or a spread of memories)
-    and, where not the paper's one, its number of layers."""
+    and, where not the paper's, its number of layers and its learning rate."""
     ts = r.get("timescales")
     label = "paper" if not ts else f"spread {ts[0]:g}-{ts[1]:g}"
-    layers = r.get("layers", 1)
-    return label if layers == 1 else f"{label}, {layers} layers"
+    layers, lr = r.get("layers", 1), r.get("lr", PAPER_LR)
+    label = label if layers == 1 else f"{label}, {layers} layers"
+    return label if lr == PAPER_LR else f"{label}, lr {lr:g}"
 
 
 def merged(path: pathlib.Path, new: list, seq_len: int) -> list:
     """The results in ``path`` (earlier invocations) with ``new`` added: a run of the same
-    task, model, seed, length, discount initialisation and layers replaces the earlier one.
+    task, model, seed, length, discount initialisation, layers and learning rate replaces the
+    earlier one.
     Runs saved without a field (older versions) take the record's value or the default."""
-    new = [dict(r, seq_len=seq_len, layers=r.get("layers", 1),
+    new = [dict(r, seq_len=seq_len, layers=r.get("layers", 1), lr=r.get("lr", PAPER_LR),
                 timescales=list(r["timescales"]) if r["timescales"] else None) for r in new]
     key = lambda r: (r["task"], r["model"], r["seed"], r["seq_len"],  # noqa: E731
-                     tuple(r["timescales"] or ()), r["layers"])
+                     tuple(r["timescales"] or ()), r["layers"], r["lr"])
     old = []
     if path.is_file():
         record = json.loads(path.read_text())
         old = [dict(r, seq_len=r.get("seq_len", record.get("seq_len")),
                     quick=r.get("quick", record.get("quick", False)),
-                    timescales=r.get("timescales") or None, layers=r.get("layers", 1))
+                    timescales=r.get("timescales") or None, layers=r.get("layers", 1),
+                    lr=r.get("lr", PAPER_LR))
                for r in record["results"]]
     replaced = {key(r) for r in new}
     return [r for r in old if key(r) not in replaced] + new
@@ -226,6 +234,8 @@ def main(argv=None) -> int:
                         "lengths from SHORT to LONG tokens (default: the paper's bias 1)")
     p.add_argument("--layers", type=int, default=1,
                    help="an ablation: stacked recurrent layers (default: the paper's 1)")
+    p.add_argument("--lr", type=float, default=PAPER_LR,
+                   help="an ablation: Adam's learning rate (default: the paper's 1e-3)")
     p.add_argument("--quick", action="store_true", help="3 steps per run at T = 20")
     p.add_argument("--out", type=pathlib.Path, default=ROOT / "bench" / "results" / "papers")
     args = p.parse_args(argv)
@@ -234,6 +244,8 @@ def main(argv=None) -> int:
                 "which T = 20 check runs would join")
     if args.layers < 1:
         p.error(f"--layers must be at least 1, got {args.layers}")
+    if not args.lr > 0:
+        p.error(f"--lr must be positive, got {args.lr}")
     if args.eval_every < 1:
         p.error(f"--eval-every must be at least 1, got {args.eval_every}")
     if args.quick:
@@ -246,7 +258,7 @@ def main(argv=None) -> int:
                 limit = args.max_steps or PAPER[task]["limit"]
                 r = run(task, model, seed, args.seq_len, limit, args.eval_every,
                         args.time_limit, timescales=args.discount_timescales,
-                        layers=args.layers, progress=not args.quick)
+                        layers=args.layers, lr=args.lr, progress=not args.quick)
                 results.append(dict(r, argv=given, quick=args.quick))
                 print(f"{task:16} {model:15} seed {seed}: "
                       f"{r['steps_to_threshold'] or 'not reached'} "

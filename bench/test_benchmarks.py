@@ -101,6 +101,10 @@ def test_papers_results_merge_across_invocations(tmp_path):
     assert sorted((r["model"], r["steps_run"]) for r in out) == [
         ("rda-exp-tanh", 7), ("rda-exp-tanh", 8), ("rwa-scan", 5), ("rwa-scan", 9)]
     assert papers.variant(out[-1]) == "paper, 2 layers"
+    assert all(r["lr"] == 1e-3 for r in out)                # the paper's, where unsaved
+    faster = [dict(new[0], lr=3e-3, steps_run=10)]
+    both = papers.merged(path, faster, 1000)                # another learning rate adds a run
+    assert len(both) == 3 and papers.variant(both[-1]) == "paper, lr 0.003"
     assert all(r["seq_len"] == 1000 for r in out)
     assert [r["quick"] for r in out if r["steps_run"] == 5] == [False]
     assert len(papers.merged(path, new, 20)) == 5          # another length replaces nothing
