@@ -212,7 +212,8 @@ def plot(results: list, tasks: set, out: pathlib.Path) -> None:
             ax.set_yscale("log")
         ax.set_xlabel("training step")
         ax.set_ylabel(f"held-out {rule['metric']}")
-        ax.set_title(f"{task}: the RDA paper's recipe (batch 100, Adam 1e-3, 250 units)")
+        ax.set_title(f"{task}: the RDA paper's recipe (batch 100, 250 units, Adam 1e-3 "
+                     f"unless the label gives an lr)")
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))   # beside the axes
         fig.tight_layout()
         fig.savefig(out / f"{task}.png", dpi=100)
@@ -244,8 +245,8 @@ def main(argv=None) -> int:
                 "which T = 20 check runs would join")
     if args.layers < 1:
         p.error(f"--layers must be at least 1, got {args.layers}")
-    if not args.lr > 0:
-        p.error(f"--lr must be positive, got {args.lr}")
+    if not (math.isfinite(args.lr) and args.lr > 0):
+        p.error(f"--lr must be a positive finite number, got {args.lr}")
     if args.eval_every < 1:
         p.error(f"--eval-every must be at least 1, got {args.eval_every}")
     if args.quick:
@@ -270,13 +271,13 @@ def main(argv=None) -> int:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(record, indent=1) + "\n")
     tmp.replace(path)                    # (a run killed while writing keeps the old file)
-    print(f"\n{'task':16} {'model':15} {'T':>5} {'variant':>24} {'paper':>8} "
+    print(f"\n{'task':16} {'model':15} {'T':>5} {'variant':>34} {'paper':>8} "
           f"{'here (median, range)':>24}")
     for (task, model, seq_len, label), runs in table(results).items():
         if task not in PAPER or model not in MODELS:
             continue                                      # kept in the file, not tabled
         paper = PAPER[task]["steps"][MODELS[model][2]]
-        print(f"{task:16} {model:15} {seq_len:>5} {label:>24} {paper if paper else '> limit':>8} "
+        print(f"{task:16} {model:15} {seq_len:>5} {label:>34} {paper if paper else '> limit':>8} "
               f"{_cell(runs):>24}")
     plot(results, {r["task"] for r in results}, args.out)
     return 0

@@ -84,8 +84,9 @@ def test_long_context_carried_windows_read_as_one_pass():
 
 def test_papers_results_merge_across_invocations(tmp_path):
     """A new run replaces only the earlier run of the same task, model, seed, length,
-    discount initialisation and layers; runs saved by older versions (no length, timescales,
-    quick or layers fields) load with the record's values or the defaults."""
+    discount initialisation, layers and learning rate; runs saved by older versions (no
+    length, timescales, quick, layers or lr fields) load with the record's values or the
+    defaults."""
     import papers
     path = tmp_path / "papers.json"
     path.write_text('{"seq_len": 1000, "quick": false, "results": ['

@@ -168,8 +168,12 @@ def test_learn_initial_state_reaches_every_scan_layer():
 
 
 def test_a_saved_config_without_learn_initial_state_loads_with_a_learned_state(tmp_path):
-    """Every model saved before the field existed learned its initial state."""
+    """Every model saved before the field existed learned its initial state (so it loads
+    as True, whatever the default may become)."""
     import json
+
+    from fastrwa.models.config import FIELDS_BEFORE_THEY_EXISTED
+    assert FIELDS_BEFORE_THEY_EXISTED["learn_initial_state"] is True
 
     model = tiny()
     model.save_pretrained(tmp_path)
