@@ -157,8 +157,8 @@ def test_a_saved_config_without_output_gate_loads_the_model_it_was_saved_from(tm
 
 
 def test_learn_initial_state_reaches_every_scan_layer():
-    """Off: no layer's prior pseudo-step is a trained parameter, and each starts empty (the
-    first output is the first step's value alone); on (the default): every one is trained."""
+    """Off: no layer's prior pseudo-step is a trained parameter, and each starts empty (its
+    initial logit is -inf); on (the default): every one is trained and finite."""
     for learn in (True, False):
         model = tiny(learn_initial_state=learn)
         for block in model.blocks:
