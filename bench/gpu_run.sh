@@ -2,13 +2,13 @@
 # The whole GPU run, as device commands from the repository root (carry .whl and .carry,
 # made by bench/gpu_prepare.sh). Each call of the device tool may run 10 minutes, so the
 # steps are split over calls (times measured on an H200 on 2026-11-26 where given):
-#     bash bench/gpu_run.sh tests,memcheck     # 2.5 min (pytest 90 s on 14 workers, memcheck <50 s)
+#     bash bench/gpu_run.sh tests,memcheck     # 2.5 min (pytest 90-101 s on 14 workers, memcheck <50 s)
 #     bash bench/gpu_run.sh bench              # checks 11 s, ops 61 s, peers >5.5 min (a 420 s call
 #                                              # ended inside their last shape; torch.logcumsumexp
 #                                              # takes 2-5 s a call at 1M steps)
-#     bash bench/gpu_run.sh layers             # layers and streaming (not yet measured)
-#     bash bench/gpu_run.sh tune               # ~8 min (estimate)
-#     bash bench/gpu_run.sh train              # ~4 min (estimate)
+#     bash bench/gpu_run.sh layers             # 25 s (layers 18 s, streaming 3 s; H100)
+#     bash bench/gpu_run.sh tune               # 6.3 min (sweep 345 s, crossover 17 s; H100)
+#     bash bench/gpu_run.sh train              # ~4 min (estimate; 2.5 minutes of training took 3.3)
 # then join the calls' reports:
 #     python bench/gpu_report.py merge B.json L.json T.json --training lm.json --out bench/results/gpu
 # Writes under $OUT (or bench-results/gpu): log.txt, pytest.txt, memcheck.txt,

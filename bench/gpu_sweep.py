@@ -35,12 +35,14 @@ def _time(shape, dtype, pass_: str, knobs: dict) -> float:
         return timed(fastrwa_fn("rda-exp"), leaves, gy, passes=(pass_,))[pass_]
 
 
-def _try(shape, dtype_name, algorithm, pass_, knobs) -> dict:
+def _try(shape, dtype_name, algorithm, pass_, knobs, log=None) -> dict:
     entry = dict(dtype=dtype_name, algorithm=algorithm, pass_=pass_, **knobs)
     try:
         entry["ms"] = _time(shape, DTYPES[dtype_name], pass_, dict(algorithm=algorithm, **knobs))
     except Exception as e:  # noqa: BLE001 (a config that does not compile or run is a result)
         entry["error"] = f"{type(e).__name__}: {str(e)[:120]}"
+    if log is not None:  # each point as it is measured, so a run cut short keeps what it had
+        log(dict(sweep=entry))
     return entry
 
 
@@ -54,15 +56,15 @@ def sweep(log, shape=(16, 4096, 1024), keep: int = 5) -> list[dict]:
         for bt, bd, warps in itertools.product(GRID_T, GRID_D, GRID_WARPS):
             grid.append(dict(block_t=bt, **(dict(block_d=bd, warps=warps) if pass_ == "fwd"
                                             else dict(block_d_backward=bd, warps_backward=warps))))
-        mine = [_try(shape, "float32", algorithm, pass_, knobs) for knobs in grid]
+        mine = [_try(shape, "float32", algorithm, pass_, knobs, log) for knobs in grid]
         ranked = sorted((e for e in mine if "ms" in e), key=lambda e: e["ms"])
         if ranked:
             knobs = {k: v for k, v in ranked[0].items() if k in KNOBS}
-            mine += [_try(shape, "float32", algorithm, pass_, dict(knobs, stages=st))
+            mine += [_try(shape, "float32", algorithm, pass_, dict(knobs, stages=st), log)
                      for st in GRID_STAGES]
         for best in ranked[:keep]:
             knobs = {k: v for k, v in best.items() if k in KNOBS}
-            mine.append(_try(shape, "bfloat16", algorithm, pass_, knobs))
+            mine.append(_try(shape, "bfloat16", algorithm, pass_, knobs, log))
         for dtype_name in DTYPES:
             timed = [e for e in mine if e["dtype"] == dtype_name and "ms" in e]
             if timed:
