@@ -484,6 +484,47 @@ def _lm_flags(corpus):
             "--eval-every", 4, "--checkpoint-every", 3, "--eval-bytes", 300]
 
 
+@pytest.mark.parametrize("model, flags, named", [
+    ("lstm", ["--lm", "token_shift=false"], "--lm token_shift"),
+    ("gru", ["--attention", "exp"], "--attention"),
+    ("transformer", ["--lm", "output_gate=false"], "--lm output_gate"),
+    ("mingru", ["--lm", "learn_initial_state=false"], "--lm learn_initial_state"),
+    ("rwa-scan", ["--lm", "discount_init=spread"], "--lm discount_init"),
+])
+def test_language_model_refuses_fields_its_model_does_not_read(tmp_path, capsys, model, flags,
+                                                                named):
+    """A field the model ignores would look like an ablation and change nothing: refused,
+    named, before anything is written."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_bytes(b"the quick brown fox jumps over the lazy dog. " * 200)
+    code, run = _run(tmp_path, "new", *_lm_flags(corpus), "--model", model, *flags)
+    assert code == 2 and not run.exists()
+    err = capsys.readouterr().err
+    assert named in err and f"--model {model} does not read" in err
+
+
+def test_language_model_fields_a_model_reads_are_accepted(tmp_path, capsys):
+    """...and the fields it reads are taken and recorded; on resume an unread one is refused
+    and the run is left as it was."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_bytes(b"the quick brown fox jumps over the lazy dog. " * 200)
+    for name, model, flags in (("m", "mingru", ["--lm", "mlp_ratio=2"]),
+                               ("t", "transformer", ["--lm", "n_heads=2", "--lm", "mlp_ratio=2"]),
+                               ("r", "rwa-scan", ["--lm", "learn_initial_state=false"])):
+        code, run = _run(tmp_path, name, *_lm_flags(corpus), "--model", model, "--steps", 2,
+                         *flags)
+        assert code == 0, name
+        saved = json.loads((run / "config.json").read_text())["lm"]
+        assert all(saved[k] == json.loads(v) for k, v in
+                   (f.split("=") for f in flags if "=" in f)), saved
+    capsys.readouterr()
+    before = {name: (run / name).read_text() for name in ("config.json", "metrics.jsonl")}
+    flags = ["--steps", "3", "--no-progress", "--lm", "discount_init=spread"]
+    assert train_main(["--resume", str(run), *flags]) == 2
+    assert "--lm discount_init: --model rwa-scan does not read it" in capsys.readouterr().err
+    assert {name: (run / name).read_text() for name in before} == before
+
+
 def test_language_model_resume_is_bit_identical(tmp_path):
     """A ByteLM run stopped at a checkpoint and resumed follows the uninterrupted run to the
     bit: weights, the warmup/cosine schedule, the carried states of every micro-batch."""

@@ -11,6 +11,18 @@ from ..kernels.codes import ATTENTIONS
 BYTE_VOCAB = 256
 LAYERS = ("rda", "rwa", "lstm", "gru", "transformer", "mingru")
 DISCOUNT_INITS = ("paper", "spread")
+# The fields each layer reads beyond those every model reads (vocab_size, d_model, n_layers,
+# layer, tie_embeddings, and context, which a training run sets to its BPTT for every model).
+# A layer ignores the others; the training CLI refuses them (fastrwa.train.config).
+LAYER_FIELDS = {
+    "rda": ("attention", "f_h", "f_o", "preset", "token_shift", "discount_init", "output_gate",
+            "learn_initial_state", "mlp_ratio"),
+    "rwa": ("token_shift", "output_gate", "learn_initial_state", "mlp_ratio"),
+    "lstm": (),
+    "gru": (),
+    "mingru": ("mlp_ratio",),
+    "transformer": ("mlp_ratio", "n_heads"),
+}
 
 
 def heads_split_evenly(d_model: int, n_heads: int) -> bool:
@@ -52,6 +64,9 @@ class LMConfig:
         n_heads: attention heads of "transformer" (``d_model / n_heads`` even).
         context: "transformer"'s window in bytes (even; a training run sets it to its
             BPTT); other layers ignore it.
+
+    Each layer reads only its own fields (:data:`LAYER_FIELDS`) and ignores the rest; the
+    training CLI refuses ``--lm`` fields the model does not read.
     """
 
     vocab_size: int = BYTE_VOCAB + 1

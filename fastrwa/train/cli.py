@@ -27,7 +27,7 @@ from .config import (AUTOCASTS, DEFAULTS, DEVICES, LM_ONLY_MODELS, RESUMABLE_CHA
                      SCHEDULES, RunConfig, parse_lm_field)
 from .device import process_group_backend, resolve_device
 from .loop import train
-from .models import LM_LAYERS, MODELS
+from .models import LM_LAYERS, MODELS, check_lm_flags
 from .problems import ALL_TASKS, make_problem
 from .rundir import CONFIG, RunDirError, discard_unstarted_run, prepare_run_dir
 from .tasks import TASKS
@@ -94,7 +94,10 @@ def _config(args: argparse.Namespace) -> tuple[RunConfig, dict]:
     checked = given
     if args.resume is not None and "task" not in given:   # --lm fits the saved run's task:
         checked = {k: v for k, v in given.items() if k != "lm"}   # checked once it is read
-    return RunConfig(**checked), given
+    cfg = RunConfig(**checked)
+    if args.resume is None and cfg.is_lm:
+        check_lm_flags(cfg.model, given.get("lm", {}), "attention" in given)
+    return cfg, given
 
 
 def _resolve_run(args, cfg: RunConfig, given: dict,
@@ -105,6 +108,8 @@ def _resolve_run(args, cfg: RunConfig, given: dict,
         if args.run_dir is not None and args.run_dir != args.resume:
             raise RunDirError("--resume RUN_DIR and --run-dir name different directories")
         saved = prepare_run_dir(args.resume, cfg, resume=True, overwrite=False, hold=hold)
+        if saved.is_lm:
+            check_lm_flags(saved.model, given.get("lm", {}), "attention" in given)
         if "lm" in given:              # --lm on resume names fields, over the saved ones
             given = {**given, "lm": {**saved.lm, **given["lm"]}}
         # Flags that differ from the saved run are named first: a config built from them

@@ -10,6 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from ..models import LMConfig
+from ..models.config import LAYER_FIELDS
 from ..nn import RDA, RWA, RDACell, Recurrent, RRACell, RWACell
 from .config import LM_FLAG_FIELDS, LM_ONLY_MODELS, RunConfig
 
@@ -90,6 +91,26 @@ def lm_config(cfg: RunConfig) -> LMConfig:
                         attention=cfg.attention, context=cfg.bptt, **cfg.lm)
     except TypeError as exc:           # an unknown field, or a bool given a number
         raise ValueError(f"--lm: {exc}") from exc
+
+
+def check_lm_flags(model: str, lm: dict, attention_given: bool) -> None:
+    """Refuse the ``--lm`` fields, and ``--attention``, that ``--model``'s language model does
+    not read (:data:`fastrwa.models.config.LAYER_FIELDS`): the run would ignore them, and look
+    like an ablation that changed nothing. Fields no model has are left to :class:`LMConfig`.
+    """
+    layer = LM_LAYERS.get(model)
+    if layer is None:
+        return
+    read = LAYER_FIELDS[layer]
+    optional = {name for fields in LAYER_FIELDS.values() for name in fields}
+    unread = [f"--lm {name}" for name in lm if name in optional and name not in read]
+    if attention_given and "attention" not in read:
+        unread.insert(0, "--attention")
+    if unread:
+        reads = ", ".join(read) if read else "none of the optional fields"
+        raise ValueError(f"{', '.join(unread)}: --model {model} does not read "
+                         f"{'it' if len(unread) == 1 else 'them'} (it reads {reads}); "
+                         f"the run would ignore {'it' if len(unread) == 1 else 'them'}")
 
 
 def with_every_lm_field(cfg: RunConfig) -> RunConfig:
