@@ -212,8 +212,8 @@ def plot(results: list, tasks: set, out: pathlib.Path) -> None:
             ax.set_yscale("log")
         ax.set_xlabel("training step")
         ax.set_ylabel(f"held-out {rule['metric']}")
-        ax.set_title(f"{task}: the RDA paper's recipe (batch 100, 250 units, Adam 1e-3 "
-                     f"unless the label gives an lr)")
+        ax.set_title(f"{task}: the RDA paper's recipe\n(batch 100, 250 units, Adam 1e-3 "
+                     f"unless the label gives an lr)", fontsize=10)
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))   # beside the axes
         fig.tight_layout()
         fig.savefig(out / f"{task}.png", dpi=100)
