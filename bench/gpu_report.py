@@ -141,8 +141,9 @@ def plot(report: dict, path: str) -> None:
 
 def merge(reports: list[dict]) -> dict:
     """One report from the reports of several calls on the same device and versions: rows
-    in order, the other keys from the last report that has them (``lstm_ratio`` from the last
-    that measured it). Raises ValueError when device or versions differ."""
+    in order, ``section_seconds`` and ``section_errors`` joined, the other keys from the last
+    report that has them (``lstm_ratio`` from the last that measured it). Raises ValueError
+    when device or versions differ."""
     if not reports:
         raise ValueError("merge needs at least one report")
     first = reports[0]
@@ -152,9 +153,13 @@ def merge(reports: list[dict]) -> dict:
             if r[key] != first[key]:
                 raise ValueError(f"cannot merge reports of different {key}: {first[key]!r} "
                                  f"and {r[key]!r}")
+    joined = ("section_seconds", "section_errors")
     out = dict(first, rows=[], lstm_ratio=None)
     for r in reports:
-        out.update({k: v for k, v in r.items() if k not in ("rows", "lstm_ratio")})
+        out.update({k: v for k, v in r.items() if k not in ("rows", "lstm_ratio", *joined)})
+        for key in joined:
+            if key in r:
+                out[key] = {**out.get(key, {}), **r[key]}
         out["rows"] += r["rows"]
         if r.get("lstm_ratio") is not None:
             out["lstm_ratio"] = r["lstm_ratio"]

@@ -7,8 +7,8 @@
 #                                              # ended inside their last shape; torch.logcumsumexp
 #                                              # takes 2-5 s a call at 1M steps)
 #     bash bench/gpu_run.sh layers             # 25 s (layers 18 s, streaming 3 s; H100)
-#     bash bench/gpu_run.sh tune               # 6.3 min (sweep 345 s, crossover 17 s; H100)
-#     bash bench/gpu_run.sh train              # ~4 min (estimate; 2.5 minutes of training took 3.3)
+#     bash bench/gpu_run.sh tune               # 6.3 min call (sweep 345 s, crossover 17 s; H100)
+#     bash bench/gpu_run.sh train              # ~4 min (estimate; a 2.5-minute run was a 3.3-min call)
 # then join the calls' reports:
 #     python bench/gpu_report.py merge B.json L.json T.json --training lm.json --out bench/results/gpu
 # Writes under $OUT (or bench-results/gpu): log.txt, pytest.txt, memcheck.txt,

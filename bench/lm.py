@@ -38,15 +38,25 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from fastrwa.models import LMConfig, build  # noqa: E402
+from fastrwa.models.config import LAYER_FIELDS  # noqa: E402
 from fastrwa.train.config import parse_lm_field  # noqa: E402
 from fastrwa.train.models import LM_LAYERS as LAYER  # noqa: E402
 
 BLOCKS = ("rda", "rwa", "transformer", "mingru")     # layers with ByteLM's depth
 
 
+def own_fields(model: str, lm: dict) -> dict:
+    """The ``--lm`` fields ``model`` reads: they go to the fastrwa models (an RDA-only field
+    skips ``rwa-scan``); the baselines keep their defaults."""
+    if LAYER[model] not in ("rda", "rwa"):
+        return {}
+    return {k: v for k, v in lm.items() if k in LAYER_FIELDS[LAYER[model]]
+            or k not in {name for fields in LAYER_FIELDS.values() for name in fields}}
+
+
 def params(model: str, d_model: int, n_layers: int, lm: dict) -> int:
     config = LMConfig(layer=LAYER[model], d_model=d_model, n_layers=n_layers,
-                      **(lm if LAYER[model] in ("rda", "rwa") else {}))
+                      **own_fields(model, lm))
     return sum(p.numel() for p in dict.fromkeys(build(config).parameters()))
 
 
@@ -103,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--evals", type=int, default=10, help="evaluations per run")
     p.add_argument("--eval-bytes", type=int, default=100_000)
     p.add_argument("--lm", action="append", default=[], metavar="KEY=VALUE",
-                   help="LMConfig fields of the fastrwa model")
+                   help="LMConfig fields of the fastrwa models (each takes those it reads)")
     p.add_argument("--out", type=pathlib.Path, default=ROOT / "bench" / "results" / "lm")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--table", type=pathlib.Path, metavar="LM_JSON",
@@ -140,7 +150,9 @@ def main(argv: list[str] | None = None) -> int:
         d, layers = shapes[m]
         flags = [*common, "--model", m, "--hidden", d, "--layers", layers]
         if LAYER[m] in ("rda", "rwa"):
-            flags += [x for item in args.lm for x in ("--lm", item)]
+            mine = own_fields(m, lm)
+            flags += [x for item in args.lm if parse_lm_field(item)[0] in mine
+                      for x in ("--lm", item)]
         steps = args.steps
         if args.equal == "time":
             calib = run(f"{m}-calibration", [*flags, "--steps", 12, "--warmup", 0,

@@ -88,11 +88,12 @@ def test_shell_scripts_parse(script):
 
 
 def test_reports_of_several_calls_merge(tmp_path):
-    a = report(lstm_ratio=None, checks=[{"ok": True}])
-    b = report(rows=report()["rows"][:1], sweep=[{"ms": 1.0}])
+    a = report(lstm_ratio=None, checks=[{"ok": True}], section_seconds={"checks": 11.0})
+    b = report(rows=report()["rows"][:1], sweep=[{"ms": 1.0}], section_seconds={"sweep": 345.0})
     merged = gpu_report.merge([a, b])
     assert len(merged["rows"]) == 4 and merged["lstm_ratio"] == 12.5
     assert merged["checks"] == [{"ok": True}] and merged["sweep"] == [{"ms": 1.0}]
+    assert merged["section_seconds"] == {"checks": 11.0, "sweep": 345.0}   # each call's own
     with pytest.raises(ValueError, match="different triton"):
         gpu_report.merge([a, report(triton="3.9.0")])
     paths = []

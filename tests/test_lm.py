@@ -6,7 +6,8 @@ import copy
 import pytest
 import torch
 
-from fastrwa.models import ByteLM, LMConfig, LMState
+from fastrwa.models import ByteLM, LMConfig, LMState, build
+from fastrwa.models.config import LAYER_FIELDS
 from helpers import ATTENTIONS
 from fastrwa.testing import LiveTensorMeter, NewStorageCounter, storages
 from fastrwa.nn.functional import rms_norm_into
@@ -365,3 +366,32 @@ def test_spread_discount_init_gives_each_block_its_memory_lengths():
         paper.blocks[0].mix.set_discount_timescales(1.0, 10.0)
     with pytest.raises(ValueError, match="longest"):
         paper.blocks[0].mix.set_discount_timescales(10.0, 5.0)
+
+
+FLIPPED = {"attention": "exp", "f_h": "tanh", "f_o": "tanh", "preset": "exp-tanh",
+           "token_shift": False, "discount_init": "spread", "output_gate": False,
+           "learn_initial_state": False, "mlp_ratio": 2, "n_heads": 2}
+
+
+@pytest.mark.parametrize("layer", sorted(LAYER_FIELDS))
+def test_layer_fields_lists_what_each_layer_reads(layer):
+    """``LAYER_FIELDS`` (what the training CLI refuses by) against the models: a field a
+    layer is said to read changes its weights or its output, any other changes nothing."""
+    assert set(FLIPPED) == {f for fields in LAYER_FIELDS.values() for f in fields}
+
+    def built(**fields):
+        torch.manual_seed(0)
+        model = build(LMConfig(layer=layer, d_model=16, n_layers=2, **fields)).eval()
+        with torch.no_grad():
+            out = model(torch.randint(0, 256, (2, 9), generator=torch.Generator().manual_seed(1)))
+        return model.state_dict(), out[0] if isinstance(out, tuple) else out
+
+    def same(a, b):
+        (wa, ya), (wb, yb) = a, b
+        return (wa.keys() == wb.keys() and all(wa[k].shape == wb[k].shape
+                                               and torch.equal(wa[k], wb[k]) for k in wa)
+                and torch.equal(ya, yb))
+
+    base = built()
+    for name, value in FLIPPED.items():
+        assert same(base, built(**{name: value})) == (name not in LAYER_FIELDS[layer]), name

@@ -13,7 +13,7 @@ LAYERS = ("rda", "rwa", "lstm", "gru", "transformer", "mingru")
 DISCOUNT_INITS = ("paper", "spread")
 # The fields each layer reads beyond those every model reads (vocab_size, d_model, n_layers,
 # layer, tie_embeddings, and context, which a training run sets to its BPTT for every model).
-# A layer ignores the others; the training CLI refuses them (fastrwa.train.config).
+# A layer ignores the others; the training CLI refuses them (fastrwa.train.models.check_lm_flags).
 LAYER_FIELDS = {
     "rda": ("attention", "f_h", "f_o", "preset", "token_shift", "discount_init", "output_gate",
             "learn_initial_state", "mlp_ratio"),

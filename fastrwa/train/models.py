@@ -95,22 +95,31 @@ def lm_config(cfg: RunConfig) -> LMConfig:
 
 def check_lm_flags(model: str, lm: dict, attention_given: bool) -> None:
     """Refuse the ``--lm`` fields, and ``--attention``, that ``--model``'s language model does
-    not read (:data:`fastrwa.models.config.LAYER_FIELDS`): the run would ignore them, and look
-    like an ablation that changed nothing. Fields no model has are left to :class:`LMConfig`.
+    not read (:data:`fastrwa.models.config.LAYER_FIELDS`), and RDA's attention and output
+    functions next to a ``preset`` (which sets them): the run would ignore them, and look like
+    an ablation that changed nothing. Fields no model has are left to :class:`LMConfig`.
     """
     layer = LM_LAYERS.get(model)
     if layer is None:
         return
     read = LAYER_FIELDS[layer]
     optional = {name for fields in LAYER_FIELDS.values() for name in fields}
+    flag = {"attention": "--attention"}             # set by its own flag, not --lm
     unread = [f"--lm {name}" for name in lm if name in optional and name not in read]
     if attention_given and "attention" not in read:
         unread.insert(0, "--attention")
     if unread:
-        reads = ", ".join(read) if read else "none of the optional fields"
-        raise ValueError(f"{', '.join(unread)}: --model {model} does not read "
-                         f"{'it' if len(unread) == 1 else 'them'} (it reads {reads}); "
-                         f"the run would ignore {'it' if len(unread) == 1 else 'them'}")
+        reads = ", ".join(flag.get(name, name) for name in read) or "none of the optional fields"
+        it = "it" if len(unread) == 1 else "them"
+        raise ValueError(f"{', '.join(unread)}: --model {model} does not read {it} (it reads "
+                         f"{reads}); the run would ignore {it}")
+    if lm.get("preset") is not None:
+        overridden = (["--attention"] if attention_given else []) + \
+            [f"--lm {name}" for name in ("f_h", "f_o") if name in lm]
+        if overridden:
+            it = "it" if len(overridden) == 1 else "them"
+            raise ValueError(f"{', '.join(overridden)}: --lm preset={lm['preset']} sets RDA's "
+                             f"attention and output functions; the run would ignore {it}")
 
 
 def with_every_lm_field(cfg: RunConfig) -> RunConfig:
