@@ -38,7 +38,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from fastrwa.models import LMConfig, build  # noqa: E402
-from fastrwa.models.config import LAYER_FIELDS  # noqa: E402
+from fastrwa.models.config import LAYER_FIELDS, OPTIONAL_FIELDS  # noqa: E402
 from fastrwa.train.config import parse_lm_field  # noqa: E402
 from fastrwa.train.models import LM_LAYERS as LAYER  # noqa: E402
 
@@ -50,8 +50,8 @@ def own_fields(model: str, lm: dict) -> dict:
     skips ``rwa-scan``); the baselines keep their defaults."""
     if LAYER[model] not in ("rda", "rwa"):
         return {}
-    return {k: v for k, v in lm.items() if k in LAYER_FIELDS[LAYER[model]]
-            or k not in {name for fields in LAYER_FIELDS.values() for name in fields}}
+    return {k: v for k, v in lm.items()
+            if k in LAYER_FIELDS[LAYER[model]] or k not in OPTIONAL_FIELDS}
 
 
 def params(model: str, d_model: int, n_layers: int, lm: dict) -> int:

@@ -23,6 +23,7 @@ LAYER_FIELDS = {
     "mingru": ("mlp_ratio",),
     "transformer": ("mlp_ratio", "n_heads"),
 }
+OPTIONAL_FIELDS = frozenset(name for fields in LAYER_FIELDS.values() for name in fields)
 
 
 def heads_split_evenly(d_model: int, n_heads: int) -> bool:

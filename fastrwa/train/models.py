@@ -10,7 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from ..models import LMConfig
-from ..models.config import LAYER_FIELDS
+from ..models.config import LAYER_FIELDS, OPTIONAL_FIELDS
 from ..nn import RDA, RWA, RDACell, Recurrent, RRACell, RWACell
 from .config import LM_FLAG_FIELDS, LM_ONLY_MODELS, RunConfig
 
@@ -103,9 +103,8 @@ def check_lm_flags(model: str, lm: dict, attention_given: bool) -> None:
     if layer is None:
         return
     read = LAYER_FIELDS[layer]
-    optional = {name for fields in LAYER_FIELDS.values() for name in fields}
     flag = {"attention": "--attention"}             # set by its own flag, not --lm
-    unread = [f"--lm {name}" for name in lm if name in optional and name not in read]
+    unread = [f"--lm {name}" for name in lm if name in OPTIONAL_FIELDS and name not in read]
     if attention_given and "attention" not in read:
         unread.insert(0, "--attention")
     if unread:
