@@ -3,9 +3,11 @@
 # made by bench/gpu_prepare.sh). Each call of the device tool may run 10 minutes, so the
 # steps are split over calls (times measured on an H200 on 2026-11-26 where given):
 #     bash bench/gpu_run.sh tests,memcheck     # 2.5 min (pytest 90-101 s on 14 workers, memcheck <50 s)
-#     bash bench/gpu_run.sh bench              # checks 11 s, ops 61 s, peers >5.5 min (a 420 s call
-#                                              # ended inside their last shape; torch.logcumsumexp
-#                                              # takes 2-5 s a call at 1M steps)
+#     bash bench/gpu_run.sh bench              # a 7.9 min call on an H100, all finished (on an H200 a
+#                                              # 420 s call ended inside the peers' last shape;
+#                                              # torch.logcumsumexp takes 2-5 s a call at 1M steps)
+# and, apart from gpu_run.sh, the defaults against the sweep's knobs (2.8 min; H100):
+#     cd bench && python3 gpu_defaults.py
 #     bash bench/gpu_run.sh layers             # 25 s (layers 18 s, streaming 3 s; H100)
 #     bash bench/gpu_run.sh tune               # 6.3 min call (sweep 345 s, crossover 17 s; H100)
 #     bash bench/gpu_run.sh train              # ~4 min (estimate; a 2.5-minute run was a 3.3-min call)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import gpu
+import gpu_defaults
 import gpu_report
 
 BENCH = pathlib.Path(__file__).resolve().parent
@@ -107,3 +108,23 @@ def test_reports_of_several_calls_merge(tmp_path):
     joined = json.loads((tmp_path / "joined" / "gpu-nvidia-h100-80gb-hbm3.json").read_text())
     assert len(joined["rows"]) == 4 and joined["training"]["runs"][0]["model"] == "rda-scan"
     assert (tmp_path / "joined" / "gpu-nvidia-h100-80gb-hbm3.png").exists()
+
+
+def test_defaults_ratios_pair_each_candidate_with_its_defaults():
+    def entry(candidate, fwd, fwd_bwd, dtype="float32"):
+        return dict(shape=[1, 8, 4], dtype=dtype, op="rwa", candidate=candidate,
+                    algorithm="looped", fwd=fwd, **{"fwd+bwd": fwd_bwd})
+    entries = [dict(device="x"), entry("default", 2.0, 8.0), entry("bt16", 1.0, 10.0),
+               entry("default", 4.0, 4.0, "bfloat16"), entry("bt16", 2.0, 1.0, "bfloat16"),
+               dict(entry("bt16-w2", 1.0, 1.0), error="failed", fwd=None)]
+    del entries[-1]["fwd"]
+    assert [(r["dtype"], r["candidate"], r["fwd"], r["fwd_bwd"])
+            for r in gpu_defaults.ratios(entries)] == [
+        ("float32", "bt16", 0.5, 1.25), ("bfloat16", "bt16", 0.5, 0.25)]
+
+
+def test_defaults_without_cuda_measures_nothing(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert gpu_defaults.main(["--out", str(tmp_path / "out")]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
