@@ -119,7 +119,7 @@ def plot(report: dict, path: str) -> None:
     if not panels:
         return
     fig, axes = plt.subplots(len(panels), 1, figsize=(10, 2.2 + 0.9 * len(rows) / len(panels)),
-                             squeeze=False)
+                             squeeze=False, layout="constrained")
     for ax, (shape, pass_) in zip(axes[:, 0], panels):
         mine = [r for r in rows if tuple(r["shape"]) == shape and r["pass"] == pass_]
         labels = [f"{r['name']} {r['algorithm'] or ''} {r['dtype']}".replace("  ", " ")
@@ -134,7 +134,6 @@ def plot(report: dict, path: str) -> None:
     axes[-1, 0].set_xlabel("achieved bytes/s over copy_ of the same bytes (higher is better)")
     fig.suptitle(f"{report['device']}, torch {report['torch']}, triton {report['triton']}",
                  fontsize=10)
-    fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
