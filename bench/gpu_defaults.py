@@ -5,9 +5,10 @@ algorithm forced alone. Before ``Options``' defaults move, this times ``rwa_scan
 ``rda_scan`` (exp attention) with ``algorithm="auto"`` at every ops shape (bench/gpu_ops.py
 ``SHAPES``, including the single 1M-step sequence where three-phase's serial carry pass grows
 with the number of chunks), float32 and bfloat16, forward and forward+backward, under each
-candidate knob set, side by side in one run. Each line printed is one JSON object (also
-appended to DIR/defaults.jsonl); the last lines are each candidate's time over the defaults'
-per (shape, dtype, op), forward and forward+backward. Results: docs/benchmarks.md, "GPU".
+candidate knob set, side by side in one run. Each line printed is one JSON object, and the
+measurements are appended to DIR/defaults.jsonl; the last lines printed are each candidate's
+time over the defaults' per (shape, dtype, op), forward and forward+backward (``ratios``).
+Results: docs/benchmarks.md, "GPU".
 
     python bench/gpu_defaults.py [--out DIR] [--shapes 0 2] [--candidates bt16 ...]
 """
@@ -22,10 +23,9 @@ import sys
 import torch
 
 import fastrwa
-from fastrwa.ops import triton_host
+from common import OPS
 from fastrwa.testing import backend_options
 from gpu_ops import DTYPES, SHAPES, fastrwa_fn, random_inputs, timed
-from common import OPS
 
 CANDIDATES = {
     "default": {},
@@ -39,15 +39,16 @@ CANDIDATES = {
 
 def ratios(entries: list[dict]) -> list[dict]:
     """Each candidate's time over the defaults' at the same (shape, dtype, op), forward and
-    forward+backward, from the logged entries (the latest defaults' entry before it)."""
+    forward+backward, from the logged entries: the latest defaults' entry before it at that
+    key (one that failed leaves its candidates without a ratio)."""
     base, out = {}, []
     for e in entries:
-        if "candidate" not in e or "fwd" not in e:
+        if "candidate" not in e:
             continue
         key = (tuple(e["shape"]), e["dtype"], e["op"])
         if e["candidate"] == "default":
-            base[key] = e
-        elif key in base:
+            base[key] = e if "fwd" in e else None
+        elif "fwd" in e and base.get(key) is not None:
             ref = base[key]
             out.append(dict(shape=e["shape"], dtype=e["dtype"], op=e["op"],
                             candidate=e["candidate"], algorithm=e["algorithm"],
@@ -62,12 +63,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--candidates", nargs="+", default=list(CANDIDATES), choices=list(CANDIDATES),
                    help="knob sets to time beside the defaults")
     p.add_argument("--shapes", nargs="+", type=int, default=list(range(len(SHAPES))),
-                   help="indices into gpu_ops.SHAPES")
+                   choices=range(len(SHAPES)), help="indices into gpu_ops.SHAPES")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench/gpu_defaults.py needs a CUDA GPU, and torch sees none here; nothing was "
               "measured.", file=sys.stderr)
         return 2
+    from fastrwa.ops import triton_host  # imports Triton: only here, where a GPU is
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "defaults.jsonl")
     entries = []

@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # The whole GPU run, as device commands from the repository root (carry .whl and .carry,
 # made by bench/gpu_prepare.sh). Each call of the device tool may run 10 minutes, so the
-# steps are split over calls (times measured on an H200 on 2026-11-26 where given):
-#     bash bench/gpu_run.sh tests,memcheck     # 2.5 min (pytest 90-101 s on 14 workers, memcheck <50 s)
+# steps are split over calls (times measured on 2026-11-26, on the card named):
+#     bash bench/gpu_run.sh tests,memcheck     # 2.5 min (pytest 90-101 s on 14 workers, memcheck <50 s; H200)
 #     bash bench/gpu_run.sh bench              # a 7.9 min call on an H100, all finished (on an H200 a
 #                                              # 420 s call ended inside the peers' last shape;
 #                                              # torch.logcumsumexp takes 2-5 s a call at 1M steps)
-# and, apart from gpu_run.sh, the defaults against the sweep's knobs (2.8 min; H100):
-#     cd bench && python3 gpu_defaults.py
 #     bash bench/gpu_run.sh layers             # 25 s (layers 18 s, streaming 3 s; H100)
 #     bash bench/gpu_run.sh tune               # 6.3 min call (sweep 345 s, crossover 17 s; H100)
 #     bash bench/gpu_run.sh train              # ~4 min (estimate; a 2.5-minute run was a 3.3-min call)
+# and, apart from gpu_run.sh, the defaults against the sweep's knobs (170 s for the defaults
+# and three candidates on an H100, about 40 s more per candidate):
+#     python3 bench/gpu_defaults.py --out "$OUT"
 # then join the calls' reports:
 #     python bench/gpu_report.py merge B.json L.json T.json --training lm.json --out bench/results/gpu
 # Writes under $OUT (or bench-results/gpu): log.txt, pytest.txt, memcheck.txt,

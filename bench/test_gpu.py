@@ -111,16 +111,40 @@ def test_reports_of_several_calls_merge(tmp_path):
 
 
 def test_defaults_ratios_pair_each_candidate_with_its_defaults():
-    def entry(candidate, fwd, fwd_bwd, dtype="float32"):
-        return dict(shape=[1, 8, 4], dtype=dtype, op="rwa", candidate=candidate,
-                    algorithm="looped", fwd=fwd, **{"fwd+bwd": fwd_bwd})
-    entries = [dict(device="x"), entry("default", 2.0, 8.0), entry("bt16", 1.0, 10.0),
-               entry("default", 4.0, 4.0, "bfloat16"), entry("bt16", 2.0, 1.0, "bfloat16"),
-               dict(entry("bt16-w2", 1.0, 1.0), error="failed", fwd=None)]
-    del entries[-1]["fwd"]
-    assert [(r["dtype"], r["candidate"], r["fwd"], r["fwd_bwd"])
+    def entry(candidate, dtype, fwd, fwd_bwd=None, op="rwa"):
+        e = dict(shape=[1, 8, 4], dtype=dtype, op=op, candidate=candidate, algorithm="looped")
+        if fwd is None:
+            return dict(e, error="RuntimeError: failed")
+        return dict(e, fwd=fwd, **{"fwd+bwd": fwd_bwd})
+    entries = [
+        dict(device="x"),
+        entry("bt16", "float32", 1.0, 1.0),               # before any defaults: no ratio
+        entry("default", "float32", 2.0, 8.0),
+        entry("default", "bfloat16", 4.0, 4.0),
+        entry("default", "float32", 2.0, 8.0, op="rda-exp"),
+        entry("bt16", "float32", 1.0, 10.0),              # pairs with float32 rwa, not the latest
+        entry("bt16", "bfloat16", 2.0, 1.0),
+        entry("default", "float32", 4.0, 2.0),            # a second run re-measures the defaults
+        entry("bt16", "float32", 1.0, 1.0),
+        entry("bt16-w2", "float32", None),                # failed: no ratio
+        entry("default", "bfloat16", None),               # defaults failed: none for bfloat16
+        entry("bt16", "bfloat16", 1.0, 1.0),
+    ]
+    assert [(r["op"], r["dtype"], r["candidate"], r["fwd"], r["fwd_bwd"])
             for r in gpu_defaults.ratios(entries)] == [
-        ("float32", "bt16", 0.5, 1.25), ("bfloat16", "bt16", 0.5, 0.25)]
+        ("rwa", "float32", "bt16", 0.5, 1.25), ("rwa", "bfloat16", "bt16", 0.5, 0.25),
+        ("rwa", "float32", "bt16", 0.25, 0.5)]
+
+
+def test_the_committed_defaults_run_gives_the_docs_numbers():
+    path = BENCH / "results" / "gpu" / "defaults-nvidia-h100-80gb-hbm3.jsonl"
+    entries = [json.loads(line) for line in path.read_text().splitlines()]
+    got = {(tuple(r["shape"]), r["dtype"], r["op"], r["candidate"]): (r["fwd"], r["fwd_bwd"])
+           for r in gpu_defaults.ratios(entries)}
+    # docs/benchmarks.md, "launch defaults": three-phase at one 1M-step sequence with BT 16,
+    # and looped rda_scan training with BT 16, BD 16, 2 warps.
+    assert got[((1, 1048576, 256), "float32", "rda-exp", "bt16")] == (1.732, 1.548)
+    assert got[((16, 4096, 1024), "float32", "rda-exp", "bt16-bd16-w2")] == (0.809, 0.772)
 
 
 def test_defaults_without_cuda_measures_nothing(monkeypatch, tmp_path, capsys):
