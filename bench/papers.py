@@ -31,7 +31,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from fastrwa.train.models import SequenceNet  # noqa: E402
-from fastrwa.train.tasks import make_task  # noqa: E402
+from fastrwa.train.tasks import Batch, make_task  # noqa: E402
 
 PAPER_LR = 1e-3            # the RDA paper's Adam learning rate
 
@@ -83,30 +83,38 @@ def evaluate(net, task, batch) -> float:
     return hits.sum().item() / hits.numel()    # exact: 0.99 in float32 would be above 0.99
 
 
+def on(batch: Batch, device: str) -> Batch:
+    """``batch`` with its tensors on ``device``."""
+    return Batch(batch.x.to(device), batch.target.to(device), batch.mask.to(device))
+
+
 def run(task_name: str, model: str, seed: int, seq_len: int, max_steps: int,
         eval_every: int, time_limit: float, hidden: int = 250, batch: int = 100,
         timescales: tuple | None = None, layers: int = 1, lr: float = PAPER_LR,
-        progress: bool = False) -> dict:
+        progress: bool = False, device: str = "cpu") -> dict:
     """One model on one task with one seed: the steps to the threshold (or ``None``).
     ``timescales``: ``(shortest, longest)`` memory lengths for the RDA scan layers'
     discount initialisation (``fastrwa.nn.RDA.set_discount_timescales``, every layer;
     default: the paper's bias of 1). ``layers``: stacked recurrent layers (the paper: 1).
     ``lr``: Adam's learning rate (the paper's: 1e-3).
+    ``device``: where the model trains (the batches are made on the CPU, as the same
+    seed makes the same data anywhere, and moved there).
     ``progress``: print each evaluation as it comes."""
     kind, preset, _ = MODELS[model]
     torch.manual_seed(seed)
     task = make_task(task_name, seq_len, seed)
     net = SequenceNet(kind, task.input_size, hidden, layers, task.output_size, preset=preset)
+    net.to(device)
     if timescales is not None and kind == "rda-scan":
         for layer in net.core:
             layer.set_discount_timescales(*timescales)
     optimizer = torch.optim.Adam(net.parameters(), lr=lr)
-    held_out = task.batch(0, batch, "valid")
+    held_out = on(task.batch(0, batch, "valid"), device)
     curve, reached, began = [], None, time.perf_counter()
     step = 0
     while step < max_steps and time.perf_counter() - began < time_limit:
         step += 1
-        data = task.batch(step, batch)
+        data = on(task.batch(step, batch), device)
         out, _ = net(data.x)
         loss, _ = task.score(out, data)
         optimizer.zero_grad(set_to_none=True)
@@ -126,7 +134,7 @@ def run(task_name: str, model: str, seed: int, seq_len: int, max_steps: int,
                 break
     return {"task": task_name, "model": model, "seed": seed,
             "timescales": timescales if kind == "rda-scan" else None, "layers": layers,
-            "lr": lr,
+            "lr": lr, "device": torch.device(device).type,
             "steps_to_threshold": reached,
             "steps_run": step, "seconds": time.perf_counter() - began, "curve": curve}
 
@@ -237,6 +245,8 @@ def main(argv=None) -> int:
                    help="an ablation: stacked recurrent layers (default: the paper's 1)")
     p.add_argument("--lr", type=float, default=PAPER_LR,
                    help="an ablation: Adam's learning rate (default: the paper's 1e-3)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                   help="where the models train (default cpu)")
     p.add_argument("--quick", action="store_true", help="3 steps per run at T = 20")
     p.add_argument("--out", type=pathlib.Path, default=ROOT / "bench" / "results" / "papers")
     args = p.parse_args(argv)
@@ -259,7 +269,8 @@ def main(argv=None) -> int:
                 limit = args.max_steps or PAPER[task]["limit"]
                 r = run(task, model, seed, args.seq_len, limit, args.eval_every,
                         args.time_limit, timescales=args.discount_timescales,
-                        layers=args.layers, lr=args.lr, progress=not args.quick)
+                        layers=args.layers, lr=args.lr, progress=not args.quick,
+                        device=args.device)
                 results.append(dict(r, argv=given, quick=args.quick))
                 print(f"{task:16} {model:15} seed {seed}: "
                       f"{r['steps_to_threshold'] or 'not reached'} "
