@@ -13,6 +13,8 @@ and one learning-curve PNG per task (``OUT/<task>.png``).
 Models: ``rwa-scan``, ``rda-exp-tanh``, ``rda-sigmoid-id`` (the scan layers, the RDA
 presets), ``rwa-cell``, ``rda-cell`` (the faithful cells) and ``gru``, ``lstm``
 (PyTorch's). ``--quick`` runs every task for 3 steps at T = 20 (to check the script).
+``--device cuda`` trains on a GPU (bench/gpu_papers.sh: the runs this project's CPUs cannot
+afford); ``--join`` adds runs saved elsewhere to ``OUT/papers.json`` without training.
 """
 
 from __future__ import annotations
@@ -156,20 +158,24 @@ def _cell(runs: list) -> str:
 def variant(r: dict) -> str:
     """How a run differs from the paper's recipe: its RDA discount initialisation (the
     paper's bias, "paper", also for the models without a discount, or a spread of memories)
-    and, where not the paper's, its number of layers and its learning rate."""
+    and, where not the paper's, its number of layers and its learning rate; then the device,
+    where not the CPU."""
     ts = r.get("timescales")
     label = "paper" if not ts else f"spread {ts[0]:g}-{ts[1]:g}"
     layers, lr = r.get("layers", 1), r.get("lr", PAPER_LR)
     label = label if layers == 1 else f"{label}, {layers} layers"
-    return label if lr == PAPER_LR else f"{label}, lr {lr:g}"
+    label = label if lr == PAPER_LR else f"{label}, lr {lr:g}"
+    device = r.get("device", "cpu")
+    return label if device == "cpu" else f"{label}, {device}"
 
 
 def merged(path: pathlib.Path, new: list, seq_len: int) -> list:
     """The results in ``path`` (earlier invocations) with ``new`` added: a run of the same
     task, model, seed, length, discount initialisation, layers and learning rate replaces the
-    earlier one.
+    earlier one (whichever device either ran on). New runs without a length take
+    ``seq_len``.
     Runs saved without a field (older versions) take the record's value or the default."""
-    new = [dict(r, seq_len=seq_len, layers=r.get("layers", 1), lr=r.get("lr", PAPER_LR),
+    new = [dict(r, seq_len=r.get("seq_len", seq_len), layers=r.get("layers", 1), lr=r.get("lr", PAPER_LR),
                 timescales=list(r["timescales"]) if r["timescales"] else None) for r in new]
     key = lambda r: (r["task"], r["model"], r["seed"], r["seq_len"],  # noqa: E731
                      tuple(r["timescales"] or ()), r["layers"], r["lr"])
@@ -183,6 +189,25 @@ def merged(path: pathlib.Path, new: list, seq_len: int) -> list:
                for r in record["results"]]
     replaced = {key(r) for r in new}
     return [r for r in old if key(r) not in replaced] + new
+
+
+def joined(paths: list, out: pathlib.Path, error) -> list:
+    """The runs saved in ``paths`` (papers.json files), each with its file's fields where it
+    lacks its own; ``error`` (a message) refuses check runs (``--quick``) bound for the
+    measured results."""
+    runs = []
+    for path in paths:
+        if not path.is_file():
+            error(f"--join: no such file {path}")
+        record = json.loads(path.read_text())
+        for r in record["results"]:
+            r = dict(r, argv=r.get("argv", record.get("argv")),
+                     quick=r.get("quick", record.get("quick", False)))
+            if r["quick"] and out.resolve() == (ROOT / "bench" / "results" / "papers").resolve():
+                error(f"--join: {path} holds --quick check runs, which bench/results/papers "
+                      "does not take")
+            runs.append(r)
+    return runs
 
 
 def table(results: list) -> dict:
@@ -248,6 +273,10 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                    help="where the models train (default cpu)")
     p.add_argument("--quick", action="store_true", help="3 steps per run at T = 20")
+    p.add_argument("--join", nargs="+", type=pathlib.Path, metavar="JSON",
+                   help="train nothing: add the runs saved in these papers.json files (made "
+                        "elsewhere, e.g. by bench/gpu_papers.sh) to --out's, then table and "
+                        "plot them")
     p.add_argument("--out", type=pathlib.Path, default=ROOT / "bench" / "results" / "papers")
     args = p.parse_args(argv)
     if args.quick and args.out.resolve() == (ROOT / "bench" / "results" / "papers").resolve():
@@ -262,8 +291,8 @@ def main(argv=None) -> int:
     if args.quick:
         args.seq_len, args.max_steps, args.eval_every, args.seeds = 20, 3, 1, [0]
     given = sys.argv[1:] if argv is None else list(argv)
-    results = []
-    for task in args.tasks:
+    results = joined(args.join, args.out, p.error) if args.join else []
+    for task in (args.tasks if not args.join else []):
         for model in args.models:
             for seed in args.seeds:
                 limit = args.max_steps or PAPER[task]["limit"]

@@ -111,6 +111,36 @@ def test_papers_results_merge_across_invocations(tmp_path):
     assert len(papers.merged(path, new, 20)) == 5          # another length replaces nothing
 
 
+def test_papers_join_adds_runs_saved_elsewhere(tmp_path):
+    """``--join`` trains nothing: it adds another machine's runs (their device kept and shown)
+    to OUT/papers.json beside the runs already there, and refuses --quick check runs bound
+    for bench/results/papers."""
+    import json
+    import papers
+    run = {"task": "adding", "model": "rwa-scan", "seed": 0, "timescales": None, "layers": 1,
+           "lr": 1e-3, "device": "cuda", "steps_to_threshold": 5, "steps_run": 5,
+           "seconds": 1.0, "curve": [[5, 0.0005]], "seq_len": 1000}
+    gpu = tmp_path / "gpu.json"
+    gpu.write_text(json.dumps({"argv": ["--device", "cuda"], "quick": False, "results": [run]}))
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "papers.json").write_text(json.dumps({"results": [
+        dict(run, model="rda-exp-tanh", device="cpu", steps_to_threshold=None)]}))
+    assert papers.main(["--join", str(gpu), "--out", str(out)]) == 0
+    saved = json.loads((out / "papers.json").read_text())["results"]
+    assert sorted((r["model"], r["device"], r["steps_to_threshold"]) for r in saved) == [
+        ("rda-exp-tanh", "cpu", None), ("rwa-scan", "cuda", 5)]
+    joined = next(r for r in saved if r["model"] == "rwa-scan")
+    assert joined["argv"] == ["--device", "cuda"] and joined["quick"] is False
+    assert papers.variant(joined) == "paper, cuda" and (out / "adding.png").is_file()
+    quick = tmp_path / "quick.json"
+    quick.write_text(json.dumps({"quick": True, "results": [run]}))
+    with pytest.raises(SystemExit):
+        papers.main(["--join", str(quick)])          # into bench/results/papers: refused
+    with pytest.raises(SystemExit):
+        papers.main(["--join", str(tmp_path / "missing.json"), "--out", str(out)])
+
+
 def test_long_context_refuses_empty_windows(tmp_path):
     import long_context
     corpus = tmp_path / "c.txt"
