@@ -4,17 +4,20 @@
 #     bash bench/gpu_papers.sh
 # Twelve bench/papers.py runs at once, one process each (copy for the three scan models,
 # multicopy for both RDA presets, adding for rda-sigmoid-id; seeds 0 and 1), each stopped
-# after LIMIT seconds (default 420; on an H100 a run made 13-14 steps a second with twelve
-# beside it, 30-35 with six). Each writes <run>/papers.json and <run>.log, packed into one
-# file, OUT/papers-gpu.tar.gz (the device tool brings back only a few files); unpack it and
+# after LIMIT seconds (default 420; on an H100 a one-layer run made 13-16 steps a second
+# with eleven others beside it, 36-40 with at most five). Each writes <run>/papers.json and
+# <run>.log, packed into one file, OUT/papers-gpu.tar.gz (the device tool brings back only a
+# few files), also when the script is stopped early; unpack it and
 #     python bench/papers.py --join DIR/*/papers.json
 # adds the runs to bench/results/papers. (DEVICE=cpu LIMIT=2 checks the script without a GPU.)
+# The exit status is the number of runs that failed (99: the package did not install).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-bench-results/papers-gpu}
 runs=$(mktemp -d)
 limit=${LIMIT:-420}
 mkdir -p "$out"
+trap 'tar czf "$out/papers-gpu.tar.gz" -C "$runs" .' EXIT
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1 PYTHONPATH=$PWD
 if ls .whl/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -22,10 +25,12 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . || exit 99
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$runs/device.txt"
+pids=()
 one() {
     local name=$1; shift
-    timeout $((limit + 100)) python3 bench/papers.py --device "${DEVICE:-cuda}" --time-limit "$limit" \
+    timeout $((limit + 60)) python3 bench/papers.py --device "${DEVICE:-cuda}" --time-limit "$limit" \
         --out "$runs/$name" "$@" > "$runs/$name.log" 2>&1 &
+    pids+=($!)
 }
 for seed in 0 1; do
     one "copy-rwa-scan-$seed" --tasks copy --models rwa-scan --seeds $seed
@@ -35,6 +40,7 @@ for seed in 0 1; do
     one "multicopy-rda-sigmoid-id-$seed" --tasks multicopy --models rda-sigmoid-id --seeds $seed
     one "adding-rda-sigmoid-id-$seed" --tasks adding --models rda-sigmoid-id --seeds $seed
 done
-wait
-tar czf "$out/papers-gpu.tar.gz" -C "$runs" .
+failed=0
+for pid in "${pids[@]}"; do wait "$pid" || failed=$((failed + 1)); done
 for log in "$runs"/*.log; do echo "== $log"; tail -n 1 "$log"; done
+exit $failed

@@ -172,8 +172,8 @@ def variant(r: dict) -> str:
 def merged(path: pathlib.Path, new: list, seq_len: int) -> list:
     """The results in ``path`` (earlier invocations) with ``new`` added: a run of the same
     task, model, seed, length, discount initialisation, layers and learning rate replaces the
-    earlier one (whichever device either ran on). New runs without a length take
-    ``seq_len``.
+    earlier one (whichever device either ran on), and of such runs within ``new`` the last
+    is kept. New runs without a length take ``seq_len``.
     Runs saved without a field (older versions) take the record's value or the default."""
     new = [dict(r, seq_len=r.get("seq_len", seq_len), layers=r.get("layers", 1), lr=r.get("lr", PAPER_LR),
                 timescales=list(r["timescales"]) if r["timescales"] else None) for r in new]
@@ -187,13 +187,15 @@ def merged(path: pathlib.Path, new: list, seq_len: int) -> list:
                     timescales=r.get("timescales") or None, layers=r.get("layers", 1),
                     lr=r.get("lr", PAPER_LR))
                for r in record["results"]]
+    new = list({key(r): r for r in new}.values())       # the last of runs alike in new
     replaced = {key(r) for r in new}
     return [r for r in old if key(r) not in replaced] + new
 
 
 def joined(paths: list, out: pathlib.Path, error) -> list:
-    """The runs saved in ``paths`` (papers.json files), each with its file's fields where it
-    lacks its own; ``error`` (a message) refuses check runs (``--quick``) bound for the
+    """The runs saved in ``paths`` (papers.json files); a run without its own ``argv``,
+    ``quick`` or ``seq_len`` (older files kept them for the whole file) takes its file's.
+    ``error`` (a message) refuses a missing file and check runs (``--quick``) bound for the
     measured results."""
     runs = []
     for path in paths:
@@ -203,6 +205,8 @@ def joined(paths: list, out: pathlib.Path, error) -> list:
         for r in record["results"]:
             r = dict(r, argv=r.get("argv", record.get("argv")),
                      quick=r.get("quick", record.get("quick", False)))
+            if "seq_len" not in r and "seq_len" in record:
+                r["seq_len"] = record["seq_len"]
             if r["quick"] and out.resolve() == (ROOT / "bench" / "results" / "papers").resolve():
                 error(f"--join: {path} holds --quick check runs, which bench/results/papers "
                       "does not take")
@@ -291,6 +295,11 @@ def main(argv=None) -> int:
     if args.quick:
         args.seq_len, args.max_steps, args.eval_every, args.seeds = 20, 3, 1, [0]
     given = sys.argv[1:] if argv is None else list(argv)
+    if args.join:
+        ignored = [f for f in given
+                   if f.startswith("--") and f.split("=")[0] not in ("--join", "--out")]
+        if ignored:
+            p.error(f"--join trains nothing and takes only --out; drop {' '.join(ignored)}")
     results = joined(args.join, args.out, p.error) if args.join else []
     for task in (args.tasks if not args.join else []):
         for model in args.models:

@@ -111,12 +111,13 @@ def test_papers_results_merge_across_invocations(tmp_path):
     assert len(papers.merged(path, new, 20)) == 5          # another length replaces nothing
 
 
-def test_papers_join_adds_runs_saved_elsewhere(tmp_path):
+def test_papers_join_adds_runs_saved_elsewhere(tmp_path, monkeypatch):
     """``--join`` trains nothing: it adds another machine's runs (their device kept and shown)
-    to OUT/papers.json beside the runs already there, and refuses --quick check runs bound
-    for bench/results/papers."""
+    to OUT/papers.json beside the runs already there (of two alike, the last), and refuses
+    --quick check runs bound for bench/results/papers and training options."""
     import json
     import papers
+    monkeypatch.setattr(papers, "ROOT", tmp_path)      # a refusal that fails writes here
     run = {"task": "adding", "model": "rwa-scan", "seed": 0, "timescales": None, "layers": 1,
            "lr": 1e-3, "device": "cuda", "steps_to_threshold": 5, "steps_run": 5,
            "seconds": 1.0, "curve": [[5, 0.0005]], "seq_len": 1000}
@@ -126,12 +127,15 @@ def test_papers_join_adds_runs_saved_elsewhere(tmp_path):
     out.mkdir()
     (out / "papers.json").write_text(json.dumps({"results": [
         dict(run, model="rda-exp-tanh", device="cpu", steps_to_threshold=None)]}))
-    assert papers.main(["--join", str(gpu), "--out", str(out)]) == 0
+    again = tmp_path / "again.json"
+    again.write_text(json.dumps({"results": [dict(run, steps_to_threshold=5, seconds=2.0)]}))
+    assert papers.main(["--join", str(again), str(gpu), f"--out={out}"]) == 0
     saved = json.loads((out / "papers.json").read_text())["results"]
     assert sorted((r["model"], r["device"], r["steps_to_threshold"]) for r in saved) == [
         ("rda-exp-tanh", "cpu", None), ("rwa-scan", "cuda", 5)]
     joined = next(r for r in saved if r["model"] == "rwa-scan")
     assert joined["argv"] == ["--device", "cuda"] and joined["quick"] is False
+    assert joined["seconds"] == 1.0                  # gpu.json's, joined after again.json's
     assert papers.variant(joined) == "paper, cuda" and (out / "adding.png").is_file()
     quick = tmp_path / "quick.json"
     quick.write_text(json.dumps({"quick": True, "results": [run]}))
@@ -139,6 +143,9 @@ def test_papers_join_adds_runs_saved_elsewhere(tmp_path):
         papers.main(["--join", str(quick)])          # into bench/results/papers: refused
     with pytest.raises(SystemExit):
         papers.main(["--join", str(tmp_path / "missing.json"), "--out", str(out)])
+    with pytest.raises(SystemExit):
+        papers.main(["--join", str(gpu), "--out", str(out), "--seeds", "1"])
+    assert not (tmp_path / "bench").exists()
 
 
 def test_long_context_refuses_empty_windows(tmp_path):
