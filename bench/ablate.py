@@ -47,8 +47,8 @@ ROWS = {
     "warmup 100": (["--warmup", "100"], [], None),
     "tie_embeddings=false": ([], ["tie_embeddings=false"], None),
     "learn_initial_state=false": ([], ["learn_initial_state=false"], None),
-    "2 layers, equal params": ([], [], 2),
-    "8 layers, equal params": ([], [], 8),
+    "2 layers at equal params": ([], [], 2),
+    "8 layers at equal params": ([], [], 8),
 }
 
 
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.d_model, args.steps, args.warmup, args.batch_size = 16, 4, 1, 4
         args.bptt, args.eval_bytes = 16, 2000
-        names = names if args.only else ["base", "2 layers, equal params"]
+        names = names if args.only else ["base", "2 layers at equal params"]
         args.seeds = args.seeds[:1]
     args.out.mkdir(parents=True, exist_ok=True)
     base = ["--task", "text", "--data", args.data, "--model", "rda-scan", "--batch-size",

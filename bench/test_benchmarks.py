@@ -170,3 +170,12 @@ def test_papers_accuracy_exactly_at_the_threshold_is_not_above_it():
     net = lambda x: (x, None)                                                  # noqa: E731
     value = papers.evaluate(net, types.SimpleNamespace(name="multicopy"), batch)
     assert value == 0.99 and not papers.met("multicopy", value)
+
+
+def test_ablate_rows_can_each_be_chosen_with_only(capsys):
+    """``--only`` takes comma-separated names: no row's name may hold a comma (one did, and
+    could not be run alone), and an unknown name is refused with the known ones listed."""
+    import ablate
+    assert all("," not in name for name in ablate.ROWS)
+    assert ablate.main(["--only", "base,no such row", "--data", __file__]) == 2
+    assert "no such row" in capsys.readouterr().err
