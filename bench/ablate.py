@@ -5,8 +5,8 @@ a base (the defaults with the output gate off): an ``LMConfig`` field, the learn
 depth against width at equal parameters, all else equal: the same corpus, batch, BPTT,
 steps and schedule, each row once per seed (``--seeds``, 0 and 1 by default: the spread of
 the two is the run-to-run variation a row has to beat). The study runs at a reduced size
-(``--d-model 128 --layers 4`` by default, ~0.3 s/step on two cores) so that a dozen rows fit
-in about an hour per seed; a choice it favours is then checked in the full-size comparison
+(``--d-model 128 --layers 4`` by default, about 0.2 s/step on two cores) so that its
+sixteen rows fit in about 35 minutes per seed; a choice it favours is then checked in the full-size comparison
 (``bench/lm.py``).
 
 Writes ``OUT/ablate.json`` (every run's records) and prints a markdown table: what, parameters,
