@@ -1,12 +1,12 @@
 """The ByteLM ablation, in one command: ``python bench/ablate.py --data FILE``.
 
 Trains the fastrwa byte LM once per row through the trainer's CLI, each row one change from
-a base (the defaults with the output gate off): an ``LMConfig`` field, the learning rate, or
-depth against width at equal parameters, all else equal: the same corpus, batch, BPTT,
+a base (the defaults with the output gate off): an ``LMConfig`` field, the learning rate, the
+warmup, or depth against width at equal parameters, all else equal: the same corpus, batch, BPTT,
 steps and schedule, each row once per seed (``--seeds``, 0 and 1 by default: the spread of
 the two is the run-to-run variation a row has to beat). The study runs at a reduced size
 (``--d-model 128 --layers 4`` by default, about 0.2 s/step on two cores) so that its
-sixteen rows fit in about 35 minutes per seed; a choice it favours is then checked in the
+sixteen rows fit in about 30 minutes per seed; a choice it favours is then checked in the
 full-size comparison (``bench/lm.py``).
 
 Writes ``OUT/ablate.json`` (every run's records) and prints a markdown table: what, parameters,
