@@ -71,6 +71,14 @@ def matched_width(model: str, target: int, n_layers: int, lm: dict | None = None
     return min(counts, key=lambda d: abs(counts[d] - target))
 
 
+def target_params(models: list[str], d_model: int, n_layers: int, lm: dict) -> int:
+    """The parameter count every model is matched to: the first fastrwa model's in
+    ``models``, or ByteLM's (``rda-scan``) at ``d_model`` x ``n_layers`` when only baselines
+    run (so that a later run of baselines matches an earlier ByteLM run)."""
+    fast = [m for m in models if LAYER[m] in ("rda", "rwa")]
+    return params(fast[0] if fast else "rda-scan", d_model, n_layers, lm)
+
+
 def table_or_missing_data(args, table) -> int | None:
     """``--table JSON``: print that run's table (exit status 0); no ``--data`` file: say so
     (status 2); else ``None``: go on."""
@@ -131,8 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         args.data = sliced
     lm = dict(parse_lm_field(item) for item in args.lm)
     models = args.models.split(",")
-    fast = [m for m in models if LAYER[m] in ("rda", "rwa")]
-    target = params(fast[0] if fast else models[0], args.d_model, args.layers, lm)
+    target = target_params(models, args.d_model, args.layers, lm)
     depth = {m: args.layers if LAYER[m] in BLOCKS else args.baseline_layers for m in models}
     shapes = {m: (args.d_model, depth[m]) if LAYER[m] in ("rda", "rwa") else
               (matched_width(m, target, depth[m]), depth[m]) for m in models}

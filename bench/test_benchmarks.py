@@ -179,3 +179,14 @@ def test_ablate_rows_can_each_be_chosen_with_only(capsys):
     assert all("," not in name for name in ablate.ROWS)
     assert ablate.main(["--only", "base,no such row", "--data", __file__]) == 2
     assert "no such row" in capsys.readouterr().err
+
+
+def test_lm_baselines_alone_are_matched_to_bytelm():
+    """``bench/lm.py --models lstm,gru`` (no fastrwa model) matches the baselines to ByteLM's
+    parameter count at --d-model x --layers, as a run with ByteLM would (it matched them to
+    an LSTM of that shape, half ByteLM's count)."""
+    import lm
+    bytelm = lm.params("rda-scan", 64, 2, {})
+    assert lm.target_params(["lstm", "gru"], 64, 2, {}) == bytelm
+    assert lm.target_params(["transformer", "rda-scan"], 64, 2, {}) == bytelm
+    assert lm.target_params(["rwa-scan", "lstm"], 64, 2, {}) == lm.params("rwa-scan", 64, 2, {})
