@@ -84,6 +84,11 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"error: --only: unknown rows {unknown}; known: {list(ROWS)}", file=sys.stderr)
         return 2
+    committed = pathlib.Path(__file__).parent / "results" / "ablate"
+    if args.only and not args.quick and args.out.resolve() == committed.resolve():
+        print(f"error: --only writes an ablate.json of those rows alone: give --out elsewhere "
+              f"({committed} keeps the whole study)", file=sys.stderr)
+        return 2
     if args.quick:
         args.d_model, args.steps, args.warmup, args.batch_size = 16, 4, 1, 4
         args.bptt, args.eval_bytes = 16, 2000

@@ -55,6 +55,8 @@ def own_fields(model: str, lm: dict) -> dict:
 
 
 def params(model: str, d_model: int, n_layers: int, lm: dict) -> int:
+    """The parameter count of ``model`` at ``d_model`` x ``n_layers`` with the ``LMConfig``
+    fields of ``lm`` it reads (a tied embedding counted once)."""
     config = LMConfig(layer=LAYER[model], d_model=d_model, n_layers=n_layers,
                       **own_fields(model, lm))
     return sum(p.numel() for p in dict.fromkeys(build(config).parameters()))
@@ -143,8 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     depth = {m: args.layers if LAYER[m] in BLOCKS else args.baseline_layers for m in models}
     shapes = {m: (args.d_model, depth[m]) if LAYER[m] in ("rda", "rwa") else
               (matched_width(m, target, depth[m]), depth[m]) for m in models}
-    counts = {m: params(m, *shapes[m], {}) if LAYER[m] not in ("rda", "rwa") else target
-              for m in models}
+    counts = {m: params(m, *shapes[m], lm) for m in models}   # (own_fields picks each's)
     for m in models:
         print(f"{m}: d_model {shapes[m][0]}, {shapes[m][1]} layers, {counts[m]:,} parameters "
               f"({100 * (counts[m] / target - 1):+.1f}% of the fastrwa model's)", flush=True)

@@ -33,7 +33,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from fastrwa.train.models import SequenceNet  # noqa: E402
-from fastrwa.train.tasks import Batch, make_task  # noqa: E402
+from fastrwa.train.device import placement  # noqa: E402
+from fastrwa.train.tasks import make_task  # noqa: E402
 
 PAPER_LR = 1e-3            # the RDA paper's Adam learning rate
 
@@ -66,6 +67,7 @@ SCAN_MODELS = ("rwa-scan", "rda-exp-tanh", "rda-sigmoid-id")
 
 
 def met(task: str, value: float) -> bool:
+    """Whether a held-out ``value`` meets the paper's threshold for ``task``."""
     rule = PAPER[task]
     if "below" in rule:
         return value < rule["below"]
@@ -85,11 +87,6 @@ def evaluate(net, task, batch) -> float:
     return hits.sum().item() / hits.numel()    # exact: 0.99 in float32 would be above 0.99
 
 
-def on(batch: Batch, device: str) -> Batch:
-    """``batch`` with its tensors on ``device``."""
-    return Batch(batch.x.to(device), batch.target.to(device), batch.mask.to(device))
-
-
 def run(task_name: str, model: str, seed: int, seq_len: int, max_steps: int,
         eval_every: int, time_limit: float, hidden: int = 250, batch: int = 100,
         timescales: tuple | None = None, layers: int = 1, lr: float = PAPER_LR,
@@ -103,20 +100,21 @@ def run(task_name: str, model: str, seed: int, seq_len: int, max_steps: int,
     seed makes the same data anywhere, and moved there).
     ``progress``: print each evaluation as it comes."""
     kind, preset, _ = MODELS[model]
+    place = placement(device, "none")
     torch.manual_seed(seed)
     task = make_task(task_name, seq_len, seed)
     net = SequenceNet(kind, task.input_size, hidden, layers, task.output_size, preset=preset)
-    net.to(device)
+    net.to(place.device)
     if timescales is not None and kind == "rda-scan":
         for layer in net.core:
             layer.set_discount_timescales(*timescales)
     optimizer = torch.optim.Adam(net.parameters(), lr=lr)
-    held_out = on(task.batch(0, batch, "valid"), device)
+    held_out = place.to(task.batch(0, batch, "valid"))
     curve, reached, began = [], None, time.perf_counter()
     step = 0
     while step < max_steps and time.perf_counter() - began < time_limit:
         step += 1
-        data = on(task.batch(step, batch), device)
+        data = place.to(task.batch(step, batch))
         out, _ = net(data.x)
         loss, _ = task.score(out, data)
         optimizer.zero_grad(set_to_none=True)
@@ -136,7 +134,7 @@ def run(task_name: str, model: str, seed: int, seq_len: int, max_steps: int,
                 break
     return {"task": task_name, "model": model, "seed": seed,
             "timescales": timescales if kind == "rda-scan" else None, "layers": layers,
-            "lr": lr, "device": torch.device(device).type,
+            "lr": lr, "device": place.device.type,
             "steps_to_threshold": reached,
             "steps_run": step, "seconds": time.perf_counter() - began, "curve": curve}
 
@@ -172,11 +170,13 @@ def variant(r: dict) -> str:
 def merged(path: pathlib.Path, new: list, seq_len: int) -> list:
     """The results in ``path`` (earlier invocations) with ``new`` added: a run of the same
     task, model, seed, length, discount initialisation, layers and learning rate replaces the
-    earlier one (whichever device either ran on), and of such runs within ``new`` the last
-    is kept. New runs without a length take ``seq_len``.
+    earlier one (whichever device either ran on; each replaced run is named on stderr), and
+    of such runs within ``new`` the last is kept. New runs without a length take
+    ``seq_len``.
     Runs saved without a field (older versions) take the record's value or the default."""
-    new = [dict(r, seq_len=r.get("seq_len", seq_len), layers=r.get("layers", 1), lr=r.get("lr", PAPER_LR),
-                timescales=list(r["timescales"]) if r["timescales"] else None) for r in new]
+    new = [dict(r, seq_len=r.get("seq_len", seq_len), layers=r.get("layers", 1),
+                lr=r.get("lr", PAPER_LR),
+                timescales=list(r["timescales"]) if r.get("timescales") else None) for r in new]
     key = lambda r: (r["task"], r["model"], r["seed"], r["seq_len"],  # noqa: E731
                      tuple(r["timescales"] or ()), r["layers"], r["lr"])
     old = []
@@ -189,20 +189,39 @@ def merged(path: pathlib.Path, new: list, seq_len: int) -> list:
                for r in record["results"]]
     new = list({key(r): r for r in new}.values())       # the last of runs alike in new
     replaced = {key(r) for r in new}
+    for r in old:                                       # (said, not silent)
+        if key(r) in replaced:
+            reached = r.get("steps_to_threshold")
+            print(f"replacing the earlier run of {r['task']} {r['model']} seed {r['seed']} "
+                  f"({variant(r)}: {r.get('steps_run', '?')} steps, threshold "
+                  f"{f'at {reached}' if reached else 'not reached'})", file=sys.stderr)
     return [r for r in old if key(r) not in replaced] + new
+
+
+# the fields of a saved run that merging, tabling and plotting read
+REQUIRED = ("task", "model", "seed", "steps_to_threshold", "steps_run", "curve")
 
 
 def joined(paths: list, out: pathlib.Path, error) -> list:
     """The runs saved in ``paths`` (papers.json files); a run without its own ``argv``,
     ``quick`` or ``seq_len`` (older files kept them for the whole file) takes its file's.
-    ``error`` (a message) refuses a missing file and check runs (``--quick``) bound for the
-    measured results."""
+    ``error`` (``ArgumentParser.error``: it takes a message and exits) refuses a missing or
+    malformed file, a run without the fields a table needs and check runs (``--quick``)
+    bound for the measured results."""
     runs = []
     for path in paths:
         if not path.is_file():
             error(f"--join: no such file {path}")
-        record = json.loads(path.read_text())
+        try:
+            record = json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            error(f"--join: {path} is not JSON ({exc})")
+        if not isinstance(record, dict) or not isinstance(record.get("results"), list):
+            error(f"--join: {path} is not a papers.json (a JSON object with a 'results' list)")
         for r in record["results"]:
+            missing = [k for k in REQUIRED if not isinstance(r, dict) or k not in r]
+            if missing:
+                error(f"--join: {path} holds a run without {', '.join(missing)}")
             r = dict(r, argv=r.get("argv", record.get("argv")),
                      quick=r.get("quick", record.get("quick", False)))
             if "seq_len" not in r and "seq_len" in record:
@@ -258,7 +277,7 @@ def plot(results: list, tasks: set, out: pathlib.Path) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     p.add_argument("--tasks", nargs="+", default=list(PAPER), choices=list(PAPER))
     p.add_argument("--models", nargs="+", default=list(SCAN_MODELS), choices=list(MODELS))
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
@@ -283,6 +302,10 @@ def main(argv=None) -> int:
                         "plot them")
     p.add_argument("--out", type=pathlib.Path, default=ROOT / "bench" / "results" / "papers")
     args = p.parse_args(argv)
+    try:
+        placement(args.device, "none")
+    except ValueError as exc:
+        p.error(str(exc))
     if args.quick and args.out.resolve() == (ROOT / "bench" / "results" / "papers").resolve():
         p.error("--quick needs --out elsewhere: bench/results/papers keeps the measured runs, "
                 "which T = 20 check runs would join")

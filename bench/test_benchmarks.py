@@ -111,7 +111,7 @@ def test_papers_results_merge_across_invocations(tmp_path):
     assert len(papers.merged(path, new, 20)) == 5          # another length replaces nothing
 
 
-def test_papers_join_adds_runs_saved_elsewhere(tmp_path, monkeypatch):
+def test_papers_join_adds_runs_saved_elsewhere(tmp_path, monkeypatch, capsys):
     """``--join`` trains nothing: it adds another machine's runs (their device kept and shown)
     to OUT/papers.json beside the runs already there (of two alike, the last), and refuses
     --quick check runs bound for bench/results/papers and training options."""
@@ -121,30 +121,40 @@ def test_papers_join_adds_runs_saved_elsewhere(tmp_path, monkeypatch):
     run = {"task": "adding", "model": "rwa-scan", "seed": 0, "timescales": None, "layers": 1,
            "lr": 1e-3, "device": "cuda", "steps_to_threshold": 5, "steps_run": 5,
            "seconds": 1.0, "curve": [[5, 0.0005]], "seq_len": 1000}
-    gpu = tmp_path / "gpu.json"
-    gpu.write_text(json.dumps({"argv": ["--device", "cuda"], "quick": False, "results": [run]}))
+    gpu = tmp_path / "gpu.json"          # (an older layout: the length kept for the file)
+    gpu.write_text(json.dumps({"argv": ["--device", "cuda"], "quick": False, "seq_len": 500,
+                               "results": [{k: v for k, v in run.items() if k != "seq_len"}]}))
     out = tmp_path / "out"
     out.mkdir()
     (out / "papers.json").write_text(json.dumps({"results": [
-        dict(run, model="rda-exp-tanh", device="cpu", steps_to_threshold=None)]}))
+        dict(run, model="rda-exp-tanh", device="cpu", steps_to_threshold=None),
+        dict(run, device="cpu", seq_len=500, steps_to_threshold=None)]}))
     again = tmp_path / "again.json"
-    again.write_text(json.dumps({"results": [dict(run, steps_to_threshold=5, seconds=2.0)]}))
+    again.write_text(json.dumps({"results": [dict(run, seq_len=500, seconds=2.0)]}))
     assert papers.main(["--join", str(again), str(gpu), f"--out={out}"]) == 0
+    assert "replacing the earlier run of adding rwa-scan seed 0" in capsys.readouterr().err
     saved = json.loads((out / "papers.json").read_text())["results"]
-    assert sorted((r["model"], r["device"], r["steps_to_threshold"]) for r in saved) == [
-        ("rda-exp-tanh", "cpu", None), ("rwa-scan", "cuda", 5)]
+    assert sorted((r["model"], r["device"], r["steps_to_threshold"], r["seq_len"])
+                  for r in saved) == [("rda-exp-tanh", "cpu", None, 1000),
+                                      ("rwa-scan", "cuda", 5, 500)]
     joined = next(r for r in saved if r["model"] == "rwa-scan")
     assert joined["argv"] == ["--device", "cuda"] and joined["quick"] is False
     assert joined["seconds"] == 1.0                  # gpu.json's, joined after again.json's
     assert papers.variant(joined) == "paper, cuda" and (out / "adding.png").is_file()
     quick = tmp_path / "quick.json"
     quick.write_text(json.dumps({"quick": True, "results": [run]}))
-    with pytest.raises(SystemExit):
-        papers.main(["--join", str(quick)])          # into bench/results/papers: refused
-    with pytest.raises(SystemExit):
-        papers.main(["--join", str(tmp_path / "missing.json"), "--out", str(out)])
-    with pytest.raises(SystemExit):
-        papers.main(["--join", str(gpu), "--out", str(out), "--seeds", "1"])
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"results": [')
+    partial = tmp_path / "partial.json"
+    partial.write_text(json.dumps({"results": [{k: v for k, v in run.items() if k != "curve"}]}))
+    for flags, message in (([str(quick)], "holds --quick check runs"),  # into bench/results
+                           ([str(tmp_path / "missing.json"), f"--out={out}"], "no such file"),
+                           ([str(broken), f"--out={out}"], "is not JSON"),
+                           ([str(partial), f"--out={out}"], "a run without curve"),
+                           ([str(gpu), f"--out={out}", "--seeds", "1"], "drop --seeds")):
+        with pytest.raises(SystemExit):
+            papers.main(["--join", *flags])
+        assert message in capsys.readouterr().err
     assert not (tmp_path / "bench").exists()
 
 
@@ -172,13 +182,18 @@ def test_papers_accuracy_exactly_at_the_threshold_is_not_above_it():
     assert value == 0.99 and not papers.met("multicopy", value)
 
 
-def test_ablate_rows_can_each_be_chosen_with_only(capsys):
+def test_ablate_rows_can_each_be_chosen_with_only(tmp_path, capsys):
     """``--only`` takes comma-separated names: no row's name may hold a comma (one did, and
-    could not be run alone), and an unknown name is refused with the known ones listed."""
+    could not be run alone), an unknown name is refused with the known ones listed, and a
+    subset is refused where it would replace the committed study's ablate.json."""
     import ablate
     assert all("," not in name for name in ablate.ROWS)
-    assert ablate.main(["--only", "base,no such row", "--data", __file__]) == 2
-    assert "no such row" in capsys.readouterr().err
+    out = tmp_path / "a"
+    assert ablate.main(["--only", "base,no such row", "--data", __file__,
+                        "--out", str(out)]) == 2
+    assert "no such row" in capsys.readouterr().err and not out.exists()
+    assert ablate.main(["--only", "base", "--data", __file__]) == 2
+    assert "--out" in capsys.readouterr().err
 
 
 def test_lm_baselines_alone_are_matched_to_bytelm():
