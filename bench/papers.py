@@ -66,6 +66,11 @@ MODELS = {
 SCAN_MODELS = ("rwa-scan", "rda-exp-tanh", "rda-sigmoid-id")
 
 
+def results_dir() -> pathlib.Path:
+    """Where the measured runs are kept (``--out``'s default), which check runs may not join."""
+    return ROOT / "bench" / "results" / "papers"
+
+
 def met(task: str, value: float) -> bool:
     """Whether a held-out ``value`` meets the paper's threshold for ``task``."""
     rule = PAPER[task]
@@ -226,7 +231,7 @@ def joined(paths: list, out: pathlib.Path, error) -> list:
                      quick=r.get("quick", record.get("quick", False)))
             if "seq_len" not in r and "seq_len" in record:
                 r["seq_len"] = record["seq_len"]
-            if r["quick"] and out.resolve() == (ROOT / "bench" / "results" / "papers").resolve():
+            if r["quick"] and out.resolve() == results_dir().resolve():
                 error(f"--join: {path} holds --quick check runs, which bench/results/papers "
                       "does not take")
             runs.append(r)
@@ -300,13 +305,13 @@ def main(argv=None) -> int:
                    help="train nothing: add the runs saved in these papers.json files (made "
                         "elsewhere, e.g. by bench/gpu_papers.sh) to --out's, then table and "
                         "plot them")
-    p.add_argument("--out", type=pathlib.Path, default=ROOT / "bench" / "results" / "papers")
+    p.add_argument("--out", type=pathlib.Path, default=results_dir())
     args = p.parse_args(argv)
     try:
         placement(args.device, "none")
     except ValueError as exc:
         p.error(str(exc))
-    if args.quick and args.out.resolve() == (ROOT / "bench" / "results" / "papers").resolve():
+    if args.quick and args.out.resolve() == results_dir().resolve():
         p.error("--quick needs --out elsewhere: bench/results/papers keeps the measured runs, "
                 "which T = 20 check runs would join")
     if args.layers < 1:
