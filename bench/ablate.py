@@ -52,6 +52,11 @@ ROWS = {
 }
 
 
+def results_dir() -> pathlib.Path:
+    """Where the committed study is kept (``--out``'s default)."""
+    return pathlib.Path(__file__).parent / "results" / "ablate"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -66,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     p.add_argument("--only", help="comma-separated row names (default: every row)")
     p.add_argument("--out", type=pathlib.Path,
-                   default=pathlib.Path(__file__).parent / "results" / "ablate")
+                   default=results_dir())
     p.add_argument("--quick", action="store_true", help="tiny runs of two rows (CI)")
     p.add_argument("--table", type=pathlib.Path, metavar="ABLATE_JSON",
                    help="print the table of an earlier run's ablate.json and stop")
@@ -84,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"error: --only: unknown rows {unknown}; known: {list(ROWS)}", file=sys.stderr)
         return 2
-    committed = pathlib.Path(__file__).parent / "results" / "ablate"
+    committed = results_dir()
     if args.only and not args.quick and args.out.resolve() == committed.resolve():
         print(f"error: --only writes an ablate.json of those rows alone: give --out elsewhere "
               f"({committed} keeps the whole study)", file=sys.stderr)
