@@ -117,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--bptt", type=int, default=128)
     p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--seed", type=int, default=0, help="every run's seed")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--autocast", choices=("none", "bf16"), default="none",
                    help="bf16: the forward in bfloat16 autocast (a GPU run)")
@@ -150,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{m}: d_model {shapes[m][0]}, {shapes[m][1]} layers, {counts[m]:,} parameters "
               f"({100 * (counts[m] / target - 1):+.1f}% of the fastrwa model's)", flush=True)
     common = ["--task", "text", "--data", args.data, "--batch-size", args.batch_size,
-              "--bptt", args.bptt, "--lr", args.lr, "--eval-bytes", args.eval_bytes,
+              "--bptt", args.bptt, "--lr", args.lr, "--seed", args.seed,
+              "--eval-bytes", args.eval_bytes,
               "--log-every", 10 if not args.quick else 1, "--device", args.device,
               "--autocast", args.autocast]
     results = []

@@ -187,7 +187,8 @@ def test_the_configuration_carries_every_lm_field_and_its_default():
     # every field away from its default survives the round trip
     other = LMConfig(vocab_size=300, d_model=8, n_layers=3, layer="rwa", attention="exp",
                      f_h="tanh", f_o="tanh", preset="exp-tanh", token_shift=False,
-                     discount_init="spread", output_gate=False, learn_initial_state=False,
+                     discount_init="spread", discount_groups=2, output_gate=False,
+                     learn_initial_state=False,
                      mlp_ratio=2,
                      tie_embeddings=False, n_heads=2, context=64)
     assert all(getattr(other, f.name) != f.default for f in dataclasses.fields(LMConfig))

@@ -10,6 +10,7 @@ from fastrwa.nn import RDA, RWA, LayerState
 from helpers import ATTENTIONS
 
 LAYERS = [("rwa", None)] + [("rda", attention) for attention in ATTENTIONS]
+GROUPED = [("rda-grouped", "sigmoid")]     # one discount shared by all 5 channels
 TOL_FP32 = 1e-5   # layer outputs, streaming vs parallel, float32 state
 
 
@@ -19,10 +20,12 @@ def make_layer(kind, attention, **kw):
         return RWA(6, 5, **kw)
     if kind == "rda-identity":      # f_h = f_o = identity: the step writes the output itself
         return RDA(6, 5, attention=attention, f_h="identity", **kw)
+    if kind == "rda-grouped":
+        return RDA(6, 5, attention=attention, discount_groups=1, **kw)
     return RDA(6, 5, attention=attention, **kw)
 
 
-@pytest.mark.parametrize("kind,attention", LAYERS)
+@pytest.mark.parametrize("kind,attention", LAYERS + GROUPED)
 @pytest.mark.parametrize("token_shift", [False, True])
 def test_prefix_then_steps_equals_parallel_at_every_split(kind, attention, token_shift):
     layer = make_layer(kind, attention, token_shift=token_shift)
@@ -40,7 +43,7 @@ def test_prefix_then_steps_equals_parallel_at_every_split(kind, attention, token
             torch.testing.assert_close(state.scan.average(), final.scan.average())
 
 
-@pytest.mark.parametrize("kind,attention", LAYERS + [("rda-identity", "sigmoid")])
+@pytest.mark.parametrize("kind,attention", LAYERS + GROUPED + [("rda-identity", "sigmoid")])
 @pytest.mark.parametrize("token_shift", [False, True])
 @pytest.mark.parametrize("batch", [1, 3])     # (one row: the kernel reads the gate columns in place)
 def test_in_place_step_equals_step(kind, attention, token_shift, batch):
@@ -127,6 +130,49 @@ def test_initialisation_follows_the_papers():
     assert not empty.initial_value.requires_grad
 
 
+@pytest.mark.parametrize("bidirectional", [False, True])
+@pytest.mark.parametrize("token_shift", [False, True])
+def test_a_grouped_discount_is_a_per_channel_layer_with_each_group_s_row_repeated(
+        bidirectional, token_shift):
+    """``discount_groups=G``: forward (with padding), its gradients and the final state equal
+    those of the per-channel layer whose discount rows are the grouped layer's, each
+    repeated for the channels of its group (``per_channel_rows``); float64."""
+    torch.manual_seed(0)
+    grouped = RDA(6, 8, discount_groups=2, bidirectional=bidirectional,
+                  token_shift=token_shift).double()
+    wide = RDA(6, 8, bidirectional=bidirectional, token_shift=token_shift).double()
+    rows = grouped.per_channel_rows()
+    assert grouped.proj.weight.shape[0] == (2 if bidirectional else 1) * (3 * 8 + 2)
+    assert rows.shape == wide.proj.bias.shape
+    with torch.no_grad():
+        grouped.proj.bias.normal_()
+        wide.proj.weight.copy_(grouped.proj.weight[rows])
+        wide.proj.bias.copy_(grouped.proj.bias[rows])
+        for name in ("initial_value", "initial_logit"):
+            getattr(wide, name).copy_(getattr(grouped, name))
+    x = torch.randn(3, 7, 6, dtype=torch.float64)
+    mask = torch.rand(3, 7) > 0.3
+    (y_g, s_g), (y_w, s_w) = grouped(x, mask=mask), wide(x, mask=mask)
+    torch.testing.assert_close(y_g, y_w, rtol=1e-13, atol=1e-13)
+    torch.testing.assert_close(s_g.scan.average(), s_w.scan.average(), rtol=1e-13, atol=1e-13)
+    weights = torch.randn_like(y_g)
+    (y_g * weights).sum().backward()
+    (y_w * weights).sum().backward()
+    # a grouped row's gradient is the sum of its copies'
+    summed = torch.zeros_like(grouped.proj.weight).index_add_(0, rows, wide.proj.weight.grad)
+    torch.testing.assert_close(grouped.proj.weight.grad, summed, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(grouped.initial_value.grad, wide.initial_value.grad)
+
+
+def test_discount_groups_must_divide_the_hidden_size():
+    with pytest.raises(ValueError, match=r"discount_groups \(3\) must divide hidden_size \(8\)"):
+        RDA(6, 8, discount_groups=3)
+    with pytest.raises(ValueError, match="discount_groups must be a positive int"):
+        RDA(6, 8, discount_groups=0)
+    assert "discount_groups=4" in repr(RDA(6, 8, discount_groups=4))
+    assert RDA(6, 8, discount_groups=8).per_channel_rows().equal(torch.arange(32))
+
+
 def test_presets():
     assert RDA(4, 3, preset="exp-tanh").attention == "exp"
     layer = RDA(4, 3, preset="sigmoid-id")
@@ -135,7 +181,7 @@ def test_presets():
         RDA(4, 3, preset="exp-id")
 
 
-@pytest.mark.parametrize("kind,attention", LAYERS)
+@pytest.mark.parametrize("kind,attention", LAYERS + GROUPED)
 def test_gradients_reach_every_parameter_and_training_reduces_loss(kind, attention):
     layer = make_layer(kind, attention, token_shift=True)
     head = torch.nn.Linear(5, 1)

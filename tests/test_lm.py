@@ -14,7 +14,8 @@ from fastrwa.nn.functional import rms_norm_into
 
 VARIANTS = ([dict(layer="rwa")] + [dict(layer="rda", attention=a) for a in ATTENTIONS]
             + [dict(layer="rda", output_gate=False), dict(layer="rda", learn_initial_state=False),
-               dict(layer="rwa", learn_initial_state=False)])
+               dict(layer="rwa", learn_initial_state=False),
+               dict(layer="rda", discount_groups=4, discount_init="spread")])
 TOL_FP32 = 2e-5  # logits, streaming vs parallel
 
 
@@ -269,6 +270,11 @@ def test_a_fresh_cache_starts_from_the_learned_initial_state():
     (lambda: LMConfig(learn_initial_state=1), TypeError,
      "learn_initial_state must be True or False"),
     (lambda: LMConfig(d_model=True), ValueError, "d_model must be a positive int"),
+    (lambda: LMConfig(discount_groups=0), ValueError, "discount_groups must be None or a "),
+    (lambda: LMConfig(discount_groups=True), ValueError, "discount_groups must be None or a "),
+    (lambda: LMConfig(discount_groups="4"), ValueError, "discount_groups must be None or a "),
+    (lambda: LMConfig(d_model=16, discount_groups=3), ValueError,
+     r"discount_groups \(3\) must divide d_model \(16\)"),
 ])
 def test_config_types_are_checked(call, error, words):
     with pytest.raises(error, match=words):
@@ -368,8 +374,27 @@ def test_spread_discount_init_gives_each_block_its_memory_lengths():
         paper.blocks[0].mix.set_discount_timescales(10.0, 5.0)
 
 
+def test_spread_discount_init_spreads_the_groups_of_a_grouped_discount():
+    """With ``discount_groups``, each block's groups (not its channels) carry the spread
+    memory lengths, from 2 tokens to the block's longest; every channel of a group gets its
+    group's discount."""
+    from fastrwa.models.lm import longest_timescale
+
+    model = ByteLM(LMConfig(d_model=16, n_layers=2, discount_init="spread", discount_groups=4))
+    for depth, block in enumerate(model.blocks):
+        bias = block.mix.proj.bias.detach().double()
+        assert bias.shape == (3 * 16 + 4,)
+        tau = 1 / (1 - torch.sigmoid(bias[48:]))
+        assert tau[0] == pytest.approx(2.0)
+        assert tau[-1] == pytest.approx(longest_timescale(depth, 2), rel=1e-5)
+        assert (tau[1:] > tau[:-1]).all()
+        per_channel = block.mix.proj.bias[block.mix.per_channel_rows()].detach().double()
+        assert torch.equal(per_channel[48:], bias[48:].repeat_interleave(4))
+
+
 FLIPPED = {"attention": "exp", "f_h": "tanh", "f_o": "tanh", "preset": "exp-tanh",
-           "token_shift": False, "discount_init": "spread", "output_gate": False,
+           "token_shift": False, "discount_init": "spread", "discount_groups": 4,
+           "output_gate": False,
            "learn_initial_state": False, "mlp_ratio": 2, "n_heads": 2}
 
 

@@ -73,6 +73,7 @@ CONFIGS = [
     dict(attention="relu", output_gate=False, tie_embeddings=False, mlp_ratio=2),
     dict(preset="exp-tanh", discount_init="spread", n_layers=3),
     dict(learn_initial_state=False),
+    dict(discount_groups=2, discount_init="spread"),
 ]
 
 

@@ -34,6 +34,7 @@ class FastRWAConfig(PreTrainedConfig):
     preset: str | None = LMConfig.preset
     token_shift: bool = LMConfig.token_shift
     discount_init: str = LMConfig.discount_init
+    discount_groups: int | None = LMConfig.discount_groups
     output_gate: bool = LMConfig.output_gate
     learn_initial_state: bool = LMConfig.learn_initial_state
     mlp_ratio: int = LMConfig.mlp_ratio
@@ -59,6 +60,7 @@ class FastRWAConfig(PreTrainedConfig):
                         n_layers=self.n_layers, layer=self.layer, attention=self.attention,
                         f_h=self.f_h, f_o=self.f_o, preset=self.preset,
                         token_shift=self.token_shift, discount_init=self.discount_init,
+                        discount_groups=self.discount_groups,
                         output_gate=self.output_gate,
                         learn_initial_state=self.learn_initial_state, mlp_ratio=self.mlp_ratio,
                         tie_embeddings=self.tie_word_embeddings, n_heads=self.n_heads,

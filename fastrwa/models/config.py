@@ -15,8 +15,8 @@ DISCOUNT_INITS = ("paper", "spread")
 # layer, tie_embeddings, and context, which a training run sets to its BPTT for every model).
 # A layer ignores the others; the training CLI refuses them (fastrwa.train.models.check_lm_flags).
 LAYER_FIELDS = {
-    "rda": ("attention", "f_h", "f_o", "preset", "token_shift", "discount_init", "output_gate",
-            "learn_initial_state", "mlp_ratio"),
+    "rda": ("attention", "f_h", "f_o", "preset", "token_shift", "discount_init",
+            "discount_groups", "output_gate", "learn_initial_state", "mlp_ratio"),
     "rwa": ("token_shift", "output_gate", "learn_initial_state", "mlp_ratio"),
     "lstm": (),
     "gru": (),
@@ -50,7 +50,11 @@ class LMConfig:
         discount_init: "paper" (the RDA paper's discount bias of 1 in every channel: a memory
             of about 3.7 tokens) or "spread" (per channel, memory lengths log-uniform from 2
             tokens to a longest one that grows with depth: 16 in the first block, 1024 in the
-            last; :meth:`fastrwa.nn.RDA.set_discount_timescales`). RDA only.
+            last; :meth:`fastrwa.nn.RDA.set_discount_timescales`; with ``discount_groups``,
+            the groups'). RDA only.
+        discount_groups: ``None`` (a discount per channel, the paper's) or an int dividing
+            ``d_model``: one discount per group of ``d_model / discount_groups`` channels
+            (:class:`fastrwa.nn.RDA`'s ``discount_groups``). RDA only.
         output_gate: each block multiplies its scan layer's output by ``sigmoid(W x)`` of
             the block's normalised input before the residual add (a ``d_model x d_model``
             projection more per block, as gated linear RNNs gate their outputs). A saved
@@ -80,6 +84,7 @@ class LMConfig:
     preset: str | None = None
     token_shift: bool = True
     discount_init: str = "paper"
+    discount_groups: int | None = None
     output_gate: bool = True
     learn_initial_state: bool = True
     mlp_ratio: int = 4
@@ -116,6 +121,14 @@ class LMConfig:
         if self.discount_init not in DISCOUNT_INITS:
             raise ValueError(f"LMConfig.discount_init must be one of {DISCOUNT_INITS}, "
                              f"got {self.discount_init!r}")
+        if self.discount_groups is not None:
+            groups = self.discount_groups
+            if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
+                raise ValueError(f"LMConfig.discount_groups must be None or a positive int, "
+                                 f"got {groups!r}")
+            if self.layer == "rda" and self.d_model % groups:
+                raise ValueError(f"LMConfig.discount_groups ({groups}) must divide d_model "
+                                 f"({self.d_model}): each group shares one discount")
         if self.layer == "transformer":
             if not heads_split_evenly(self.d_model, self.n_heads):
                 raise ValueError(f"LMConfig.n_heads ({self.n_heads}) must divide d_model "

@@ -48,7 +48,8 @@ class Block(nn.Module):
         else:
             self.mix = RDA(d, d, attention=config.attention, f_h=config.f_h, f_o=config.f_o,
                            preset=config.preset, token_shift=config.token_shift,
-                           learn_initial_state=config.learn_initial_state)
+                           learn_initial_state=config.learn_initial_state,
+                           discount_groups=config.discount_groups)
         self.gate = nn.Linear(d, d) if config.output_gate else None
         self.norm2 = nn.RMSNorm(d)
         self.mlp = nn.Sequential(nn.Linear(d, config.mlp_ratio * d), nn.GELU(),

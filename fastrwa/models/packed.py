@@ -87,6 +87,10 @@ class PackedLM:
                 if mods is None:                  # (no output gate: empty, never read)
                     w = torch.empty(L, 0, D)
                     bias = torch.empty(L, 0)
+                elif name == "proj":              # (one discount row per channel)
+                    rows = [b.mix.per_channel_rows() if rda else slice(None) for b in blocks]
+                    w = torch.stack([m.weight[r] for m, r in zip(mods, rows)])
+                    bias = torch.stack([m.bias[r] for m, r in zip(mods, rows)])
                 else:
                     w = torch.stack([m.weight for m in mods])
                     bias = torch.stack([m.bias for m in mods])
@@ -131,7 +135,13 @@ class PackedLM:
                                    if model.config.output_gate else [])):
                 data, scale, _ = self._tensors[name]
                 for layer, linear in enumerate(linears):
-                    linear.weight.copy_(dequantize(data[layer], scale[layer]))
+                    weight = dequantize(data[layer], scale[layer])
+                    if name == "proj" and model.config.layer == "rda":
+                        # (a grouped discount's row: the first of its channels' copies)
+                        rows = model.blocks[layer].mix.per_channel_rows()   # (ascending)
+                        _, copies = torch.unique_consecutive(rows, return_counts=True)
+                        weight = weight[copies.cumsum(0) - copies]
+                    linear.weight.copy_(weight)
             head = dequantize(*self._tensors["head"][:2])
             if model.config.tie_embeddings:        # (the embedding stays as it was)
                 model.head.weight = torch.nn.Parameter(head)

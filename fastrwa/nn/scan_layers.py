@@ -11,7 +11,7 @@ from typing import NamedTuple, Optional
 
 import torch
 import torch.distributed as dist
-from einops import rearrange
+from einops import rearrange, repeat
 from torch import Tensor, nn
 
 from .. import scan as _scan
@@ -57,16 +57,26 @@ class _ScanLayer(nn.Module):
 
     def __init__(self, input_size: int, hidden_size: int, *, batch_first: bool,
                  bidirectional: bool, token_shift: bool, learn_initial_state: bool,
-                 device=None, dtype=None):
+                 discount_groups: Optional[int] = None, device=None, dtype=None):
         super().__init__()
         check_size(input_size, "input_size"), check_size(hidden_size, "hidden_size")
+        if discount_groups is not None:
+            check_size(discount_groups, "discount_groups")
+            if hidden_size % discount_groups:
+                raise ValueError(f"discount_groups ({discount_groups}) must divide hidden_size "
+                                 f"({hidden_size}): each group shares one discount")
         self.input_size, self.hidden_size = input_size, hidden_size
         self.batch_first, self.bidirectional = batch_first, bidirectional
         self.token_shift, self.learn_initial_state = token_shift, learn_initial_state
+        self.discount_groups = discount_groups
         self.num_directions = 2 if bidirectional else 1
         self.num_gates = 4 if self._discounted else 3            # u, g, a (, gamma)
+        # each direction's rows of the fused projection, per gate: the discount logits
+        # are one per group of channels when grouped
+        self.gate_widths = (hidden_size,) * 3 + (
+            (discount_groups or hidden_size,) if self._discounted else ())
         features = input_size * (2 if token_shift else 1)
-        out = self.num_directions * self.num_gates * hidden_size
+        out = self.num_directions * sum(self.gate_widths)
         factory = dict(device=device, dtype=dtype)
         self.proj = nn.Linear(features, out, **factory)          # one fused projection
         width = self.num_directions * hidden_size
@@ -80,24 +90,28 @@ class _ScanLayer(nn.Module):
 
     def reset_parameters(self) -> None:
         """Xavier-uniform weights per gate, zero biases, discount bias 1, s_0 ~ N(0, 1), a_0 = 0."""
-        # views (in-place initialisation below): one (H, input) block per direction and gate
-        weight = rearrange(self.proj.weight, "(dir gate h) i -> dir gate h i",
-                           dir=self.num_directions, gate=self.num_gates)
         with torch.no_grad():
+            # views (in-place initialisation): one (width, input) block per direction and gate
             for d in range(self.num_directions):
-                for gate in range(self.num_gates):
-                    nn.init.xavier_uniform_(weight[d, gate])
-            bias = rearrange(self.proj.bias, "(dir gate h) -> dir gate h",
-                             dir=self.num_directions, gate=self.num_gates)
-            bias.zero_()
+                for block in self._gate_rows(self.proj.weight, d):
+                    nn.init.xavier_uniform_(block)
+            self.proj.bias.zero_()
             if self._discounted:
-                bias[:, 3].fill_(1.0)
+                for d in range(self.num_directions):
+                    self._gate_rows(self.proj.bias, d)[3].fill_(1.0)
             nn.init.normal_(self.initial_value)
             self.initial_value.mul_(1.0 if self.learn_initial_state else 0.0)
             if self.learn_initial_state:
                 self.initial_logit.zero_()
             else:
                 self.initial_logit.fill_(float("-inf"))
+
+    def _gate_rows(self, t: Tensor, direction: int) -> tuple[Tensor, ...]:
+        """Views of direction ``direction``'s rows of the projection's weight or bias ``t``,
+        one per gate (``u, g, a[, c]``)."""
+        per_direction = sum(self.gate_widths)
+        return t[direction * per_direction:(direction + 1) * per_direction].split(
+            self.gate_widths)
 
     # -- state -------------------------------------------------------------------------
     def initial_state(self, batch: int) -> LayerState:
@@ -160,9 +174,13 @@ class _ScanLayer(nn.Module):
             else:
                 shifted = inputs.gather(1, last_kept_before(mask)[..., None].expand_as(x))
             x = torch.cat([x, shifted], dim=-1)
-        parts = self.proj(x).split(self.hidden_size, dim=-1)
+        parts = self.proj(x).split(self.gate_widths * self.num_directions, dim=-1)
         G = self.num_gates
-        return [parts[d * G:(d + 1) * G] for d in range(self.num_directions)]
+        gates = [parts[d * G:(d + 1) * G] for d in range(self.num_directions)]
+        if self.discount_groups is not None:    # each group's discount to its channels
+            r = self.hidden_size // self.discount_groups
+            gates = [(*mine[:3], repeat(mine[3], "... c -> ... (c r)", r=r)) for mine in gates]
+        return gates
 
     def _scan(self, gates: tuple[Tensor, ...], state: Optional[ScanState], reverse: bool,
               step: bool, context_group=None):
@@ -311,9 +329,12 @@ class _ScanLayer(nn.Module):
         # projection's own columns where they are (one row), else buffers copied into
         gates = (("a", 2), ("g", 3)) if self._discounted else (("a", 2),)
         for name, k in gates:
-            view = proj[:, k * H:(k + 1) * H]
+            view = proj[:, k * H:k * H + self.gate_widths[k]]
             work[name + "_logits"] = view
-            work[name] = view if view.is_contiguous() else new(H)
+            work[name] = view if view.is_contiguous() and view.shape[1] == H else new(H)
+            if view.shape[1] != H:          # grouped: (B, groups, 1) -> (B, groups, channels)
+                work[name + "_groups"] = (view[:, :, None],
+                                          work[name].view(batch, view.shape[1], -1))
         return work
 
     @torch.no_grad()
@@ -418,7 +439,10 @@ class _ScanLayer(nn.Module):
         torch.tanh(work["tanh_g"], out=work["z"])
         work["z"].mul_(work["u"])                                 # z = u * tanh(g)
         for name in ("a", "g") if self._discounted else ("a",):
-            if work[name] is not work[name + "_logits"]:          # (B > 1: copy the columns)
+            if name + "_groups" in work:                          # (grouped: to each channel)
+                logits, channels = work[name + "_groups"]
+                channels.copy_(logits)
+            elif work[name] is not work[name + "_logits"]:        # (B > 1: copy the columns)
                 work[name].copy_(work[name + "_logits"])
         y = work["y"]
         if self._writes_output and out.is_contiguous():
@@ -516,6 +540,11 @@ class RDA(NamedActivations, _ScanLayer):
         f_h, f_o: "tanh", "identity", "sigmoid" or "relu".
         preset: a published variant by name, "exp-tanh" (f_a = exp, f_o = tanh) or
             "sigmoid-id" (f_a = sigmoid, f_h = f_o = identity); overrides the three above.
+        discount_groups: ``None`` (default): one discount ``gamma`` per channel, the paper's.
+            An int ``G`` dividing ``hidden_size``: one per group of ``hidden_size / G``
+            consecutive channels (as the heads of RetNet and GLA share a decay): the
+            projection computes ``G`` discount logits instead of ``hidden_size``, each
+            group's ``gamma`` discounts all its channels.
 
     The discount gate's bias starts at 1 (gamma ~ 0.73), as the RDA paper initialises it.
 
@@ -534,11 +563,12 @@ class RDA(NamedActivations, _ScanLayer):
                  f_h: str = "tanh", f_o: str = "identity", preset: Optional[str] = None,
                  batch_first: bool = True, bidirectional: bool = False,
                  token_shift: bool = False, learn_initial_state: bool = True,
-                 device=None, dtype=None):
+                 discount_groups: Optional[int] = None, device=None, dtype=None):
         attention, f_h, f_o, _, _ = rda_functions(attention, f_h, f_o, preset)
         super().__init__(input_size, hidden_size, batch_first=batch_first,
                          bidirectional=bidirectional, token_shift=token_shift,
-                         learn_initial_state=learn_initial_state, device=device, dtype=dtype)
+                         learn_initial_state=learn_initial_state,
+                         discount_groups=discount_groups, device=device, dtype=dtype)
         # (names, not functions: a module that holds only data pickles and saves whole)
         self.attention, self.f_h_name, self.f_o_name = attention, f_h, f_o
 
@@ -547,7 +577,8 @@ class RDA(NamedActivations, _ScanLayer):
         ``1 / (1 - gamma)`` (in tokens, at a zero pre-activation) are spread log-uniformly
         from ``shortest`` to ``longest`` (finite numbers > 1, ``longest >= shortest``), as
         gated linear RNNs initialise their forget gates: ``bias_j = log(tau_j - 1)``. The
-        paper's bias of 1 is ``tau = 3.7``. A refused call changes nothing.
+        paper's bias of 1 is ``tau = 3.7``. With ``discount_groups``, the groups' memory
+        lengths are spread so. A refused call changes nothing.
 
         Example:
             >>> import fastrwa
@@ -566,12 +597,21 @@ class RDA(NamedActivations, _ScanLayer):
                                  f"tokens), got {value!r}")
         if longest < shortest:
             raise ValueError(f"longest ({longest}) must be >= shortest ({shortest})")
-        H = self.hidden_size
-        tau = torch.logspace(math.log10(shortest), math.log10(longest), H, dtype=torch.float64)
+        tau = torch.logspace(math.log10(shortest), math.log10(longest), self.gate_widths[3],
+                             dtype=torch.float64)
         with torch.no_grad():
-            bias = rearrange(self.proj.bias, "(dir gate h) -> dir gate h",
-                             dir=self.num_directions, gate=self.num_gates)
-            bias[:, 3].copy_(torch.log(tau - 1).to(bias.dtype))
+            for d in range(self.num_directions):
+                self._gate_rows(self.proj.bias, d)[3].copy_(torch.log(tau - 1))
+
+    def per_channel_rows(self) -> Tensor:
+        """Indices of the fused projection's rows (``proj.weight[rows]``, ``proj.bias[rows]``)
+        that make the projection of a per-channel layer computing the same gates: each
+        group's discount row repeated for its channels (``discount_groups``; without it,
+        every row once, in order). ``(directions * 4 * hidden_size,)`` int64."""
+        H, per_direction = self.hidden_size, sum(self.gate_widths)
+        r = H // self.gate_widths[3]
+        own = torch.cat([torch.arange(3 * H), 3 * H + torch.arange(H) // r])
+        return torch.cat([d * per_direction + own for d in range(self.num_directions)])
 
     def _scan(self, gates, state, reverse, step, context_group=None):
         u, g, a, c = gates
@@ -597,5 +637,7 @@ class RDA(NamedActivations, _ScanLayer):
         ACTIVATIONS_OUT[self.f_o_name](out, out)
 
     def extra_repr(self) -> str:
+        groups = "" if self.discount_groups is None else \
+            f", discount_groups={self.discount_groups}"
         return (super().extra_repr() + f", attention={self.attention!r}, "
-                f"f_h={self.f_h_name!r}, f_o={self.f_o_name!r}")
+                f"f_h={self.f_h_name!r}, f_o={self.f_o_name!r}" + groups)
