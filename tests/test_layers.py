@@ -164,11 +164,54 @@ def test_a_grouped_discount_is_a_per_channel_layer_with_each_group_s_row_repeate
     torch.testing.assert_close(grouped.initial_value.grad, wide.initial_value.grad)
 
 
+@pytest.mark.parametrize("token_shift", [False, True])
+@pytest.mark.parametrize("batch", [0, 1, 3])
+def test_a_grouped_discount_streams_in_place_as_it_steps(token_shift, batch):
+    """Three groups of two channels: ``step_`` (each group's logit copied to its channels
+    in the workspace) equals ``step``, which equals the whole sequence; an empty batch too."""
+    torch.manual_seed(0)
+    layer = RDA(4, 6, attention="sigmoid", discount_groups=3, token_shift=token_shift)
+    with torch.no_grad():
+        layer.proj.bias.normal_()                   # (distinct discounts per group)
+        x = torch.randn(batch, 6, 4)
+        full, _ = layer(x)
+        _, state = layer(x[:, :2])
+        mine = LayerState(type(state.scan)(*(s.clone() for s in state.scan)),
+                          None if state.last_input is None else state.last_input.clone())
+        work, out = layer.step_workspace(batch), torch.empty(batch, 6)
+        for t in range(2, 6):
+            want, state = layer.step(x[:, t], state)
+            torch.testing.assert_close(want, full[:, t], atol=1e-6, rtol=1e-6)
+            assert layer.step_(x[:, t], mine, out, work) is out
+            torch.testing.assert_close(out, want, atol=1e-6, rtol=1e-6)
+
+
+def test_grouped_discount_initialisation_has_the_per_channel_bound():
+    torch.manual_seed(0)
+    layer = RDA(40, 30, discount_groups=3)
+    c = layer.proj.weight[90:]
+    bound = math.sqrt(6 / (40 + 30))
+    assert c.shape == (3, 40) and c.abs().max() <= bound and c.abs().max() > 0.9 * bound
+    assert torch.equal(layer.proj.bias[90:], torch.ones(3))
+
+
+def test_a_layer_saved_before_discount_groups_existed_runs_per_channel():
+    """A module pickled by an earlier version has no ``discount_groups`` attribute: it runs
+    as the per-channel layer it was."""
+    layer = RDA(6, 5)
+    x = torch.randn(2, 4, 6)
+    want, _ = layer(x)
+    del layer.discount_groups                       # (as unpickled from before the option)
+    assert layer.discount_groups is None
+    torch.testing.assert_close(layer(x)[0], want, rtol=0, atol=0)
+
+
 def test_discount_groups_must_divide_the_hidden_size():
     with pytest.raises(ValueError, match=r"discount_groups \(3\) must divide hidden_size \(8\)"):
         RDA(6, 8, discount_groups=3)
-    with pytest.raises(ValueError, match="discount_groups must be a positive int"):
-        RDA(6, 8, discount_groups=0)
+    for bad in (0, -2, True, "4", 2.0):
+        with pytest.raises(ValueError, match="discount_groups must be None or a positive int"):
+            RDA(6, 8, discount_groups=bad)
     assert "discount_groups=4" in repr(RDA(6, 8, discount_groups=4))
     assert RDA(6, 8, discount_groups=8).per_channel_rows().equal(torch.arange(32))
 

@@ -216,7 +216,8 @@ def assert_cache_unchanged(cache, before) -> None:
 
 
 @pytest.mark.parametrize("other", [dict(d_model=16), dict(n_layers=3), dict(layer="rwa"),
-                                   dict(token_shift=False), dict(mlp_ratio=4)],
+                                   dict(token_shift=False), dict(mlp_ratio=4),
+                                   dict(discount_groups=2)],
                          ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()))
 def test_lm_step_in_place_refuses_a_cache_of_another_model(other):
     """A cache allocated by a model of another shape (a 3-layer model on a 2-layer cache
@@ -412,6 +413,9 @@ def test_an_empty_batch_generates_an_empty_batch(prompt_length):
     assert [t.shape for t in model.stream(prompt, 2)] == [(0,), (0,)]
     baseline = RecurrentLM(LMConfig(layer="lstm", d_model=8, n_layers=1))
     assert baseline.generate(prompt, 4).shape == (0, prompt_length + 4)
+    grouped = ByteLM(LMConfig(d_model=8, n_layers=1, mlp_ratio=2, discount_groups=2)).eval()
+    for weights in ("eager", "float32"):
+        assert grouped.generate(prompt, 4, weights=weights).shape == (0, prompt_length + 4)
 
 
 # -- 20. pickling whole modules ------------------------------------------------------------

@@ -348,12 +348,13 @@ class ByteLM(nn.Module):
 
     # what an InferenceCache's buffers depend on, named for the messages
     _CACHE_FIELDS = ("n_layers", "d_model", "vocab_size", "layer", "token_shift", "mlp_ratio",
-                     "dtype", "device")
+                     "discount_groups", "dtype", "device")
 
     def _cache_layout(self) -> tuple:
         c, weight = self.config, self.embed.weight
+        groups = c.discount_groups if c.layer == "rda" else None      # (the step's buffers)
         return (len(self.blocks), c.d_model, c.vocab_size, c.layer, c.token_shift, c.mlp_ratio,
-                weight.dtype, weight.device)
+                groups, weight.dtype, weight.device)
 
     def _check_cache(self, cache: object) -> InferenceCache:
         """``cache`` was allocated by a model of this one's shape, dtype and device (an

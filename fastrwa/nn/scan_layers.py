@@ -51,6 +51,8 @@ class _ScanLayer(nn.Module):
     """Shared machinery of :class:`RWA` and :class:`RDA`."""
 
     _discounted: bool = False
+    # (a class default: a layer pickled before the option existed loads as per-channel)
+    discount_groups: Optional[int] = None
     # the buffers of step_workspace's dict
     _WORK_KEYS = frozenset(("inp", "inp_x", "inp_last", "proj", "u", "tanh_g", "z", "y",
                             "a_logits", "a"))
@@ -61,7 +63,10 @@ class _ScanLayer(nn.Module):
         super().__init__()
         check_size(input_size, "input_size"), check_size(hidden_size, "hidden_size")
         if discount_groups is not None:
-            check_size(discount_groups, "discount_groups")
+            if isinstance(discount_groups, bool) or not isinstance(discount_groups, int) \
+                    or discount_groups < 1:
+                raise ValueError(f"discount_groups must be None or a positive int, got "
+                                 f"{discount_groups!r}")
             if hidden_size % discount_groups:
                 raise ValueError(f"discount_groups ({discount_groups}) must divide hidden_size "
                                  f"({hidden_size}): each group shares one discount")
@@ -71,10 +76,6 @@ class _ScanLayer(nn.Module):
         self.discount_groups = discount_groups
         self.num_directions = 2 if bidirectional else 1
         self.num_gates = 4 if self._discounted else 3            # u, g, a (, gamma)
-        # each direction's rows of the fused projection, per gate: the discount logits
-        # are one per group of channels when grouped
-        self.gate_widths = (hidden_size,) * 3 + (
-            (discount_groups or hidden_size,) if self._discounted else ())
         features = input_size * (2 if token_shift else 1)
         out = self.num_directions * sum(self.gate_widths)
         factory = dict(device=device, dtype=dtype)
@@ -89,12 +90,18 @@ class _ScanLayer(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """Xavier-uniform weights per gate, zero biases, discount bias 1, s_0 ~ N(0, 1), a_0 = 0."""
+        """Xavier-uniform weights per gate (a grouped discount's rows: the bound of
+        ``hidden_size`` rows, as per-channel), zero biases, discount bias 1, s_0 ~ N(0, 1),
+        a_0 = 0."""
         with torch.no_grad():
             # views (in-place initialisation): one (width, input) block per direction and gate
             for d in range(self.num_directions):
                 for block in self._gate_rows(self.proj.weight, d):
-                    nn.init.xavier_uniform_(block)
+                    if block.shape[0] == self.hidden_size:
+                        nn.init.xavier_uniform_(block)
+                    else:   # (grouped discount: the per-channel rows' bound, as if H rows)
+                        bound = math.sqrt(6 / (block.shape[1] + self.hidden_size))
+                        nn.init.uniform_(block, -bound, bound)
             self.proj.bias.zero_()
             if self._discounted:
                 for d in range(self.num_directions):
@@ -105,6 +112,13 @@ class _ScanLayer(nn.Module):
                 self.initial_logit.zero_()
             else:
                 self.initial_logit.fill_(float("-inf"))
+
+    @property
+    def gate_widths(self) -> tuple[int, ...]:
+        """Each direction's rows of the fused projection, per gate (``u, g, a[, c]``):
+        ``hidden_size`` each, but one discount logit per group with ``discount_groups``."""
+        H = self.hidden_size
+        return (H, H, H) + ((self.discount_groups or H,) if self._discounted else ())
 
     def _gate_rows(self, t: Tensor, direction: int) -> tuple[Tensor, ...]:
         """Views of direction ``direction``'s rows of the projection's weight or bias ``t``,
@@ -333,8 +347,9 @@ class _ScanLayer(nn.Module):
             work[name + "_logits"] = view
             work[name] = view if view.is_contiguous() and view.shape[1] == H else new(H)
             if view.shape[1] != H:          # grouped: (B, groups, 1) -> (B, groups, channels)
+                groups = view.shape[1]
                 work[name + "_groups"] = (view[:, :, None],
-                                          work[name].view(batch, view.shape[1], -1))
+                                          work[name].view(batch, groups, H // groups))
         return work
 
     @torch.no_grad()
