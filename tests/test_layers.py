@@ -49,17 +49,25 @@ def test_prefix_then_steps_equals_parallel_at_every_split(kind, attention, token
 def test_in_place_step_equals_step(kind, attention, token_shift, batch):
     """layer.step_ (state updated in place, output into a buffer) equals layer.step."""
     layer = make_layer(kind, attention, token_shift=token_shift)
-    x = torch.randn(batch, 6, 6)
-    with torch.no_grad():
-        _, state = layer(x[:, :2])
-        mine = LayerState(type(state.scan)(*(s.clone() for s in state.scan)),
-                          None if state.last_input is None else state.last_input.clone())
-        work, out = layer.step_workspace(batch), torch.empty(batch, 5)
-        for t in range(2, 6):
-            want, state = layer.step(x[:, t], state)
-            assert layer.step_(x[:, t], mine, out, work) is out
-            torch.testing.assert_close(out, want, atol=1e-6, rtol=1e-6)
-        torch.testing.assert_close(mine.scan.average(), state.scan.average())
+    check_in_place_steps(layer, torch.randn(batch, 6, 6))
+
+
+@torch.no_grad()
+def check_in_place_steps(layer, x, full=None):
+    """From the state after ``x[:, :2]``, ``layer.step_`` on an owned copy of the state
+    equals ``layer.step`` token by token (and, given ``full``, the sequence's outputs)."""
+    batch = x.shape[0]
+    _, state = layer(x[:, :2])
+    mine = LayerState(type(state.scan)(*(s.clone() for s in state.scan)),
+                      None if state.last_input is None else state.last_input.clone())
+    work, out = layer.step_workspace(batch), torch.empty(batch, layer.hidden_size)
+    for t in range(2, x.shape[1]):
+        want, state = layer.step(x[:, t], state)
+        if full is not None:
+            torch.testing.assert_close(want, full[:, t], atol=1e-6, rtol=1e-6)
+        assert layer.step_(x[:, t], mine, out, work) is out
+        torch.testing.assert_close(out, want, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(mine.scan.average(), state.scan.average())
 
 
 def test_in_place_step_follows_the_backend_in_force(monkeypatch):
@@ -174,16 +182,7 @@ def test_a_grouped_discount_streams_in_place_as_it_steps(token_shift, batch):
     with torch.no_grad():
         layer.proj.bias.normal_()                   # (distinct discounts per group)
         x = torch.randn(batch, 6, 4)
-        full, _ = layer(x)
-        _, state = layer(x[:, :2])
-        mine = LayerState(type(state.scan)(*(s.clone() for s in state.scan)),
-                          None if state.last_input is None else state.last_input.clone())
-        work, out = layer.step_workspace(batch), torch.empty(batch, 6)
-        for t in range(2, 6):
-            want, state = layer.step(x[:, t], state)
-            torch.testing.assert_close(want, full[:, t], atol=1e-6, rtol=1e-6)
-            assert layer.step_(x[:, t], mine, out, work) is out
-            torch.testing.assert_close(out, want, atol=1e-6, rtol=1e-6)
+        check_in_place_steps(layer, x, full=layer(x)[0])
 
 
 def test_grouped_discount_initialisation_has_the_per_channel_bound():
