@@ -6,7 +6,7 @@ warmup, or depth against width at equal parameters, all else equal: the same cor
 steps and schedule, each row once per seed (``--seeds``, 0 and 1 by default: the spread of
 the two is the run-to-run variation a row has to beat). The study runs at a reduced size
 (``--d-model 128 --layers 4`` by default, about 0.2 s/step on two cores) so that its
-eighteen rows fit in about 40 minutes per seed; a choice it favours is then checked in the
+eighteen rows fit in about 35 minutes per seed; a choice it favours is then checked in the
 full-size comparison (``bench/lm.py``).
 
 Writes ``OUT/ablate.json`` (every run's records) and prints a markdown table: what, parameters,
