@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from ..nn.checks import check_groups
 from ..nn.functional import ACTIVATIONS, RDA_PRESETS
 from ..kernels.codes import ATTENTIONS
 
@@ -121,14 +122,8 @@ class LMConfig:
         if self.discount_init not in DISCOUNT_INITS:
             raise ValueError(f"LMConfig.discount_init must be one of {DISCOUNT_INITS}, "
                              f"got {self.discount_init!r}")
-        if self.discount_groups is not None:
-            groups = self.discount_groups
-            if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
-                raise ValueError(f"LMConfig.discount_groups must be None or a positive int, "
-                                 f"got {groups!r}")
-            if self.layer == "rda" and self.d_model % groups:
-                raise ValueError(f"LMConfig.discount_groups ({groups}) must divide d_model "
-                                 f"({self.d_model}): each group shares one discount")
+        check_groups(self.discount_groups, "LMConfig.discount_groups",
+                     self.d_model if self.layer == "rda" else None, "d_model")
         if self.layer == "transformer":
             if not heads_split_evenly(self.d_model, self.n_heads):
                 raise ValueError(f"LMConfig.n_heads ({self.n_heads}) must divide d_model "

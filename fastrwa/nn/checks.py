@@ -15,6 +15,18 @@ def check_size(value: object, name: str) -> int:
     return value
 
 
+def check_groups(groups: object, name: str, width: int | None, width_name: str) -> None:
+    """``None``, or a positive int (not a bool) that divides ``width`` (if given) into
+    groups of channels, each sharing one discount."""
+    if groups is None:
+        return
+    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
+        raise ValueError(f"{name} must be None or a positive int, got {groups!r}")
+    if width is not None and width % groups:
+        raise ValueError(f"{name} ({groups}) must divide {width_name} ({width}): each group "
+                         f"shares one discount")
+
+
 def check_count(value: object, name: str) -> int:
     """An int >= 0 (not a bool): a batch size, which may be empty."""
     if isinstance(value, bool) or not isinstance(value, int):

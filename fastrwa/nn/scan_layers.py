@@ -20,7 +20,8 @@ from ..state import ScanState
 from ..checks import check_context_group, check_no_overlap
 from ..ops.context import (CALL_TOKEN_SHIFT, DTYPES, after, agree, previous_input,
                            refuse_together, same_everywhere)
-from .checks import check_buffer, check_count, check_input_dtype, check_mask, check_size
+from .checks import (check_buffer, check_count, check_groups, check_input_dtype, check_mask,
+                     check_size)
 from .functional import ACTIVATIONS_OUT, NamedActivations, rda_functions
 from .masks import last_kept, last_kept_before
 
@@ -62,14 +63,7 @@ class _ScanLayer(nn.Module):
                  discount_groups: Optional[int] = None, device=None, dtype=None):
         super().__init__()
         check_size(input_size, "input_size"), check_size(hidden_size, "hidden_size")
-        if discount_groups is not None:
-            if isinstance(discount_groups, bool) or not isinstance(discount_groups, int) \
-                    or discount_groups < 1:
-                raise ValueError(f"discount_groups must be None or a positive int, got "
-                                 f"{discount_groups!r}")
-            if hidden_size % discount_groups:
-                raise ValueError(f"discount_groups ({discount_groups}) must divide hidden_size "
-                                 f"({hidden_size}): each group shares one discount")
+        check_groups(discount_groups, "discount_groups", hidden_size, "hidden_size")
         self.input_size, self.hidden_size = input_size, hidden_size
         self.batch_first, self.bidirectional = batch_first, bidirectional
         self.token_shift, self.learn_initial_state = token_shift, learn_initial_state
