@@ -161,23 +161,23 @@ def forward(args: ScanArgs, *, output_final_state: bool, save: bool) -> ForwardR
     n_d = triton.cdiv(D, BD)
     if T == 1 and cu_seqlens is None and not save_for_backward:
         # Streaming inference: one fused step launch.
-        step.step_kernel[(B, n_d)](z, a, g, y, h0, ht, D, B, ATTN=ATTN, DISCOUNT=DISCOUNT,
+        step.step_kernel[(B, n_d)](z, a, g, y, h0, ht, B, D=D, ATTN=ATTN, DISCOUNT=DISCOUNT,
                                    HAS_INIT=init is not None, BD=BD, **launch)
     elif algorithm == "looped":
         scan_fwd.fwd_looped_kernel[(lay.n_seq, n_d)](
-            z, a, g, y, h0, ht, hc, cu, co, lay.T, D, lay.n_seq, lay.rows,
+            z, a, g, y, h0, ht, hc, cu, co, lay.T, lay.n_seq, lay.rows, D=D,
             ATTN=ATTN, DISCOUNT=DISCOUNT, HAS_INIT=init is not None, STORE_FINAL=need_final,
             SAVE_CHUNKS=save_for_backward, REVERSE=reverse, **launch, **flags)
     else:
         summary = empty((4, lay.rows, D), f32, z.device)
         scan_fwd.fwd_summary_kernel[(lay.n_chunks, n_d)](
-            z, a, g, summary, cu, co, cs, lay.T, D, lay.rows,
+            z, a, g, summary, cu, co, cs, lay.T, lay.rows, D=D,
             ATTN=ATTN, DISCOUNT=DISCOUNT, REVERSE=reverse, **launch, **flags)
         scan_fwd.fwd_carry_kernel[(lay.n_seq, n_d)](
-            summary, h0, ht, hc, cu, co, lay.T, D, lay.n_seq, lay.rows,
+            summary, h0, ht, hc, cu, co, lay.T, lay.n_seq, lay.rows, D=D,
             HAS_INIT=init is not None, STORE_FINAL=need_final, **launch, **flags)
         scan_fwd.fwd_output_kernel[(lay.n_chunks, n_d)](
-            z, a, g, y, hc, cu, co, cs, lay.T, D, lay.rows,
+            z, a, g, y, hc, cu, co, cs, lay.T, lay.rows, D=D,
             ATTN=ATTN, DISCOUNT=DISCOUNT, REVERSE=reverse, **launch, **flags)
     final = tuple(x.clone() for x in ht.unbind(0)) if output_final_state else None
     saved = [hc] if save_for_backward else []
@@ -232,21 +232,21 @@ def backward(args: ScanArgs, saved: list, m_final, gy, g_final) -> Gradients:
     n_d = triton.cdiv(D, BD)
     if algorithm == "looped":
         scan_bwd.bwd_looped_kernel[(lay.n_seq, n_d)](
-            z, a, g, gy, gz, ga, gg, h0, dh0, dht, hc, cu, co, lay.T, D, lay.n_seq,
-            lay.rows, ATTN=ATTN, DISCOUNT=DISCOUNT, HAS_INIT=init is not None,
+            z, a, g, gy, gz, ga, gg, h0, dh0, dht, hc, cu, co, lay.T, lay.n_seq,
+            lay.rows, D=D, ATTN=ATTN, DISCOUNT=DISCOUNT, HAS_INIT=init is not None,
             HAS_FINAL_GRAD=has_final_grad, **launch, **flags)
     else:
         summary = empty((3, lay.rows, D), f32, z.device)     # (K, P, Q) of every chunk
         ac = empty((2, lay.rows, D), f32, z.device)          # (P, Q) entering every chunk
         scan_bwd.bwd_summary_kernel[(lay.n_chunks, n_d)](
-            z, a, g, gy, hc, summary, cu, co, cs, lay.T, D, lay.rows,
+            z, a, g, gy, hc, summary, cu, co, cs, lay.T, lay.rows, D=D,
             ATTN=ATTN, DISCOUNT=DISCOUNT, **launch, **flags)
         scan_bwd.bwd_carry_kernel[(lay.n_seq, n_d)](
-            summary, ac, h0, dh0, dht, cu, co, lay.T, D, lay.n_seq, lay.rows,
+            summary, ac, h0, dh0, dht, cu, co, lay.T, lay.n_seq, lay.rows, D=D,
             HAS_INIT=init is not None, HAS_FINAL_GRAD=has_final_grad, IS_VARLEN=flags["IS_VARLEN"],
             BT=BT, BD=BD, **launch)
         scan_bwd.bwd_grads_kernel[(lay.n_chunks, n_d)](
-            z, a, g, gy, gz, ga, gg, hc, ac, cu, co, cs, lay.T, D, lay.rows,
+            z, a, g, gy, gz, ga, gg, hc, ac, cu, co, cs, lay.T, lay.rows, D=D,
             ATTN=ATTN, DISCOUNT=DISCOUNT, **launch, **flags)
     g_init = tuple(x.clone() for x in dh0.unbind(0)) if init is not None else None
     return Gradients(gz, ga, (gg if has_g else None), g_init)

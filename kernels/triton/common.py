@@ -23,18 +23,20 @@ SOFTPLUS_SERIES_BELOW = tl.constexpr(codes.SOFTPLUS_SERIES_BELOW)
 @triton.jit
 def combine(m1, n1, d1, g1, m2, n2, d2, g2):
     """Segment 1 then segment 2: ``m = max(m1 + g2, m2)``, sums rescaled to ``m``, ``g = g1 + g2``
-    (the forward state ``(m, n~, d~, G)``).
+    (the forward state ``(m, n~, d~, G)``), with one exponential: of the two factors
+    ``exp(m1 + g2 - m)`` and ``exp(m2 - m)`` one is exp(0) = 1, the other ``exp(-|diff|)``.
 
     A log decay ``g2 = -inf`` forgets segment 1 whatever its ``m1`` (``+inf`` included: the
-    limit, not ``inf - inf``). Where ``m = -inf`` (nothing seen) the shift is 0, so both
-    factors are exp(-inf) = 0.
+    limit, not ``inf - inf``). Equal infinite maxima count as a difference of 0 (``+inf``: both
+    dominate, weight 1 each); a ``-inf`` maximum (nothing seen) has weight 0. A NaN maximum
+    makes both factors NaN, so NaN reaches ``n~`` and ``d~`` whichever side it came from.
     """
     m1d = tl.where(g2 == NEG_INF, NEG_INF, m1 + g2)
+    diff = tl.where(m2 == m1d, 0.0, m2 - m1d)
+    e = tl.exp(-tl.abs(diff))                  # NaN iff diff is NaN
+    k1 = tl.where(diff <= 0, tl.where(m1d == NEG_INF, 0.0, 1.0), e)
+    k2 = tl.where(diff > 0, 1.0, tl.where(m2 == NEG_INF, 0.0, e))
     m = tl.maximum(m1d, m2, propagate_nan=tl.PropagateNan.ALL)
-    shift = tl.where(m == NEG_INF, 0.0, m)
-    # exp(x - m), with x = m = +inf counted as exp(0) = 1 (the limit: it dominates)
-    k1 = tl.exp(tl.where(m1d == POS_INF, 0.0, m1d - shift))
-    k2 = tl.exp(tl.where(m2 == POS_INF, 0.0, m2 - shift))
     return m, n1 * k1 + n2 * k2, d1 * k1 + d2 * k2, g1 + g2
 
 
@@ -116,10 +118,18 @@ def next_rows(b_x, b_fx, b_u, b_fu):
 
 @triton.jit
 def log1p(x):
-    """``log(1 + x)`` accurate for small ``x`` (Kahan's trick; no libdevice needed)."""
-    u = 1.0 + x
-    safe = tl.where(u == 1.0, 2.0, u)
-    return tl.where(u == 1.0, x, tl.log(safe) * x / (safe - 1.0))
+    """``log(1 + x)`` for ``0 <= x <= 1`` (what :func:`logsigmoid` and softplus pass: an
+    ``exp(-|a|)``), without a logarithm: ``2 atanh(s)`` with ``s = x / (2 + x) <= 1/3``, as
+    ``2 s P(s^2)``, ``P`` a degree-4 fit to ``atanh(s) / s`` (relative error 4e-9; 2.2e-7 in
+    float32, from the rounding of ``s``). Relative accuracy holds down to the smallest ``x``,
+    which a log decay needs: its error adds up over the steps it is applied."""
+    b_s = x / (2.0 + x)
+    b_w = b_s * b_s
+    b_p = 0.14088399708271027 * b_w + 0.13980455696582794
+    b_p = b_p * b_w + 0.20012445747852325
+    b_p = b_p * b_w + 0.3333315849304199
+    b_p = b_p * b_w + 1.0
+    return 2.0 * b_s * b_p
 
 
 @triton.jit
@@ -198,70 +208,95 @@ def decay_grad(glam, g, DISCOUNT: tl.constexpr):
 
 @triton.jit
 def chunk_rows(c, T, BT: tl.constexpr, REVERSE: tl.constexpr):
-    """Positions ``[BT]`` (within the sequence) of the rows of the ``c``-th chunk, in scan
-    order, and their mask.
+    """Where the rows of the ``c``-th chunk of a sequence of length ``T`` are, in scan order.
 
     Row ``r`` of chunk ``c`` is scan step ``s = c * BT + r``: position ``s``, or ``T - 1 - s``
-    reversed. Every block is therefore scanned first row to last whatever the direction
-    (only the positions differ), and the ragged chunk is the last one, its masked rows at
-    the end of its block, in both directions.
+    reversed. Returns the position ``t0`` of row 0, each row's step from it (``[BT]``: ``r``,
+    or ``-r`` reversed; constants, so that every row's address is the thread's base plus an
+    immediate offset) and the rows' mask (``s < T``). Every block is scanned first row to
+    last whatever the direction (only the positions differ), and the ragged chunk is the last
+    one, its masked rows at the end of its block, in both directions.
     """
-    o_s = c * BT + tl.arange(0, BT)                                           # [BT]
+    o_r = tl.arange(0, BT)                                                    # [BT]
     if REVERSE:
-        o_t = T - 1 - o_s
+        t0 = T - 1 - c * BT
+        o_dt = -o_r                                                           # [BT]
     else:
-        o_t = o_s
-    return o_t, (o_t >= 0) & (o_t < T)
+        t0 = c * BT
+        o_dt = o_r                                                            # [BT]
+    return t0, o_dt, o_r < T - c * BT
 
 
 @triton.jit
-def load_chunk(z_ptr, a_ptr, g_ptr, bos, o_t, mask_t, o_d, mask_d, D,
-               ATTN: tl.constexpr, DISCOUNT: tl.constexpr):
-    """Load ``z, a`` (and ``g``) rows ``o_t`` of the sequence starting at ``bos``; float32.
+def chunk_offsets(bos, t0, o_dt, o_d, D: tl.constexpr):
+    """Element offsets ``[BT, BD]`` (int64) of a chunk's rows (:func:`chunk_rows`) in the
+    sequence starting at row ``bos`` of the flattened ``(rows, D)`` tensors."""
+    return ((bos + t0) * D + o_d)[None, :] + (o_dt * D)[:, None]              # [BT, BD]
 
-    Returns ``z, a, g, l, lam`` as ``[BT, BD]`` (``g = 0`` without a discount). Masked lanes
-    get ``l = -inf`` and ``lam = 0``: no weight and no decay, so they leave any state unchanged.
-    """
-    o = (bos + o_t).to(tl.int64)[:, None] * D + o_d[None, :]                  # [BT, BD]
-    mask = mask_t[:, None] & mask_d[None, :]                                  # [BT, BD]
+
+@triton.jit
+def load_chunk(z_ptr, a_ptr, g_ptr, o, mask, DISCOUNT: tl.constexpr):
+    """``z, a`` (and ``g``) at offsets ``o`` ``[BT, BD]``, as float32 (``g = 0`` without a
+    discount); masked lanes read 0."""
     b_z = tl.load(z_ptr + o, mask=mask, other=0.0).to(tl.float32)            # [BT, BD]
     b_a = tl.load(a_ptr + o, mask=mask, other=0.0).to(tl.float32)            # [BT, BD]
-    b_l = tl.where(mask, log_weight(b_a, ATTN), NEG_INF)                     # [BT, BD]
     if DISCOUNT == NO_DISCOUNT:
-        b_g = tl.zeros_like(b_l)                                              # [BT, BD]
-        b_lam = tl.zeros_like(b_l)                                            # [BT, BD]
+        b_g = tl.zeros_like(b_a)                                              # [BT, BD]
     else:
         b_g = tl.load(g_ptr + o, mask=mask, other=0.0).to(tl.float32)        # [BT, BD]
+    return b_z, b_a, b_g
+
+
+@triton.jit
+def log_weights(b_a, b_g, mask, ATTN: tl.constexpr, DISCOUNT: tl.constexpr):
+    """Log-weights ``l`` and log-decays ``lam`` ``[BT, BD]`` of loaded logits. Masked lanes
+    get ``l = -inf`` and ``lam = 0``: no weight and no decay, so they leave any state
+    unchanged."""
+    b_l = tl.where(mask, log_weight(b_a, ATTN), NEG_INF)                      # [BT, BD]
+    if DISCOUNT == NO_DISCOUNT:
+        b_lam = tl.zeros_like(b_l)                                            # [BT, BD]
+    else:
         b_lam = tl.where(mask, log_decay(b_g, DISCOUNT), 0.0)                 # [BT, BD]
-    return b_z, b_a, b_g, b_l, b_lam
+    return b_l, b_lam
 
 
 @triton.jit
 def scan_chunk(b_l, b_z, b_lam, b_hm, b_hn, b_hd):
     """States ``(m, n~, d~)`` after every row of a chunk ``[BT, BD]`` (rows in scan order,
-    :func:`chunk_rows`), from incoming ``[BD]`` state."""
-    b_one = tl.full(b_l.shape, 1.0, tl.float32)                               # [BT, BD]
-    b_m, b_n, b_d, b_G = tl.associative_scan((b_l, b_z, b_one, b_lam), 0,
-                                             combine)                         # [BT, BD] x4
-    b_m, b_n, b_d, _ = combine(b_hm[None, :], b_hn[None, :], b_hd[None, :], 0.0,
-                               b_m, b_n, b_d, b_G)
+    :func:`chunk_rows`), from incoming ``[BD]`` state: the state is folded into the first row
+    (one combine there), then the rows are scanned. With each thread holding a channel's
+    column of the chunk (the launcher's blocks) the scan is a loop in that thread's
+    registers, and the fold costs one row's combine."""
+    b_first = (tl.arange(0, b_l.shape[0]) == 0)[:, None]                      # [BT, 1]
+    f_m, f_n, f_d, _ = combine(b_hm[None, :], b_hn[None, :], b_hd[None, :], 0.0,
+                               b_l, b_z, 1.0, b_lam)                          # [BT, BD] x3
+    b_m = tl.where(b_first, f_m, b_l)                                         # [BT, BD]
+    b_n = tl.where(b_first, f_n, b_z)                                         # [BT, BD]
+    b_d = tl.where(b_first, f_d, 1.0)                                         # [BT, BD]
+    b_m, b_n, b_d, _ = tl.associative_scan((b_m, b_n, b_d, b_lam), 0, combine)  # [BT, BD] x4
     return b_m, b_n, b_d
 
 
 @triton.jit
-def row(b_x, o_r, r, EMPTY: tl.constexpr):
-    """Row ``r`` of a ``[BT, BD]`` block as ``[BD]`` (``EMPTY`` fills the other rows: 0 or -inf)."""
-    if EMPTY == 0.0:
-        out = tl.sum(tl.where(o_r[:, None] == r, b_x, 0.0), axis=0)
-    else:
-        out = tl.max(tl.where(o_r[:, None] == r, b_x, NEG_INF), axis=0)
+def _later(x1, i1, x2, i2):
+    """Of two (value, row) pairs, the one with the larger row (associative and commutative)."""
+    later = i2 > i1
+    return tl.where(later, x2, x1), tl.where(later, i2, i1)
+
+
+@triton.jit
+def row(b_x, o_r, r):
+    """Row ``r`` of a ``[BT, BD]`` block as ``[BD]``: a reduction that keeps the latest row up
+    to ``r`` (NaN kept; in a thread's own column the row compares fold away at compile time)."""
+    b_i = tl.where(o_r <= r, o_r, -1)[:, None] + tl.zeros_like(b_x).to(tl.int32)   # [BT, BD]
+    out, _ = tl.reduce((b_x, b_i), 0, _later)                                 # [BD]
     return out
 
 
 @triton.jit
 def average(b_n, b_d):
     """``n / d``, 0 where ``d = 0`` (a NaN stays NaN)."""
-    return tl.where(b_d == 0, 0.0, b_n / tl.where(b_d == 0, 1.0, b_d))
+    return tl.where(b_d == 0, 0.0, b_n / b_d)
 
 
 @triton.jit
@@ -297,7 +332,7 @@ def initial_state(h0_ptr, o_s, mask_d, rows, HAS_INIT: tl.constexpr, BD: tl.cons
 def state_row(b_m, b_n, b_d, r, BT: tl.constexpr):
     """Row ``r`` of a ``[BT, BD]`` state ``(m, n~, d~)`` as three ``[BD]``."""
     o_r = tl.arange(0, BT)
-    return row(b_m, o_r, r, NEG_INF), row(b_n, o_r, r, 0.0), row(b_d, o_r, r, 0.0)
+    return row(b_m, o_r, r), row(b_n, o_r, r), row(b_d, o_r, r)
 
 
 @triton.jit
@@ -305,7 +340,7 @@ def store_summary(p, o_s, mask_d, rows, b_m, b_n, b_d, b_G, r, BT: tl.constexpr)
     """Store row ``r`` of a scanned chunk as its summary ``(m, n~, d~, G)`` in ``(4, rows, D)``."""
     s_m, s_n, s_d = state_row(b_m, b_n, b_d, r, BT)                            # [BD] x3
     store_state(p, o_s, mask_d, rows, s_m, s_n, s_d)
-    tl.store(p + 3 * rows + o_s, row(b_G, tl.arange(0, BT), r, 0.0), mask=mask_d)
+    tl.store(p + 3 * rows + o_s, row(b_G, tl.arange(0, BT), r), mask=mask_d)
 
 
 @triton.jit

@@ -34,28 +34,31 @@ one program.
 import triton
 import triton.language as tl
 
-from .common import (attention_grad, average, chunk_rows, decay_grad, decayed, linear_combine,
-                     load_chunk, load_state, next_rows, own_weight, previous_rows, row,
-                     scan_chunk, step_weights, store_state)
+from .common import (attention_grad, average, chunk_offsets, chunk_rows, decay_grad, decayed,
+                     linear_combine, load_chunk, load_state, log_weights, next_rows, own_weight,
+                     previous_rows, row, scan_chunk, step_weights, store_state)
 from .sequence import chunk_program, sequence_program
 
 
 @triton.jit
-def _chunk_adjoint(z_ptr, a_ptr, g_ptr, gy_ptr, hc_ptr, bos, T_i, c, cidx, o_d, mask_d, D, NCT,
+def _chunk_adjoint(z_ptr, a_ptr, g_ptr, gy_ptr, hc_ptr, bos, T_i, c, cidx, o_d, mask_d,
+                   D: tl.constexpr, NCT,
                    ATTN: tl.constexpr, DISCOUNT: tl.constexpr, REVERSE: tl.constexpr,
                    BT: tl.constexpr, BD: tl.constexpr):
     """Recompute chunk ``c`` (global index ``cidx``) and scan its adjoint from an empty state.
 
-    Returns the rows' positions and mask, the inputs and forward values the gradients need
+    Returns the rows' offsets and mask, the inputs and forward values the gradients need
     (``take``, ``gi``, ``y``, ``z - y``, ``keep d~_{t-1}``, ``y_{t-1}``), and the local
     adjoint ``(K, W, V)`` (``b_K``, ``b_AW``, ``b_AV`` to the callers): row ``t``'s
     ``(W, V)`` is ``K`` times the ``(W, V)`` entering after the chunk's last row, plus
     ``(W, V)``. All ``[BT, BD]``.
     """
-    o_t, mask_t = chunk_rows(c, T_i, BT, REVERSE)
+    t0, o_dt, mask_t = chunk_rows(c, T_i, BT, REVERSE)
+    o = chunk_offsets(bos, t0, o_dt, o_d, D)                                   # [BT, BD]
     mask_2 = mask_t[:, None] & mask_d[None, :]                                 # [BT, BD]
-    b_z, b_a, b_g, b_l, b_lam = load_chunk(z_ptr, a_ptr, g_ptr, bos, o_t, mask_t, o_d, mask_d, D,
-                                           ATTN, DISCOUNT)                    # [BT, BD] x5
+    b_z, b_a, b_g = load_chunk(z_ptr, a_ptr, g_ptr, o, mask_2, DISCOUNT)       # [BT, BD] x3
+    b_gy = tl.load(gy_ptr + o, mask=mask_2, other=0.0).to(tl.float32)          # [BT, BD]
+    b_l, b_lam = log_weights(b_a, b_g, mask_2, ATTN, DISCOUNT)                 # [BT, BD] x2
     b_hm, b_hn, b_hd = load_state(hc_ptr, cidx * D + o_d, mask_d, NCT * D)       # [BD] x3
     b_m, b_n, b_d = scan_chunk(b_l, b_z, b_lam, b_hm, b_hn, b_hd)              # [BT, BD] x3
     b_y = average(b_n, b_d)                                                    # [BT, BD]
@@ -66,21 +69,18 @@ def _chunk_adjoint(z_ptr, a_ptr, g_ptr, gy_ptr, hc_ptr, bos, T_i, c, cidx, o_d, 
     b_keep = tl.where(mask_2, b_keep, 1.0)          # rows past the end pass the adjoint on
     b_kd = b_keep * b_dp                            # the previous rows' weight, kept
     b_zy = average(b_kd * (b_z - b_yp), b_d)        # z - y without cancellation  # [BT, BD]
-    o = (bos + o_t).to(tl.int64)[:, None] * D + o_d[None, :]                  # [BT, BD]
-    b_gy = tl.load(gy_ptr + o, mask=mask_2, other=0.0).to(tl.float32)           # [BT, BD]
     b_gi = average(b_gy, b_d)                                                  # [BT, BD]
     b_K, b_W, b_V = tl.associative_scan((b_keep, b_keep * b_gi, b_keep * b_gi * b_y), 0,
                                         linear_combine, reverse=True)         # [BT, BD] x3
-    return o_t, mask_2, b_z, b_a, b_g, b_take, b_gi, b_y, b_zy, b_kd, b_yp, b_K, b_W, b_V
+    return o, mask_2, b_z, b_a, b_g, b_take, b_gi, b_y, b_zy, b_kd, b_yp, b_K, b_W, b_V
 
 
 @triton.jit
-def _store_grads(gz_ptr, ga_ptr, gg_ptr, bos, o_t, mask_2, o_d, D, b_z, b_a, b_g, b_take, b_gi,
-                 b_y, b_zy, b_kd, b_yp, b_P, b_Q, ATTN: tl.constexpr, DISCOUNT: tl.constexpr):
+def _store_grads(gz_ptr, ga_ptr, gg_ptr, o, mask_2, b_z, b_a, b_g, b_take, b_gi, b_y, b_zy, b_kd,
+                 b_yp, b_P, b_Q, ATTN: tl.constexpr, DISCOUNT: tl.constexpr):
     """Gradients of a chunk from the later steps' adjoint ``(P, Q)`` ``[BT, BD]``."""
     b_rho = b_P + b_gi                                                         # [BT, BD]
     b_gl = b_take * ((b_z * b_P - b_Q) + b_gi * b_zy)                          # [BT, BD]
-    o = (bos + o_t).to(tl.int64)[:, None] * D + o_d[None, :]                  # [BT, BD]
     tl.store(gz_ptr + o, (b_take * b_rho).to(gz_ptr.dtype.element_ty), mask=mask_2)
     b_ga = attention_grad(b_gl, b_a, ATTN)                                     # [BT, BD]
     tl.store(ga_ptr + o, b_ga.to(ga_ptr.dtype.element_ty), mask=mask_2)
@@ -91,22 +91,22 @@ def _store_grads(gz_ptr, ga_ptr, gg_ptr, bos, o_t, mask_2, o_d, D, b_z, b_a, b_g
 
 
 @triton.jit
-def _chunk_grads(gz_ptr, ga_ptr, gg_ptr, bos, o_t, mask_2, o_d, D, b_z, b_a, b_g, b_take, b_gi,
-                 b_y, b_zy, b_kd, b_yp, b_K, b_W, b_V, b_cW, b_cV, ATTN: tl.constexpr,
-                 DISCOUNT: tl.constexpr, BT: tl.constexpr):
+def _chunk_grads(gz_ptr, ga_ptr, gg_ptr, o, mask_2, b_z, b_a, b_g, b_take, b_gi, b_y, b_zy, b_kd,
+                 b_yp, b_K, b_W, b_V, b_cW, b_cV, ATTN: tl.constexpr, DISCOUNT: tl.constexpr,
+                 BT: tl.constexpr):
     """Gradients of a chunk from its local adjoint and the ``(W, V)`` ``[BD]`` entering after
     its last row; returns the ``(W, V)`` ``[BD]`` of its first row (passed to the state
     before it)."""
     _, b_W, b_V = linear_combine(1.0, b_cW[None, :], b_cV[None, :], b_K, b_W, b_V)  # [BT, BD]
     b_P, b_Q = next_rows(b_W, b_cW, b_V, b_cV)                                # [BT, BD] x2
-    _store_grads(gz_ptr, ga_ptr, gg_ptr, bos, o_t, mask_2, o_d, D, b_z, b_a, b_g, b_take, b_gi,
-                 b_y, b_zy, b_kd, b_yp, b_P, b_Q, ATTN, DISCOUNT)
+    _store_grads(gz_ptr, ga_ptr, gg_ptr, o, mask_2, b_z, b_a, b_g, b_take, b_gi, b_y, b_zy, b_kd,
+                 b_yp, b_P, b_Q, ATTN, DISCOUNT)
     o_r = tl.arange(0, BT)
-    return row(b_W, o_r, 0, 0.0), row(b_V, o_r, 0, 0.0)
+    return row(b_W, o_r, 0), row(b_V, o_r, 0)
 
 
 @triton.jit
-def _final_adjoint(i, dht_ptr, o_d, mask_d, D, NS, HAS_FINAL_GRAD: tl.constexpr,
+def _final_adjoint(i, dht_ptr, o_d, mask_d, D: tl.constexpr, NS, HAS_FINAL_GRAD: tl.constexpr,
                    BD: tl.constexpr):
     """The adjoint entering after the last step: ``(W, V) = (gn~, -gd~)`` of the final state."""
     if HAS_FINAL_GRAD:
@@ -120,7 +120,7 @@ def _final_adjoint(i, dht_ptr, o_d, mask_d, D, NS, HAS_FINAL_GRAD: tl.constexpr,
 
 
 @triton.jit
-def _initial_state_grads(i, h0_ptr, dh0_ptr, o_d, mask_d, D, NS, b_W, b_V):
+def _initial_state_grads(i, h0_ptr, dh0_ptr, o_d, mask_d, D: tl.constexpr, NS, b_W, b_V):
     """``dn0 = W``, ``dd0 = -V`` (what the first step passes back), ``dm0 = n0 dn0 + d0 dd0``."""
     o_s = i.to(tl.int64) * D + o_d                                             # [BD]
     _, b_n0, b_d0 = load_state(h0_ptr, o_s, mask_d, NS * D)                      # [BD] x2
@@ -131,7 +131,7 @@ def _initial_state_grads(i, h0_ptr, dh0_ptr, o_d, mask_d, D, NS, b_W, b_V):
 def bwd_looped_kernel(
     z_ptr, a_ptr, g_ptr, gy_ptr, gz_ptr, ga_ptr, gg_ptr, h0_ptr, dh0_ptr, dht_ptr,
     hc_ptr, cu_ptr, co_ptr,
-    T, D, NS, NCT,
+    T, NS, NCT, D: tl.constexpr,
     ATTN: tl.constexpr, DISCOUNT: tl.constexpr, HAS_INIT: tl.constexpr,
     HAS_FINAL_GRAD: tl.constexpr, IS_VARLEN: tl.constexpr, REVERSE: tl.constexpr,
     BT: tl.constexpr, BD: tl.constexpr,
@@ -141,12 +141,12 @@ def bwd_looped_kernel(
     nc = tl.cdiv(T_i, BT)
     for k in range(0, nc):
         c = nc - 1 - k
-        (o_t, mask_2, b_z, b_a, b_g, b_take, b_gi, b_y, b_zy, b_kd, b_yp, b_K, b_AW,
+        (o, mask_2, b_z, b_a, b_g, b_take, b_gi, b_y, b_zy, b_kd, b_yp, b_K, b_AW,
          b_AV) = _chunk_adjoint(z_ptr, a_ptr, g_ptr, gy_ptr, hc_ptr, bos, T_i, c, c0 + c, o_d,
                                 mask_d, D, NCT, ATTN, DISCOUNT, REVERSE, BT, BD)
-        b_W, b_V = _chunk_grads(gz_ptr, ga_ptr, gg_ptr, bos, o_t, mask_2, o_d, D, b_z, b_a, b_g,
-                                b_take, b_gi, b_y, b_zy, b_kd, b_yp, b_K, b_AW, b_AV, b_W, b_V,
-                                ATTN, DISCOUNT, BT)                           # [BD] x2
+        b_W, b_V = _chunk_grads(gz_ptr, ga_ptr, gg_ptr, o, mask_2, b_z, b_a, b_g, b_take, b_gi,
+                                b_y, b_zy, b_kd, b_yp, b_K, b_AW, b_AV, b_W, b_V, ATTN, DISCOUNT,
+                                BT)                                           # [BD] x2
     if HAS_INIT:
         _initial_state_grads(i, h0_ptr, dh0_ptr, o_d, mask_d, D, NS, b_W, b_V)
 
@@ -154,7 +154,7 @@ def bwd_looped_kernel(
 @triton.jit
 def bwd_summary_kernel(
     z_ptr, a_ptr, g_ptr, gy_ptr, hc_ptr, s_ptr, cu_ptr, co_ptr, cs_ptr,
-    T, D, NCT,
+    T, NCT, D: tl.constexpr,
     ATTN: tl.constexpr, DISCOUNT: tl.constexpr, IS_VARLEN: tl.constexpr,
     REVERSE: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
 ):
@@ -164,14 +164,14 @@ def bwd_summary_kernel(
         z_ptr, a_ptr, g_ptr, gy_ptr, hc_ptr, bos, T_i, c, pid, o_d, mask_d, D, NCT,
         ATTN, DISCOUNT, REVERSE, BT, BD)
     o_r = tl.arange(0, BT)
-    store_state(s_ptr, pid * D + o_d, mask_d, NCT * D, row(b_K, o_r, 0, 0.0),
-                row(b_AW, o_r, 0, 0.0), row(b_AV, o_r, 0, 0.0))
+    store_state(s_ptr, pid * D + o_d, mask_d, NCT * D, row(b_K, o_r, 0),
+                row(b_AW, o_r, 0), row(b_AV, o_r, 0))
 
 
 @triton.jit
 def bwd_carry_kernel(
     s_ptr, ac_ptr, h0_ptr, dh0_ptr, dht_ptr, cu_ptr, co_ptr,
-    T, D, NS, NCT,
+    T, NS, NCT, D: tl.constexpr,
     HAS_INIT: tl.constexpr, HAS_FINAL_GRAD: tl.constexpr, IS_VARLEN: tl.constexpr,
     BT: tl.constexpr, BD: tl.constexpr,
 ):
@@ -193,16 +193,16 @@ def bwd_carry_kernel(
 @triton.jit
 def bwd_grads_kernel(
     z_ptr, a_ptr, g_ptr, gy_ptr, gz_ptr, ga_ptr, gg_ptr, hc_ptr, ac_ptr, cu_ptr, co_ptr, cs_ptr,
-    T, D, NCT,
+    T, NCT, D: tl.constexpr,
     ATTN: tl.constexpr, DISCOUNT: tl.constexpr, IS_VARLEN: tl.constexpr,
     REVERSE: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
 ):
     """Phase 3: every chunk from the adjoint entering it writes its gradients."""
     pid, o_d, mask_d, bos, T_i, c = chunk_program(cu_ptr, co_ptr, cs_ptr, T, D, BT, BD, IS_VARLEN)
-    (o_t, mask_2, b_z, b_a, b_g, b_take, b_gi, b_y, b_zy, b_kd, b_yp, b_K, b_AW,
+    (o, mask_2, b_z, b_a, b_g, b_take, b_gi, b_y, b_zy, b_kd, b_yp, b_K, b_AW,
      b_AV) = _chunk_adjoint(z_ptr, a_ptr, g_ptr, gy_ptr, hc_ptr, bos, T_i, c, pid, o_d, mask_d,
                             D, NCT, ATTN, DISCOUNT, REVERSE, BT, BD)
     b_W = tl.load(ac_ptr + pid * D + o_d, mask=mask_d, other=0.0)                 # [BD]
     b_V = tl.load(ac_ptr + NCT * D + pid * D + o_d, mask=mask_d, other=0.0)       # [BD]
-    _chunk_grads(gz_ptr, ga_ptr, gg_ptr, bos, o_t, mask_2, o_d, D, b_z, b_a, b_g, b_take, b_gi,
-                 b_y, b_zy, b_kd, b_yp, b_K, b_AW, b_AV, b_W, b_V, ATTN, DISCOUNT, BT)
+    _chunk_grads(gz_ptr, ga_ptr, gg_ptr, o, mask_2, b_z, b_a, b_g, b_take, b_gi, b_y, b_zy, b_kd,
+                 b_yp, b_K, b_AW, b_AV, b_W, b_V, ATTN, DISCOUNT, BT)

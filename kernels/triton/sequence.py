@@ -5,6 +5,18 @@ import triton.language as tl
 
 
 @triton.jit
+def channels(D: tl.constexpr, BD: tl.constexpr):
+    """The channels ``[BD]`` of this program's block and their mask (all true, known at compile
+    time, when ``BD`` divides ``D``)."""
+    o_d = tl.program_id(1) * BD + tl.arange(0, BD)                             # [BD]
+    if D % BD == 0:
+        mask_d = tl.full([BD], 1, tl.int1)                                     # [BD]
+    else:
+        mask_d = o_d < D                                                       # [BD]
+    return o_d, mask_d
+
+
+@triton.jit
 def sequence(i, cu_ptr, T, IS_VARLEN: tl.constexpr):
     """``(bos, length)`` of sequence ``i``: row ``bos`` of the flattened ``(B*T, D)`` input."""
     if IS_VARLEN:
@@ -40,7 +52,7 @@ def chunk_owner(pid, co_ptr, cs_ptr, T, BT: tl.constexpr, IS_VARLEN: tl.constexp
 
 
 @triton.jit
-def chunk_program(cu_ptr, co_ptr, cs_ptr, T, D, BT: tl.constexpr, BD: tl.constexpr,
+def chunk_program(cu_ptr, co_ptr, cs_ptr, T, D: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
                   IS_VARLEN: tl.constexpr):
     """Prologue of a program over (global chunk, channel block): what it covers.
 
@@ -48,15 +60,14 @@ def chunk_program(cu_ptr, co_ptr, cs_ptr, T, D, BT: tl.constexpr, BD: tl.constex
     sequence's ``bos`` and length, and ``c``, the chunk's index in scan order there.
     """
     pid = tl.program_id(0)
-    o_d = tl.program_id(1) * BD + tl.arange(0, BD)                             # [BD]
-    mask_d = o_d < D
+    o_d, mask_d = channels(D, BD)
     i, c = chunk_owner(pid, co_ptr, cs_ptr, T, BT, IS_VARLEN)
     bos, T_i = sequence(i, cu_ptr, T, IS_VARLEN)
     return pid.to(tl.int64), o_d, mask_d, bos, T_i, c
 
 
 @triton.jit
-def sequence_program(cu_ptr, co_ptr, T, D, BT: tl.constexpr, BD: tl.constexpr,
+def sequence_program(cu_ptr, co_ptr, T, D: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
                      IS_VARLEN: tl.constexpr):
     """Prologue of a program over (sequence, channel block): what it covers.
 
@@ -64,8 +75,7 @@ def sequence_program(cu_ptr, co_ptr, T, D, BT: tl.constexpr, BD: tl.constexpr,
     ``bos`` and length, and ``c0``, its first chunk among all chunks.
     """
     i = tl.program_id(0)
-    o_d = tl.program_id(1) * BD + tl.arange(0, BD)                             # [BD]
-    mask_d = o_d < D
+    o_d, mask_d = channels(D, BD)
     bos, T_i = sequence(i, cu_ptr, T, IS_VARLEN)
     c0 = first_chunk(i, co_ptr, T, BT, IS_VARLEN)
     return i, o_d, mask_d, bos, T_i, c0

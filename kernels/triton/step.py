@@ -7,17 +7,17 @@ import triton.language as tl
 
 from .common import (NEG_INF, NO_DISCOUNT, average, combine, initial_state, log_decay,
                      log_weight, store_state)
+from .sequence import channels
 
 
 @triton.jit
 def step_kernel(
     z_ptr, a_ptr, g_ptr, y_ptr, h0_ptr, ht_ptr,
-    D, NS,
+    NS, D: tl.constexpr,
     ATTN: tl.constexpr, DISCOUNT: tl.constexpr, HAS_INIT: tl.constexpr, BD: tl.constexpr,
 ):
     i = tl.program_id(0)
-    o_d = tl.program_id(1) * BD + tl.arange(0, BD)                             # [BD]
-    mask_d = o_d < D
+    o_d, mask_d = channels(D, BD)
     o = i.to(tl.int64) * D + o_d                                               # [BD]
     b_hm, b_hn, b_hd = initial_state(h0_ptr, o, mask_d, NS * D, HAS_INIT, BD)
     b_z = tl.load(z_ptr + o, mask=mask_d, other=0.0).to(tl.float32)              # [BD]
