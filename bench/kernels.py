@@ -1,16 +1,21 @@
 """Compile every Triton kernel ahead of time for sm_80 and sm_90a, without a GPU, and report
-registers, spills, stack, local and shared memory.
+its static cost: SASS instructions per element in the chunk loop, MUFU ops (EX2, LG2, RCP)
+per element, barriers, shuffles and shared-memory operations per chunk, registers, spills,
+stack, local and shared memory.
 
     python bench/kernels.py            # the full table: every kernel x constexpr variant x arch x dtype
     python bench/kernels.py --quick    # one kernel, one arch (what the test suite runs)
     python bench/kernels.py --option block_t=4 --option block_d=4 --option block_d_backward=2
                                        # the blocks of the op tests' Triton columns
 
-Exits 1 on any compile failure or spill. Registers and memory come from ``cuobjdump
--res-usage`` on Triton's cubin; spill bytes from ``ptxas -v`` (the ptxas Triton uses for that
-arch) on Triton's PTX. "shared" is static + the dynamic shared memory Triton launches with.
-Launch shapes (BT, BD, warps, stages) are the launcher's defaults in
-fastrwa/ops/triton_host.py unless ``--option`` sets them.
+Exits 1 on any compile failure or spill. Instruction counts come from ``cuobjdump -sass``
+(bench/sass.py: the outermost loop's body, or the whole kernel without a loop, over the
+``BT x BD`` elements it covers, in thread instructions); registers and memory from
+``cuobjdump -res-usage`` on Triton's cubin; spill bytes from ``ptxas -v`` (the ptxas Triton
+uses for that arch) on Triton's PTX. "shared" is static + the dynamic shared memory Triton
+launches with. Launch shapes (BT, BD, warps, stages) are the launcher's defaults in
+fastrwa/ops/triton_host.py unless ``--option`` sets them; ``D`` (a compile-time constant of
+every kernel) is ``--channels``, 1024 by default.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ import tempfile
 
 os.environ.pop("TRITON_INTERPRET", None)        # compile for real, not for the interpreter
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+
+import sass  # noqa: E402  (bench/sass.py, beside this file)
 
 ARCHS = {"sm_80": 80, "sm_90a": 90}
 DTYPES = {"float32": "fp32", "bfloat16": "bf16"}
@@ -57,14 +64,14 @@ def _kernels(opts=None):
     ]
 
 
-def jobs(quick: bool, opts=None):
+def jobs(quick: bool, opts=None, channels: int = 1024):
     """Every (kernel, variant, arch, dtype) to compile; kernels without a constexpr skip it."""
     out, seen = [], set()
     stages = (opts or _default_options()).stages
     for fn, (warps, maxnreg), blocks in _kernels(opts):
         variants = [(label, attn, disc, {}) for label, attn, disc in MATH] + EXTRA_FLAGS
         for label, attn, disc, extra in variants:
-            const = dict(FLAGS, ATTN=attn, DISCOUNT=disc, **blocks, **extra)
+            const = dict(FLAGS, ATTN=attn, DISCOUNT=disc, D=channels, **blocks, **extra)
             const = {k: v for k, v in const.items() if k in fn.arg_names}
             key = (fn.__name__, tuple(sorted(const.items())))
             if key in seen:           # e.g. the carry kernels do not depend on ATTN
@@ -126,15 +133,18 @@ def compile_one(job):
         bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
         usage = subprocess.run([os.path.join(bin_dir, "cuobjdump"), "-res-usage", cubin],
                                capture_output=True, text=True, check=True).stdout
+        listing = subprocess.run([os.path.join(bin_dir, "cuobjdump"), "-sass", cubin],
+                                 capture_output=True, text=True, check=True).stdout
         ptxas = get_ptxas(ARCHS[arch]).path
         log = subprocess.run([ptxas, f"-arch={arch}", "-v", ptx, "-o", os.devnull],
                              capture_output=True, text=True, check=True).stderr
     field = lambda key: int(re.search(rf"\b{key}:(\d+)", usage).group(1))
     spill = sum(int(x) for x in re.findall(r"(\d+) bytes spill (?:stores|loads)", log))
     blocks = f"{const.get('BT', 1)}x{const['BD']}"
+    cost = sass.costs(listing, const.get("BT", 1) * const["BD"], 32 * warps)
     return dict(kernel=name, variant=label, arch=arch, dtype=dtype, warps=warps, blocks=blocks,
                 regs=field("REG"), spill=spill, stack=field("STACK"), local=field("LOCAL"),
-                shared=field("SHARED") + kernel.metadata.shared)
+                shared=field("SHARED") + kernel.metadata.shared, **cost)
 
 
 def options_from(items: list[str]):
@@ -157,15 +167,21 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="compile one kernel only")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--channels", type=int, default=1024, metavar="D",
+                   help="D, a compile-time constant of the kernels (default 1024)")
+    p.add_argument("--json", metavar="FILE", help="also write the rows to FILE as JSON")
     p.add_argument("--option", action="append", default=[], metavar="KNOB=INT",
                    help="a launch knob of the Triton backend's Options instead of its default, "
                         "e.g. --option block_t=4 (repeatable)")
     args = p.parse_args()
-    todo = jobs(args.quick, options_from(args.option))
-    header = f"{'kernel':<20}{'variant':<22}{'arch':<8}{'dtype':<10}{'warps':>6}{'BTxBD':>7}{'regs':>6}" \
-             f"{'spill B':>9}{'stack':>7}{'local':>7}{'shared B':>10}"
+    if args.channels < 1:
+        p.error(f"--channels must be >= 1, got {args.channels}")
+    todo = jobs(args.quick, options_from(args.option), args.channels)
+    header = f"{'kernel':<20}{'variant':<22}{'arch':<8}{'dtype':<10}{'warps':>6}{'BTxBD':>7}" \
+             f"{'instr/el':>9}{'EX2':>6}{'LG2':>6}{'RCP':>6}{'BAR':>5}{'SHFL':>5}{'LDS+STS':>8}" \
+             f"{'regs':>6}{'spill B':>9}{'stack':>7}{'local':>7}{'shared B':>10}"
     print(header)
-    failures = 0
+    failures, rows = 0, []
     with concurrent.futures.ProcessPoolExecutor(max_workers=args.workers) as pool:
         futures = {pool.submit(compile_one, job): job for job in todo}
         for future in concurrent.futures.as_completed(futures):
@@ -177,11 +193,19 @@ def main() -> int:
                 print(f"{job[0]:<20}{job[1]:<22}{job[4]:<8}{job[5]:<10} COMPILE FAILED: "
                       f"{str(exc).splitlines()[0][:200]}")
                 continue
+            rows.append(r)
             bad = r["spill"] > 0 or r["local"] > 0
             failures += bad
             print(f"{r['kernel']:<20}{r['variant']:<22}{r['arch']:<8}{r['dtype']:<10}"
-                  f"{r['warps']:>6}{r['blocks']:>7}{r['regs']:>6}{r['spill']:>9}{r['stack']:>7}{r['local']:>7}"
+                  f"{r['warps']:>6}{r['blocks']:>7}{r['instr']:>9}{r['ex2']:>6}{r['lg2']:>6}"
+                  f"{r['rcp']:>6}{r['bar']:>5}{r['shfl']:>5}{r['lds'] + r['sts']:>8}"
+                  f"{r['regs']:>6}{r['spill']:>9}{r['stack']:>7}{r['local']:>7}"
                   f"{r['shared']:>10}{'  SPILL' if bad else ''}", flush=True)
+    if args.json:
+        import json
+        with open(args.json, "w") as f:
+            json.dump(sorted(rows, key=lambda r: (r["kernel"], r["variant"], r["arch"],
+                                                  r["dtype"])), f, indent=1)
     print(f"{len(todo)} compiled, {failures} failed or spilled")
     return 1 if failures else 0
 

@@ -84,15 +84,6 @@ def _last_two(a_x, a_px, a_u, a_pu, a_v, a_pv, a_cnt, b_x, b_px, b_u, b_pu, b_v,
 
 
 @triton.jit
-def _first_two(l_x, l_nx, l_u, l_nu, l_cnt, e_x, e_nx, e_u, e_nu, e_cnt):
-    """For a reverse scan: segment ``e`` (earlier) then segment ``l`` (later): the first
-    element of two streams ``x``, ``u``, the one after it in each, the count."""
-    second = e_cnt >= 2
-    return (e_x, tl.where(second, e_nx, l_x), e_u, tl.where(second, e_nu, l_u),
-            e_cnt + l_cnt)
-
-
-@triton.jit
 def previous_rows(b_x, b_fx, b_u, b_fu, b_v, b_fv):
     """Rows ``t - 1`` of three ``[BT, BD]`` blocks at row ``t`` (``[BD]`` fills at row 0): a
     shift in registers, as a scan."""
@@ -107,13 +98,20 @@ def previous_rows(b_x, b_fx, b_u, b_fu, b_v, b_fv):
 @triton.jit
 def next_rows(b_x, b_fx, b_u, b_fu):
     """Rows ``t + 1`` of two ``[BT, BD]`` blocks at row ``t`` (``[BD]`` fills at the last
-    row): a shift in registers, as a reverse scan."""
-    b_one = tl.full(b_x.shape, 1.0, tl.float32)                              # [BT, BD]
-    b_after_x = tl.zeros_like(b_x) + b_fx[None, :]                           # [BT, BD]
-    b_after_u = tl.zeros_like(b_u) + b_fu[None, :]                           # [BT, BD]
-    _, b_nx, _, b_nu, _ = tl.associative_scan((b_x, b_after_x, b_u, b_after_u, b_one), 0,
-                                              _first_two, reverse=True)       # [BT, BD] x2
-    return b_nx, b_nu
+    row): :func:`previous_rows` of the blocks flipped in time (a flip of a thread's own
+    column is a renaming of its registers; a ``reverse=True`` scan would shuffle)."""
+    b_nx, b_nu, _ = previous_rows(tl.flip(b_x, 0), b_fx, tl.flip(b_u, 0), b_fu,
+                                  tl.flip(b_u, 0), b_fu)                      # [BT, BD] x3
+    return tl.flip(b_nx, 0), tl.flip(b_nu, 0)
+
+
+@triton.jit
+def reverse_linear_scan(b_k, b_p, b_q):
+    """The linear recurrence ``x <- k x + p`` (and ``q``) run from the last row to the first,
+    as :func:`linear_combine`'s scan of the rows flipped in time (see :func:`next_rows`)."""
+    b_K, b_P, b_Q = tl.associative_scan((tl.flip(b_k, 0), tl.flip(b_p, 0), tl.flip(b_q, 0)),
+                                        0, linear_combine)                    # [BT, BD] x3
+    return tl.flip(b_K, 0), tl.flip(b_P, 0), tl.flip(b_Q, 0)
 
 
 @triton.jit

@@ -36,7 +36,8 @@ import triton.language as tl
 
 from .common import (attention_grad, average, chunk_offsets, chunk_rows, decay_grad, decayed,
                      linear_combine, load_chunk, load_state, log_weights, next_rows, own_weight,
-                     previous_rows, row, scan_chunk, step_weights, store_state)
+                     previous_rows, reverse_linear_scan, row, scan_chunk, step_weights,
+                     store_state)
 from .sequence import chunk_program, sequence_program
 
 
@@ -70,8 +71,7 @@ def _chunk_adjoint(z_ptr, a_ptr, g_ptr, gy_ptr, hc_ptr, bos, T_i, c, cidx, o_d, 
     b_kd = b_keep * b_dp                            # the previous rows' weight, kept
     b_zy = average(b_kd * (b_z - b_yp), b_d)        # z - y without cancellation  # [BT, BD]
     b_gi = average(b_gy, b_d)                                                  # [BT, BD]
-    b_K, b_W, b_V = tl.associative_scan((b_keep, b_keep * b_gi, b_keep * b_gi * b_y), 0,
-                                        linear_combine, reverse=True)         # [BT, BD] x3
+    b_K, b_W, b_V = reverse_linear_scan(b_keep, b_keep * b_gi, b_keep * b_gi * b_y)  # [BT, BD] x3
     return o, mask_2, b_z, b_a, b_g, b_take, b_gi, b_y, b_zy, b_kd, b_yp, b_K, b_W, b_V
 
 

@@ -1,0 +1,65 @@
+"""Static cost of a compiled kernel, read from its SASS (``cuobjdump -sass``): how many
+instructions one element costs, and of which kinds.
+
+The kernels' work is a loop over chunks (the looped kernels, the carry kernels) or one chunk
+per program (the three-phase chunk kernels, the step kernel). :func:`costs` counts the body of
+the outermost loop (the widest backward branch), or the whole kernel where there is no loop,
+and divides by the elements that body covers: ``BT x BD`` per iteration over ``32 x warps``
+threads, so "per element" is thread instructions per ``(step, channel)``, the unit of an
+issue-bound time estimate (elements x instructions / (SMs x 4 schedulers x 32 lanes x clock)).
+The count is static: every instruction in the body once, predicated or not.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+_LINE = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
+_BRANCH = re.compile(r"\bBRA(?:\.\w+)*\s+0x([0-9a-f]+)")
+
+
+def instructions(sass: str) -> list[tuple[int, str]]:
+    """``(address, text)`` of every instruction in a ``cuobjdump -sass`` listing."""
+    out = []
+    for line in sass.splitlines():
+        m = _LINE.match(line)
+        if m:
+            out.append((int(m.group(1), 16), m.group(2)))
+    return out
+
+
+def opcode(text: str) -> str:
+    """``@!P0 MUFU.EX2 R1, R2`` -> ``MUFU.EX2``."""
+    return re.sub(r"^@!?U?P\w+\s+", "", text).split()[0]
+
+
+def loop_body(ins: list[tuple[int, str]]) -> tuple[list[str], int]:
+    """The outermost loop's instructions and how many loops there are (0: the whole kernel)."""
+    loops = []
+    for addr, text in ins:
+        m = _BRANCH.search(text)
+        if m and int(m.group(1), 16) < addr:         # a backward branch (not the final self-loop)
+            loops.append((int(m.group(1), 16), addr))
+    if not loops:
+        end = next((a for a, t in ins if opcode(t) == "EXIT"), ins[-1][0])
+        return [t for a, t in ins if a <= end or opcode(t) == "EXIT"], 0
+    lo, hi = max(loops, key=lambda span: span[1] - span[0])
+    return [t for a, t in ins if lo <= a <= hi], len(loops)
+
+
+def costs(sass: str, elements: int, threads: int) -> dict:
+    """Per element: instructions, ``MUFU.EX2``/``LG2``/``RCP``; per iteration (chunk): barriers,
+    shuffles, shared-memory loads and stores, global loads and stores."""
+    body, loops = loop_body(instructions(sass))
+    ops = Counter(opcode(t) for t in body)
+    count = lambda prefix: sum(n for op, n in ops.items() if op.startswith(prefix))
+    per_element = threads / elements
+    return dict(
+        instr=round(len(body) * per_element, 1),
+        ex2=round(count("MUFU.EX2") * per_element, 2),
+        lg2=round(count("MUFU.LG2") * per_element, 2),
+        rcp=round(count("MUFU.RCP") * per_element, 2),
+        bar=count("BAR"), shfl=count("SHFL"), lds=count("LDS"), sts=count("STS"),
+        ldg=count("LDG"), stg=count("STG"), loop=loops > 0,
+    )
