@@ -8,10 +8,13 @@ Sections (all by default):
 
 * checks: rda_scan against the float64 PyTorch backend at the bench shapes' scale, and past
   2**31 elements (bench/gpu_ops.py);
-* ops: rwa_scan and rda_scan, both forward algorithms, float32 and bfloat16, forward and
-  forward+backward, at B/T/D = 16/4096/1024, 1/1M/256 and 8/16K/2048, against copy_;
+* ops: rwa_scan and rda_scan, both forward algorithms and the old launch layout
+  (bench/gpu_ops.py VARIANTS), float32 and bfloat16, forward and forward+backward, at B/T/D =
+  16/4096/1024, 4/4096/1024, 8/16K/2048 and 1/1M/256, against copy_;
 * peers: flash-linear-attention's HGRN kernels, accelerated-scan, a torch.logcumsumexp
   formulation, at the same shapes (each skipped, with the reason, when it does not import);
+* kernels: ops and peers shape by shape (the JSON is written after each shape and dtype, so
+  a run cut short keeps every shape it finished);
 * layers: fastrwa.nn.RDA against cuDNN LSTM and GRU (bench/gpu_layers.py);
 * streaming: ByteLM ms per token at batch 1 and 64, eager and from a CUDA graph;
 * sweep, crossover: launch knobs and the algorithm heuristic (bench/gpu_sweep.py).
@@ -37,7 +40,7 @@ sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import gpu_report  # noqa: E402
 
-SECTIONS = ("checks", "ops", "peers", "layers", "streaming", "sweep", "crossover")
+SECTIONS = ("checks", "ops", "peers", "kernels", "layers", "streaming", "sweep", "crossover")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -86,16 +89,17 @@ def run(args: argparse.Namespace) -> int:
         try:
             if section == "checks":
                 report["checks"] = gpu_ops.correctness_checks(log)
-            elif section in ("ops", "peers"):
+            elif section in ("ops", "peers", "kernels"):
                 for shape in gpu_ops.SHAPES:
                     for dtype_name in gpu_ops.DTYPES:
-                        if section == "ops":
+                        if section in ("ops", "kernels"):
                             report["rows"] += gpu_ops.op_rows(shape, dtype_name, copy, log)
-                        else:
+                        if section in ("peers", "kernels"):
                             report["rows"] += gpu_ops.peer_rows(shape, dtype_name, copy, log,
                                                                 missing)
+                        report["peers_missing"] = missing
                         torch.cuda.empty_cache()
-                report["peers_missing"] = missing
+                        gpu_report.write_json(report, args.out)
             elif section == "layers":
                 rows, report["lstm_ratio"] = gpu_layers.layer_rows(log)
                 report["rows"] += rows

@@ -25,7 +25,7 @@ def main() -> int:
     torch.manual_seed(0)
     B, T, D = 2, 77, 45
     runs = 0
-    for algorithm in ("looped", "three_phase"):
+    for algorithm in ("looped", "segments"):
         for attention in ("rwa", *ATTENTIONS):
             for reverse in (False, True):
                 z, a, g = (torch.randn(B, T, D, device="cuda", requires_grad=True)

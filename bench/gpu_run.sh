@@ -1,26 +1,22 @@
 #!/usr/bin/env bash
-# The whole GPU run, as device commands from the repository root (carry .whl and .carry,
-# made by bench/gpu_prepare.sh). Each call of the device tool may run 10 minutes, so the
-# steps are split over calls (times measured on 2026-11-26, on the card named):
-#     bash bench/gpu_run.sh tests,memcheck     # 2.5 min (pytest 90-101 s on 14 workers, memcheck <50 s; H200)
-#     bash bench/gpu_run.sh bench              # a 7.9 min call on an H100, all finished (on an H200 a
-#                                              # 420 s call ended inside the peers' last shape;
-#                                              # torch.logcumsumexp takes 2-5 s a call at 1M steps)
-#     bash bench/gpu_run.sh layers             # 25 s (layers 18 s, streaming 3 s; H100)
-#     bash bench/gpu_run.sh tune               # 6.3 min call (sweep 345 s, crossover 17 s; H100)
-#     bash bench/gpu_run.sh train              # ~4 min (estimate; a 2.5-minute run was a 3.3-min call)
-# and, apart from gpu_run.sh, the defaults against the sweep's knobs (170 s for the defaults
-# and three candidates on an H100, about 40 s more per candidate):
-#     python3 bench/gpu_defaults.py --out "$OUT"
-# then join the calls' reports:
-#     python bench/gpu_report.py merge B.json L.json T.json --training lm.json --out bench/results/gpu
-# Writes under $OUT (or bench-results/gpu): log.txt, pytest.txt, memcheck.txt,
-# gpu-<device>.json and .png, lm.json, and prints the short table last. A step that fails or
-# outruns its time limit is reported and the next still runs; the exit status is the number
-# of failed steps (99: the package did not install, and nothing ran).
+# The GPU run, as one device command from the repository root (carry .whl, made by
+# bench/gpu_prepare.sh, for the peers):
+#     bash bench/gpu_run.sh                    # the default steps, about 8 minutes at most:
+#         tests    pytest --cuda on the Triton columns and tests/test_cuda.py   (<= 120 s)
+#         kernels  the ops (new launch, old layout) and their peers, shape by shape (<= 240 s)
+#         layers   fastrwa.nn.RDA against cuDNN LSTM/GRU, ByteLM streaming       (<= 45 s)
+#         ncu      Nsight Compute's speed-of-light, occupancy and warp-state sections for
+#                  rda_scan's forward and backward at 16 x 4096 x 1024, when ncu exists (<= 60 s)
+# Other steps, each its own call: memcheck, bench (the older checks,ops,peers sections),
+# train (needs .carry/text-corpus.txt), tune (the launch-knob sweep and the crossover):
+#     bash bench/gpu_run.sh tune
+# Writes under $OUT (or bench-results/gpu): log.txt, pytest.txt, ncu.txt, gpu-<device>.json
+# and .png, and all of them again in one archive, gpu-run.tar.gz. Each step has a time
+# limit; a step that fails or outruns it is reported and the next still runs; the exit
+# status is the number of failed steps (99: the package did not install, and nothing ran).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-steps=${1:-tests,memcheck,bench,layers,train,tune}
+steps=${1:-tests,kernels,layers,ncu}
 out=${OUT:-bench-results/gpu}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
@@ -41,7 +37,7 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 if step tests; then
     # xdist spreads Triton's compiles (one per kernel specialisation) over 14 processes.
     note "pytest --cuda (the Triton columns and tests/test_cuda.py)"
-    timeout 330 python3 -m pytest -q -p no:cacheprovider -n 14 --cuda -rf \
+    timeout 120 python3 -m pytest -q -p no:cacheprovider -n 14 --cuda -rf \
         -k "triton or test_cuda" tests > "$out/pytest.txt" 2>&1 || failed=$((failed + 1))
     tail -n 25 "$out/pytest.txt" | tee -a "$out/log.txt"
 fi
@@ -64,12 +60,34 @@ if step train && [ -f .carry/text-corpus.txt ]; then
 fi
 sections=""
 step bench && sections="checks,ops,peers"
-step layers && sections="${sections:+$sections,}layers,streaming"
 step tune && sections="${sections:+$sections,}sweep,crossover"
-if [ -n "$sections" ]; then
-    note "bench/gpu.py --only $sections"
-    timeout 540 python3 bench/gpu.py --out "$out" --only "$sections" "${training[@]}" 2>&1 \
+section_run() {  # section_run LIMIT_S SECTIONS DIR: bench/gpu.py's sections, report in DIR
+    note "bench/gpu.py --only $2"
+    timeout "$1" python3 bench/gpu.py --out "$3" --only "$2" "${training[@]}" 2>&1 \
         | tee -a "$out/log.txt" | grep -v '^{' || failed=$((failed + 1))
+}
+step kernels && section_run 240 kernels "$out/kernels"
+step layers && section_run 45 layers,streaming "$out/layers"
+[ -n "$sections" ] && section_run 540 "$sections" "$out/other"
+# one report of every call (a call cut by its limit keeps what it wrote after each shape)
+reports=$(ls "$out"/kernels/gpu-*.json "$out"/layers/gpu-*.json "$out"/other/gpu-*.json 2>/dev/null)
+if [ -n "$reports" ]; then
+    python3 bench/gpu_report.py merge $reports --out "$out" 2>&1 | tail -n 60 | tee -a "$out/log.txt"
 fi
+if step ncu; then
+    ncu_bin=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -n 1)
+    if [ -n "$ncu_bin" ]; then
+        note "ncu: rda_scan forward and backward, 16 x 4096 x 1024 float32"
+        timeout 60 "$ncu_bin" --target-processes all -k "regex:fwd_kernel|bwd_kernel" \
+            --launch-skip 2 --launch-count 2 --section SpeedOfLight --section Occupancy \
+            --section WarpStateStats --section LaunchStats \
+            python3 bench/gpu_ncu.py > "$out/ncu.txt" 2>&1 || failed=$((failed + 1))
+        grep -E "fwd_kernel|bwd_kernel|DRAM Throughput|Memory Throughput|Issue Slots|Achieved Occupancy|Registers Per|Stall Long" \
+            "$out/ncu.txt" | head -n 30 | tee -a "$out/log.txt"
+    else
+        note "ncu: not on this machine (no counters)"
+    fi
+fi
+tar czf /tmp/gpu-run.tar.gz -C "$out" . && mv /tmp/gpu-run.tar.gz "$out/gpu-run.tar.gz"
 echo "failed steps: $failed"
 exit $failed

@@ -1,11 +1,11 @@
-"""Launch-knob sweep and the looped/three-phase crossover, measured on a GPU.
+"""Launch-knob sweep and the looped/segments crossover, measured on a GPU.
 
 * :func:`sweep`: for each algorithm and pass (forward; forward+backward) of ``rda_scan`` at
   B=16, T=4096, D=1024, every (block_t, block_d or block_d_backward, warps) of a small grid
   in float32, then pipelining stages for the best, and the best few again in bfloat16. Each
   entry is the median ms; the best per (algorithm, pass, dtype) is what the launcher's
   defaults (``Options`` in fastrwa/ops/triton_host.py) should become.
-* :func:`crossover`: looped against three-phase, forward and forward+backward, as the count of
+* :func:`crossover`: looped against segments, forward and forward+backward, as the count of
   programs (``B * ceil(D / block_d)``) grows at T=16384, to place the heuristic's threshold
   (``PROGRAMS_PER_SM`` in fastrwa/ops/triton_host.py).
 """
@@ -51,7 +51,7 @@ def sweep(log, shape=(16, 4096, 1024), keep: int = 5) -> list[dict]:
     best; bfloat16: the ``keep`` best float32 points. The forward's knobs vary for "fwd"; for
     "fwd+bwd" the forward keeps its defaults and the backward's vary. Failures are recorded."""
     out = []
-    for algorithm, pass_ in itertools.product(("looped", "three_phase"), ("fwd", "fwd+bwd")):
+    for algorithm, pass_ in itertools.product(("looped", "segments"), ("fwd", "fwd+bwd")):
         grid = []
         for bt, bd, warps in itertools.product(GRID_T, GRID_D, GRID_WARPS):
             grid.append(dict(block_t=bt, **(dict(block_d=bd, warps=warps) if pass_ == "fwd"
@@ -83,11 +83,11 @@ def crossover(log, T: int = 16384, widths=(256, 1024), batches=(1, 2, 4, 8, 16, 
             continue
         for pass_ in ("fwd", "fwd+bwd"):
             ms = {alg: _time((B, T, D), torch.float32, pass_, dict(algorithm=alg))
-                  for alg in ("looped", "three_phase")}
+                  for alg in ("looped", "segments")}
             programs = B * -(-D // bd)
             out.append(dict(B=B, T=T, D=D, pass_=pass_, programs=programs,
                             programs_per_sm=programs / props.multi_processor_count,
                             **{f"{k}_ms": v for k, v in ms.items()},
-                            looped_wins=ms["looped"] <= ms["three_phase"]))
+                            looped_wins=ms["looped"] <= ms["segments"]))
             log(out[-1])
     return out

@@ -10,7 +10,8 @@ stack, local and shared memory.
 
 Exits 1 on any compile failure or spill. Instruction counts come from ``cuobjdump -sass``
 (bench/sass.py: the outermost loop's body, or the whole kernel without a loop, over the
-``BT x BD`` elements it covers, in thread instructions); registers and memory from
+``BT x BD`` elements it covers, in thread instructions; for the carry kernels, over the ``BD``
+channels of one segment summary); registers and memory from
 ``cuobjdump -res-usage`` on Triton's cubin; spill bytes from ``ptxas -v`` (the ptxas Triton
 uses for that arch) on Triton's PTX. "shared" is static + the dynamic shared memory Triton
 launches with. Launch shapes (BT, BD, warps, stages) are the launcher's defaults in
@@ -48,6 +49,10 @@ INDEX_POINTERS = {"cu_ptr", "co_ptr", "cs_ptr"}
 
 
 def _kernels(opts=None):
+    """``(name, kernel, (warps, maxnreg), constexprs)`` of every build: the scan kernels once
+    per phase (``fwd[one_pass]`` is the "looped" algorithm's forward; ``summary``, the carry
+    kernel and ``output`` are the "segments" algorithm's)."""
+    from fastrwa.kernels import codes
     from fastrwa.kernels.triton import scan_bwd, scan_fwd, step
     from fastrwa.ops import triton_host as tb
 
@@ -55,34 +60,35 @@ def _kernels(opts=None):
     fwd = ((opts.warps, None), dict(BT=opts.block_t, BD=opts.block_d))
     bwd = ((opts.warps_backward, tb.BACKWARD_MAX_REGISTERS),
            dict(BT=opts.block_t, BD=opts.block_d_backward))
-    return [
-        (scan_fwd.fwd_looped_kernel, *fwd), (scan_fwd.fwd_summary_kernel, *fwd),
-        (scan_fwd.fwd_carry_kernel, *fwd), (scan_fwd.fwd_output_kernel, *fwd),
-        (scan_bwd.bwd_looped_kernel, *bwd), (scan_bwd.bwd_summary_kernel, *bwd),
-        (scan_bwd.bwd_carry_kernel, *bwd), (scan_bwd.bwd_grads_kernel, *bwd),
-        (step.step_kernel, *fwd),
-    ]
+    phases = {"one_pass": codes.ONE_PASS, "summary": codes.SUMMARY, "output": codes.OUTPUT}
+    out = []
+    for kernel, (launch, blocks) in ((scan_fwd.fwd_kernel, fwd), (scan_bwd.bwd_kernel, bwd)):
+        short = kernel.__name__.removesuffix("_kernel")
+        for phase, code in phases.items():
+            out.append((f"{short}[{phase}]", kernel, launch, dict(blocks, PHASE=code)))
+    out += [("fwd_carry", scan_fwd.fwd_carry_kernel, *fwd), ("bwd_carry", scan_bwd.bwd_carry_kernel,
+                                                              *bwd), ("step", step.step_kernel, *fwd)]
+    return out
 
 
 def jobs(quick: bool, opts=None, channels: int = 1024):
     """Every (kernel, variant, arch, dtype) to compile; kernels without a constexpr skip it."""
     out, seen = [], set()
     stages = (opts or _default_options()).stages
-    for fn, (warps, maxnreg), blocks in _kernels(opts):
+    for name, fn, (warps, maxnreg), blocks in _kernels(opts):
         variants = [(label, attn, disc, {}) for label, attn, disc in MATH] + EXTRA_FLAGS
         for label, attn, disc, extra in variants:
             const = dict(FLAGS, ATTN=attn, DISCOUNT=disc, D=channels, **blocks, **extra)
             const = {k: v for k, v in const.items() if k in fn.arg_names}
-            key = (fn.__name__, tuple(sorted(const.items())))
+            key = (name, tuple(sorted(const.items())))
             if key in seen:           # e.g. the carry kernels do not depend on ATTN
                 continue
             seen.add(key)
             for arch in ARCHS:
                 for dtype in DTYPES:
-                    out.append((fn.__name__, label, const, (warps, stages, maxnreg), arch,
-                                dtype))
+                    out.append((name, label, const, (warps, stages, maxnreg), arch, dtype))
     if quick:
-        return [j for j in out if j[0] == "fwd_looped_kernel" and j[1] == "rda-softplus"
+        return [j for j in out if j[0] == "fwd[one_pass]" and j[1] == "rda-softplus"
                 and j[4] == "sm_90a" and j[5] == "bfloat16"]
     return out
 
@@ -93,8 +99,8 @@ def _default_options():
 
 
 def _find(name: str):
-    for fn, _, _ in _kernels():
-        if fn.__name__ == name:
+    for build, fn, _, _ in _kernels():
+        if build == name:
             return fn
     raise KeyError(name)
 
@@ -141,7 +147,9 @@ def compile_one(job):
     field = lambda key: int(re.search(rf"\b{key}:(\d+)", usage).group(1))
     spill = sum(int(x) for x in re.findall(r"(\d+) bytes spill (?:stores|loads)", log))
     blocks = f"{const.get('BT', 1)}x{const['BD']}"
-    cost = sass.costs(listing, const.get("BT", 1) * const["BD"], 32 * warps)
+    # a carry kernel's loop walks one segment summary a channel per iteration
+    per_iteration = const["BD"] if name.endswith("_carry") else const.get("BT", 1) * const["BD"]
+    cost = sass.costs(listing, per_iteration, 32 * warps)
     return dict(kernel=name, variant=label, arch=arch, dtype=dtype, warps=warps, blocks=blocks,
                 regs=field("REG"), spill=spill, stack=field("STACK"), local=field("LOCAL"),
                 shared=field("SHARED") + kernel.metadata.shared, **cost)

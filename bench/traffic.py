@@ -7,7 +7,7 @@ element size of the pointer, with no cache: a re-read counts again. The ratio is
 over the minimum (docs/math.md) at the tensors' own dtypes: the forward reads each input once
 and writes ``y``; the backward reads each input and ``gy`` once and writes one gradient per
 input. "fwd" is inference (nothing saved), "fwd+save" also writes the chunk states the
-backward needs. Targets (issue): looped forward <= 1.2x and 1 launch, three-phase <= 2x,
+backward needs. Targets (issue): looped forward <= 1.2x and 1 launch, segments <= 2x,
 backward <= 1.5x.
 """
 
@@ -62,7 +62,7 @@ def counted():
     yield COUNTS
 
 
-TARGETS = {("looped", "fwd"): 1.2, ("looped", "bwd"): 1.5, ("three_phase", "fwd"): 2.0}
+TARGETS = {("looped", "fwd"): 1.2, ("looped", "bwd"): 1.5, ("segments", "fwd"): 2.0}
 
 
 def measure(op: str, algorithm: str, dtype: torch.dtype, B: int, T: int, D: int):
@@ -101,7 +101,7 @@ def main() -> int:
           f"{'ratio':>8}{'launches':>10}")
     misses = 0
     for op in ("rwa", "rda"):
-        for algorithm in ("looped", "three_phase"):
+        for algorithm in ("looped", "segments"):
             for dtype in (torch.float32, torch.bfloat16):
                 for name, moved, minimum, launches in measure(op, algorithm, dtype, B, T, D):
                     ratio = moved / minimum

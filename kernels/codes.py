@@ -29,3 +29,8 @@ SOFTPLUS_SERIES_BELOW = -9.0
 OUTPUT_FUNCTIONS = ("tanh", "identity", "sigmoid", "relu")
 OUT_TANH, OUT_IDENTITY, OUT_SIGMOID, OUT_RELU = range(len(OUTPUT_FUNCTIONS))
 OUTPUT_FUNCTION_CODE = {name: code for code, name in enumerate(OUTPUT_FUNCTIONS)}
+
+# What a program of the Triton scan kernels (kernels/triton/scan_fwd.py, scan_bwd.py) does with
+# its segment: the whole sequence in one pass, its summary (phase 1 of three), or its output
+# from the incoming state the carry kernel found (phase 3).
+ONE_PASS, SUMMARY, OUTPUT = range(3)

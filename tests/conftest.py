@@ -6,7 +6,7 @@ The op tests take one of two fixtures:
 * ``backend``: every registered backend ("torch", "numba", "triton"). Triton runs under the
   interpreter (no GPU here, and the interpreter is slow) with blocks small enough that the
   tests' shapes cross chunk and channel-block edges. Its forward algorithm ("looped" or
-  "three_phase") is chosen per test item by a stable hash of the item's name, so both are
+  "segments") is chosen per test item by a stable hash of the item's name, so both are
   covered across the matrix at the cost of one. Inputs are made in ``backend.dtype``, the
   most precise dtype the backend takes (float64, or float32 for Triton), and compared with
   ``backend.tol``; ``backend.splits(T)`` are the split points a streaming test tries (all of
@@ -20,7 +20,7 @@ Triton has no such knob, so they would repeat the ``None`` case), and a ``dtype`
 (Triton refuses it; tests/test_backend.py checks the error).
 
 ``python -m pytest --cuda`` (on a machine with a CUDA GPU) runs the Triton column compiled,
-on CUDA tensors, twice per test: "triton-looped" and "triton-three_phase", each with the same
+on CUDA tensors, twice per test: "triton-looped" and "triton-segments", each with the same
 small blocks. Inside those items the default device is CUDA, so tensors a test makes without
 naming a device are CUDA tensors; the helpers draw random numbers on the CPU (reproducible
 across devices) and move them. Tests marked ``cuda`` run only under ``--cuda``; without it
@@ -46,7 +46,7 @@ TRITON_KERNELS = "fastrwa.kernels.triton.scan_fwd"
 
 # Triton's blocks in the op tests: chunks of 4 steps, 4 channels (2 in the backward, as the
 # backward's channel block differs from the forward's by default).
-TRITON_SMALL = dict(block_t=4, block_d=4, block_d_backward=2)
+TRITON_SMALL = dict(block_t=4, block_d=4, block_d_backward=2, segment_chunks=2)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,7 +71,7 @@ class BackendCase:
         return sorted({0, 1, T // 2, T - 1, T}) if self.interpreted else list(range(T + 1))
 
 
-TRITON_ALGORITHMS = ("looped", "three_phase")
+TRITON_ALGORITHMS = ("looped", "segments")
 CASES = {
     "torch": BackendCase("torch", {}, torch.float64),
     "numba": BackendCase("numba", {}, torch.float64),

@@ -31,7 +31,7 @@ def test_auto_runs_cuda_tensors_on_triton():
     assert resolve_name(torch.device("cuda"), torch.float64) == "torch"
 
 
-@pytest.mark.parametrize("algorithm", ["auto", "looped", "three_phase"])
+@pytest.mark.parametrize("algorithm", ["auto", "looped", "segments"])
 @pytest.mark.parametrize("attention", ("rwa",) + ATTENTIONS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("reverse", [False, True])
@@ -49,10 +49,10 @@ def test_default_blocks_forward_and_gradients(algorithm, attention, dtype, rever
         compare_gradients(z, a, g, attention, state, reverse, None, dtype)
 
 
-@pytest.mark.parametrize("algorithm", ["looped", "three_phase"])
+@pytest.mark.parametrize("algorithm", ["looped", "segments"])
 def test_one_long_sequence(algorithm):
     """B=1, T=20,000: one program per channel block walks 625 chunks (looped) or the chunks
-    run in parallel (three-phase); both equal the float64 PyTorch backend."""
+    run in parallel (segments); both equal the float64 PyTorch backend."""
     z, a, g = make_inputs(1, 20_000, 64, dtype=torch.float32, seed=5)
     with backend_options("triton", algorithm=algorithm):
         y, _ = fastrwa.rda_scan(z, a, g, "softplus")

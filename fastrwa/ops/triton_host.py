@@ -7,12 +7,14 @@ under ``TRITON_INTERPRET=1`` (how this project tests it without a GPU).
 Forward algorithms (``Options.algorithm``):
 
 * "looped": one program per (sequence, channel block) walks time in chunks; one launch.
-* "three_phase": chunk summaries in parallel, a scan of summaries, chunks re-run; three
-  launches, parallel over chunks too.
+* "segments": every sequence cut into segments of ``segment_chunks`` chunks, summarised in
+  parallel, the summaries combined in order per sequence (a walk over segments, not
+  chunks), every segment re-run from its incoming state; three launches, parallel over
+  segments too.
 * Single steps (``T = 1``, no gradient needed) use one fused step kernel.
 * "auto": "looped" when ``sequences * channel_blocks`` gives every SM at least
-  ``PROGRAMS_PER_SM`` programs, or when sequences are at most ``2 * BT`` long (three phases
-  cannot beat one pass there); otherwise "three_phase".
+  ``PROGRAMS_PER_SM`` programs, or when sequences are at most ``2 * BT`` long (segments
+  cannot beat one pass there); otherwise "segments".
 
 The backward uses the same algorithm as the forward. The forward saves each chunk's incoming
 state, ``3 * D`` floats per chunk of ``BT`` steps, and the backward recomputes the rest.
@@ -25,12 +27,16 @@ import dataclasses
 import torch
 import triton
 
-from ..kernels.codes import ATTENTION_CODE, DISCOUNT_CODE
+from ..kernels.codes import ATTENTION_CODE, DISCOUNT_CODE, ONE_PASS, OUTPUT, SUMMARY
 from ..kernels.triton import scan_bwd, scan_fwd, step
 from .buffers import empty, empty_like
 from .dispatch import ForwardResult, Gradients, Knobs, ScanArgs, state_dtype
 
 PROGRAMS_PER_SM = 2
+# The "segments" algorithm aims at this many programs per SM, with segments of at least
+# MIN_SEGMENT_CHUNKS chunks (each segment is read twice and summarised once).
+SEGMENT_PROGRAMS_PER_SM = 16
+MIN_SEGMENT_CHUNKS = 8
 
 
 # Registers a backward thread may use. Left to itself ptxas caps the looped backward at 168
@@ -43,23 +49,26 @@ BACKWARD_MAX_REGISTERS = 255
 class Options:
     """Launch knobs; tests and bench/gpu_sweep.py force them, users keep the defaults.
 
-    With the default blocks every kernel compiles for sm_80 and sm_90a without spills
-    (python bench/kernels.py); the backward holds about twice the live blocks of the forward,
-    hence its narrower channel block.
+    Each thread owns whole channel columns of a ``[block_t, block_d]`` chunk when ``block_d``
+    is a multiple of 32 x warps (the defaults: one warp, one column a thread), so the scans
+    along time run in registers, with no shuffles, barriers or shared memory
+    (``python bench/kernels.py`` counts them). With the defaults every kernel compiles for
+    sm_80 and sm_90a without spills.
     """
 
-    algorithm: str = "auto"          # "auto" | "looped" | "three_phase"
-    block_t: int = 32                # BT: steps per chunk (forward and backward)
+    algorithm: str = "auto"          # "auto" | "looped" | "segments"
+    block_t: int = 16                # BT: steps per chunk (forward and backward)
     block_d: int = 32                # BD: channels per program in the forward (and step)
-    block_d_backward: int = 16       # BD: channels per program in the backward
-    warps: int = 4                   # warps per program, forward and step kernels
-    warps_backward: int = 4          # warps per program, backward kernels
+    block_d_backward: int = 32       # BD: channels per program in the backward
+    warps: int = 1                   # warps per program, forward and step kernels
+    warps_backward: int = 1          # warps per program, backward kernels
     stages: int = 3                  # software-pipelining depth (Triton's num_stages)
+    segment_chunks: int = 0          # chunks per segment ("segments"); 0: chosen per call
 
 
 def _check(opts: Options) -> None:
-    if opts.algorithm not in ("auto", "looped", "three_phase"):
-        raise ValueError(f"algorithm must be 'auto', 'looped' or 'three_phase', "
+    if opts.algorithm not in ("auto", "looped", "segments"):
+        raise ValueError(f"algorithm must be 'auto', 'looped' or 'segments', "
                          f"got {opts.algorithm!r}")
     for name in ("block_t", "block_d", "block_d_backward", "warps", "warps_backward"):
         value = getattr(opts, name)
@@ -67,6 +76,8 @@ def _check(opts: Options) -> None:
             raise ValueError(f"{name} must be a power of two, got {value!r}")
     if not (isinstance(opts.stages, int) and opts.stages >= 1):
         raise ValueError(f"stages must be an integer >= 1, got {opts.stages!r}")
+    if not (isinstance(opts.segment_chunks, int) and opts.segment_chunks >= 0):
+        raise ValueError(f"segment_chunks must be an integer >= 0, got {opts.segment_chunks!r}")
 
 
 _knobs = Knobs(Options, _check)
@@ -86,7 +97,18 @@ def choose_algorithm(n_seq: int, D: int, max_len: int, opts: Options, device) ->
     programs = n_seq * triton.cdiv(D, opts.block_d)
     if programs >= PROGRAMS_PER_SM * _num_sms(device) or max_len <= 2 * opts.block_t:
         return "looped"
-    return "three_phase"
+    return "segments"
+
+
+def segment_chunks(n_seq: int, D: int, max_len: int, opts: Options, device) -> int:
+    """Chunks per segment of the "segments" algorithm: ``opts.segment_chunks``, or enough
+    segments that ``sequences * segments * channel_blocks`` gives every SM
+    ``SEGMENT_PROGRAMS_PER_SM`` programs, each at least ``MIN_SEGMENT_CHUNKS`` long."""
+    if opts.segment_chunks:
+        return opts.segment_chunks
+    blocks = max(1, n_seq * triton.cdiv(D, opts.block_d))
+    wanted = triton.cdiv(SEGMENT_PROGRAMS_PER_SM * _num_sms(device), blocks)
+    return max(MIN_SEGMENT_CHUNKS, triton.cdiv(triton.cdiv(max_len, opts.block_t), wanted))
 
 
 @dataclasses.dataclass
@@ -95,34 +117,42 @@ class _Layout:
 
     n_seq: int                       # sequences (B, or len(cu_seqlens) - 1)
     T: int                           # dense length (0 when packed)
-    n_chunks: int                    # chunks over all sequences
-    rows: int                        # rows of the per-chunk buffers (>= n_chunks; see below)
+    rows: int                        # rows of the per-chunk buffers (>= the chunk count)
     max_len: int
     cu: torch.Tensor | None          # int64 (n_seq + 1,)
     chunk_offsets: torch.Tensor | None   # int64 (n_seq,): first chunk of each sequence
-    chunk_seq: torch.Tensor | None       # int64 (n_chunks,): sequence of each chunk
+    lengths: torch.Tensor | None     # int64 (n_seq,)
 
     def pointers(self, like: torch.Tensor) -> tuple:
-        """``(cu, chunk_offsets, chunk_seq)`` for a launch; an empty tensor where dense."""
+        """``(cu, chunk_offsets)`` for a launch; an empty tensor where dense."""
         dummy = like.new_empty(0, dtype=torch.int64)
-        return tuple(dummy if x is None else x for x in (self.cu, self.chunk_offsets,
-                                                         self.chunk_seq))
+        return tuple(dummy if x is None else x for x in (self.cu, self.chunk_offsets))
+
+    def segments(self, cps: int, BT: int, like: torch.Tensor) -> tuple:
+        """``(count, first segment of each sequence, sequence of each segment)`` for segments
+        of ``cps`` chunks (kernels/triton/sequence.py ``segments``: at least one a sequence);
+        the tables are empty tensors where dense."""
+        dummy = like.new_empty(0, dtype=torch.int64)
+        if self.lengths is None:
+            return self.n_seq * max(1, triton.cdiv(triton.cdiv(self.T, BT), cps)), dummy, dummy
+        per_seq = torch.clamp((self.lengths + BT * cps - 1) // (BT * cps), min=1)
+        offsets = torch.cumsum(per_seq, 0) - per_seq
+        seq = torch.repeat_interleave(torch.arange(self.n_seq, device=like.device), per_seq)
+        return int(per_seq.sum()), offsets, seq
 
 
 def _layout(z: torch.Tensor, cu_seqlens: torch.Tensor | None, BT: int) -> _Layout:
     B, T, _ = z.shape
     if cu_seqlens is None:
-        return _Layout(B, T, B * triton.cdiv(T, BT), B * triton.cdiv(T, BT), T, None, None, None)
+        return _Layout(B, T, B * triton.cdiv(T, BT), T, None, None, None)
     # contiguous: the kernels index it as a flat array (a strided view would be misread)
     cu = cu_seqlens.to(device=z.device, dtype=torch.int64).contiguous()
     lengths = cu[1:] - cu[:-1]
     per_seq = (lengths + BT - 1) // BT
     offsets = torch.cumsum(per_seq, 0) - per_seq
-    n_chunks = int(per_seq.sum())
-    chunk_seq = torch.repeat_interleave(torch.arange(len(lengths), device=z.device), per_seq)
     max_len = int(lengths.max()) if len(lengths) else 0
-    return _Layout(len(lengths), 0, n_chunks, chunk_rows(z.shape[1], len(lengths), BT),
-                   max_len, cu, offsets, chunk_seq)
+    return _Layout(len(lengths), 0, chunk_rows(z.shape[1], len(lengths), BT), max_len, cu,
+                   offsets, lengths)
 
 
 def chunk_rows(T: int, n_seq: int, BT: int) -> int:
@@ -154,31 +184,36 @@ def forward(args: ScanArgs, *, output_final_state: bool, save: bool) -> ForwardR
     need_final = output_final_state or save_for_backward or (T == 1 and cu_seqlens is None)
     ht = empty((3, lay.n_seq, D), f32, z.device) if need_final else h0
     hc = empty((3, lay.rows, D), f32, z.device)
-    cu, co, cs = lay.pointers(z)
+    cu, co = lay.pointers(z)
     algorithm = choose_algorithm(lay.n_seq, D, lay.max_len, opts, z.device)
-    flags = dict(IS_VARLEN=cu_seqlens is not None, BT=BT, BD=BD)
+    flags = dict(D=D, IS_VARLEN=cu_seqlens is not None, BT=BT, BD=BD)
     launch = dict(num_warps=opts.warps, num_stages=opts.stages)
     n_d = triton.cdiv(D, BD)
+    scan = dict(ATTN=ATTN, DISCOUNT=DISCOUNT, REVERSE=reverse, SAVE_CHUNKS=save_for_backward,
+                **launch, **flags)
     if T == 1 and cu_seqlens is None and not save_for_backward:
         # Streaming inference: one fused step launch.
         step.step_kernel[(B, n_d)](z, a, g, y, h0, ht, B, D=D, ATTN=ATTN, DISCOUNT=DISCOUNT,
                                    HAS_INIT=init is not None, BD=BD, **launch)
     elif algorithm == "looped":
-        scan_fwd.fwd_looped_kernel[(lay.n_seq, n_d)](
-            z, a, g, y, h0, ht, hc, cu, co, lay.T, lay.n_seq, lay.rows, D=D,
-            ATTN=ATTN, DISCOUNT=DISCOUNT, HAS_INIT=init is not None, STORE_FINAL=need_final,
-            SAVE_CHUNKS=save_for_backward, REVERSE=reverse, **launch, **flags)
+        scan_fwd.fwd_kernel[(lay.n_seq, n_d)](
+            z, a, g, y, h0, ht, hc, h0, cu, co, co, co, lay.T, 1, lay.n_seq, lay.rows,
+            lay.n_seq, PHASE=ONE_PASS, HAS_INIT=init is not None, STORE_FINAL=need_final, **scan)
     else:
-        summary = empty((4, lay.rows, D), f32, z.device)
-        scan_fwd.fwd_summary_kernel[(lay.n_chunks, n_d)](
-            z, a, g, summary, cu, co, cs, lay.T, lay.rows, D=D,
-            ATTN=ATTN, DISCOUNT=DISCOUNT, REVERSE=reverse, **launch, **flags)
+        cps = segment_chunks(lay.n_seq, D, lay.max_len, opts, z.device)
+        n_seg, so, ss = lay.segments(cps, BT, z)
+        summary = empty((4, n_seg, D), f32, z.device)      # (m, n~, d~, G) of every segment
+        incoming = empty((3, n_seg, D), f32, z.device)     # the state entering every segment
+        sizes = (lay.T, cps, lay.n_seq, lay.rows, n_seg)
+        scan_fwd.fwd_kernel[(n_seg, n_d)](
+            z, a, g, y, h0, ht, hc, summary, cu, co, so, ss, *sizes, PHASE=SUMMARY,
+            HAS_INIT=False, STORE_FINAL=False, **scan)
         scan_fwd.fwd_carry_kernel[(lay.n_seq, n_d)](
-            summary, h0, ht, hc, cu, co, lay.T, lay.n_seq, lay.rows, D=D,
+            summary, incoming, h0, ht, cu, co, so, lay.T, cps, lay.n_seq, n_seg,
             HAS_INIT=init is not None, STORE_FINAL=need_final, **launch, **flags)
-        scan_fwd.fwd_output_kernel[(lay.n_chunks, n_d)](
-            z, a, g, y, hc, cu, co, cs, lay.T, lay.rows, D=D,
-            ATTN=ATTN, DISCOUNT=DISCOUNT, REVERSE=reverse, **launch, **flags)
+        scan_fwd.fwd_kernel[(n_seg, n_d)](
+            z, a, g, y, h0, ht, hc, incoming, cu, co, so, ss, *sizes, PHASE=OUTPUT,
+            HAS_INIT=False, STORE_FINAL=False, **scan)
     final = tuple(x.clone() for x in ht.unbind(0)) if output_final_state else None
     saved = [hc] if save_for_backward else []
     return ForwardResult(y, final, saved)
@@ -223,30 +258,33 @@ def backward(args: ScanArgs, saved: list, m_final, gy, g_final) -> Gradients:
         dht = torch.stack([zeros] + [zeros if x is None else x for x in g_final]).contiguous()
     else:
         dht = h0
-    cu, co, cs = lay.pointers(z)
+    cu, co = lay.pointers(z)
     algorithm = choose_algorithm(lay.n_seq, D, lay.max_len, opts, z.device)
-    flags = dict(IS_VARLEN=cu_seqlens is not None, REVERSE=reverse, BT=BT, BD=BD)
+    flags = dict(D=D, IS_VARLEN=cu_seqlens is not None, BT=BT, BD=BD)
     launch = dict(num_warps=opts.warps_backward, num_stages=opts.stages)
     if torch.version.hip is None:        # (a CUDA option: Triton's AMD backend has no maxnreg)
         launch["maxnreg"] = BACKWARD_MAX_REGISTERS
     n_d = triton.cdiv(D, BD)
+    scan = dict(ATTN=ATTN, DISCOUNT=DISCOUNT, REVERSE=reverse, **launch, **flags)
+    grads = (z, a, g, gy, gz, ga, gg, h0, dh0, dht, hc)
     if algorithm == "looped":
-        scan_bwd.bwd_looped_kernel[(lay.n_seq, n_d)](
-            z, a, g, gy, gz, ga, gg, h0, dh0, dht, hc, cu, co, lay.T, lay.n_seq,
-            lay.rows, D=D, ATTN=ATTN, DISCOUNT=DISCOUNT, HAS_INIT=init is not None,
-            HAS_FINAL_GRAD=has_final_grad, **launch, **flags)
+        scan_bwd.bwd_kernel[(lay.n_seq, n_d)](
+            *grads, h0, cu, co, co, co, lay.T, 1, lay.n_seq, lay.rows, lay.n_seq,
+            PHASE=ONE_PASS, HAS_INIT=init is not None, HAS_FINAL_GRAD=has_final_grad, **scan)
     else:
-        summary = empty((3, lay.rows, D), f32, z.device)     # (K, P, Q) of every chunk
-        ac = empty((2, lay.rows, D), f32, z.device)          # (P, Q) entering every chunk
-        scan_bwd.bwd_summary_kernel[(lay.n_chunks, n_d)](
-            z, a, g, gy, hc, summary, cu, co, cs, lay.T, lay.rows, D=D,
-            ATTN=ATTN, DISCOUNT=DISCOUNT, **launch, **flags)
+        cps = segment_chunks(lay.n_seq, D, lay.max_len, opts, z.device)
+        n_seg, so, ss = lay.segments(cps, BT, z)
+        summary = empty((3, n_seg, D), f32, z.device)      # (K, W, V) of every segment
+        entering = empty((2, n_seg, D), f32, z.device)     # (W, V) entering every segment
+        sizes = (lay.T, cps, lay.n_seq, lay.rows, n_seg)
+        scan_bwd.bwd_kernel[(n_seg, n_d)](
+            *grads, summary, cu, co, so, ss, *sizes, PHASE=SUMMARY, HAS_INIT=False,
+            HAS_FINAL_GRAD=False, **scan)
         scan_bwd.bwd_carry_kernel[(lay.n_seq, n_d)](
-            summary, ac, h0, dh0, dht, cu, co, lay.T, lay.n_seq, lay.rows, D=D,
-            HAS_INIT=init is not None, HAS_FINAL_GRAD=has_final_grad, IS_VARLEN=flags["IS_VARLEN"],
-            BT=BT, BD=BD, **launch)
-        scan_bwd.bwd_grads_kernel[(lay.n_chunks, n_d)](
-            z, a, g, gy, gz, ga, gg, hc, ac, cu, co, cs, lay.T, lay.rows, D=D,
-            ATTN=ATTN, DISCOUNT=DISCOUNT, **launch, **flags)
+            summary, entering, h0, dh0, dht, cu, co, so, lay.T, cps, lay.n_seq, n_seg,
+            HAS_INIT=init is not None, HAS_FINAL_GRAD=has_final_grad, **launch, **flags)
+        scan_bwd.bwd_kernel[(n_seg, n_d)](
+            *grads, entering, cu, co, so, ss, *sizes, PHASE=OUTPUT, HAS_INIT=False,
+            HAS_FINAL_GRAD=False, **scan)
     g_init = tuple(x.clone() for x in dh0.unbind(0)) if init is not None else None
     return Gradients(gz, ga, (gg if has_g else None), g_init)

@@ -1,7 +1,7 @@
 """Device helpers shared by the scan kernels: the combine, the attention and discount
 functions in log space, their derivatives, and loading one chunk.
 
-Constexpr codes ``ATTN`` and ``DISCOUNT`` are those of :mod:`fastrwa.kernels.codes`.
+Constexpr codes ``ATTN``, ``DISCOUNT`` and ``PHASE`` are those of :mod:`fastrwa.kernels.codes`.
 """
 
 import triton
@@ -16,6 +16,9 @@ SIGMOID = tl.constexpr(codes.SIGMOID)
 SOFTPLUS = tl.constexpr(codes.SOFTPLUS)
 NO_DISCOUNT = tl.constexpr(codes.NO_DISCOUNT)
 LOG_DISCOUNT = tl.constexpr(codes.LOG_DISCOUNT)
+ONE_PASS = tl.constexpr(codes.ONE_PASS)
+SUMMARY = tl.constexpr(codes.SUMMARY)
+OUTPUT = tl.constexpr(codes.OUTPUT)
 # log softplus(a) and its derivative switch to a series below this logit (see codes.py).
 SOFTPLUS_SERIES_BELOW = tl.constexpr(codes.SOFTPLUS_SERIES_BELOW)
 
@@ -261,7 +264,8 @@ def log_weights(b_a, b_g, mask, ATTN: tl.constexpr, DISCOUNT: tl.constexpr):
 @triton.jit
 def scan_chunk(b_l, b_z, b_lam, b_hm, b_hn, b_hd):
     """States ``(m, n~, d~)`` after every row of a chunk ``[BT, BD]`` (rows in scan order,
-    :func:`chunk_rows`), from incoming ``[BD]`` state: the state is folded into the first row
+    :func:`chunk_rows`), from incoming ``[BD]`` state, and the log decay ``G`` summed over the
+    rows so far (from the chunk's start). The state is folded into the first row
     (one combine there), then the rows are scanned. With each thread holding a channel's
     column of the chunk (the launcher's blocks) the scan is a loop in that thread's
     registers, and the fold costs one row's combine."""
@@ -271,8 +275,7 @@ def scan_chunk(b_l, b_z, b_lam, b_hm, b_hn, b_hd):
     b_m = tl.where(b_first, f_m, b_l)                                         # [BT, BD]
     b_n = tl.where(b_first, f_n, b_z)                                         # [BT, BD]
     b_d = tl.where(b_first, f_d, 1.0)                                         # [BT, BD]
-    b_m, b_n, b_d, _ = tl.associative_scan((b_m, b_n, b_d, b_lam), 0, combine)  # [BT, BD] x4
-    return b_m, b_n, b_d
+    return tl.associative_scan((b_m, b_n, b_d, b_lam), 0, combine)           # [BT, BD] x4
 
 
 @triton.jit
@@ -327,18 +330,17 @@ def initial_state(h0_ptr, o_s, mask_d, rows, HAS_INIT: tl.constexpr, BD: tl.cons
 
 
 @triton.jit
-def state_row(b_m, b_n, b_d, r, BT: tl.constexpr):
-    """Row ``r`` of a ``[BT, BD]`` state ``(m, n~, d~)`` as three ``[BD]``."""
+def state_row(b_m, b_n, b_d, b_G, r, BT: tl.constexpr):
+    """Row ``r`` of a ``[BT, BD]`` scanned chunk ``(m, n~, d~, G)`` as four ``[BD]``."""
     o_r = tl.arange(0, BT)
-    return row(b_m, o_r, r), row(b_n, o_r, r), row(b_d, o_r, r)
+    return row(b_m, o_r, r), row(b_n, o_r, r), row(b_d, o_r, r), row(b_G, o_r, r)
 
 
 @triton.jit
-def store_summary(p, o_s, mask_d, rows, b_m, b_n, b_d, b_G, r, BT: tl.constexpr):
-    """Store row ``r`` of a scanned chunk as its summary ``(m, n~, d~, G)`` in ``(4, rows, D)``."""
-    s_m, s_n, s_d = state_row(b_m, b_n, b_d, r, BT)                            # [BD] x3
-    store_state(p, o_s, mask_d, rows, s_m, s_n, s_d)
-    tl.store(p + 3 * rows + o_s, row(b_G, tl.arange(0, BT), r), mask=mask_d)
+def store_summary(p, o_s, mask_d, rows, b_m, b_n, b_d, b_G):
+    """Store a summary ``(m, n~, d~, G)`` ``[BD]`` at ``o_s`` of a ``(4, rows, D)`` buffer."""
+    store_state(p, o_s, mask_d, rows, b_m, b_n, b_d)
+    tl.store(p + 3 * rows + o_s, b_G, mask=mask_d)
 
 
 @triton.jit

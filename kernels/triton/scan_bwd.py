@@ -26,19 +26,26 @@ limits the forward uses (equal infinite arguments weigh 1). The initial state's 
 are the ``(W, V)`` of the first step. No atomics: every output element is written by exactly
 one program.
 
-* ``bwd_looped_kernel``: one program per (sequence, channel block) walks the chunks in
-  adjoint order, carrying ``(W, V)`` in registers; initial-state gradients at the end.
-* ``bwd_summary_kernel`` / ``bwd_carry_kernel`` / ``bwd_grads_kernel``: the three phases.
+A program covers a segment of a sequence for a block of channels, as in the forward
+(scan_fwd.py), and walks its chunks in adjoint order carrying ``(W, V)`` in registers:
+
+* ``bwd_kernel`` with ``PHASE = ONE_PASS``: each sequence is one segment; from the final
+  state's gradient, writes the gradients and, at the end, the initial state's.
+* The "segments" algorithm: ``bwd_kernel`` with ``PHASE = SUMMARY`` (every segment's local
+  adjoint ``(K, W, V)`` at its first row, from nothing entering it), ``bwd_carry_kernel``
+  (per sequence, the ``(W, V)`` entering every segment after its last row, and the initial
+  state's gradients), ``bwd_kernel`` with ``PHASE = OUTPUT`` (every segment's gradients from
+  the adjoint entering it).
 """
 
 import triton
 import triton.language as tl
 
-from .common import (attention_grad, average, chunk_offsets, chunk_rows, decay_grad, decayed,
-                     linear_combine, load_chunk, load_state, log_weights, next_rows, own_weight,
-                     previous_rows, reverse_linear_scan, row, scan_chunk, step_weights,
-                     store_state)
-from .sequence import chunk_program, sequence_program
+from .common import (ONE_PASS, SUMMARY, attention_grad, average, chunk_offsets, chunk_rows,
+                     decay_grad, decayed, linear_combine, load_chunk, load_state, log_weights,
+                     next_rows, own_weight, previous_rows, reverse_linear_scan, row, scan_chunk,
+                     step_weights, store_state)
+from .sequence import first_segment, segment_program, segments, sequence_program
 
 
 @triton.jit
@@ -61,7 +68,7 @@ def _chunk_adjoint(z_ptr, a_ptr, g_ptr, gy_ptr, hc_ptr, bos, T_i, c, cidx, o_d, 
     b_gy = tl.load(gy_ptr + o, mask=mask_2, other=0.0).to(tl.float32)          # [BT, BD]
     b_l, b_lam = log_weights(b_a, b_g, mask_2, ATTN, DISCOUNT)                 # [BT, BD] x2
     b_hm, b_hn, b_hd = load_state(hc_ptr, cidx * D + o_d, mask_d, NCT * D)       # [BD] x3
-    b_m, b_n, b_d = scan_chunk(b_l, b_z, b_lam, b_hm, b_hn, b_hd)              # [BT, BD] x3
+    b_m, b_n, b_d, _ = scan_chunk(b_l, b_z, b_lam, b_hm, b_hn, b_hd)           # [BT, BD] x3
     b_y = average(b_n, b_d)                                                    # [BT, BD]
     b_take = own_weight(b_l, b_m)                                              # [BT, BD]
     b_mp, b_dp, b_yp = previous_rows(b_m, b_hm, b_d, b_hd, b_y,
@@ -128,81 +135,68 @@ def _initial_state_grads(i, h0_ptr, dh0_ptr, o_d, mask_d, D: tl.constexpr, NS, b
 
 
 @triton.jit
-def bwd_looped_kernel(
+def bwd_kernel(
     z_ptr, a_ptr, g_ptr, gy_ptr, gz_ptr, ga_ptr, gg_ptr, h0_ptr, dh0_ptr, dht_ptr,
-    hc_ptr, cu_ptr, co_ptr,
-    T, NS, NCT, D: tl.constexpr,
-    ATTN: tl.constexpr, DISCOUNT: tl.constexpr, HAS_INIT: tl.constexpr,
+    hc_ptr, s_ptr, cu_ptr, co_ptr, so_ptr, ss_ptr,
+    T, CPS, NS, NCT, NSEG, D: tl.constexpr,
+    ATTN: tl.constexpr, DISCOUNT: tl.constexpr, PHASE: tl.constexpr, HAS_INIT: tl.constexpr,
     HAS_FINAL_GRAD: tl.constexpr, IS_VARLEN: tl.constexpr, REVERSE: tl.constexpr,
     BT: tl.constexpr, BD: tl.constexpr,
 ):
-    i, o_d, mask_d, bos, T_i, c0 = sequence_program(cu_ptr, co_ptr, T, D, BT, BD, IS_VARLEN)
-    b_W, b_V = _final_adjoint(i, dht_ptr, o_d, mask_d, D, NS, HAS_FINAL_GRAD, BD)   # [BD] x2
-    nc = tl.cdiv(T_i, BT)
-    for k in range(0, nc):
-        c = nc - 1 - k
+    """One segment: ``ONE_PASS`` from the final state's gradient ``dht`` (initial state's into
+    ``dh0``), ``SUMMARY`` from nothing entering it (its ``(K, W, V)`` into ``s``,
+    ``(3, NSEG, D)``), ``OUTPUT`` from the ``(W, V)`` entering it in ``s`` (``(2, NSEG, D)``,
+    the carry kernel's)."""
+    pid, i, o_d, mask_d, bos, T_i, c0, c_lo, c_hi = segment_program(
+        cu_ptr, co_ptr, so_ptr, ss_ptr, T, CPS, D, BT, BD, IS_VARLEN, PHASE == ONE_PASS)
+    o_seg = pid * D + o_d                                                      # [BD]
+    if PHASE == ONE_PASS:
+        b_W, b_V = _final_adjoint(i, dht_ptr, o_d, mask_d, D, NS, HAS_FINAL_GRAD, BD)  # [BD] x2
+    elif PHASE == SUMMARY:
+        b_W, b_V = _final_adjoint(i, dht_ptr, o_d, mask_d, D, NS, False, BD)  # [BD] x2
+    else:
+        b_W = tl.load(s_ptr + o_seg, mask=mask_d, other=0.0)                   # [BD]
+        b_V = tl.load(s_ptr + NSEG * D + o_seg, mask=mask_d, other=0.0)        # [BD]
+    b_sK = tl.full([BD], 1.0, tl.float32)                                      # [BD]
+    for k in range(0, c_hi - c_lo):
+        c = c_hi - 1 - k
         (o, mask_2, b_z, b_a, b_g, b_take, b_gi, b_y, b_zy, b_kd, b_yp, b_K, b_AW,
          b_AV) = _chunk_adjoint(z_ptr, a_ptr, g_ptr, gy_ptr, hc_ptr, bos, T_i, c, c0 + c, o_d,
                                 mask_d, D, NCT, ATTN, DISCOUNT, REVERSE, BT, BD)
-        b_W, b_V = _chunk_grads(gz_ptr, ga_ptr, gg_ptr, o, mask_2, b_z, b_a, b_g, b_take, b_gi,
-                                b_y, b_zy, b_kd, b_yp, b_K, b_AW, b_AV, b_W, b_V, ATTN, DISCOUNT,
-                                BT)                                           # [BD] x2
-    if HAS_INIT:
+        if PHASE == SUMMARY:
+            o_r = tl.arange(0, BT)
+            b_cK = row(b_K, o_r, 0)                                            # [BD]
+            b_sK, b_W, b_V = linear_combine(b_sK, b_W, b_V, b_cK, row(b_AW, o_r, 0),
+                                            row(b_AV, o_r, 0))                # [BD] x3
+        else:
+            b_W, b_V = _chunk_grads(gz_ptr, ga_ptr, gg_ptr, o, mask_2, b_z, b_a, b_g, b_take,
+                                    b_gi, b_y, b_zy, b_kd, b_yp, b_K, b_AW, b_AV, b_W, b_V,
+                                    ATTN, DISCOUNT, BT)                       # [BD] x2
+    if PHASE == SUMMARY:
+        store_state(s_ptr, o_seg, mask_d, NSEG * D, b_sK, b_W, b_V)
+    elif PHASE == ONE_PASS and HAS_INIT:
         _initial_state_grads(i, h0_ptr, dh0_ptr, o_d, mask_d, D, NS, b_W, b_V)
-
-
-@triton.jit
-def bwd_summary_kernel(
-    z_ptr, a_ptr, g_ptr, gy_ptr, hc_ptr, s_ptr, cu_ptr, co_ptr, cs_ptr,
-    T, NCT, D: tl.constexpr,
-    ATTN: tl.constexpr, DISCOUNT: tl.constexpr, IS_VARLEN: tl.constexpr,
-    REVERSE: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
-):
-    """Phase 1: every chunk's local adjoint ``(K, W, V)`` at its first row."""
-    pid, o_d, mask_d, bos, T_i, c = chunk_program(cu_ptr, co_ptr, cs_ptr, T, D, BT, BD, IS_VARLEN)
-    _, _, _, _, _, _, _, _, _, _, _, b_K, b_AW, b_AV = _chunk_adjoint(
-        z_ptr, a_ptr, g_ptr, gy_ptr, hc_ptr, bos, T_i, c, pid, o_d, mask_d, D, NCT,
-        ATTN, DISCOUNT, REVERSE, BT, BD)
-    o_r = tl.arange(0, BT)
-    store_state(s_ptr, pid * D + o_d, mask_d, NCT * D, row(b_K, o_r, 0),
-                row(b_AW, o_r, 0), row(b_AV, o_r, 0))
 
 
 @triton.jit
 def bwd_carry_kernel(
-    s_ptr, ac_ptr, h0_ptr, dh0_ptr, dht_ptr, cu_ptr, co_ptr,
-    T, NS, NCT, D: tl.constexpr,
+    s_ptr, ac_ptr, h0_ptr, dh0_ptr, dht_ptr, cu_ptr, co_ptr, so_ptr,
+    T, CPS, NS, NSEG, D: tl.constexpr,
     HAS_INIT: tl.constexpr, HAS_FINAL_GRAD: tl.constexpr, IS_VARLEN: tl.constexpr,
     BT: tl.constexpr, BD: tl.constexpr,
 ):
-    """Phase 2: the ``(W, V)`` entering every chunk after its last row (into ``ac``), then
-    the initial-state gradients."""
+    """Phase 2: per sequence, the ``(W, V)`` entering every segment after its last row (into
+    ``ac``, ``(2, NSEG, D)``) from the summaries ``s`` (``(3, NSEG, D)``), then the initial
+    state's gradients."""
     i, o_d, mask_d, bos, T_i, c0 = sequence_program(cu_ptr, co_ptr, T, D, BT, BD, IS_VARLEN)
+    s0 = first_segment(i, so_ptr, T, CPS, BT, IS_VARLEN)
     b_W, b_V = _final_adjoint(i, dht_ptr, o_d, mask_d, D, NS, HAS_FINAL_GRAD, BD)   # [BD] x2
-    nc = tl.cdiv(T_i, BT)
-    for k in range(0, nc):
-        o_c = (c0 + nc - 1 - k) * D + o_d                                      # [BD]
-        tl.store(ac_ptr + o_c, b_W, mask=mask_d)
-        tl.store(ac_ptr + NCT * D + o_c, b_V, mask=mask_d)
-        b_sK, b_sW, b_sV = load_state(s_ptr, o_c, mask_d, NCT * D)                # [BD] x3
+    n_seg = segments(T_i, CPS, BT)
+    for k in range(0, n_seg):
+        o_k = (s0 + n_seg - 1 - k) * D + o_d                                   # [BD]
+        tl.store(ac_ptr + o_k, b_W, mask=mask_d)
+        tl.store(ac_ptr + NSEG * D + o_k, b_V, mask=mask_d)
+        b_sK, b_sW, b_sV = load_state(s_ptr, o_k, mask_d, NSEG * D)               # [BD] x3
         _, b_W, b_V = linear_combine(1.0, b_W, b_V, b_sK, b_sW, b_sV)          # [BD] x2
     if HAS_INIT:
         _initial_state_grads(i, h0_ptr, dh0_ptr, o_d, mask_d, D, NS, b_W, b_V)
-
-
-@triton.jit
-def bwd_grads_kernel(
-    z_ptr, a_ptr, g_ptr, gy_ptr, gz_ptr, ga_ptr, gg_ptr, hc_ptr, ac_ptr, cu_ptr, co_ptr, cs_ptr,
-    T, NCT, D: tl.constexpr,
-    ATTN: tl.constexpr, DISCOUNT: tl.constexpr, IS_VARLEN: tl.constexpr,
-    REVERSE: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
-):
-    """Phase 3: every chunk from the adjoint entering it writes its gradients."""
-    pid, o_d, mask_d, bos, T_i, c = chunk_program(cu_ptr, co_ptr, cs_ptr, T, D, BT, BD, IS_VARLEN)
-    (o, mask_2, b_z, b_a, b_g, b_take, b_gi, b_y, b_zy, b_kd, b_yp, b_K, b_AW,
-     b_AV) = _chunk_adjoint(z_ptr, a_ptr, g_ptr, gy_ptr, hc_ptr, bos, T_i, c, pid, o_d, mask_d,
-                            D, NCT, ATTN, DISCOUNT, REVERSE, BT, BD)
-    b_W = tl.load(ac_ptr + pid * D + o_d, mask=mask_d, other=0.0)                 # [BD]
-    b_V = tl.load(ac_ptr + NCT * D + pid * D + o_d, mask=mask_d, other=0.0)       # [BD]
-    _chunk_grads(gz_ptr, ga_ptr, gg_ptr, o, mask_2, b_z, b_a, b_g, b_take, b_gi, b_y, b_zy, b_kd,
-                 b_yp, b_K, b_AW, b_AV, b_W, b_V, ATTN, DISCOUNT, BT)

@@ -39,31 +39,58 @@ def first_chunk(i, co_ptr, T, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
 
 
 @triton.jit
-def chunk_owner(pid, co_ptr, cs_ptr, T, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
-    """For global chunk ``pid``: its sequence ``i`` and its index ``c`` in scan order there."""
-    if IS_VARLEN:
-        i = tl.load(cs_ptr + pid).to(tl.int64)
-        c = pid - tl.load(co_ptr + i).to(tl.int64)
-    else:
-        nc = tl.cdiv(T, BT)
-        i = (pid // nc).to(tl.int64)
-        c = (pid % nc).to(tl.int64)
-    return i, c
+def segments(T, CPS, BT: tl.constexpr):
+    """Segments of a sequence of length ``T``: ``cdiv(cdiv(T, BT), CPS)``, at least 1 (an
+    empty sequence has one empty segment, which carries its initial state to its final)."""
+    return tl.maximum(tl.cdiv(tl.cdiv(T, BT), CPS), 1)
 
 
 @triton.jit
-def chunk_program(cu_ptr, co_ptr, cs_ptr, T, D: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
-                  IS_VARLEN: tl.constexpr):
-    """Prologue of a program over (global chunk, channel block): what it covers.
+def segment_program(cu_ptr, co_ptr, so_ptr, ss_ptr, T, CPS, D: tl.constexpr, BT: tl.constexpr,
+                    BD: tl.constexpr, IS_VARLEN: tl.constexpr, WHOLE: tl.constexpr):
+    """Prologue of a program over (segment, channel block): what it covers.
 
-    Returns ``pid`` (global chunk), ``o_d``/``mask_d`` (channels ``[BD]`` and mask), the
-    sequence's ``bos`` and length, and ``c``, the chunk's index in scan order there.
+    A segment is up to ``CPS`` consecutive chunks of one sequence: sequence ``i``'s chunks
+    ``[k CPS, (k + 1) CPS)``, ``k`` the segment's index there. Dense sequences have
+    :func:`segments` each; packed ones list each sequence's first segment
+    (``so``) and each segment's sequence (``ss``). With ``CPS`` at least every sequence's
+    chunk count, a segment is a whole sequence.
+
+    Returns ``pid`` (the global segment), the sequence ``i``, ``o_d``/``mask_d`` (channels
+    ``[BD]`` and mask), the sequence's ``bos`` and length, ``c0`` (its first chunk among all
+    chunks), and the segment's chunks ``[c_lo, c_hi)`` within the sequence, in scan order.
     """
-    pid = tl.program_id(0)
+    pid = tl.program_id(0).to(tl.int64)
     o_d, mask_d = channels(D, BD)
-    i, c = chunk_owner(pid, co_ptr, cs_ptr, T, BT, IS_VARLEN)
+    if WHOLE:
+        i = pid
+        k = pid * 0
+    elif IS_VARLEN:
+        i = tl.load(ss_ptr + pid).to(tl.int64)
+        k = pid - tl.load(so_ptr + i).to(tl.int64)
+    else:
+        n_seg = segments(T, CPS, BT)
+        i = pid // n_seg
+        k = pid % n_seg
     bos, T_i = sequence(i, cu_ptr, T, IS_VARLEN)
-    return pid.to(tl.int64), o_d, mask_d, bos, T_i, c
+    c0 = first_chunk(i, co_ptr, T, BT, IS_VARLEN)
+    if WHOLE:
+        c_lo = k
+        c_hi = tl.cdiv(T_i, BT)
+    else:
+        c_lo = k * CPS
+        c_hi = tl.minimum(c_lo + CPS, tl.cdiv(T_i, BT))
+    return pid, i, o_d, mask_d, bos, T_i, c0, c_lo, c_hi
+
+
+@triton.jit
+def first_segment(i, so_ptr, T, CPS, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """Index of sequence ``i``'s first segment among all segments."""
+    if IS_VARLEN:
+        s0 = tl.load(so_ptr + i).to(tl.int64)
+    else:
+        s0 = i.to(tl.int64) * segments(T, CPS, BT)
+    return s0
 
 
 @triton.jit

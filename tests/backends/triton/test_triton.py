@@ -18,7 +18,7 @@ from fastrwa.ops import triton_host
 from fastrwa.testing import backend_options
 from helpers import assert_close, make_inputs
 
-SMALL = dict(block_t=4, block_d=4, block_d_backward=2)
+SMALL = dict(block_t=4, block_d=4, block_d_backward=2, segment_chunks=2)
 BENCH = pathlib.Path(__file__).resolve().parents[3] / "bench"
 
 
@@ -28,19 +28,19 @@ def test_algorithms_agree():
     with fastrwa.use_backend("triton"):
         with backend_options("triton", algorithm="looped", **SMALL):
             y_looped, _ = fastrwa.rda_scan(z, a, g, "relu")
-        with backend_options("triton", algorithm="three_phase", **SMALL):
+        with backend_options("triton", algorithm="segments", **SMALL):
             y, _ = fastrwa.rda_scan(z, a, g, "relu")
-    assert_close(y, y_looped.double(), 1e-6, "three-phase vs looped")
+    assert_close(y, y_looped.double(), 1e-6, "segments vs looped")
 
 
 def test_heuristic():
     opts = triton_host.Options(block_t=64, block_d=32)
     cpu = torch.device("cpu")
     assert triton_host.choose_algorithm(256, 1024, 4096, opts, cpu) == "looped"   # many programs
-    assert triton_host.choose_algorithm(1, 256, 1 << 20, opts, cpu) == "three_phase"
+    assert triton_host.choose_algorithm(1, 256, 1 << 20, opts, cpu) == "segments"
     assert triton_host.choose_algorithm(1, 256, 100, opts, cpu) == "looped"       # short
-    forced = triton_host.Options(algorithm="three_phase")
-    assert triton_host.choose_algorithm(256, 1024, 4096, forced, cpu) == "three_phase"
+    forced = triton_host.Options(algorithm="segments")
+    assert triton_host.choose_algorithm(256, 1024, 4096, forced, cpu) == "segments"
     with pytest.raises(ValueError, match="algorithm"):
         triton_host.set_options(algorithm="fast")
 
@@ -68,12 +68,12 @@ def test_warps_and_stages_reach_the_launch(monkeypatch):
                     return _run(*args, **kwargs)
                 monkeypatch.setattr(kernel, "run", spy)
     z, a, g = (x.requires_grad_() for x in make_inputs(1, 9, 3, dtype=torch.float32))
-    for algorithm in ("looped", "three_phase"):
+    for algorithm in ("looped", "segments"):
         with fastrwa.use_backend("triton"), backend_options(
                 "triton", algorithm=algorithm, warps=2, warps_backward=8, stages=1, **SMALL):
             y, _ = fastrwa.rda_scan(z, a, g)
             y.sum().backward()
-    assert len(seen) == (1 + 1) + (3 + 3)        # looped: 1 + 1 launches, three-phase: 3 + 3
+    assert len(seen) == (1 + 1) + (3 + 3)        # looped: 1 + 1 launches, segments: 3 + 3
     assert seen.count((2, 1)) == 1 + 3 and seen.count((8, 1)) == 1 + 3, seen
 
 
@@ -83,7 +83,7 @@ def test_ahead_of_time_compile_has_no_spill():
     out = subprocess.run([sys.executable, str(BENCH / "kernels.py"), "--quick"], env=env,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "fwd_looped_kernel" in out.stdout and "1 compiled, 0 failed or spilled" in out.stdout
+    assert "fwd[one_pass]" in out.stdout and "1 compiled, 0 failed or spilled" in out.stdout
 
 
 @pytest.mark.interpreter
@@ -96,7 +96,7 @@ def test_memory_traffic_meets_targets():
     finally:
         sys.path.remove(str(BENCH))
     with backend_options("triton", **vars(triton_host.Options())):
-        for algorithm in ("looped", "three_phase"):
+        for algorithm in ("looped", "segments"):
             rows = {name: (moved / minimum, launches)
                     for name, moved, minimum, launches in
                     traffic.measure("rda", algorithm, torch.bfloat16, 1, 64, 32)}
