@@ -1,16 +1,14 @@
 """Launch defaults against the sweep's candidates, timed as a user calls the ops.
 
-bench/gpu_sweep.py found ``block_t = 16`` best at one shape (16x4096x1024, rda-exp) for each
-algorithm forced alone. Before ``Options``' defaults move, this times ``rwa_scan`` and
-``rda_scan`` (exp attention) with ``algorithm="auto"`` at every ops shape (bench/gpu_ops.py
-``SHAPES``, including the single 1M-step sequence where three-phase's serial carry pass grows
-with the number of chunks), float32 and bfloat16, forward and forward+backward, under each
-candidate knob set, side by side in one run. Each line printed is one JSON object, and the
+Before ``Options``' defaults move, this times ``rwa_scan`` and ``rda_scan`` (exp attention)
+with ``algorithm="auto"`` at every ops shape (bench/gpu_ops.py ``SHAPES``), float32 and
+bfloat16, forward and forward+backward, under each candidate knob set (longer chunks, wider
+channel blocks, two columns a thread, the old layout), side by side in one run. Each line printed is one JSON object, and the
 measurements are appended to DIR/defaults.jsonl; the last lines printed are each candidate's
 time over the defaults' per (shape, dtype, op), forward and forward+backward (``ratios``).
 Results: docs/benchmarks.md, "GPU".
 
-    python bench/gpu_defaults.py [--out DIR] [--shapes 0 2] [--candidates bt16 ...]
+    python bench/gpu_defaults.py [--out DIR] [--shapes 0 2] [--candidates bt32 ...]
 """
 
 from __future__ import annotations
@@ -29,11 +27,11 @@ from gpu_ops import DTYPES, SHAPES, fastrwa_fn, random_inputs, timed
 
 CANDIDATES = {
     "default": {},
-    "bt16": dict(block_t=16),
-    "bt16-w2": dict(block_t=16, warps=2, warps_backward=2),
-    "bt16-looped": dict(block_t=16, block_d=16, warps=2, block_d_backward=32, warps_backward=2),
-    "bt16-bd16-w2": dict(block_t=16, block_d=16, warps=2),
-    "bt16-bd16-w2-bdb32": dict(block_t=16, block_d=16, warps=2, block_d_backward=32),
+    "bt32": dict(block_t=32),
+    "bt8": dict(block_t=8),
+    "bd128-w4": dict(block_d=128, warps=4, block_d_backward=128, warps_backward=4),
+    "bd64-w1": dict(block_d=64, block_d_backward=64),
+    "old-layout": dict(block_t=32, block_d=32, block_d_backward=16, warps=4, warps_backward=4),
 }
 
 

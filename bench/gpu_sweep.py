@@ -2,7 +2,7 @@
 
 * :func:`sweep`: for each algorithm and pass (forward; forward+backward) of ``rda_scan`` at
   B=16, T=4096, D=1024, every (block_t, block_d or block_d_backward, warps) of a small grid
-  in float32, then pipelining stages for the best, and the best few again in bfloat16. Each
+  in float32 (``block_d >= 32 x warps``: each thread owns whole channel columns), then pipelining stages for the best, and the best few again in bfloat16. Each
   entry is the median ms; the best per (algorithm, pass, dtype) is what the launcher's
   defaults (``Options`` in fastrwa/ops/triton_host.py) should become.
 * :func:`crossover`: looped against segments, forward and forward+backward, as the count of
@@ -21,9 +21,9 @@ from fastrwa.ops import triton_host
 from fastrwa.testing import backend_options
 from gpu_ops import DTYPES, fastrwa_fn, random_inputs, timed
 
-GRID_T = (16, 32, 64)
-GRID_D = (16, 32, 64)
-GRID_WARPS = (2, 4, 8)
+GRID_T = (8, 16, 32)
+GRID_D = (32, 64, 128)
+GRID_WARPS = (1, 2, 4)
 GRID_STAGES = (1, 2, 3, 4)
 KNOBS = ("block_t", "block_d", "block_d_backward", "warps", "warps_backward", "stages")
 
@@ -54,6 +54,8 @@ def sweep(log, shape=(16, 4096, 1024), keep: int = 5) -> list[dict]:
     for algorithm, pass_ in itertools.product(("looped", "segments"), ("fwd", "fwd+bwd")):
         grid = []
         for bt, bd, warps in itertools.product(GRID_T, GRID_D, GRID_WARPS):
+            if bd < 32 * warps:          # a thread would share a channel's column: not swept
+                continue
             grid.append(dict(block_t=bt, **(dict(block_d=bd, warps=warps) if pass_ == "fwd"
                                             else dict(block_d_backward=bd, warps_backward=warps))))
         mine = [_try(shape, "float32", algorithm, pass_, knobs, log) for knobs in grid]

@@ -4,7 +4,8 @@ per element, barriers, shuffles and shared-memory operations per chunk, register
 stack, local and shared memory.
 
     python bench/kernels.py            # the full table: every kernel x constexpr variant x arch x dtype
-    python bench/kernels.py --quick    # one kernel, one arch (what the test suite runs)
+    python bench/kernels.py --quick    # the one-pass forward and backward of rda-exp, float32,
+                                       # sm_90a (what the test suite runs)
     python bench/kernels.py --option block_t=4 --option block_d=4 --option block_d_backward=2
                                        # the blocks of the op tests' Triton columns
 
@@ -57,8 +58,8 @@ def _kernels(opts=None):
     from fastrwa.ops import triton_host as tb
 
     opts = opts or tb.Options()
-    fwd = ((opts.warps, None), dict(BT=opts.block_t, BD=opts.block_d))
-    bwd = ((opts.warps_backward, tb.BACKWARD_MAX_REGISTERS),
+    fwd = ((opts.warps, tb.MAX_REGISTERS), dict(BT=opts.block_t, BD=opts.block_d))
+    bwd = ((opts.warps_backward, tb.MAX_REGISTERS),
            dict(BT=opts.block_t, BD=opts.block_d_backward))
     phases = {"one_pass": codes.ONE_PASS, "summary": codes.SUMMARY, "output": codes.OUTPUT}
     out = []
@@ -88,8 +89,8 @@ def jobs(quick: bool, opts=None, channels: int = 1024):
                 for dtype in DTYPES:
                     out.append((name, label, const, (warps, stages, maxnreg), arch, dtype))
     if quick:
-        return [j for j in out if j[0] == "fwd[one_pass]" and j[1] == "rda-softplus"
-                and j[4] == "sm_90a" and j[5] == "bfloat16"]
+        return [j for j in out if j[0] in ("fwd[one_pass]", "bwd[one_pass]")
+                and j[1] == "rda-exp" and j[4] == "sm_90a" and j[5] == "float32"]
     return out
 
 
@@ -173,7 +174,8 @@ def options_from(items: list[str]):
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="compile one kernel only")
+    p.add_argument("--quick", action="store_true",
+                   help="compile the one-pass forward and backward of rda-exp only")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     p.add_argument("--channels", type=int, default=1024, metavar="D",
                    help="D, a compile-time constant of the kernels (default 1024)")

@@ -126,3 +126,24 @@ def test_byte_lm_step_replays_in_a_cuda_graph():
             token.copy_(tokens[:, t])
             graph.replay()
             assert torch.allclose(logits, want, atol=1e-5, rtol=1e-5), t
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_generate_replays_a_cuda_graph_by_default(batch):
+    """On CUDA, generate()/stream() with the default weights run CUDAGraphDecoder: the same
+    greedy tokens as the eager step (so its warm-up steps leave the state as the prefill
+    left it), and sampling runs."""
+    from fastrwa.models import ByteLM, LMConfig
+    from fastrwa.models.graphed import CUDAGraphDecoder
+    torch.manual_seed(0)
+    model = ByteLM(LMConfig(d_model=64, n_layers=2)).cuda().eval()
+    assert isinstance(model._decoder("auto"), CUDAGraphDecoder)
+    prompt = torch.randint(0, 256, (batch, 7))
+    runs = {weights: model.generate(prompt, 24, top_k=1, weights=weights)
+            for weights in ("eager", "auto", "graph")}
+    assert torch.equal(runs["auto"], runs["eager"]) and torch.equal(runs["graph"], runs["eager"])
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    sampled = model.generate(prompt, 24, temperature=0.8, top_p=0.9, generator=gen)
+    assert sampled.shape == (batch, 31) and bool((sampled[:, 7:] < 256).all())
+    streamed = torch.stack(list(model.stream(prompt, 10, top_k=1)), 1)
+    assert torch.equal(streamed, model.generate(prompt, 10, top_k=1, weights="eager")[:, 7:])

@@ -321,3 +321,12 @@ def test_a_long_prompt_in_chunks_equals_the_eager_prefill(weights):
         assert (got - want).abs().max() <= 1e-5 * want.abs().max()
     assert _relative(packed.step_(tokens[:, 0], cache), reference.step_(tokens[:, 0], ref)) \
         < 1e-5
+
+
+def test_graph_weights_need_cuda():
+    """weights='graph' (the CUDA-graph decoder, the default on CUDA) refuses a CPU model with
+    the reason; 'auto' on CPU keeps the fused CPU step."""
+    model = ByteLM(LMConfig(d_model=16, n_layers=1)).eval()
+    with pytest.raises(ValueError, match="weights='graph'.*CUDA device, it is on cpu"):
+        model.generate(torch.tensor([65]), 2, weights="graph")
+    assert isinstance(model._decoder("auto"), PackedLM)

@@ -440,20 +440,29 @@ class ByteLM(nn.Module):
     # -- generation -----------------------------------------------------------------------
     def _decoder(self, weights: object):
         """What runs the steps of ``generate``/``stream`` for their ``weights`` argument:
-        this model (the eager step) or a :class:`fastrwa.models.PackedLM` of it."""
+        this model (the eager step), its step replayed from a CUDA graph
+        (:class:`fastrwa.models.graphed.CUDAGraphDecoder`) or a
+        :class:`fastrwa.models.PackedLM` of it."""
         from .packed import WEIGHT_FORMATS, PackedLM, unsupported_reason
         if isinstance(weights, PackedLM):
             if weights.model is not self:
                 raise ValueError("weights is a PackedLM of another model: pack this one "
                                  "(PackedLM(model, ...)) or pass a format name")
             return weights
+        if isinstance(weights, str) and weights in ("graph", "auto") \
+                and self.embed.weight.is_cuda:
+            from .graphed import CUDAGraphDecoder
+            return CUDAGraphDecoder(self)
+        if weights == "graph":
+            raise ValueError(f"weights='graph' replays the step from a CUDA graph: the model "
+                             f"must be on a CUDA device, it is on {self.embed.weight.device}")
         if weights == "eager":
             return self
         if weights == "auto":
             return self if unsupported_reason(self) else PackedLM(self, "float32")
         if weights not in WEIGHT_FORMATS:
-            raise ValueError(f"weights must be 'auto', 'eager', one of {WEIGHT_FORMATS} or a "
-                             f"PackedLM of this model, got {weights!r}")
+            raise ValueError(f"weights must be 'auto', 'eager', 'graph', one of "
+                             f"{WEIGHT_FORMATS} or a PackedLM of this model, got {weights!r}")
         return PackedLM(self, weights)
 
     @torch.no_grad()
@@ -472,9 +481,10 @@ class ByteLM(nn.Module):
             beam_size: 1 samples; ``> 1`` runs beam search (deterministic, highest total
                 log-probability) and returns the best beam per prompt.
             generator: a ``torch.Generator`` for reproducible sampling.
-            weights: what runs the steps. ``"auto"``: the fused CPU decode step with float32
-                weights (:class:`fastrwa.models.PackedLM`) for a float32 model on CPU, else
-                the eager step; ``"eager"``: :meth:`step_` (PyTorch ops, the reference);
+            weights: what runs the steps. ``"auto"``: on CUDA, :meth:`step_` replayed from a
+                CUDA graph (``"graph"``: one launch a token); on CPU the fused decode step
+                with float32 weights (:class:`fastrwa.models.PackedLM`) for a float32 model,
+                else the eager step; ``"eager"``: :meth:`step_` (PyTorch ops, the reference);
                 ``"float32"``, ``"bfloat16"``, ``"int8"``: the fused step with the weights
                 stored so (packed for this call; a CPU float32 model only); or a
                 ``PackedLM`` of this model (packed once for many calls). The fused step

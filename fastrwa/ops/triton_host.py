@@ -39,10 +39,10 @@ SEGMENT_PROGRAMS_PER_SM = 16
 MIN_SEGMENT_CHUNKS = 8
 
 
-# Registers a backward thread may use. Left to itself ptxas caps the looped backward at 168
-# on sm_80 and spills 8-32 bytes there; with the cap lifted it uses 166-228 and spills
-# nothing (bench/kernels.py compiles with the same cap and reports both).
-BACKWARD_MAX_REGISTERS = 255
+# Registers a thread may use (every launch on CUDA). Left to itself ptxas holds a one-warp
+# forward of bfloat16 inputs at 128-139 registers and spills 16-88 bytes in 6 builds; with
+# the cap lifted every build fits (python bench/kernels.py compiles with the same cap).
+MAX_REGISTERS = 255
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,6 +162,15 @@ def chunk_rows(T: int, n_seq: int, BT: int) -> int:
     return (T + n_seq * (BT - 1)) // BT
 
 
+def _launch(warps: int, stages: int) -> dict:
+    """Launch options: warps, stages and (CUDA: Triton's AMD backend has no maxnreg) the
+    register cap :data:`MAX_REGISTERS`."""
+    launch = dict(num_warps=warps, num_stages=stages)
+    if torch.version.hip is None:
+        launch["maxnreg"] = MAX_REGISTERS
+    return launch
+
+
 def _codes(attention, discount, g):
     return ATTENTION_CODE[attention], DISCOUNT_CODE[discount if g is not None else None]
 
@@ -187,7 +196,7 @@ def forward(args: ScanArgs, *, output_final_state: bool, save: bool) -> ForwardR
     cu, co = lay.pointers(z)
     algorithm = choose_algorithm(lay.n_seq, D, lay.max_len, opts, z.device)
     flags = dict(D=D, IS_VARLEN=cu_seqlens is not None, BT=BT, BD=BD)
-    launch = dict(num_warps=opts.warps, num_stages=opts.stages)
+    launch = _launch(opts.warps, opts.stages)
     n_d = triton.cdiv(D, BD)
     scan = dict(ATTN=ATTN, DISCOUNT=DISCOUNT, REVERSE=reverse, SAVE_CHUNKS=save_for_backward,
                 **launch, **flags)
@@ -261,9 +270,7 @@ def backward(args: ScanArgs, saved: list, m_final, gy, g_final) -> Gradients:
     cu, co = lay.pointers(z)
     algorithm = choose_algorithm(lay.n_seq, D, lay.max_len, opts, z.device)
     flags = dict(D=D, IS_VARLEN=cu_seqlens is not None, BT=BT, BD=BD)
-    launch = dict(num_warps=opts.warps_backward, num_stages=opts.stages)
-    if torch.version.hip is None:        # (a CUDA option: Triton's AMD backend has no maxnreg)
-        launch["maxnreg"] = BACKWARD_MAX_REGISTERS
+    launch = _launch(opts.warps_backward, opts.stages)
     n_d = triton.cdiv(D, BD)
     scan = dict(ATTN=ATTN, DISCOUNT=DISCOUNT, REVERSE=reverse, **launch, **flags)
     grads = (z, a, g, gy, gz, ga, gg, h0, dh0, dht, hc)

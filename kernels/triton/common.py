@@ -143,7 +143,7 @@ def logsigmoid(x):
 def sigmoid_neg(x):
     """``sigmoid(-x)`` without overflow."""
     e = tl.exp(-tl.abs(x))
-    return tl.where(x >= 0, e / (1.0 + e), 1.0 / (1.0 + e))
+    return tl.where(x >= 0, e, 1.0) / (1.0 + e)
 
 
 @triton.jit

@@ -1,0 +1,37 @@
+"""bench/sass.py on a small hand-written listing (the shape ``cuobjdump -sass`` prints)."""
+
+import sass
+
+LISTING = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;                      /* 0x0 */
+        /*0010*/              @!P0 BRA 0x0090 ;                                /* 0x0 */
+        /*0020*/                   LDG.E R2, desc[UR4][R4.64] ;                /* 0x0 */
+        /*0030*/                   MUFU.EX2 R3, R2 ;                           /* 0x0 */
+        /*0040*/                   MUFU.RCP R6, R3 ;                           /* 0x0 */
+        /*0050*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;               /* 0x0 */
+        /*0060*/                   STG.E desc[UR4][R4.64], R6 ;                /* 0x0 */
+        /*0070*/               @P1 BRA 0x0020 ;                                /* 0x0 */
+        /*0080*/                   SHFL.BFLY PT, R7, R6, 0x1, 0x1f ;          /* 0x0 */
+        /*0090*/                   EXIT ;                                      /* 0x0 */
+        /*00a0*/                   BRA 0xa0;                                   /* 0x0 */
+"""
+
+
+def test_loop_body_is_the_backward_branch_span():
+    body, loops = sass.loop_body(sass.instructions(LISTING))
+    assert loops == 1
+    assert [sass.opcode(t) for t in body] == ["LDG.E", "MUFU.EX2", "MUFU.RCP",
+                                               "BAR.SYNC.DEFER_BLOCKING", "STG.E", "BRA"]
+
+
+def test_costs_per_element_and_per_iteration():
+    # 6 instructions an iteration, 32 threads over 64 elements: 3 per element
+    c = sass.costs(LISTING, elements=64, threads=32)
+    assert c["instr"] == 3.0 and c["ex2"] == 0.5 and c["rcp"] == 0.5 and c["lg2"] == 0.0
+    assert (c["bar"], c["shfl"], c["ldg"], c["stg"], c["loop"]) == (1, 0, 1, 1, True)
+
+
+def test_without_a_loop_the_whole_kernel_counts():
+    straight = "\n".join(line for line in LISTING.splitlines() if "@P1 BRA" not in line)
+    c = sass.costs(straight, elements=1, threads=1)
+    assert not c["loop"] and c["instr"] == 9.0 and c["shfl"] == 1   # through EXIT
