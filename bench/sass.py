@@ -2,7 +2,7 @@
 instructions one element costs, and of which kinds.
 
 The kernels' work is a loop over chunks (the looped kernels, the carry kernels) or one chunk
-per program (the three-phase chunk kernels, the step kernel). :func:`costs` counts the body of
+per program (the step kernel). :func:`costs` counts the body of
 the outermost loop (the widest backward branch), or the whole kernel where there is no loop,
 and divides by the elements that body covers: ``BT x BD`` per iteration over ``32 x warps``
 threads, so "per element" is thread instructions per ``(step, channel)``, the unit of an
