@@ -95,20 +95,40 @@ def overlaps_itself(x: torch.Tensor) -> bool:
     return False
 
 
+def _element_bytes(x: torch.Tensor) -> torch.Tensor:
+    """The first byte of every element of ``x`` (int64, sorted), for :func:`_share_bytes`."""
+    offsets = torch.zeros((), dtype=torch.int64)
+    for n, stride in zip(x.shape, x.stride()):
+        offsets = offsets[..., None] + torch.arange(n, dtype=torch.int64) * stride
+    return torch.sort(offsets.flatten() * x.element_size() + x.data_ptr()).values
+
+
+def _share_bytes(x: torch.Tensor, y: torch.Tensor) -> bool:
+    """Whether an element of ``x`` and one of ``y`` share a byte, element by element (for
+    spans that interleave, e.g. ``buf[:, ::2]`` and ``buf[:, 1::2]``, which share none)."""
+    ex, ey = _element_bytes(x), _element_bytes(y)
+    # the last element of y starting at or before each element of x's last byte
+    i = torch.searchsorted(ey, ex + x.element_size() - 1, right=True) - 1
+    hit = (i >= 0) & (ey[i.clamp_min(0)] + y.element_size() > ex)
+    return bool(hit.any())
+
+
 def check_no_overlap(written: Sequence[tuple[str, torch.Tensor]],
                      read: Sequence[tuple[str, torch.Tensor]]) -> None:
     """Raise ``ValueError`` when a tensor that is written overlaps itself, or shares memory
-    with another written tensor or with one that is read (a conservative test: the byte
-    ranges they span)."""
+    with another written tensor or with one that is read: the byte ranges they span, then,
+    where two ranges intersect, their elements' bytes (interleaved views that share no
+    element pass)."""
     for name, x in written:
         if overlaps_itself(x):
             raise ValueError(f"{name} overlaps itself (shape {tuple(x.shape)}, strides "
                              f"{x.stride()}: an expand()-ed tensor?); the in-place step writes "
                              f"it, so each of its elements needs its own memory (.clone() it)")
-    spans = [(name, _byte_span(x)) for name, x in (*written, *read)]
+    tensors = [*written, *read]
+    spans = [(name, _byte_span(x)) for name, x in tensors]
     for i, (name, (lo, hi)) in enumerate(spans[:len(written)]):
-        for other, (lo2, hi2) in spans[i + 1:]:
-            if lo < hi2 and lo2 < hi:
+        for j, (other, (lo2, hi2)) in enumerate(spans[i + 1:], i + 1):
+            if lo < hi2 and lo2 < hi and _share_bytes(tensors[i][1], tensors[j][1]):
                 raise ValueError(f"{name} and {other} share memory; the in-place step writes "
                                  f"{name}, so it must be a separate tensor (e.g. .clone() it)")
 

@@ -286,7 +286,7 @@ def _check_step_inplace(named, state, out) -> tuple[list, ScanState]:
     if isinstance(state, ScanState) and not torch.compiler.is_compiling():
         key = _layout(named, state, out)
         if key in _CHECKED:
-            _check_no_grad(named)
+            _check_no_grad(named, state, out)
             return tensors, state
     else:
         key = None
@@ -302,7 +302,7 @@ def _check_step_inplace(named, state, out) -> tuple[list, ScanState]:
             else type(out).__name__
         raise ValueError(f"out must be a tensor of shape (B, D) = {(B, D)}, dtype {z_t.dtype}, "
                          f"on {z_t.device}, got {got}")
-    _check_no_grad(named)
+    _check_no_grad(named, state, out)
     if not torch.compiler.is_compiling():   # (a compiled graph has no storage to compare)
         check_no_overlap([("out", out), ("state.m", state.m), ("state.n", state.n),
                           ("state.d", state.d)], named)
@@ -313,15 +313,26 @@ def _check_step_inplace(named, state, out) -> tuple[list, ScanState]:
     return tensors, state
 
 
-def _check_no_grad(named) -> None:
-    if torch.is_grad_enabled() and any(x.requires_grad for _, x in named):
-        raise RuntimeError("the in-place steps (rwa_step_, rda_step_) are for inference: run "
-                           "them under torch.no_grad(), or use rwa_step/rda_step to train")
+def _check_no_grad(named, state: ScanState, out: torch.Tensor) -> None:
+    """Under autograd, no tensor of an in-place step may require grad: the step records no
+    graph (and the tensors it writes, ``state`` and ``out``, would be leaves changed in place)."""
+    if not torch.is_grad_enabled():
+        return
+    written = [("out", out)] + [(f"state.{f}", x) for f, x in zip(ScanState._fields, state)]
+    grad = [name for name, x in (*named, *written) if x.requires_grad]
+    if grad:
+        raise RuntimeError(f"{', '.join(grad)} require{'s' if len(grad) == 1 else ''} grad, "
+                           f"and the in-place steps (rwa_step_, rda_step_) are for inference: "
+                           f"run them under torch.no_grad() (or pass detached tensors), or "
+                           f"use rwa_step/rda_step to train")
 
 
 def _step_inplace(named, attention, discount, state, out):
     (z, a, g), state = _check_step_inplace(named, state, out)
-    step_inplace(z, a, g, tuple(state), out, attention, discount, resolve(z.device, z.dtype))
+    # (under no_grad a tensor may still require grad: its detached view is the same memory)
+    detach = lambda x: None if x is None else x.detach()                      # noqa: E731
+    step_inplace(detach(z), detach(a), detach(g), tuple(x.detach() for x in state),
+                 out.detach(), attention, discount, resolve(z.device, z.dtype))
     return out
 
 

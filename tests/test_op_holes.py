@@ -251,3 +251,70 @@ def test_a_forgotten_infinite_maximum_is_forgotten(backend):
     torch.testing.assert_close(gz, torch.tensor([1, 1, 1 + w2 / (w2 + w3), w3 / (w2 + w3)],
                                                 dtype=torch.float64),
                                rtol=TOL[dt]["grad"], atol=TOL[dt]["grad"])
+
+
+@pytest.mark.parametrize("which", ["out", "state.m", "state.d"])
+def test_inplace_step_with_tensors_that_require_grad(backend, which):
+    """A state tensor or ``out`` that requires grad: refused under autograd, naming it (the
+    step records no graph); stepped under no_grad like detached tensors, on every backend
+    (numba's NumPy views refused such tensors)."""
+    dt = backend.dtype
+    sdt = torch.float64 if dt == torch.float64 else torch.float32
+    z, a, g = (torch.randn(3, 4, dtype=dt) for _ in range(3))
+    plain = fastrwa.ScanState(torch.randn(3, 4, dtype=sdt), torch.randn(3, 4, dtype=sdt),
+                              torch.rand(3, 4, dtype=sdt) + 1)
+    grad = fastrwa.ScanState(*(t.clone().requires_grad_(f"state.{f}" == which)
+                               for f, t in zip(fastrwa.ScanState._fields, plain)))
+    out = torch.empty(3, 4, dtype=dt, requires_grad=which == "out")
+    with pytest.raises(RuntimeError, match=f"{which} requires grad"):
+        fastrwa.rda_step_(z, a, g, grad, out)
+    with torch.no_grad():
+        fastrwa.rda_step_(z, a, g, grad, out)
+        want = torch.empty(3, 4, dtype=dt)
+        fastrwa.rda_step_(z, a, g, plain, want)
+    torch.testing.assert_close(out.detach(), want, rtol=0, atol=0)
+    for s, p in zip(grad, plain):
+        torch.testing.assert_close(s.detach(), p, rtol=0, atol=0)
+
+
+def test_inplace_step_takes_interleaved_views_that_share_no_element(backend):
+    """``m, n, d`` as interleaved columns of one buffer (``buf[:, 0::3]`` ...) share no
+    element: stepped like separate tensors; views that do share one are still refused."""
+    dt = backend.dtype
+    sdt = torch.float64 if dt == torch.float64 else torch.float32
+    z, a, g = (torch.randn(3, 4, dtype=dt) for _ in range(3))
+    plain = fastrwa.ScanState(torch.randn(3, 4, dtype=sdt), torch.randn(3, 4, dtype=sdt),
+                              torch.rand(3, 4, dtype=sdt) + 1)
+    buf = torch.empty(3, 12, dtype=sdt)
+    views = fastrwa.ScanState(buf[:, 0::3], buf[:, 1::3], buf[:, 2::3])
+    for v, p in zip(views, plain):
+        v.copy_(p)
+    out, want = torch.empty(3, 4, dtype=dt), torch.empty(3, 4, dtype=dt)
+    with torch.no_grad():
+        fastrwa.rda_step_(z, a, g, views, out)
+        fastrwa.rda_step_(z, a, g, plain, want)
+        torch.testing.assert_close(out, want, rtol=0, atol=0)
+        for v, p in zip(views, plain):
+            torch.testing.assert_close(v, p, rtol=0, atol=0)
+        shared = views._replace(d=buf[:, 1:12:3])             # the same elements as n
+        with pytest.raises(ValueError, match="state.n and state.d share memory"):
+            fastrwa.rda_step_(z, a, g, shared, out)
+
+
+def test_layer_step_with_a_state_that_requires_grad(backend):
+    """A layer's ``step_`` steps a state whose tensors require grad as a detached one, as
+    documented (numba's NumPy views refused it)."""
+    layer = fastrwa.nn.RDA(4, 6, token_shift=True).to(backend.dtype)
+    x = torch.randn(2, 5, 4, dtype=backend.dtype)
+    with torch.no_grad():
+        _, state = layer(x)
+    grad = fastrwa.nn.LayerState(fastrwa.ScanState(*(t.clone().requires_grad_()
+                                                     for t in state.scan)),
+                                 state.last_input.clone().requires_grad_())
+    x_t = torch.randn(2, 4, dtype=backend.dtype)
+    out, want = torch.empty(2, 6, dtype=backend.dtype), torch.empty(2, 6, dtype=backend.dtype)
+    layer.step_(x_t, grad, out)
+    layer.step_(x_t, state, want)
+    torch.testing.assert_close(out, want, rtol=0, atol=0)
+    for s, p in zip(grad.scan, state.scan):
+        torch.testing.assert_close(s.detach(), p, rtol=0, atol=0)
