@@ -145,6 +145,27 @@ def test_padding_and_holes_stay_out_of_the_state(exported):
         model.generate(batch.input_ids, max_new_tokens=2)
 
 
+def test_an_attention_mask_of_the_wrong_length_is_refused(exported):
+    """The mask covers the cache's positions and the new ids: a shorter or longer one is
+    refused naming both lengths (one of 4 for 3 ids had its first entry dropped; one of 2
+    gave a raw size mismatch); the right length, with and without a cache, runs."""
+    model = AutoModelForCausalLM.from_pretrained(exported)
+    ids = torch.tensor([[104, 105, 33]])
+    for bad in ([[1, 1]], [[0, 1, 1, 1]], [[1, 1, 1], [1, 1, 1]]):
+        with pytest.raises(ValueError, match=r"attention_mask must have shape \(B, past \+ T\)"
+                                             r" = \(1, 0 \+ 3\)"):
+            model(ids, attention_mask=torch.tensor(bad))
+    first = model(ids, attention_mask=torch.tensor([[0, 1, 1]]))
+    with pytest.raises(ValueError, match=r"= \(1, 3 \+ 1\).*got \(1, 1\)"):
+        model(torch.tensor([[106]]), attention_mask=torch.tensor([[1]]),
+              past_key_values=first.past_key_values)
+    step = model(torch.tensor([[106]]), attention_mask=torch.tensor([[0, 1, 1, 1]]),
+                 past_key_values=first.past_key_values)
+    whole = model(torch.tensor([[104, 105, 33, 106]]),
+                  attention_mask=torch.tensor([[0, 1, 1, 1]]))
+    torch.testing.assert_close(step.logits[:, -1], whole.logits[:, -1], rtol=1e-5, atol=1e-5)
+
+
 def test_the_tokenizer_reads_text_as_bytes(exported):
     tokenizer = AutoTokenizer.from_pretrained(exported)
     assert tokenizer("a<bos>b<pad>").input_ids == list(b"a<bos>b<pad>")

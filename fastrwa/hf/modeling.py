@@ -156,6 +156,16 @@ class FastRWAForCausalLM(FastRWAPreTrainedModel, GenerationMixin):
         T = input_ids.shape[-1]
         mask = None
         if attention_mask is not None:
+            past = 0 if past_key_values is None else past_key_values.seen
+            if not isinstance(attention_mask, Tensor) or attention_mask.dim() != 2 \
+                    or attention_mask.shape[0] != input_ids.shape[0] \
+                    or attention_mask.shape[1] != past + T:
+                got = tuple(attention_mask.shape) if isinstance(attention_mask, Tensor) \
+                    else type(attention_mask).__name__
+                raise ValueError(f"attention_mask must have shape (B, past + T) = "
+                                 f"({input_ids.shape[0]}, {past} + {T}): one entry per "
+                                 f"position read so far ({past}, the cache's) and per new "
+                                 f"id ({T}), got {got}")
             # (generate() passes the mask of every position so far: these are the last T)
             mask = attention_mask[:, -T:].bool()
             if bool(mask.all()):
