@@ -148,23 +148,46 @@ def test_in_place_step_compiles_fullgraph_and_matches_eager():
 
 @pytest.mark.parametrize("token_shift", [True, False])
 def test_language_model_in_place_decode_compiles_fullgraph(token_shift):
-    """ByteLM.step_ (what a CUDA-graph decode loop captures) compiles without a graph break
-    and gives the eager logits, step after step, from the same cache contents."""
+    """ByteLM.step_ with check=False (what a CUDA-graph decode loop captures) compiles
+    without a graph break and gives the eager logits, step after step, from the same cache
+    contents."""
     from fastrwa.models import ByteLM, LMConfig
 
     torch.manual_seed(0)
     model = ByteLM(LMConfig(d_model=16, n_layers=2, mlp_ratio=2, token_shift=token_shift)).eval()
     caches = [model.allocate_cache(2), model.allocate_cache(2)]
     with torch.no_grad():
-        explained = torch._dynamo.explain(model.step_)(torch.tensor([1, 2]), caches[0])
+        explained = torch._dynamo.explain(model.step_)(torch.tensor([1, 2]), caches[0],
+                                                       check=False)
         assert explained.graph_break_count == 0, explained.break_reasons
     caches = [model.allocate_cache(2), model.allocate_cache(2)]
     compiled = torch.compile(model.step_, fullgraph=True)
     for t in range(4):
         token = torch.tensor([t, 3 * t + 1])
-        got = compiled(token, caches[0]).clone()
+        got = compiled(token, caches[0], check=False).clone()
         want = model.step_(token, caches[1]).clone()
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_compiled_decode_step_refuses_an_id_out_of_range():
+    """Compiled with its range check (check=True, the default), ByteLM.step_ refuses id 300
+    as the eager step does (the check runs eagerly, a graph break), instead of inductor's
+    raw index error, and leaves the cache as it was."""
+    from fastrwa.models import ByteLM, LMConfig
+
+    torch.manual_seed(0)
+    model = ByteLM(LMConfig(d_model=16, n_layers=1)).eval()
+    cache = model.allocate_cache(2)
+    before = [t.clone() for t in cache.stacked]
+    compiled = torch.compile(model.step_)
+    with torch.no_grad():
+        compiled(torch.tensor([1, 2]), cache)
+        before = [t.clone() for t in cache.stacked]
+        with pytest.raises(ValueError, match=r"token must be ids in \[0, 257\), got values in "
+                                             r"\[2, 300\]"):
+            compiled(torch.tensor([2, 300]), cache)
+    for t, b in zip(cache.stacked, before):
+        torch.testing.assert_close(t, b, rtol=0, atol=0)
 
 
 def test_opcheck_in_place_step_op(backend):

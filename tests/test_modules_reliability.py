@@ -476,3 +476,37 @@ def test_a_larger_vocabulary_never_generates_a_non_byte_id():
                        dict(beam_size=3)):
             out = model.generate(prompt, 6, **kwargs)
             assert int(out[:, 2:].max()) < 256, kwargs
+
+
+@pytest.mark.parametrize("call", ["forward", "step"])
+def test_layer_state_last_input_is_checked(call):
+    """A state's last_input of another dtype, or given to a layer without token shift, is
+    refused naming it (both were accepted: the first silently promoted)."""
+    shifted, plain = RDA(4, 6, token_shift=True), RDA(4, 6)
+    x = torch.randn(2, 3, 4)
+    _, state = shifted(x)
+    run = (lambda layer, st: layer(x, st)) if call == "forward" \
+        else (lambda layer, st: layer.step(x[:, 0], st))
+    wrong = LayerState(state.scan, state.last_input.double())
+    with pytest.raises(TypeError, match=r"state.last_input must have the input's dtype "
+                                        r"\(torch.float32\), got torch.float64"):
+        run(shifted, wrong)
+    with pytest.raises(ValueError, match="state.last_input must be None: this layer has no "
+                                         "token shift"):
+        run(plain, state)
+    run(shifted, state)                                    # the layer's own state runs
+    run(plain, LayerState(state.scan, None))
+
+
+def test_cell_state_h_of_another_dtype_is_refused():
+    """A cell's state.h must have the input's (or the parameters') dtype: a float64 h with a
+    float32 cell was cast silently."""
+    for cell in (RWACell(4, 6), RDACell(4, 6)):
+        _, state = cell(torch.randn(2, 4))
+        with pytest.raises(TypeError, match=r"state.h must have dtype torch.float32, got "
+                                            r"torch.float64"):
+            cell(torch.randn(2, 4), state._replace(h=state.h.double()))
+    rra = RRACell(4, 6, window=3)
+    _, state = rra(torch.randn(2, 4))
+    with pytest.raises(TypeError, match=r"state.c must have dtype torch.float32"):
+        rra(torch.randn(2, 4), state._replace(c=state.c.double()))

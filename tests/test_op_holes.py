@@ -300,21 +300,3 @@ def test_inplace_step_takes_interleaved_views_that_share_no_element(backend):
         with pytest.raises(ValueError, match="state.n and state.d share memory"):
             fastrwa.rda_step_(z, a, g, shared, out)
 
-
-def test_layer_step_with_a_state_that_requires_grad(backend):
-    """A layer's ``step_`` steps a state whose tensors require grad as a detached one, as
-    documented (numba's NumPy views refused it)."""
-    layer = fastrwa.nn.RDA(4, 6, token_shift=True).to(backend.dtype)
-    x = torch.randn(2, 5, 4, dtype=backend.dtype)
-    with torch.no_grad():
-        _, state = layer(x)
-    grad = fastrwa.nn.LayerState(fastrwa.ScanState(*(t.clone().requires_grad_()
-                                                     for t in state.scan)),
-                                 state.last_input.clone().requires_grad_())
-    x_t = torch.randn(2, 4, dtype=backend.dtype)
-    out, want = torch.empty(2, 6, dtype=backend.dtype), torch.empty(2, 6, dtype=backend.dtype)
-    layer.step_(x_t, grad, out)
-    layer.step_(x_t, state, want)
-    torch.testing.assert_close(out, want, rtol=0, atol=0)
-    for s, p in zip(grad.scan, state.scan):
-        torch.testing.assert_close(s.detach(), p, rtol=0, atol=0)

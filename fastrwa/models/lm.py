@@ -129,6 +129,17 @@ class Block(nn.Module):
         return x.add_(h)
 
 
+@torch.compiler.disable
+def _check_ids(token: Tensor, vocab_size: int, out: Tensor) -> None:
+    """``ValueError`` unless every id of ``token`` is in ``[0, vocab_size)``: a read back to
+    the host, run eagerly also when ``ByteLM.step_`` is compiled (a graph break there: the
+    compiled gather would fail with the device's raw index error instead)."""
+    low, high = torch.aminmax(token, out=(out[0], out[1]))
+    if low.item() < 0 or high.item() >= vocab_size:
+        raise ValueError(f"token must be ids in [0, {vocab_size}), got values in "
+                         f"[{low.item()}, {high.item()}]")
+
+
 class InferenceCache:
     """Streaming state allocated once and updated in place (in the style of mamba's cache).
 
@@ -423,13 +434,8 @@ class ByteLM(nn.Module):
             raise TypeError(f"token must have dtype torch.int64 (the in-place step converts "
                             f"nothing), got {token.dtype}")
         work = cache.work
-        if check and token.shape[0] and not torch.compiler.is_compiling():
-            # (compiled: left to index_select)
-            low, high = torch.aminmax(token, out=(work["token_range"][0],
-                                                  work["token_range"][1]))
-            if low.item() < 0 or high.item() >= self.config.vocab_size:
-                raise ValueError(f"token must be ids in [0, {self.config.vocab_size}), "
-                                 f"got values in [{low.item()}, {high.item()}]")
+        if check and token.shape[0]:
+            _check_ids(token, self.config.vocab_size, work["token_range"])
         x = torch.index_select(self.embed.weight, 0, token, out=work["x"])
         # (the cache's buffers match this model: its blocks' checks are not needed)
         for block, state, block_work in zip(self.blocks, cache.state.layers, work["blocks"]):

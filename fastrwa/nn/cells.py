@@ -82,7 +82,8 @@ class _AttentionCell(nn.Module):
         if not isinstance(state, CellState):
             raise TypeError(f"state must be a fastrwa.nn.CellState or None, "
                             f"got {type(state).__name__}")
-        check_state_tensor(state.h, "state.h", (B, H), x_t)
+        # (h is the input's dtype after a step; the parameters' in initial_state)
+        check_state_tensor(state.h, "state.h", (B, H), x_t, (x_t.dtype, self.s0.dtype))
         if state.scan is None:
             raise TypeError("state.scan must be a fastrwa.ScanState, got None")
         return CellState(state.h, check_state(state.scan, "state.scan", self.s0, B, H))
@@ -207,9 +208,10 @@ class RRACell(nn.Module):
         elif not isinstance(state, RRAState):
             raise TypeError(f"state must be a fastrwa.nn.RRAState or None, "
                             f"got {type(state).__name__}")
-        check_state_tensor(state.h, "state.h", (B, H), x_t)
-        check_state_tensor(state.c, "state.c", (B, H), x_t)
-        check_state_tensor(state.history, "state.history", (B, self.window, H), x_t)
+        check_state_tensor(state.h, "state.h", (B, H), x_t, (x_t.dtype,))
+        check_state_tensor(state.c, "state.c", (B, H), x_t, (x_t.dtype,))
+        check_state_tensor(state.history, "state.history", (B, self.window, H), x_t,
+                           (x_t.dtype,))
         i, f, g, o = self.lstm(torch.cat([x_t, state.h], dim=-1)).chunk(4, dim=-1)
         alpha = torch.softmax(self.window_logits, dim=0)                    # [K]
         r = torch.einsum("k,bkh->bh", alpha, state.history)

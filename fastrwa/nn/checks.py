@@ -83,12 +83,17 @@ def check_buffer(x: object, name: str, shape: tuple, dtype: torch.dtype,
         raise ValueError(f"{name} must be on {device}, got {x.device}")
 
 
-def check_state_tensor(x: object, name: str, shape: tuple, like: Tensor) -> Tensor:
-    """One tensor of a module's state: ``shape``, on ``like``'s device."""
+def check_state_tensor(x: object, name: str, shape: tuple, like: Tensor,
+                       dtypes: tuple = ()) -> Tensor:
+    """One tensor of a module's state: ``shape``, on ``like``'s device, of one of ``dtypes``
+    (any dtype when empty)."""
     if not isinstance(x, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor of shape {shape}, got {type(x).__name__}")
     if tuple(x.shape) != tuple(shape):
         raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(x.shape)}")
+    if dtypes and x.dtype not in dtypes:
+        raise TypeError(f"{name} must have dtype {' or '.join(sorted(map(str, set(dtypes))))}, "
+                        f"got {x.dtype}")
     if x.device != like.device:
         raise ValueError(f"{name} must be on the input's device {like.device}, got {x.device}")
     return x

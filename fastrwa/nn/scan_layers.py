@@ -137,7 +137,11 @@ class _ScanLayer(nn.Module):
             last = self.proj.weight.new_zeros(batch, self.input_size)
         return LayerState(ScanState(m, n * seen, seen), last)
 
-    def _check_state(self, state, batch: int) -> LayerState:
+    def _check_state(self, state, x: Tensor) -> LayerState:
+        """``state`` for input ``x`` (``(B, ...)``): shapes, and ``last_input`` present with
+        ``x``'s dtype (or the layer's) and device exactly when the layer shifts tokens (the
+        scan tensors' dtypes and devices are the op's to check)."""
+        batch = x.shape[0]
         if state is None:
             return self.initial_state(batch)
         if not isinstance(state, LayerState):
@@ -152,6 +156,18 @@ class _ScanLayer(nn.Module):
             got = None if state.last_input is None else tuple(state.last_input.shape)
             raise ValueError(f"state.last_input must have shape (B, input_size) = "
                              f"{(batch, self.input_size)} for a token_shift layer, got {got}")
+        last = state.last_input
+        if not self.token_shift and last is not None:
+            raise ValueError("state.last_input must be None: this layer has no token shift "
+                             "(a state of a token_shift layer given to one without?)")
+        if last is not None:
+            dtypes = {x.dtype, self.proj.weight.dtype}
+            if last.dtype not in dtypes:
+                raise TypeError(f"state.last_input must have the input's dtype "
+                                f"({' or '.join(sorted(map(str, dtypes)))}), got {last.dtype}")
+            if last.device != x.device:
+                raise ValueError(f"state.last_input must be on the input's device {x.device}, "
+                                 f"got {last.device}")
         return state
 
     def _check_input(self, x, rank: int, name: str = "x", autocast: bool = True) -> None:
@@ -230,7 +246,7 @@ class _ScanLayer(nn.Module):
                 mask = mask if self.batch_first else mask.t()
             if not self.batch_first:
                 x = rearrange(x, "t b i -> b t i")
-            state = self._check_state(state, x.shape[0])
+            state = self._check_state(state, x)
             previous = state.last_input
         else:
             if mask is not None:
@@ -288,7 +304,7 @@ class _ScanLayer(nn.Module):
                                 f"context_group, got {x.dtype}")
             if not self.batch_first:
                 x = rearrange(x, "t b i -> b t i")
-            state = self._check_state(state, x.shape[0])
+            state = self._check_state(state, x)
         except (TypeError, ValueError) as exc:
             refuse_together(exc, group)
         if not self.token_shift:        # (the scans' own agreement checks the rest)
@@ -316,7 +332,7 @@ class _ScanLayer(nn.Module):
             raise RuntimeError("step() is not defined for a bidirectional layer: its reverse "
                                "direction needs the whole sequence; call the layer on it")
         self._check_input(x_t, 2, "x_t")
-        state = self._check_state(state, x_t.shape[0])
+        state = self._check_state(state, x_t)
         gates = self._gates(x_t[:, None], state.last_input)[0]
         y, final = self._scan(gates, state.scan, reverse=False, step=True)
         last = x_t.clone() if self.token_shift else None
