@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 from fastrwa.train.models import SequenceNet  # noqa: E402
 from fastrwa.train.device import placement  # noqa: E402
 from fastrwa.train.tasks import make_task  # noqa: E402
+from fastrwa.nn import RDA  # noqa: E402
 
 PAPER_LR = 1e-3            # the RDA paper's Adam learning rate
 
@@ -67,8 +68,13 @@ SCAN_MODELS = ("rwa-scan", "rda-exp-tanh", "rda-sigmoid-id")
 
 
 def results_dir() -> pathlib.Path:
-    """Where the measured runs are kept (``--out``'s default), which check runs may not join."""
+    """Where the measured runs are kept (written only with ``--record``; check runs never)."""
     return ROOT / "bench" / "results" / "papers"
+
+
+def scratch_dir() -> pathlib.Path:
+    """``--out``'s default: a folder git ignores."""
+    return ROOT / "bench-results" / "papers"
 
 
 def met(task: str, value: float) -> bool:
@@ -175,8 +181,9 @@ def variant(r: dict) -> str:
 def merged(path: pathlib.Path, new: list, seq_len: int) -> list:
     """The results in ``path`` (earlier invocations) with ``new`` added: a run of the same
     task, model, seed, length, discount initialisation, layers and learning rate replaces the
-    earlier one (whichever device either ran on; each replaced run is named on stderr), and
-    of such runs within ``new`` the last is kept. New runs without a length take
+    earlier one (whichever device either ran on; each replaced run is named on stderr) unless
+    it measured nothing (no step: the earlier one stays, and that is said), and of such runs
+    within ``new`` the last is kept. New runs without a length take
     ``seq_len``.
     Runs saved without a field (older versions) take the record's value or the default."""
     new = [dict(r, seq_len=r.get("seq_len", seq_len), layers=r.get("layers", 1),
@@ -193,6 +200,11 @@ def merged(path: pathlib.Path, new: list, seq_len: int) -> list:
                     lr=r.get("lr", PAPER_LR))
                for r in record["results"]]
     new = list({key(r): r for r in new}.values())       # the last of runs alike in new
+    for r in new:
+        if not r.get("steps_run") and any(key(o) == key(r) for o in old):
+            print(f"keeping the earlier run of {r['task']} {r['model']} seed {r['seed']} "
+                  f"({variant(r)}): the new one measured nothing (0 steps)", file=sys.stderr)
+    new = [r for r in new if r.get("steps_run") or not any(key(o) == key(r) for o in old)]
     replaced = {key(r) for r in new}
     for r in old:                                       # (said, not silent)
         if key(r) in replaced:
@@ -281,6 +293,53 @@ def plot(results: list, tasks: set, out: pathlib.Path) -> None:
         plt.close(fig)
 
 
+def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse every impossible value, and a record written by accident, before anything runs
+    (``p.error``: one ``error:`` line, exit 2)."""
+    record = results_dir().resolve()
+    if args.out is None:
+        args.out = results_dir() if args.record else scratch_dir()
+    out = args.out.resolve()
+    if out == record and not args.record:
+        p.error("--out is bench/results/papers, the committed record: add --record to write "
+                "there")
+    if args.record and out != record:
+        p.error(f"--record writes bench/results/papers; --out points at {args.out}")
+    if args.quick and out == record:
+        p.error("--quick needs --out elsewhere: bench/results/papers keeps the measured runs, "
+                "which T = 20 check runs would join")
+    try:
+        placement(args.device, "none")
+    except ValueError as exc:
+        p.error(str(exc))
+    if args.layers < 1:
+        p.error(f"--layers must be at least 1, got {args.layers}")
+    if not (math.isfinite(args.lr) and args.lr > 0):
+        p.error(f"--lr must be a positive finite number, got {args.lr}")
+    if args.eval_every < 1:
+        p.error(f"--eval-every must be at least 1, got {args.eval_every}")
+    if not (math.isfinite(args.time_limit) and args.time_limit > 0):
+        p.error(f"--time-limit must be a positive finite number of seconds, got "
+                f"{args.time_limit}")
+    if args.max_steps is not None and args.max_steps < 1:
+        p.error(f"--max-steps must be at least 1, got {args.max_steps}")
+    if any(seed < 0 for seed in args.seeds):
+        p.error(f"--seeds must be integers >= 0, got {args.seeds}")
+    if not args.quick and not args.join:
+        for task in args.tasks:
+            try:
+                make_task(task, args.seq_len)
+            except ValueError as exc:
+                p.error(f"{exc} (task {task})")
+    if args.discount_timescales is not None:
+        try:
+            RDA(1, 2).set_discount_timescales(*args.discount_timescales)
+        except ValueError as exc:
+            p.error(f"--discount-timescales SHORT LONG: {exc}")
+    if out.exists() and not out.is_dir():
+        p.error(f"--out {args.out} is a file, not a folder")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     p.add_argument("--tasks", nargs="+", default=list(PAPER), choices=list(PAPER))
@@ -305,16 +364,15 @@ def main(argv=None) -> int:
                    help="train nothing: add the runs saved in these papers.json files (made "
                         "elsewhere, e.g. by bench/gpu_papers.sh) to --out's, then table and "
                         "plot them")
-    p.add_argument("--out", type=pathlib.Path, default=results_dir())
+    p.add_argument("--out", type=pathlib.Path, default=None,
+                   help="the folder for papers.json and the plots (default bench-results/papers; "
+                        "bench/results/papers, the committed record, only with --record)")
+    p.add_argument("--record", action="store_true",
+                   help="write into the committed record, bench/results/papers (--out's "
+                        "default then)")
     args = p.parse_args(argv)
-    try:
-        placement(args.device, "none")
-    except ValueError as exc:
-        p.error(str(exc))
-    if args.quick and args.out.resolve() == results_dir().resolve():
-        p.error("--quick needs --out elsewhere: bench/results/papers keeps the measured runs, "
-                "which T = 20 check runs would join")
-    if args.layers < 1:
+    check_args(p, args)
+    if args.quick:
         p.error(f"--layers must be at least 1, got {args.layers}")
     if not (math.isfinite(args.lr) and args.lr > 0):
         p.error(f"--lr must be a positive finite number, got {args.lr}")
@@ -324,11 +382,16 @@ def main(argv=None) -> int:
         args.seq_len, args.max_steps, args.eval_every, args.seeds = 20, 3, 1, [0]
     given = sys.argv[1:] if argv is None else list(argv)
     if args.join:
-        ignored = [f for f in given
-                   if f.startswith("--") and f.split("=")[0] not in ("--join", "--out")]
+        kept = ("--join", "--out", "--record")
+        ignored = [f for f in given if f.startswith("--") and f.split("=")[0] not in kept]
         if ignored:
-            p.error(f"--join trains nothing and takes only --out; drop {' '.join(ignored)}")
+            p.error(f"--join trains nothing and takes only --out and --record; drop "
+                    f"{' '.join(ignored)}")
     results = joined(args.join, args.out, p.error) if args.join else []
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        p.error(f"--out {args.out}: cannot create the folder ({exc.strerror or exc})")
     for task in (args.tasks if not args.join else []):
         for model in args.models:
             for seed in args.seeds:
@@ -341,7 +404,6 @@ def main(argv=None) -> int:
                 print(f"{task:16} {model:15} seed {seed}: "
                       f"{r['steps_to_threshold'] or 'not reached'} "
                       f"({r['steps_run']} steps, {r['seconds']:.0f} s)", flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "papers.json"
     results = merged(path, results, args.seq_len)
     record = {"argv": given, "quick": args.quick, "paper": PAPER, "results": results}

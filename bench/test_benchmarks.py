@@ -147,7 +147,7 @@ def test_papers_join_adds_runs_saved_elsewhere(tmp_path, monkeypatch, capsys):
     broken.write_text('{"results": [')
     partial = tmp_path / "partial.json"
     partial.write_text(json.dumps({"results": [{k: v for k, v in run.items() if k != "curve"}]}))
-    for flags, message in (([str(quick)], "holds --quick check runs"),  # into bench/results
+    for flags, message in (([str(quick), "--record"], "holds --quick check runs"),  # the record
                            ([str(tmp_path / "missing.json"), f"--out={out}"], "no such file"),
                            ([str(broken), f"--out={out}"], "is not JSON"),
                            ([str(partial), f"--out={out}"], "a run without curve"),
@@ -156,6 +156,53 @@ def test_papers_join_adds_runs_saved_elsewhere(tmp_path, monkeypatch, capsys):
             papers.main(["--join", *flags])
         assert message in capsys.readouterr().err
     assert not (tmp_path / "bench").exists()
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--time-limit", "-1"], "--time-limit must be a positive finite"),
+    (["--time-limit", "nan"], "--time-limit must be a positive finite"),
+    (["--max-steps", "-3"], "--max-steps must be at least 1"),
+    (["--seeds", "-1"], "--seeds must be integers >= 0"),
+    (["--seq-len", "1"], "--seq-len must be an int >= 2"),
+    (["--seq-len", "0"], "--seq-len must be an int >= 2"),
+    (["--discount-timescales", "5", "2"], "longest (2.0) must be >= shortest"),
+    (["--discount-timescales", "0", "inf"], "shortest must be a finite number > 1"),
+    (["--out", "FILE"], "is a file, not a folder"),
+    (["--out", "/proc/x"], "cannot create the folder"),
+    (["--out", "RECORD"], "add --record to write there"),
+    (["--record", "--out", "ELSEWHERE"], "--record writes bench/results/papers"),
+])
+def test_papers_refuses_impossible_values_before_anything_runs(tmp_path, monkeypatch, capsys,
+                                                               flags, message):
+    """Every impossible value is one error: line before any training, and nothing is
+    written; the committed record takes runs only with --record (a run of --time-limit -1
+    once replaced a measured run there with one of no steps)."""
+    import papers
+    monkeypatch.setattr(papers, "ROOT", tmp_path)
+    (tmp_path / "FILE").write_text("")
+    record = tmp_path / "bench" / "results" / "papers"
+    names = {"FILE": str(tmp_path / "FILE"), "RECORD": str(record),
+             "ELSEWHERE": str(tmp_path / "elsewhere")}
+    monkeypatch.setattr(papers, "run", lambda *a, **k: pytest.fail("a run started"))
+    with pytest.raises(SystemExit) as exit_:
+        papers.main(["--tasks", "adding", *[names.get(f, f) for f in flags]])
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "bench").exists() and not (tmp_path / "bench-results").exists()
+
+
+def test_papers_a_run_that_measured_nothing_replaces_no_record(tmp_path, capsys):
+    import json
+    import papers
+    path = tmp_path / "papers.json"
+    run = {"task": "adding", "model": "rwa-scan", "seed": 0, "steps_to_threshold": 800,
+           "steps_run": 1490, "curve": [[10, 0.1]], "seq_len": 1000}
+    path.write_text(json.dumps({"results": [run]}))
+    empty = dict(run, steps_to_threshold=None, steps_run=0, curve=[])
+    out = papers.merged(path, [empty], 1000)
+    assert [r["steps_run"] for r in out] == [1490]
+    assert "the new one measured nothing" in capsys.readouterr().err
+    fresh = dict(empty, seed=1)                       # nothing to keep: it is recorded
+    assert [r["steps_run"] for r in papers.merged(path, [fresh], 1000)] == [1490, 0]
 
 
 def test_long_context_refuses_empty_windows(tmp_path):
