@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import pathlib
 import subprocess
@@ -39,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 from fastrwa.models import LMConfig, build  # noqa: E402
 from fastrwa.models.config import LAYER_FIELDS, OPTIONAL_FIELDS  # noqa: E402
-from fastrwa.train.config import parse_lm_field  # noqa: E402
+from fastrwa.train.config import RunConfig, parse_lm_field  # noqa: E402
 from fastrwa.train.models import LM_LAYERS as LAYER  # noqa: E402
 
 BLOCKS = ("rda", "rwa", "transformer", "mingru")     # layers with ByteLM's depth
@@ -82,10 +83,19 @@ def target_params(models: list[str], d_model: int, n_layers: int, lm: dict) -> i
 
 
 def table_or_missing_data(args, table) -> int | None:
-    """``--table JSON``: print that run's table (exit status 0); no ``--data`` file: say so
-    (status 2); else ``None``: go on."""
+    """``--table JSON``: print that run's table (exit status 0; 2 with one ``error:`` line
+    for a file that is missing or not an lm.json); no ``--data`` file: say so (status 2);
+    else ``None``: go on."""
     if args.table:
-        print(table(json.loads(args.table.read_text())))
+        try:
+            print(table(json.loads(args.table.read_text())))
+        except OSError as exc:
+            print(f"error: --table {args.table}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
+        except (ValueError, KeyError, TypeError, IndexError) as exc:
+            print(f"error: --table {args.table} is not an lm.json of bench/lm.py "
+                  f"({type(exc).__name__}: {exc})", file=sys.stderr)
+            return 2
         return 0
     if args.data is None or not args.data.is_file():
         print(f"error: --data FILE: a byte corpus is needed, got {args.data}", file=sys.stderr)
@@ -93,17 +103,71 @@ def table_or_missing_data(args, table) -> int | None:
     return None
 
 
+def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> dict:
+    """Refuse, before any work, every value a run would fail on (``p.error``: one ``error:``
+    line, exit 2): the models, the sizes, the ``--lm`` fields (as ``LMConfig`` takes them),
+    the trainer's own checks of every run (its ``RunConfig``), ``--out``. Returns the
+    ``--lm`` fields."""
+    models = args.models.split(",")
+    unknown = [m for m in models if m not in LAYER]
+    if unknown:
+        p.error(f"--models: unknown {unknown}; a comma-separated list of {sorted(LAYER)}")
+    if len(set(models)) != len(models):
+        p.error(f"--models: each model once, got {args.models}")
+    for name in ("steps", "d_model", "layers", "baseline_layers", "batch_size", "bptt",
+                 "evals", "eval_bytes"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if not (math.isfinite(args.minutes) and args.minutes > 0):
+        p.error(f"--minutes must be a positive finite number, got {args.minutes}")
+    try:
+        lm = dict(parse_lm_field(item) for item in args.lm)
+        for m in models:
+            if LAYER[m] in ("rda", "rwa"):
+                params(m, args.d_model, args.layers, lm)         # LMConfig refuses a field
+            RunConfig(task="text", data=str(args.data), model=m, hidden=args.d_model,
+                      layers=args.layers, batch_size=args.batch_size, bptt=args.bptt,
+                      lr=args.lr, seed=args.seed, eval_bytes=args.eval_bytes,
+                      device=args.device, autocast=args.autocast, steps=args.steps,
+                      lm=own_fields(m, lm))
+    except (TypeError, ValueError, argparse.ArgumentTypeError) as exc:
+        p.error(str(exc))
+    if args.out.exists() and not args.out.is_dir():
+        p.error(f"--out {args.out} is a file, not a folder")
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        p.error(f"--out {args.out}: cannot create the folder ({exc.strerror or exc})")
+    return lm
+
+
+class RunFailed(Exception):
+    """A training run exited with an error (the trainer printed why)."""
+
+
 def run(name: str, flags: list, out: pathlib.Path) -> list[dict]:
-    """One training run through the CLI; its metrics records."""
+    """One training run through the CLI; its metrics records. Raises :class:`RunFailed`
+    when the trainer exits with an error."""
     run_dir = out / "runs" / name
     cmd = [sys.executable, "-m", "fastrwa.train", *map(str, flags), "--run-dir", str(run_dir),
            "--overwrite", "--no-progress"]
     print("$", " ".join(cmd[1:]), flush=True)
-    subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+    done = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.DEVNULL)
+    if done.returncode:
+        raise RunFailed(f"the {name} run failed (python -m fastrwa.train exited with status "
+                        f"{done.returncode}; its message is above)")
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except RunFailed as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+def _main(argv: list[str] | None) -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", type=pathlib.Path, help="a byte corpus file (required)")
@@ -133,14 +197,13 @@ def main(argv: list[str] | None = None) -> int:
     done = table_or_missing_data(args, table)
     if done is not None:
         return done
-    args.out.mkdir(parents=True, exist_ok=True)
+    lm = check_args(p, args)
     if args.quick:              # seconds: tiny models on the corpus's first 100 KB
         args.equal, args.steps, args.d_model, args.layers = "steps", 4, 32, 2
         args.batch_size, args.bptt, args.evals, args.eval_bytes = 4, 32, 2, 2000
         sliced = args.out / "corpus-100k.txt"
         sliced.write_bytes(args.data.read_bytes()[:100_000])
         args.data = sliced
-    lm = dict(parse_lm_field(item) for item in args.lm)
     models = args.models.split(",")
     target = target_params(models, args.d_model, args.layers, lm)
     depth = {m: args.layers if LAYER[m] in BLOCKS else args.baseline_layers for m in models}

@@ -254,3 +254,48 @@ def test_lm_baselines_alone_are_matched_to_bytelm():
     assert lm.target_params(["lstm", "gru"], 64, 2, {}) == bytelm
     assert lm.target_params(["transformer", "rda-scan"], 64, 2, {}) == bytelm
     assert lm.target_params(["rwa-scan", "lstm"], 64, 2, {}) == lm.params("rwa-scan", 64, 2, {})
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--models", "bogus"], "--models: unknown ['bogus']"),
+    (["--models", ""], "--models: unknown ['']"),
+    (["--models", "lstm,lstm"], "--models: each model once"),
+    (["--lm", "bogus=1"], "bogus"),
+    (["--lm", "nonsense"], "expected KEY=VALUE"),
+    (["--baseline-layers", "0"], "--baseline-layers must be at least 1"),
+    (["--minutes", "-1"], "--minutes must be a positive finite number"),
+    (["--minutes", "0"], "--minutes must be a positive finite number"),
+    (["--lr", "-1"], "--lr must be a finite number above 0"),
+    (["--seed", "-1"], "--seed must be an integer from 0"),
+    (["--out", "FILE"], "is a file, not a folder"),
+])
+def test_lm_refuses_bad_flags_before_any_run(tmp_path, monkeypatch, capsys, flags, message):
+    """bench/lm.py: every flag a run would fail on is one error: line, exit 2, before any
+    training (these were tracebacks, or a calibration of every model first)."""
+    import lm
+    corpus = tmp_path / "c.txt"
+    corpus.write_bytes(b"abc " * 1000)
+    (tmp_path / "FILE").write_text("")
+    monkeypatch.setattr(lm, "run", lambda *a, **k: pytest.fail("a run started"))
+    flags = [str(tmp_path / "FILE") if f == "FILE" else f for f in flags]
+    with pytest.raises(SystemExit) as exit_:
+        lm.main(["--data", str(corpus), "--out", str(tmp_path / "out"), *flags])
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_lm_table_of_a_missing_or_foreign_file_is_one_error(tmp_path, capsys):
+    import lm
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"runs": [{"model": "x"}]}')
+    assert lm.main(["--table", str(bad)]) == 2
+    assert "is not an lm.json of bench/lm.py" in capsys.readouterr().err
+    assert lm.main(["--table", str(tmp_path / "nope.json")]) == 2
+    assert "--table" in capsys.readouterr().err
+
+
+def test_lm_a_failed_training_run_is_one_error(tmp_path, capsys):
+    """A run the trainer refuses ends bench/lm.py with one error: line (status 1), not a
+    CalledProcessError traceback."""
+    import lm
+    with pytest.raises(lm.RunFailed, match="the x run failed"):
+        lm.run("x", ["--task", "text", "--data", str(tmp_path / "none.txt")], tmp_path)
