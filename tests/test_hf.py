@@ -201,6 +201,39 @@ def test_round_trip_is_bit_identical_and_damage_is_a_clear_error(exported, tmp_p
         AutoModelForCausalLM.from_pretrained(damaged)
 
 
+def test_a_flipped_bit_in_the_weights_is_refused(exported, tmp_path):
+    """save_pretrained stores a SHA-256 of the weights in model.safetensors' metadata and
+    from_pretrained checks it: one flipped bit in a weight (it loaded silently, a weight
+    2.9e37) is a ValueError naming the file; a file without the checksum loads with a
+    warning; the intact export loads without one."""
+    import shutil
+    import warnings
+
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    from fastrwa.hf.integrity import DIGEST_KEY
+    with safe_open(str(exported / "model.safetensors"), "pt") as f:
+        assert len(f.metadata()[DIGEST_KEY]) == 64
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                  # no warning for an intact export
+        AutoModelForCausalLM.from_pretrained(exported)
+    flipped = tmp_path / "flipped"
+    shutil.copytree(exported, flipped)
+    raw = bytearray((flipped / "model.safetensors").read_bytes())
+    raw[-3] ^= 0x40                                     # the last weight's exponent
+    (flipped / "model.safetensors").write_bytes(bytes(raw))
+    with pytest.raises(ValueError, match="model.safetensors: the weights do not match the "
+                                         "checksum"):
+        AutoModelForCausalLM.from_pretrained(flipped)
+    unsigned = tmp_path / "unsigned"
+    shutil.copytree(exported, unsigned)
+    save_file(load_file(str(exported / "model.safetensors")),
+              str(unsigned / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.warns(UserWarning, match=f"has no {DIGEST_KEY} checksum"):
+        AutoModelForCausalLM.from_pretrained(unsigned)
+
+
 def test_the_configuration_carries_every_lm_field_and_its_default():
     import dataclasses
 
@@ -305,3 +338,38 @@ def test_export_refuses_to_overwrite_what_it_did_not_write(tmp_path, exported, c
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m", "new", "other"]   # no leftovers
     assert export_main([str(tmp_path / "missing"), str(tmp_path / "x")]) == 2
     assert "no model there" in capsys.readouterr().err
+
+
+def test_export_never_follows_a_link_and_a_full_disk_is_one_error(tmp_path, capsys,
+                                                                    monkeypatch):
+    """--overwrite onto a symbolic link to an earlier export is refused, the link and its
+    target as they were (it replaced the link with a directory, left a hidden .old behind
+    and exited 2 after succeeding); a full disk while writing is one error: line with
+    nothing half-written (it was a raw SafetensorError traceback)."""
+    import errno
+
+    from safetensors import SafetensorError
+
+    from fastrwa.hf import FastRWAForCausalLM
+    from fastrwa.hf.export import main as export_main
+    from fastrwa.models import save_pretrained
+
+    torch.manual_seed(0)
+    save_pretrained(ByteLM(LMConfig(d_model=8, n_layers=1)), tmp_path / "m")
+    assert export_main([str(tmp_path / "m"), str(tmp_path / "first")]) == 0
+    (tmp_path / "link").symlink_to(tmp_path / "first")
+    before = sorted(p.name for p in (tmp_path / "first").iterdir())
+    assert export_main([str(tmp_path / "m"), str(tmp_path / "link"), "--overwrite"]) == 2
+    assert "is a symbolic link" in capsys.readouterr().err
+    assert (tmp_path / "link").is_symlink()
+    assert sorted(p.name for p in (tmp_path / "first").iterdir()) == before
+    for error in (OSError(errno.ENOSPC, "No space left on device"),
+                  SafetensorError("Error while serializing: IoError(No space left on device)")):
+        def full(*args, error=error, **kwargs):
+            raise error
+        monkeypatch.setattr(FastRWAForCausalLM, "save_pretrained", full)
+        assert export_main([str(tmp_path / "m"), str(tmp_path / "second")]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and "No space left on device" in err
+        assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["first", "link", "m"]  # no leftovers

@@ -7,7 +7,8 @@ after ``import fastrwa.hf``.
 or any directory ``fastrwa.models.save_pretrained`` wrote. The directory is written beside
 ``OUT_DIR`` and renamed into place when complete: an interrupted export leaves no half
 directory. An existing ``OUT_DIR`` is replaced with ``--overwrite`` only, and only if it
-holds a fastrwa export.
+holds a fastrwa export; a symbolic link is never followed or replaced. A full disk is one
+``error:`` line, with nothing half-written left behind.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
+
+from safetensors import SafetensorError
 
 from ..models import ByteLM, load_pretrained, run_model_dir
 from . import FastRWAByteTokenizer, FastRWAConfig, FastRWAForCausalLM
@@ -44,8 +47,13 @@ def export(run_dir: str | Path, out_dir: str | Path, best: bool = False,
            overwrite: bool = False) -> Path:
     """Write the Hugging Face directory of ``run_dir``'s model to ``out_dir`` (module doc);
     returns ``out_dir``. Raises ``FileNotFoundError`` (no model there), ``ValueError`` (a
-    baseline, or an ``out_dir`` that would be overwritten without ``overwrite``)."""
+    baseline, an ``out_dir`` that is a symbolic link or would be overwritten without
+    ``overwrite``), ``OSError`` or ``SafetensorError`` (a full disk: nothing is left
+    behind)."""
     out_dir = Path(out_dir)
+    if out_dir.is_symlink():          # (never followed, never replaced: as a run directory)
+        raise ValueError(f"{out_dir} is a symbolic link (to {os.readlink(out_dir)}); export to "
+                         f"a real path (the link's target, or a new directory)")
     model = load_pretrained(run_model_dir(run_dir, best))
     if not isinstance(model, ByteLM):
         raise ValueError(f"{run_dir}: the {model.config.layer!r} baseline "
@@ -93,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         out = export(args.run_dir, args.out_dir, args.best, args.overwrite)
-    except (FileNotFoundError, ValueError, OSError) as exc:
+    except (FileNotFoundError, ValueError, OSError, SafetensorError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"exported {out}: AutoModelForCausalLM.from_pretrained({str(out)!r}) after "

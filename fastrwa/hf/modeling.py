@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
 
 import torch
@@ -15,6 +17,7 @@ from transformers.utils import ModelOutput
 from ..models import ByteLM, LMState
 from ..models.config import BYTE_VOCAB
 from .configuration import FastRWAConfig
+from .integrity import sign, verify
 
 
 class FastRWACache:
@@ -101,14 +104,26 @@ class FastRWAForCausalLM(FastRWAPreTrainedModel, GenerationMixin):
     @classmethod
     def from_pretrained(cls, *args, **kwargs):
         """``PreTrainedModel.from_pretrained``, refusing a weights file that lacks any of the
-        model's tensors (rather than leaving them uninitialised with a warning)."""
+        model's tensors (rather than leaving them uninitialised with a warning) or, in a
+        local directory, does not match the checksum ``save_pretrained`` stored with it
+        (:mod:`fastrwa.hf.integrity`; a file without one loads with a warning)."""
         wanted = kwargs.pop("output_loading_info", False)
+        source = args[0] if args else kwargs.get("pretrained_model_name_or_path")
+        if isinstance(source, (str, os.PathLike)) and Path(source).is_dir():
+            verify(Path(source))
         model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
         if info.get("missing_keys"):
             raise ValueError(f"the weights do not hold {sorted(info['missing_keys'])}: a "
                              f"damaged or foreign directory (export it again with "
                              f"python -m fastrwa.hf.export)")
         return (model, info) if wanted else model
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """``PreTrainedModel.save_pretrained``, then the weights' checksum written into the
+        safetensors files' metadata (:mod:`fastrwa.hf.integrity`)."""
+        out = super().save_pretrained(save_directory, *args, **kwargs)
+        sign(Path(save_directory))
+        return out
 
     def generate(self, *args, **kwargs):
         """``GenerationMixin.generate`` from a prompt (the whole sequence: the state is built
