@@ -97,6 +97,23 @@ def layer_case(label, make, dtype, tol, time_first=False):
     if rank == LAST and final.last_input is not None:
         check(f"{label}: final last_input", fs.last_input.detach(), final.last_input.detach(),
               tol)
+    # the other route: torch.autograd.grad from the output alone, for the input and the
+    # parameters (an empty slice's rank skipped the token shift's all-reduce there)
+    params = list(layer.parameters())
+    full_x = x.clone().requires_grad_()
+    y, _ = layer(full_x.transpose(0, 1) if time_first else full_x)
+    y = y.transpose(0, 1) if time_first else y
+    want = torch.autograd.grad(y, [full_x, *params], w, allow_unused=True)
+    mine = x[:, lo:hi].clone().requires_grad_()
+    ys, _ = layer(mine.transpose(0, 1) if time_first else mine, context_group=group)
+    ys = ys.transpose(0, 1) if time_first else ys
+    got = torch.autograd.grad(ys, [mine, *params], w[:, lo:hi], allow_unused=True)
+    check(f"{label}: autograd.grad x", got[0], want[0][:, lo:hi], tol)
+    for (name, p), g, wg in zip(layer.named_parameters(), got[1:], want[1:]):
+        g = torch.zeros_like(p) if g is None else g.clone()
+        dist.all_reduce(g)
+        check(f"{label}: autograd.grad {name}", g, torch.zeros_like(p) if wg is None else wg,
+              tol)
 
 
 def model_case(label, dtype, tol, with_state):
@@ -177,6 +194,19 @@ if rank == LAST:
     tokens[0, -1:] = 300                    # (out of the vocabulary, on one rank)
 refused("a token id out of range on the last rank",
         lambda: model(tokens, context_group=group), ["ids in [0, 257)", "refused"])
+tokens = torch.randint(0, 256, (B, hi - lo))
+mask = torch.ones(B, hi - lo, dtype=torch.bool) if rank == 0 else None
+refused("a mask on rank 0 only (a layer)",
+        lambda: layer(x, mask=mask, context_group=group), ["cannot be combined", "refused"])
+refused("a mask on rank 0 only (ByteLM)",
+        lambda: model(tokens, mask=mask, context_group=group),
+        ["cannot be combined", "refused"])
+other = ByteLM(LMConfig(d_model=8, n_layers=1 if rank == 0 else 2, mlp_ratio=2))
+refused("ByteLM with another layer count on rank 0", lambda: other(tokens, context_group=group),
+        ["model configuration"])
+other = fastrwa.nn.RDA(3, 4, token_shift=True, attention="exp" if rank else "sigmoid").double()
+refused("a layer with another option on rank 0", lambda: other(x, context_group=group),
+        ["layer (class, sizes and options)"])
 dist.barrier()
 del group
 gc.collect()

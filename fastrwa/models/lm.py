@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 from typing import Iterator, NamedTuple, Optional
 
@@ -13,7 +15,7 @@ from ..nn.checks import check_buffer, check_count, check_input_dtype
 from ..nn.functional import rms_norm_into
 from ..nn import RDA, RWA, LayerState
 from ..nn.masks import last_kept
-from ..ops.context import refuse_together
+from ..ops.context import CALL_MODEL, agree, fingerprint, refuse_together, same_everywhere
 from ..ops.dispatch import state_dtype
 from ..state import ScanState
 from .checks import check_tokens
@@ -334,6 +336,12 @@ class ByteLM(nn.Module):
                 raise
             check_context_group(context_group)
             refuse_together(exc, context_group)     # (the other ranks raise too)
+        if context_group is not None:               # (every rank's model is the same one)
+            model = fingerprint(json.dumps(dataclasses.asdict(self.config), sort_keys=True,
+                                           default=str))
+            every = agree({"call": CALL_MODEL, "model configuration": model}, context_group,
+                          tokens.device)
+            same_everywhere(every, ("call", "model configuration"))
         x = self.embed(tokens)
         new = []
         for block, layer_state in zip(self.blocks, states):

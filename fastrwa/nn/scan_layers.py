@@ -18,7 +18,7 @@ from .. import scan as _scan
 from ..ops.dispatch import state_dtype
 from ..state import ScanState
 from ..checks import check_context_group, check_no_overlap
-from ..ops.context import (CALL_TOKEN_SHIFT, DTYPES, after, agree, previous_input,
+from ..ops.context import (CALL_LAYER, DTYPES, after, agree, fingerprint, previous_input,
                            refuse_together, same_everywhere)
 from .checks import (check_buffer, check_count, check_groups, check_input_dtype, check_mask,
                      check_size)
@@ -249,10 +249,7 @@ class _ScanLayer(nn.Module):
             state = self._check_state(state, x)
             previous = state.last_input
         else:
-            if mask is not None:
-                raise ValueError("mask and context_group cannot be combined (padding is not "
-                                 "split across ranks)")
-            x, state, previous = self._split_inputs(x, state, context_group)
+            x, state, previous = self._split_inputs(x, state, mask, context_group)
         gates = self._gates(x, previous, mask)
         H = self.hidden_size
         ys, finals = [], []
@@ -276,6 +273,10 @@ class _ScanLayer(nn.Module):
             finals.append(final)
         out = torch.cat([self._output(y) for y in ys], dim=-1) if len(ys) > 1 \
             else self._output(ys[0])
+        if context_group is not None and self.token_shift and not x.shape[1]:
+            # an empty slice: its output in the graph of the input before it (an exact 0), so
+            # that a backward from it runs the gather's all-reduce as the other ranks do
+            out = out + previous.sum().to(out.dtype) * 0
         final = finals[0] if len(finals) == 1 else ScanState(
             *(torch.cat(parts, dim=-1) for parts in zip(*finals)))
         # a copy, not a view of x: step_ updates a state's last_input in place
@@ -288,12 +289,17 @@ class _ScanLayer(nn.Module):
             out = rearrange(out, "b t h -> t b h")
         return out, LayerState(final, last)
 
-    def _split_inputs(self, x, state, group) -> tuple[Tensor, LayerState, Optional[Tensor]]:
-        """:meth:`forward`'s checks under context parallelism, then the token shift's input
+    def _split_inputs(self, x, state, mask, group) -> tuple[Tensor, LayerState,
+                                                           Optional[Tensor]]:
+        """:meth:`forward`'s checks under context parallelism, one agreement of every rank
+        (the same layer, batch, width, dtype and grad mode), then the token shift's input
         before this rank's slice: ``(x (B, T, input), state, previous input)``. A rank whose
         arguments are refused tells the others, which raise too (none waits)."""
         check_context_group(group)
         try:
+            if mask is not None:
+                raise ValueError("mask and context_group cannot be combined (padding is not "
+                                 "split across ranks)")
             self._check_input(x, 3)
             if state is not None and (self.bidirectional or dist.get_rank(group) != 0):
                 raise ValueError("with context_group, state is the state before the whole "
@@ -307,19 +313,21 @@ class _ScanLayer(nn.Module):
             state = self._check_state(state, x)
         except (TypeError, ValueError) as exc:
             refuse_together(exc, group)
-        if not self.token_shift:        # (the scans' own agreement checks the rest)
-            return x, state, state.last_input
         B, T, _ = x.shape
         grad = torch.is_grad_enabled() and (
             x.requires_grad or any(p.requires_grad for p in self.parameters())
-            or any(t.requires_grad for t in (*state.scan, state.last_input)))
-        every = agree({"call": CALL_TOKEN_SHIFT, "batch B": B, "input_size": x.shape[2],
-                       "dtype": DTYPES.index(x.dtype),
+            or any(t is not None and t.requires_grad for t in (*state.scan, state.last_input)))
+        layer = fingerprint(f"{type(self).__name__}({self.extra_repr()})")
+        every = agree({"call": CALL_LAYER, "layer (class, sizes and options)": layer,
+                       "batch B": B, "input_size": x.shape[2], "dtype": DTYPES.index(x.dtype),
                        "grad mode": int(torch.is_grad_enabled()), "needs grad": int(grad),
                        "length": T}, group, x.device)
-        same_everywhere(every, ("call", "batch B", "input_size", "dtype", "grad mode"))
-        previous = previous_input(x[:, -1] if T else None, state.last_input, every["length"],
-                                  group, any(every["needs grad"]), x.dtype)
+        same_everywhere(every, ("call", "layer (class, sizes and options)", "batch B",
+                                "input_size", "dtype", "grad mode"))
+        if not self.token_shift:        # (the scans' own agreement checks the rest)
+            return x, state, state.last_input
+        previous = previous_input(x, state.last_input, every["length"], group,
+                                  any(every["needs grad"]), x.dtype)
         return x, state, previous
 
     def step(self, x_t: Tensor, state: Optional[LayerState] = None) -> tuple[Tensor, LayerState]:

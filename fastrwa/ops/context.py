@@ -24,6 +24,8 @@ the slice's inputs). The local scans run on any backend.
 
 from __future__ import annotations
 
+import zlib
+
 import torch
 import torch.distributed as dist
 from torch import Tensor
@@ -93,7 +95,14 @@ def combine(state: tuple, lam: Tensor, own: tuple) -> tuple:
 SLOTS = 12          # integers in every agreement gather (the op's and the layers')
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 # what an agreement gather is for (its first value): ranks in different calls are told so
-CALL_SCAN, CALL_TOKEN_SHIFT = 1, 2
+CALL_SCAN, CALL_LAYER, CALL_MODEL = 1, 2, 3
+
+
+def fingerprint(text: str) -> int:
+    """A module's description (class, sizes, options) as one integer for :func:`agree`:
+    ranks whose models differ (a layer more, another width or option) then stop together
+    instead of waiting in a collective the others never make."""
+    return zlib.crc32(text.encode())
 
 
 def _device_of(group) -> torch.device:
@@ -165,16 +174,21 @@ def _check_alike(args: ScanArgs, group, first: int) -> bool:
     return any(everyone["needs grad"])
 
 
-def previous_input(last: Tensor, initial: Tensor, lengths: list, group, grad: bool,
+def previous_input(x: Tensor, initial: Tensor, lengths: list, group, grad: bool,
                    dtype: torch.dtype) -> Tensor:
     """The input before this rank's slice, for a token shift: the last input ``(B, I)`` of
     the nearest earlier rank whose slice has tokens, else the sequence's ``initial`` one
-    (rank 0's). ``last``: this slice's last input (unused for an empty slice); ``lengths``:
-    every rank's slice length; ``grad``: whether any rank needs gradients (then the gather's
-    all-reduce is in every rank's backward); ``dtype``: the inputs' (agreed by every rank),
-    in which every rank sends. One ``all_gather`` of ``B * I`` numbers."""
+    (rank 0's). ``x``: this slice ``(B, T, I)``; ``lengths``: every rank's slice length;
+    ``grad``: whether any rank needs gradients (then the gather's all-reduce is in every
+    rank's backward); ``dtype``: the inputs' (agreed by every rank), in which every rank
+    sends. One ``all_gather`` of ``B * I`` numbers. An empty slice sends a value that
+    depends on its ``x`` (an exact 0 added), so that a backward asked for ``x``'s gradient
+    (``torch.autograd.grad``) reaches the gather there as on the other ranks."""
     rank = dist.get_rank(group)
-    mine = last if lengths[rank] else (initial if rank == 0 else torch.zeros_like(initial))
+    if lengths[rank]:
+        mine = x[:, -1]
+    else:
+        mine = (initial if rank == 0 else torch.zeros_like(initial)) + x.sum().to(initial.dtype) * 0
     mine = mine.to(dtype)
     if grad and not mine.requires_grad:
         mine = mine.detach().requires_grad_()
