@@ -2,11 +2,12 @@
 # The GPU run, as one device command from the repository root (carry .whl, made by
 # bench/gpu_prepare.sh, for the peers):
 #     bash bench/gpu_run.sh                    # the default steps, about 8 minutes at most:
-#         tests    pytest --cuda on the Triton columns and tests/test_cuda.py   (<= 120 s)
-#         kernels  the ops (new launch, old layout) and their peers, shape by shape (<= 240 s)
-#         layers   fastrwa.nn.RDA against cuDNN LSTM/GRU, ByteLM streaming       (<= 45 s)
+#         kernels  the ops (new launch, old layout) and their peers, shape by shape (<= 160 s)
+#         tests    pytest --cuda on the Triton columns and tests/test_cuda.py   (<= 180 s)
+#         checks   rda_scan against float64 at full scale and past 2**31 elements (<= 60 s)
+#         layers   fastrwa.nn.RDA against cuDNN LSTM/GRU, ByteLM streaming       (<= 30 s)
 #         ncu      Nsight Compute's speed-of-light, occupancy and warp-state sections for
-#                  rda_scan's forward and backward at 16 x 4096 x 1024, when ncu exists (<= 60 s)
+#                  rda_scan's forward and backward at 16 x 4096 x 1024, when ncu exists (<= 40 s)
 # Other steps, each its own call: memcheck, bench (the older checks,ops,peers sections),
 # train (needs .carry/text-corpus.txt), tune (the launch-knob sweep and the crossover):
 #     bash bench/gpu_run.sh tune
@@ -16,7 +17,7 @@
 # status is the number of failed steps (99: the package did not install, and nothing ran).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-steps=${1:-tests,kernels,layers,ncu}
+steps=${1:-kernels,tests,checks,layers,ncu}
 out=${OUT:-bench-results/gpu}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
@@ -34,13 +35,6 @@ note() { echo "== $* ($(date +%T))" | tee -a "$out/log.txt"; }
 note "$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader)"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" \
     | tee -a "$out/log.txt"
-if step tests; then
-    # xdist spreads Triton's compiles (one per kernel specialisation) over 14 processes.
-    note "pytest --cuda (the Triton columns and tests/test_cuda.py)"
-    timeout 120 python3 -m pytest -q -p no:cacheprovider -n 14 --cuda -rf \
-        -k "triton or test_cuda" tests > "$out/pytest.txt" 2>&1 || failed=$((failed + 1))
-    tail -n 25 "$out/pytest.txt" | tee -a "$out/log.txt"
-fi
 if step memcheck; then
     note "compute-sanitizer --tool memcheck"
     timeout 200 compute-sanitizer --tool memcheck --error-exitcode 1 \
@@ -63,14 +57,22 @@ step bench && sections="checks,ops,peers"
 step tune && sections="${sections:+$sections,}sweep,crossover"
 section_run() {  # section_run LIMIT_S SECTIONS DIR: bench/gpu.py's sections, report in DIR
     note "bench/gpu.py --only $2"
-    timeout "$1" python3 bench/gpu.py --out "$3" --only "$2" "${training[@]}" 2>&1 \
-        | tee -a "$out/log.txt" | grep -v '^{' || failed=$((failed + 1))
+    timeout "$1" python3 bench/gpu.py --out "$3" --only "$2" ${training[@]+"${training[@]}"} \
+        2>&1 | tee -a "$out/log.txt" | grep -v '^{' || failed=$((failed + 1))
 }
-step kernels && section_run 240 kernels "$out/kernels"
-step layers && section_run 45 layers,streaming "$out/layers"
+step kernels && section_run 160 kernels "$out/kernels"
+if step tests; then
+    # xdist spreads Triton's compiles (one per kernel specialisation) over 14 processes.
+    note "pytest --cuda (the Triton columns and tests/test_cuda.py)"
+    timeout 180 python3 -m pytest -q -p no:cacheprovider -n 14 --cuda -rf \
+        -k "triton or test_cuda" tests > "$out/pytest.txt" 2>&1 || failed=$((failed + 1))
+    tail -n 25 "$out/pytest.txt" | tee -a "$out/log.txt"
+fi
+step checks && section_run 60 checks "$out/checks"
+step layers && section_run 30 layers,streaming "$out/layers"
 [ -n "$sections" ] && section_run 540 "$sections" "$out/other"
 # one report of every call (a call cut by its limit keeps what it wrote after each shape)
-reports=$(ls "$out"/kernels/gpu-*.json "$out"/layers/gpu-*.json "$out"/other/gpu-*.json 2>/dev/null)
+reports=$(ls "$out"/{kernels,checks,layers,other}/gpu-*.json 2>/dev/null)
 if [ -n "$reports" ]; then
     python3 bench/gpu_report.py merge $reports --out "$out" 2>&1 | tail -n 60 | tee -a "$out/log.txt"
 fi
@@ -78,7 +80,7 @@ if step ncu; then
     ncu_bin=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -n 1)
     if [ -n "$ncu_bin" ]; then
         note "ncu: rda_scan forward and backward, 16 x 4096 x 1024 float32"
-        timeout 60 "$ncu_bin" --target-processes all -k "regex:fwd_kernel|bwd_kernel" \
+        timeout 40 "$ncu_bin" --target-processes all -k "regex:fwd_kernel|bwd_kernel" \
             --launch-skip 2 --launch-count 2 --section SpeedOfLight --section Occupancy \
             --section WarpStateStats --section LaunchStats \
             python3 bench/gpu_ncu.py > "$out/ncu.txt" 2>&1 || failed=$((failed + 1))

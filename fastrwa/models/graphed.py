@@ -22,6 +22,8 @@ class CUDAGraphDecoder:
     The graph reads the token from a buffer of its own and writes the logits into the
     cache's work buffer, as the eager step does; the cache's state advances in place. Tokens
     are not range-checked (they come from the sampler, which draws ids of the vocabulary).
+    Each ``generate()`` call captures once (two warm-up steps and a capture, which frees
+    PyTorch's cached blocks): a few tokens cost more than eagerly.
     """
 
     def __init__(self, model):
@@ -35,10 +37,12 @@ class CUDAGraphDecoder:
         return self.model.prefill(context, cache)
 
     def step_(self, token: Tensor, cache) -> Tensor:
-        if cache is not self._cache:
-            self._capture(cache)
-        self._token.copy_(token)
-        self._graph.replay()
+        # (on the cache's device: a capture on another current device would record nothing)
+        with torch.cuda.device(cache.device):
+            if cache is not self._cache:
+                self._capture(cache)
+            self._token.copy_(token)
+            self._graph.replay()
         return self._logits
 
     def _capture(self, cache) -> None:

@@ -13,8 +13,9 @@ Forward algorithms (``Options.algorithm``):
   segments too.
 * Single steps (``T = 1``, no gradient needed) use one fused step kernel.
 * "auto": "looped" when ``sequences * channel_blocks`` gives every SM at least
-  ``PROGRAMS_PER_SM`` programs, or when sequences are at most ``2 * BT`` long (segments
-  cannot beat one pass there); otherwise "segments".
+  ``PROGRAMS_PER_SM`` programs, when sequences are at most ``2 * BT`` long, or when the
+  longest would be one segment (segments cannot beat one pass there); otherwise
+  "segments".
 
 The backward uses the same algorithm as the forward. The forward saves each chunk's incoming
 state, ``3 * D`` floats per chunk of ``BT`` steps, and the backward recomputes the rest.
@@ -96,6 +97,9 @@ def choose_algorithm(n_seq: int, D: int, max_len: int, opts: Options, device) ->
         return opts.algorithm
     programs = n_seq * triton.cdiv(D, opts.block_d)
     if programs >= PROGRAMS_PER_SM * _num_sms(device) or max_len <= 2 * opts.block_t:
+        return "looped"
+    cps = segment_chunks(n_seq, D, max_len, opts, device)
+    if triton.cdiv(max_len, opts.block_t) <= cps:    # one segment a sequence: one pass is it
         return "looped"
     return "segments"
 

@@ -32,7 +32,8 @@ def combine(m1, n1, d1, g1, m2, n2, d2, g2):
     A log decay ``g2 = -inf`` forgets segment 1 whatever its ``m1`` (``+inf`` included: the
     limit, not ``inf - inf``). Equal infinite maxima count as a difference of 0 (``+inf``: both
     dominate, weight 1 each); a ``-inf`` maximum (nothing seen) has weight 0. A NaN maximum
-    makes both factors NaN, so NaN reaches ``n~`` and ``d~`` whichever side it came from.
+    makes its side's factor NaN (and the other's unless that side is empty), so NaN reaches
+    ``n~`` and ``d~`` whichever side it came from.
     """
     m1d = tl.where(g2 == NEG_INF, NEG_INF, m1 + g2)
     diff = tl.where(m2 == m1d, 0.0, m2 - m1d)
@@ -122,8 +123,9 @@ def log1p(x):
     """``log(1 + x)`` for ``0 <= x <= 1`` (what :func:`logsigmoid` and softplus pass: an
     ``exp(-|a|)``), without a logarithm: ``2 atanh(s)`` with ``s = x / (2 + x) <= 1/3``, as
     ``2 s P(s^2)``, ``P`` a degree-4 fit to ``atanh(s) / s`` (relative error 4e-9; 2.2e-7 in
-    float32, from the rounding of ``s``). Relative accuracy holds down to the smallest ``x``,
-    which a log decay needs: its error adds up over the steps it is applied."""
+    float32, from the rounding of ``s``). Relative accuracy holds down to the smallest normal
+    ``x`` (1.4e-5 for subnormal ones), which a log decay needs: its error adds up over the
+    steps it is applied."""
     b_s = x / (2.0 + x)
     b_w = b_s * b_s
     b_p = 0.14088399708271027 * b_w + 0.13980455696582794
@@ -301,11 +303,21 @@ def average(b_n, b_d):
 
 
 @triton.jit
+def plane(p, k: tl.constexpr, rows):
+    """Pointer to plane ``k`` of a ``(planes, rows, D)`` buffer given as ``rows`` elements a
+    plane (an int32 argument times ``D``): added one plane at a time, so that no product
+    ``k * rows`` wraps int32."""
+    for _ in tl.static_range(k):
+        p += rows
+    return p
+
+
+@triton.jit
 def load_state(p, o_s, mask_d, rows):
     """``(m, n~, d~)`` ``[BD]`` at ``o_s`` of a ``(3, rows, D)`` buffer (masked lanes: empty)."""
     b_m = tl.load(p + o_s, mask=mask_d, other=NEG_INF)                            # [BD]
-    b_n = tl.load(p + rows + o_s, mask=mask_d, other=0.0)                         # [BD]
-    b_d = tl.load(p + 2 * rows + o_s, mask=mask_d, other=0.0)                     # [BD]
+    b_n = tl.load(plane(p, 1, rows) + o_s, mask=mask_d, other=0.0)                 # [BD]
+    b_d = tl.load(plane(p, 2, rows) + o_s, mask=mask_d, other=0.0)                 # [BD]
     return b_m, b_n, b_d
 
 
@@ -313,8 +325,8 @@ def load_state(p, o_s, mask_d, rows):
 def store_state(p, o_s, mask_d, rows, b_m, b_n, b_d):
     """Store ``(m, n~, d~)`` ``[BD]`` at ``o_s`` of a ``(3, rows, D)`` buffer."""
     tl.store(p + o_s, b_m, mask=mask_d)
-    tl.store(p + rows + o_s, b_n, mask=mask_d)
-    tl.store(p + 2 * rows + o_s, b_d, mask=mask_d)
+    tl.store(plane(p, 1, rows) + o_s, b_n, mask=mask_d)
+    tl.store(plane(p, 2, rows) + o_s, b_d, mask=mask_d)
 
 
 @triton.jit
@@ -340,12 +352,12 @@ def state_row(b_m, b_n, b_d, b_G, r, BT: tl.constexpr):
 def store_summary(p, o_s, mask_d, rows, b_m, b_n, b_d, b_G):
     """Store a summary ``(m, n~, d~, G)`` ``[BD]`` at ``o_s`` of a ``(4, rows, D)`` buffer."""
     store_state(p, o_s, mask_d, rows, b_m, b_n, b_d)
-    tl.store(p + 3 * rows + o_s, b_G, mask=mask_d)
+    tl.store(plane(p, 3, rows) + o_s, b_G, mask=mask_d)
 
 
 @triton.jit
 def load_summary(p, o_s, mask_d, rows):
     """A chunk summary ``(m, n~, d~, G)`` ``[BD]`` from ``(4, rows, D)``."""
     b_m, b_n, b_d = load_state(p, o_s, mask_d, rows)                              # [BD] x3
-    b_G = tl.load(p + 3 * rows + o_s, mask=mask_d, other=0.0)                     # [BD]
+    b_G = tl.load(plane(p, 3, rows) + o_s, mask=mask_d, other=0.0)                 # [BD]
     return b_m, b_n, b_d, b_G

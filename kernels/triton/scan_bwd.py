@@ -43,8 +43,8 @@ import triton.language as tl
 
 from .common import (ONE_PASS, SUMMARY, attention_grad, average, chunk_offsets, chunk_rows,
                      decay_grad, decayed, linear_combine, load_chunk, load_state, log_weights,
-                     next_rows, own_weight, previous_rows, reverse_linear_scan, row, scan_chunk,
-                     step_weights, store_state)
+                     next_rows, own_weight, plane, previous_rows, reverse_linear_scan, row,
+                     scan_chunk, step_weights, store_state)
 from .sequence import first_segment, segment_program, segments, sequence_program
 
 
@@ -118,8 +118,8 @@ def _final_adjoint(i, dht_ptr, o_d, mask_d, D: tl.constexpr, NS, HAS_FINAL_GRAD:
     """The adjoint entering after the last step: ``(W, V) = (gn~, -gd~)`` of the final state."""
     if HAS_FINAL_GRAD:
         o_s = i.to(tl.int64) * D + o_d                                         # [BD]
-        b_W = tl.load(dht_ptr + NS * D + o_s, mask=mask_d, other=0.0)             # [BD]
-        b_V = -tl.load(dht_ptr + 2 * NS * D + o_s, mask=mask_d, other=0.0)        # [BD]
+        b_W = tl.load(plane(dht_ptr, 1, NS * D) + o_s, mask=mask_d, other=0.0)    # [BD]
+        b_V = -tl.load(plane(dht_ptr, 2, NS * D) + o_s, mask=mask_d, other=0.0)   # [BD]
     else:
         b_W = tl.zeros([BD], tl.float32)
         b_V = tl.zeros([BD], tl.float32)

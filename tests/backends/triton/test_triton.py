@@ -40,6 +40,9 @@ def test_heuristic():
     assert triton_host.choose_algorithm(256, 1024, 4096, opts, cpu) == "looped"   # many programs
     assert triton_host.choose_algorithm(1, 256, 1 << 20, opts, cpu) == "segments"
     assert triton_host.choose_algorithm(1, 256, 100, opts, cpu) == "looped"       # short
+    # one segment a sequence (at most 8 chunks of 64 steps): segments would read twice
+    assert triton_host.choose_algorithm(1, 256, 512, opts, cpu) == "looped"
+    assert triton_host.choose_algorithm(1, 256, 513, opts, cpu) == "segments"
     forced = triton_host.Options(algorithm="segments")
     assert triton_host.choose_algorithm(256, 1024, 4096, forced, cpu) == "segments"
     with pytest.raises(ValueError, match="algorithm"):
