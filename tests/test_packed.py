@@ -330,3 +330,27 @@ def test_graph_weights_need_cuda():
     with pytest.raises(ValueError, match="weights='graph'.*CUDA device, it is on cpu"):
         model.generate(torch.tensor([65]), 2, weights="graph")
     assert isinstance(model._decoder("auto"), PackedLM)
+
+
+@pytest.mark.parametrize("batch", [1, 5])
+def test_int8_weights_near_the_float32_maximum_give_the_dequantized_logits(batch):
+    """One MLP weight of 1e38: the int8 step's sum in the weights' own units (|q| up to 127)
+    overflowed where the dequantized float32 weights' product does not, and its logits were
+    NaN; the overflowing sums are taken again with the weights scaled, so the fused step
+    gives PackedLM.dequantized()'s logits (prompt and steps)."""
+    torch.manual_seed(0)
+    model = ByteLM(LMConfig(d_model=16, n_layers=1)).eval()
+    with torch.no_grad():
+        model.blocks[0].mlp[0].weight[3, 5] = 1e38
+    packed = PackedLM(model, "int8")
+    reference = packed.dequantized()
+    prompt = torch.tensor([[65, 66, 67]] * batch)
+    fused, eager = model.allocate_cache(batch), reference.allocate_cache(batch)
+    with torch.no_grad():
+        got, want = packed.prefill(prompt, fused), reference.prefill(prompt, eager)
+        for token in (68, 69):
+            assert torch.isfinite(got).all()
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+            ids = torch.full((batch,), token)
+            got, want = packed.step_(ids, fused).clone(), reference.step_(ids, eager).clone()
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)

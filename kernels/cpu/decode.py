@@ -37,13 +37,26 @@ from .scan_fwd import step_row
 
 
 @reducing_kernel
+def rescaled(w, row, s, x, xr, I):
+    """``sum_i (w[row + i] s) x[xr + i]``: an output's sum with the weights scaled first,
+    for a row whose sum in the weights' own units overflowed (int8: ``|q|`` up to 127 times
+    the weights over their scale), as the dequantized weights' product computes it."""
+    acc = F32(0.0)
+    for i in range(I):
+        acc += (load(w, row + np.uint64(i), F32(0.0)) * s) * x[xr + np.uint64(i)]
+    return acc
+
+
+@reducing_kernel
 def linear(w, w_off, scale, bias, v_off, x, x_off, x_stride, y, y_off, y_stride, O, I, rows):
     """``y[r, o] = scale[o] * sum_i w[o, i] x[r, i] + bias[o]`` for ``rows`` rows ``r``.
 
     ``w`` ``(O, I)`` at ``w_off`` (float32, ``uint16`` bfloat16 bits or int8, widened on
     load), ``scale`` and ``bias`` at ``v_off``; row ``r`` of ``x`` at ``x_off + r *
     x_stride``, of ``y`` likewise. A weight row is read once for four input rows (its
-    products with them share the load); the sums are reordered to vectorise."""
+    products with them share the load); the sums are reordered to vectorise. A sum that
+    overflows before its scale is taken again with the weights scaled (:func:`rescaled`),
+    so that int8 weights give what their dequantized float32 values give."""
     zero = F32(0.0)
     wo, vo = np.uint64(w_off), np.uint64(v_off)
     r = 0
@@ -63,6 +76,11 @@ def linear(w, w_off, scale, bias, v_off, x, x_off, x_stride, y, y_off, y_stride,
                 a2 += wi * x[x2 + u]
                 a3 += wi * x[x3 + u]
             s, b, k = scale[vo + np.uint64(o)], bias[vo + np.uint64(o)], y0 + np.uint64(o)
+            if not (np.isfinite(a0) and np.isfinite(a1) and np.isfinite(a2)
+                    and np.isfinite(a3)) and s != F32(1.0):
+                a0, a1, a2, a3 = rescaled(w, row, s, x, x0, I), rescaled(w, row, s, x, x1, I), \
+                    rescaled(w, row, s, x, x2, I), rescaled(w, row, s, x, x3, I)
+                s = F32(1.0)
             y[k] = a0 * s + b
             y[k + np.uint64(y_stride)] = a1 * s + b
             y[k + np.uint64(2 * y_stride)] = a2 * s + b
@@ -76,7 +94,10 @@ def linear(w, w_off, scale, bias, v_off, x, x_off, x_stride, y, y_off, y_stride,
             acc = zero
             for i in range(I):
                 acc += load(w, row + np.uint64(i), zero) * x[xr + np.uint64(i)]
-            y[yr + np.uint64(o)] = acc * scale[vo + np.uint64(o)] + bias[vo + np.uint64(o)]
+            s = scale[vo + np.uint64(o)]
+            if not np.isfinite(acc) and s != F32(1.0):
+                acc, s = rescaled(w, row, s, x, xr, I), F32(1.0)
+            y[yr + np.uint64(o)] = acc * s + bias[vo + np.uint64(o)]
         r += 1
 
 
