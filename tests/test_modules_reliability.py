@@ -488,8 +488,8 @@ def test_layer_state_last_input_is_checked(call):
     run = (lambda layer, st: layer(x, st)) if call == "forward" \
         else (lambda layer, st: layer.step(x[:, 0], st))
     wrong = LayerState(state.scan, state.last_input.double())
-    with pytest.raises(TypeError, match=r"state.last_input must have the input's dtype "
-                                        r"\(torch.float32\), got torch.float64"):
+    with pytest.raises(TypeError, match=r"state.last_input must have dtype torch.float32, "
+                                        r"got torch.float64"):
         run(shifted, wrong)
     with pytest.raises(ValueError, match="state.last_input must be None: this layer has no "
                                          "token shift"):

@@ -21,7 +21,7 @@ from ..checks import check_context_group, check_no_overlap
 from ..ops.context import (CALL_LAYER, DTYPES, after, agree, fingerprint, previous_input,
                            refuse_together, same_everywhere)
 from .checks import (check_buffer, check_count, check_groups, check_input_dtype, check_mask,
-                     check_size)
+                     check_size, check_state_tensor)
 from .functional import ACTIVATIONS_OUT, NamedActivations, rda_functions
 from .masks import last_kept, last_kept_before
 
@@ -160,14 +160,9 @@ class _ScanLayer(nn.Module):
         if not self.token_shift and last is not None:
             raise ValueError("state.last_input must be None: this layer has no token shift "
                              "(a state of a token_shift layer given to one without?)")
-        if last is not None:
-            dtypes = {x.dtype, self.proj.weight.dtype}
-            if last.dtype not in dtypes:
-                raise TypeError(f"state.last_input must have the input's dtype "
-                                f"({' or '.join(sorted(map(str, dtypes)))}), got {last.dtype}")
-            if last.device != x.device:
-                raise ValueError(f"state.last_input must be on the input's device {x.device}, "
-                                 f"got {last.device}")
+        if last is not None:              # (the input's dtype, or the layer's under autocast)
+            check_state_tensor(last, "state.last_input", (batch, self.input_size), x,
+                               (x.dtype, self.proj.weight.dtype))
         return state
 
     def _check_input(self, x, rank: int, name: str = "x", autocast: bool = True) -> None:
