@@ -373,12 +373,6 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     check_args(p, args)
     if args.quick:
-        p.error(f"--layers must be at least 1, got {args.layers}")
-    if not (math.isfinite(args.lr) and args.lr > 0):
-        p.error(f"--lr must be a positive finite number, got {args.lr}")
-    if args.eval_every < 1:
-        p.error(f"--eval-every must be at least 1, got {args.eval_every}")
-    if args.quick:
         args.seq_len, args.max_steps, args.eval_every, args.seeds = 20, 3, 1, [0]
     given = sys.argv[1:] if argv is None else list(argv)
     if args.join:

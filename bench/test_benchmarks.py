@@ -190,6 +190,22 @@ def test_papers_refuses_impossible_values_before_anything_runs(tmp_path, monkeyp
     assert not (tmp_path / "bench").exists() and not (tmp_path / "bench-results").exists()
 
 
+@pytest.mark.parametrize("flags", [["--quick"], ["--seq-len", "50", "--time-limit", "1"],
+                                   ["--discount-timescales", "2", "2000", "--layers", "2"]])
+def test_papers_valid_flags_reach_the_runs(tmp_path, monkeypatch, flags):
+    """The refusals above refuse nothing valid: these calls reach the first run."""
+    import papers
+
+    class Reached(Exception):
+        pass
+
+    def run(*args, **kwargs):
+        raise Reached
+    monkeypatch.setattr(papers, "run", run)
+    with pytest.raises(Reached):
+        papers.main(["--tasks", "adding", "--out", str(tmp_path / "out"), *flags])
+
+
 def test_papers_a_run_that_measured_nothing_replaces_no_record(tmp_path, capsys):
     import json
     import papers
