@@ -576,3 +576,74 @@ def test_copies_left_by_killed_processes_are_removed(tmp_path, monkeypatch):
     path, got_sha = fdata._snapshot(corpus)
     assert path.read_bytes() == corpus.read_bytes() and got_sha == sha
     assert not dead.exists() and live.exists()
+
+
+def _cli(run_dir: Path, *flags) -> subprocess.Popen:
+    """``python -m fastrwa.train`` on a small adding run, as a process of its own."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "fastrwa.train", "--steps", "400", "--seq-len", "20",
+         "--hidden", "8", "--batch-size", "4", "--log-every", "10", "--eval-every", "100",
+         "--checkpoint-every", "1000", "--no-progress", "--run-dir", str(run_dir), *flags],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def _wait_for_records(run_dir: Path, proc: subprocess.Popen, n: int = 2) -> None:
+    import time
+    for _ in range(600):
+        metrics = run_dir / "metrics.jsonl"
+        if metrics.is_file() and len(metrics.read_text().splitlines()) >= n:
+            return
+        assert proc.poll() is None, proc.stderr.read()
+        time.sleep(0.05)
+    raise AssertionError("the run wrote no metrics")
+
+
+def _records(run_dir: Path) -> list[dict]:
+    """The metrics without the clock (elapsed, throughput), which no two runs share."""
+    out = []
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        out.append({k: v for k, v in r.items()
+                    if k not in ("elapsed_s", "train_s", "tokens_per_s")})
+    return out
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_stops_at_a_step_with_a_checkpoint_and_resumes_exactly(tmp_path, signum):
+    """SIGINT or SIGTERM: the run stops at the next step boundary with a checkpoint there,
+    says the step and the --resume command, exits 128 + the signal (it was a 30-line
+    KeyboardInterrupt traceback, or a silent exit, and no checkpoint); the resumed run ends
+    with the uninterrupted run's metrics, record for record."""
+    whole = _cli(tmp_path / "whole")
+    assert whole.wait(timeout=600) == 0, whole.stderr.read()
+    run = tmp_path / "stopped"
+    proc = _cli(run)
+    _wait_for_records(run, proc)
+    proc.send_signal(signum)
+    assert proc.wait(timeout=600) == 128 + signum
+    err = proc.stderr.read()
+    assert f"stopped at step" in err and f"by {signal.Signals(signum).name}" in err, err
+    assert f"resume with: python -m fastrwa.train --resume {run}" in err and "Traceback" not in err
+    step = int(err.split("stopped at step ")[1].split()[0])
+    assert 0 < step < 400 and torch.load(run / "checkpoint.pt")["step"] == step
+    resumed = subprocess.run([sys.executable, "-m", "fastrwa.train", "--resume", str(run),
+                              "--no-progress"], capture_output=True, text=True, timeout=600,
+                             env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert resumed.returncode == 0, resumed.stderr
+    assert _records(run) == _records(tmp_path / "whole")
+
+
+def test_a_second_interrupt_exits_at_once(tmp_path):
+    """Ctrl-C twice: the second exits at once (status 130, one line), and the run directory
+    keeps what it had (its metrics readable; no checkpoint from the stop is required)."""
+    run = tmp_path / "run"
+    proc = _cli(run, "--steps", "100000")
+    _wait_for_records(run, proc)
+    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=600) == 130
+    err = proc.stderr.read()
+    assert "exiting now" in err or "stopped at step" in err, err     # (the step may end first)
+    assert "Traceback" not in err
+    assert all(json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines())

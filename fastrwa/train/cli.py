@@ -30,6 +30,7 @@ from .loop import train
 from .models import LM_LAYERS, MODELS, check_lm_flags
 from .problems import ALL_TASKS, make_problem
 from .rundir import CONFIG, RunDirError, discard_unstarted_run, prepare_run_dir
+from .stop import Stopped
 from .tasks import TASKS
 
 
@@ -185,6 +186,12 @@ def main(argv: list[str] | None = None) -> int:
         if rank == 0:
             _report(cfg, run_dir, last)
         return 0
+    except Stopped as stop:
+        fresh = False
+        if rank == 0:
+            print(f"{stop}: the checkpoint is saved; resume with: python -m fastrwa.train "
+                  f"--resume {run_dir}", file=sys.stderr)
+        return 128 + stop.signum
     except (RunDirError, ValueError, FileNotFoundError, WriteError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

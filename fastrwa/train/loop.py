@@ -23,6 +23,7 @@ from .models import LM_LAYERS, SequenceNet, detach_state, lm_config
 from .optim import lr_factor, make_optimizer, set_lr
 from .problems import make_problem
 from .rundir import BEST, CHECKPOINT, EXPORT, METRICS, SAMPLES, RunDirError, run_id
+from .stop import Stopped, stop_requests
 
 CPU = Placement(torch.device("cpu"), None)   # where checkpointed states go
 
@@ -61,7 +62,14 @@ def _better(value: float, best, higher_is_better: bool) -> bool:
 
 def train(cfg: RunConfig, run_dir: Path, resume: bool = False) -> dict:
     """Train as configured; return the latest record per split ("train", "valid", "test").
-    Rank 0 writes the run directory. The test split is evaluated once, after the last step."""
+    Rank 0 writes the run directory. The test split is evaluated once, after the last step.
+    SIGINT or SIGTERM stops the run at the next step boundary with a checkpoint there
+    (:class:`fastrwa.train.stop.Stopped` is raised); a second one exits at once."""
+    with contextlib.ExitStack() as stack:
+        return _train(cfg, run_dir, resume, stack)
+
+
+def _train(cfg: RunConfig, run_dir: Path, resume: bool, stack: contextlib.ExitStack) -> dict:
     rank, world = _world()
     lay = layout(cfg.context_parallel)
     place = placement(cfg.device, cfg.autocast)
@@ -123,6 +131,7 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False) -> dict:
     tokens, train_time = 0, 0.0   # since the last train record
     bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, dynamic_ncols=True,
                disable=rank != 0 or not cfg.progress, desc=f"{cfg.task} {cfg.model}")
+    requests = stack.enter_context(stop_requests())
     for step in bar:
         began = time.perf_counter()
         model.train()
@@ -206,7 +215,8 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False) -> dict:
         # checkpoint would say the run is done while model/ is missing).
         if done == cfg.steps and rank == 0 and hasattr(model, "config"):
             save_pretrained(model, run_dir / EXPORT)
-        if done % cfg.checkpoint_every == 0 or done == cfg.steps:
+        stop = requests.pending(world, place.device)
+        if done % cfg.checkpoint_every == 0 or done == cfg.steps or stop:
             states = [None] * world
             if world > 1:
                 dist.all_gather_object(states, CPU.to(carried))
@@ -219,6 +229,9 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False) -> dict:
                     "elapsed": clock, "train_elapsed": train_clock, "best": best,
                     "carried": states if problem.stateful else None,
                     "run": provenance(cfg, identity, problem.fingerprint)})
+        if stop and done < cfg.steps:
+            bar.close()
+            raise Stopped(stop, done)
     bar.close()
     return last
 
