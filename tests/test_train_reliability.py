@@ -647,3 +647,22 @@ def test_a_second_interrupt_exits_at_once(tmp_path):
     assert "exiting now" in err or "stopped at step" in err, err     # (the step may end first)
     assert "Traceback" not in err
     assert all(json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines())
+
+
+def test_messages_of_a_refused_language_model_run(tmp_path, capsys):
+    """A misspelled --lm field names the field and the ones there are (it was Python's raw
+    "__init__() got an unexpected keyword argument"); --task text without --data, or with a
+    missing file, is refused before a run directory is named, and a text corpus's error does
+    not point at the enwik8 download."""
+    corpus = _corpus(tmp_path)
+    code, _ = _run(tmp_path, "a", *_lm_flags(corpus), "--steps", 2, "--lm", "nheads=2")
+    err = capsys.readouterr().err
+    assert code == 2 and "--lm nheads=...: LMConfig has no field 'nheads'" in err
+    assert "n_heads" in err and "unexpected keyword" not in err
+    for flags, words in ((["--task", "text"], "needs --data"),
+                         (["--task", "text", "--data", tmp_path / "missing.txt"],
+                          "no such file (a byte corpus")):
+        code, run = _run(tmp_path, "b", *flags, "--steps", 2)
+        err = capsys.readouterr().err
+        assert code == 2 and words in err and "run directory" not in err, err
+        assert "enwik8" not in err and not run.exists()

@@ -25,6 +25,7 @@ from ..kernels.codes import ATTENTIONS
 from ..models.pretrained import WriteError
 from .config import (AUTOCASTS, DEFAULTS, DEVICES, LM_ONLY_MODELS, RESUMABLE_CHANGES,
                      SCHEDULES, RunConfig, parse_lm_field)
+from .data import check_corpus_path
 from .device import process_group_backend, resolve_device
 from .loop import train
 from .models import LM_LAYERS, MODELS, check_lm_flags
@@ -147,7 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         cfg, given = _config(args)
-    except ValueError as exc:
+        if cfg.is_lm:                  # (before a run directory is named or made)
+            check_corpus_path(cfg.data)
+    except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     world = int(os.environ.get("WORLD_SIZE", "1"))

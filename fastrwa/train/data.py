@@ -201,6 +201,17 @@ class Corpus(NamedTuple):
     sha256: str
 
 
+def check_corpus_path(path: str | Path) -> None:
+    """``FileNotFoundError`` naming ``--data`` unless ``path`` is a file (the hint: how to get
+    enwik8 for a path named so, else what a corpus is)."""
+    path = Path(path)
+    if not path.is_file():
+        hint = (" (enwik8: the raw 'enwik8' file or 'enwik8.zip'; get it with python -m "
+                "fastrwa.train.data download-enwik8)") if "enwik8" in path.name.lower() else \
+            " (a byte corpus: any file, read as bytes)"
+        raise FileNotFoundError(f"--data {path}: no such file{hint}")
+
+
 def open_corpus(path: str | Path) -> Corpus:
     """The bytes of a corpus file, mapped from disk (not read into each process's memory):
     a raw file, or the single member of a ``.zip`` (enwik8.zip). Either is first copied into
@@ -208,9 +219,7 @@ def open_corpus(path: str | Path) -> Corpus:
     or sha256 at every use) and mapped from there, so that nothing done to ``path`` during a
     run reaches it. A zip cut short (an interrupted download) is refused."""
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"--data {path}: no such file (enwik8: the raw 'enwik8' file or "
-                                f"'enwik8.zip'; get it with python -m fastrwa.train.data download-enwik8)")
+    check_corpus_path(path)
     if _looks_like_zip(path):
         if not zipfile.is_zipfile(path):
             raise ValueError(f"--data {path}: the zip is truncated or damaged (no zip "

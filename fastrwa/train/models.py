@@ -86,10 +86,15 @@ def lm_config(cfg: RunConfig) -> LMConfig:
     """The :class:`LMConfig` of a language-model run: ``--model``, ``--hidden``, ``--layers``,
     ``--attention``, the context (``--bptt``: a Transformer's window), then the ``--lm``
     fields over the defaults."""
+    known = {f.name for f in dataclasses.fields(LMConfig)}
+    unknown = sorted(set(cfg.lm) - known)
+    if unknown:
+        raise ValueError(f"--lm {unknown[0]}=...: LMConfig has no field {unknown[0]!r}; its "
+                         f"fields: {', '.join(sorted(known - set(LM_FLAG_FIELDS)))}")
     try:
         return LMConfig(layer=LM_LAYERS[cfg.model], d_model=cfg.hidden, n_layers=cfg.layers,
                         attention=cfg.attention, context=cfg.bptt, **cfg.lm)
-    except TypeError as exc:           # an unknown field, or a bool given a number
+    except TypeError as exc:           # a bool given a number
         raise ValueError(f"--lm: {exc}") from exc
 
 
