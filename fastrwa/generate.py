@@ -38,7 +38,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
     p.add_argument("--prompt", default="", help="text to continue (UTF-8; default: none)")
     p.add_argument("--max-new", type=int, default=500, help="bytes to generate (default 500)")
-    p.add_argument("--temperature", type=float, default=0.8, help="default 0.8")
+    p.add_argument("--temperature", type=float, default=1.0,
+                   help="default 1.0 (as ByteLM.generate and Hugging Face generate())")
     p.add_argument("--top-k", type=int, default=None)
     p.add_argument("--top-p", type=float, default=None)
     p.add_argument("--beam", type=int, default=1, help="beam search width (default 1: sample)")

@@ -108,3 +108,13 @@ def test_weights_formats_stream_and_refuse_what_they_cannot_run(export, tmp_path
     capsysbinary.readouterr()
     assert generate_main([str(lstm), "--max-new", "2", "--weights", "int8"]) == 2
     assert "has the eager step only" in _error(capsysbinary)
+
+
+def test_the_cli_samples_at_the_temperature_generate_defaults_to():
+    """The CLI's default temperature is ByteLM.generate's (it was 0.8 against 1.0)."""
+    import inspect
+
+    from fastrwa.generate import parser
+    from fastrwa.models import ByteLM
+    default = inspect.signature(ByteLM.generate).parameters["temperature"].default
+    assert parser().parse_args(["run"]).temperature == default == 1.0

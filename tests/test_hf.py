@@ -141,8 +141,8 @@ def test_padding_and_holes_stay_out_of_the_state(exported):
         alone = model.generate(**tokenizer(text, return_tensors="pt"), max_new_tokens=15,
                                do_sample=False)
         assert out[row, -15:].tolist() == alone[0, -15:].tolist(), text
-    with pytest.raises(ValueError, match=r"ids in \[0, 257\)"):   # (padding without its mask)
-        model.generate(batch.input_ids, max_new_tokens=2)
+    with pytest.raises(ValueError, match=r"pass the attention_mask the tokenizer returned"):
+        model.generate(batch.input_ids, max_new_tokens=2)          # (padding without its mask)
 
 
 def test_an_attention_mask_of_the_wrong_length_is_refused(exported):
@@ -333,7 +333,10 @@ def test_export_refuses_to_overwrite_what_it_did_not_write(tmp_path, exported, c
     assert export_main([str(tmp_path / "m"), str(other), "--overwrite"]) == 2
     assert "not a fastrwa Hugging Face export" in capsys.readouterr().err
     assert (other / "notes.txt").read_text() == "keep me"
+    capsys.readouterr()
     assert export_main([str(tmp_path / "m"), str(tmp_path / "new")]) == 0
+    err = capsys.readouterr().err            # one line, no "Writing model shards" bar
+    assert err.startswith("exported ") and len(err.strip().splitlines()) == 1, err
     assert export_main([str(tmp_path / "m"), str(tmp_path / "new"), "--overwrite"]) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m", "new", "other"]   # no leftovers
     assert export_main([str(tmp_path / "missing"), str(tmp_path / "x")]) == 2

@@ -22,6 +22,7 @@ import tempfile
 from pathlib import Path
 
 from safetensors import SafetensorError
+from transformers.utils import logging as hf_logging
 
 from ..models import ByteLM, load_pretrained, run_model_dir
 from . import FastRWAByteTokenizer, FastRWAConfig, FastRWAForCausalLM
@@ -70,6 +71,8 @@ def export(run_dir: str | Path, out_dir: str | Path, best: bool = False,
     umask = os.umask(0)
     os.umask(umask)
     staging.chmod(0o777 & ~umask)          # (mkdtemp's 0700 would outlive the rename)
+    bar = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()   # (its "Writing model shards" bar, for megabytes)
     try:
         FastRWAForCausalLM.from_bytelm(model).save_pretrained(staging)
         FastRWAByteTokenizer().save_pretrained(staging)
@@ -86,6 +89,8 @@ def export(run_dir: str | Path, out_dir: str | Path, best: bool = False,
         if old is not None:
             shutil.rmtree(old)
     finally:
+        if bar:
+            hf_logging.enable_progress_bar()
         shutil.rmtree(staging, ignore_errors=True)
     return out_dir
 

@@ -170,6 +170,13 @@ class FastRWAForCausalLM(FastRWAPreTrainedModel, GenerationMixin):
                             f"got {type(past_key_values).__name__}")
         T = input_ids.shape[-1]
         mask = None
+        if attention_mask is None and isinstance(input_ids, Tensor) and input_ids.numel() \
+                and not input_ids.is_floating_point() \
+                and bool((input_ids >= self.config.vocab_size).any()):
+            raise ValueError(f"input_ids hold ids from {self.config.vocab_size} on (the "
+                             f"tokenizer pads with {self.config.vocab_size}, outside the "
+                             f"vocabulary): pass the attention_mask the tokenizer returned "
+                             f"with them, or ids in [0, {self.config.vocab_size})")
         if attention_mask is not None:
             past = 0 if past_key_values is None else past_key_values.seen
             if not isinstance(attention_mask, Tensor) or attention_mask.dim() != 2 \
