@@ -666,3 +666,25 @@ def test_messages_of_a_refused_language_model_run(tmp_path, capsys):
         err = capsys.readouterr().err
         assert code == 2 and words in err and "run directory" not in err, err
         assert "enwik8" not in err and not run.exists()
+
+
+def test_a_log_line_during_training_is_not_glued_to_the_progress_bar(tmp_path, monkeypatch,
+                                                                    capsys):
+    """The CPU kernels' compile notice (a warning of the "fastrwa" logger) printed during a
+    step goes through the progress bar's writer: it starts a line of its own (it was
+    appended to the bar's line)."""
+    import logging
+
+    from fastrwa.train import problems
+    real = problems.SyntheticProblem.batch
+
+    def batch(self, step, streams):
+        if step == 3:
+            logging.getLogger("fastrwa").warning("fastrwa: a notice during a step")
+        return real(self, step, streams)
+    monkeypatch.setattr(problems.SyntheticProblem, "batch", batch)
+    assert train_main(["--steps", "6", "--seq-len", "10", "--hidden", "4", "--batch-size", "2",
+                       "--run-dir", str(tmp_path / "run")]) == 0
+    err = capsys.readouterr().err
+    at = err.index("fastrwa: a notice during a step")
+    assert err[at - 1] in "\r\n", repr(err[max(0, at - 40):at + 40])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import sys
 import time
 from pathlib import Path
@@ -11,6 +12,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 from ..models import build, save_pretrained
 from .checkpoints import (check_checkpoint, check_provenance, load_checkpoint, provenance,
@@ -132,6 +134,9 @@ def _train(cfg: RunConfig, run_dir: Path, resume: bool, stack: contextlib.ExitSt
     bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, dynamic_ncols=True,
                disable=rank != 0 or not cfg.progress, desc=f"{cfg.task} {cfg.model}")
     requests = stack.enter_context(stop_requests())
+    if not bar.disable:       # (a log line, e.g. the CPU kernels' compile notice, on a line
+        # of its own, not glued to the bar's)
+        stack.enter_context(logging_redirect_tqdm(loggers=[logging.getLogger("fastrwa")]))
     for step in bar:
         began = time.perf_counter()
         model.train()
