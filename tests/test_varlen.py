@@ -3,6 +3,8 @@
 import pytest
 import torch
 
+import fastrwa
+
 from helpers import assert_close, compare_gradients, make_inputs, make_state, reference, run
 
 
@@ -28,3 +30,90 @@ def test_varlen_offsets_may_be_a_strided_view(backend):
     y_ref, st_ref = reference(z, a, g, "sigmoid", None, False, cu.contiguous())
     assert_close(y, y_ref, backend.tol["y"], "y")
     assert_close(st.average(), st_ref.average(), backend.tol["y"], "state")
+
+
+LAYERS = {
+    "rwa": lambda: fastrwa.nn.RWA(3, 4),
+    "rda shift": lambda: fastrwa.nn.RDA(3, 4, token_shift=True),
+    "rda sigmoid bidirectional shift": lambda: fastrwa.nn.RDA(
+        3, 4, attention="sigmoid", bidirectional=True, token_shift=True),
+    "rda time-first grouped": lambda: fastrwa.nn.RDA(3, 4, batch_first=False,
+                                                     discount_groups=2, token_shift=True),
+}
+
+
+@pytest.mark.parametrize("name", list(LAYERS))
+def test_layers_run_packed_sequences_as_each_alone(backend, name):
+    """``layer(x, state, cu_seqlens=cu)`` with ``x`` ``(1, total, input)``: each sequence (one
+    empty) as if run alone from its row of the state, its token shift restarting from that
+    row's last input: outputs, final states and the gradients of the inputs, the state and
+    the parameters equal one call per sequence."""
+    torch.manual_seed(0)
+    layer = LAYERS[name]().to(backend.dtype)
+    time_first = not layer.batch_first
+    cu = torch.tensor([0, 3, 3, 8, 9])
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(1, 9, 3, generator=gen, dtype=torch.float64).to(backend.dtype)
+    with torch.no_grad():      # a state of 4 rows, as a forward over 4 sequences leaves it
+        _, state = layer(torch.randn(4, 2, 3, generator=gen, dtype=torch.float64)
+                         .to(backend.dtype).transpose(0, 1) if time_first else
+                         torch.randn(4, 2, 3, generator=gen, dtype=torch.float64)
+                         .to(backend.dtype))
+    leaves = [x.clone().requires_grad_(), *(t.clone().requires_grad_() for t in state.scan),
+              state.last_input.clone().requires_grad_() if layer.token_shift else None]
+    tf = (lambda t: t.transpose(0, 1)) if time_first else (lambda t: t)
+
+    def states(rows):
+        return fastrwa.nn.LayerState(fastrwa.ScanState(*(t[rows] for t in leaves[1:4])),
+                                     None if leaves[4] is None else leaves[4][rows])
+
+    y, final = layer(tf(leaves[0]), states(slice(None)), cu_seqlens=cu)
+    y = tf(y)
+    ys, finals = [], []
+    for i in range(4):
+        yi, fi = layer(tf(leaves[0][:, cu[i]:cu[i + 1]]), states(slice(i, i + 1)))
+        ys.append(tf(yi))
+        finals.append(fi)
+    want = torch.cat(ys, 1)
+    tol = backend.tol
+    assert_close(y, want.double(), tol["y"], "packed output")
+    for k, field in enumerate(("m", "n", "d")):
+        got = getattr(final.scan, field)
+        expect = torch.cat([getattr(f.scan, field) for f in finals])
+        if field == "m":
+            got, expect = got.clamp(min=-1e30), expect.clamp(min=-1e30)
+        assert_close(got, expect.double(), tol["y"], f"final {field}")
+    if layer.token_shift:
+        assert_close(final.last_input, torch.cat([f.last_input for f in finals]).double(),
+                     tol["y"], "final last_input")
+    w = torch.randn(y.shape, generator=gen, dtype=torch.float64).to(backend.dtype)
+    wanted = [t for t in leaves if t is not None] + list(layer.parameters())
+    loss = lambda out, fin: (out * w).sum() + (fin.n / fin.d).sum()           # noqa: E731
+    got = torch.autograd.grad(loss(y, final.scan), wanted, allow_unused=True)
+    ref_final = fastrwa.ScanState(*(torch.cat([getattr(f.scan, k) for f in finals])
+                                    for k in ("m", "n", "d")))
+    expect = torch.autograd.grad(loss(want, ref_final), wanted, allow_unused=True)
+    for i, (g, e) in enumerate(zip(got, expect)):
+        if e is None:
+            assert g is None or not g.abs().any(), i
+            continue
+        assert_close(g, e.double(), tol["grad"], f"gradient {i}")
+
+
+def test_byte_lm_runs_packed_documents_as_each_alone():
+    """``ByteLM(tokens, cu_seqlens=cu)``: each document's logits and final state are those of
+    running it alone; a mask or a context group with cu_seqlens is refused."""
+    from fastrwa.models import ByteLM, LMConfig
+    torch.manual_seed(0)
+    model = ByteLM(LMConfig(d_model=16, n_layers=2)).double()
+    cu = torch.tensor([0, 4, 4, 11])
+    tokens = torch.randint(0, 256, (1, 11))
+    logits, state = model(tokens, cu_seqlens=cu)
+    for i in range(3):
+        alone, final = model(tokens[:, cu[i]:cu[i + 1]])
+        assert_close(logits[:, cu[i]:cu[i + 1]], alone, 1e-12, f"document {i}")
+        for got, want in zip(state.layers, final.layers):
+            assert_close(got.scan.n[i] / got.scan.d[i], want.scan.n[0] / want.scan.d[0], 1e-12)
+            assert_close(got.last_input[i], want.last_input[0], 1e-12)
+    with pytest.raises(ValueError, match="cu_seqlens cannot be combined with mask"):
+        model(tokens, mask=torch.ones(1, 11, dtype=torch.bool), cu_seqlens=cu)

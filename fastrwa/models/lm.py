@@ -58,9 +58,11 @@ class Block(nn.Module):
                                  nn.Linear(config.mlp_ratio * d, d))
 
     def forward(self, x: Tensor, state: Optional[LayerState], mask: Optional[Tensor] = None,
-                context_group=None) -> tuple[Tensor, LayerState]:
+                context_group=None, cu_seqlens: Optional[Tensor] = None
+                ) -> tuple[Tensor, LayerState]:
         normed = self.norm1(x)
-        h, state = self.mix(normed, state, mask, context_group=context_group)
+        h, state = self.mix(normed, state, mask, context_group=context_group,
+                            cu_seqlens=cu_seqlens)
         x = x + self._gated(h, normed)
         return x + self.mlp(self.norm2(x)), state
 
@@ -309,7 +311,7 @@ class ByteLM(nn.Module):
     def forward(self, tokens: Tensor, state: Optional[LMState] = None,
                 mask: Optional[Tensor] = None,
                 context_group: "torch.distributed.ProcessGroup | None" = None,
-                ) -> tuple[Tensor, LMState]:
+                cu_seqlens: Optional[Tensor] = None) -> tuple[Tensor, LMState]:
         """Logits ``(B, T, vocab_size)`` for every position and the state after the last.
 
         ``mask`` ``(B, T)`` bool, ``False`` at tokens to skip (padding, anywhere in a row):
@@ -325,7 +327,12 @@ class ByteLM(nn.Module):
         ``state`` the state before the whole sequence on rank 0 (``None`` on the others),
         and the returned state the one after this rank's slice: the whole sequence's on the
         last rank. Every rank of the group makes the same calls (and, when training, the
-        backward through its logits)."""
+        backward through its logits).
+
+        With ``cu_seqlens`` (``(N + 1,)`` offsets, the op's convention) ``tokens`` ``(1,
+        total)`` holds ``N`` documents back to back, each run as if alone (from its row of
+        ``state``, an :class:`LMState` of ``N`` rows, or the initial state); the state
+        returned has a row per document. Not with ``mask`` or ``context_group``."""
         try:
             tokens, states = self._check_tokens(tokens, 2), self._check_state(state)
             if context_group is not None and tokens.device != self.embed.weight.device:
@@ -345,7 +352,7 @@ class ByteLM(nn.Module):
         x = self.embed(tokens)
         new = []
         for block, layer_state in zip(self.blocks, states):
-            x, layer_state = block(x, layer_state, mask, context_group)
+            x, layer_state = block(x, layer_state, mask, context_group, cu_seqlens)
             new.append(layer_state)
         if mask is not None:                  # (a skipped token: the last kept one's output)
             x = x.gather(1, last_kept(mask).clamp(min=0)[..., None].expand_as(x))

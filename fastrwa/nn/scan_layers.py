@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from .. import scan as _scan
 from ..ops.dispatch import state_dtype
 from ..state import ScanState
-from ..checks import check_context_group, check_no_overlap
+from ..checks import check_context_group, check_cu_seqlens, check_no_overlap
 from ..ops.context import (CALL_LAYER, DTYPES, after, agree, fingerprint, previous_input,
                            refuse_together, same_everywhere)
 from .checks import (check_buffer, check_count, check_groups, check_input_dtype, check_mask,
@@ -137,11 +137,12 @@ class _ScanLayer(nn.Module):
             last = self.proj.weight.new_zeros(batch, self.input_size)
         return LayerState(ScanState(m, n * seen, seen), last)
 
-    def _check_state(self, state, x: Tensor) -> LayerState:
-        """``state`` for input ``x`` (``(B, ...)``): shapes, and ``last_input`` present with
-        ``x``'s dtype (or the layer's) and device exactly when the layer shifts tokens (the
-        scan tensors' dtypes and devices are the op's to check)."""
-        batch = x.shape[0]
+    def _check_state(self, state, x: Tensor, batch: Optional[int] = None) -> LayerState:
+        """``state`` for input ``x`` (``(B, ...)``; ``batch`` rows when packed): shapes, and
+        ``last_input`` present with ``x``'s dtype (or the layer's) and device exactly when
+        the layer shifts tokens (the scan tensors' dtypes and devices are the op's to
+        check)."""
+        batch = x.shape[0] if batch is None else batch
         if state is None:
             return self.initial_state(batch)
         if not isinstance(state, LayerState):
@@ -193,7 +194,12 @@ class _ScanLayer(nn.Module):
             else:
                 shifted = inputs.gather(1, last_kept_before(mask)[..., None].expand_as(x))
             x = torch.cat([x, shifted], dim=-1)
-        parts = self.proj(x).split(self.gate_widths * self.num_directions, dim=-1)
+        return self._shaped_gates(self.proj(x).split(self.gate_widths * self.num_directions,
+                                                     dim=-1))
+
+    def _shaped_gates(self, parts) -> list[tuple[Tensor, ...]]:
+        """The projection's parts as each direction's gates (a group's discount given to each
+        of its channels)."""
         G = self.num_gates
         gates = [parts[d * G:(d + 1) * G] for d in range(self.num_directions)]
         if self.discount_groups is not None:    # each group's discount to its channels
@@ -202,7 +208,7 @@ class _ScanLayer(nn.Module):
         return gates
 
     def _scan(self, gates: tuple[Tensor, ...], state: Optional[ScanState], reverse: bool,
-              step: bool, context_group=None):
+              step: bool, context_group=None, cu_seqlens=None):
         raise NotImplementedError
 
     def _output(self, y: Tensor) -> Tensor:
@@ -210,8 +216,9 @@ class _ScanLayer(nn.Module):
 
     def forward(self, x: Tensor, state: Optional[LayerState] = None,
                 mask: Optional[Tensor] = None,
-                context_group: "dist.ProcessGroup | None" = None) -> tuple[Tensor, LayerState]:
-        """Run the layer over a whole sequence.
+                context_group: "dist.ProcessGroup | None" = None,
+                cu_seqlens: Optional[Tensor] = None) -> tuple[Tensor, LayerState]:
+        """Run the layer over a whole sequence (or over packed sequences: ``cu_seqlens``).
 
         Args:
             x: ``(B, T, input_size)`` (``(T, B, input_size)`` if ``batch_first=False``).
@@ -226,6 +233,14 @@ class _ScanLayer(nn.Module):
                 included). ``state`` is then the state before the whole sequence, given on
                 rank 0 only (``None`` elsewhere; a bidirectional layer takes none), and every
                 rank of the group must make the same calls.
+            cu_seqlens: packed sequences, the op's convention: ``x`` is ``(1, total,
+                input_size)`` (``(total, 1, input_size)`` time-first) holding ``N``
+                sequences back to back, ``cu_seqlens`` ``(N + 1,)`` int32/int64 their
+                offsets (``0, len_0, len_0 + len_1, ..., total``). Each sequence runs as if
+                alone: from its row of ``state`` (a :class:`LayerState` of ``N`` rows, or the
+                initial state), its token shift starting from that row's ``last_input``; the
+                returned state has a row per sequence. Not with ``mask`` or
+                ``context_group``.
 
         Returns:
             ``(output, state)``: output ``(B, T, directions * hidden_size)`` (time first if
@@ -234,6 +249,8 @@ class _ScanLayer(nn.Module):
             whole sequence's on the last rank, for a bidirectional layer its forward
             channels there and its reverse channels on rank 0).
         """
+        if cu_seqlens is not None:
+            return self._packed(x, state, mask, context_group, cu_seqlens)
         if context_group is None:
             self._check_input(x, 3)
             if mask is not None:
@@ -280,6 +297,50 @@ class _ScanLayer(nn.Module):
             last = torch.where(mask.any(dim=1, keepdim=True),
                                x.gather(1, last_kept(mask)[:, -1, None, None].clamp(min=0)
                                         .expand(-1, 1, x.shape[2]))[:, 0], previous)
+        if not self.batch_first:
+            out = rearrange(out, "b t h -> t b h")
+        return out, LayerState(final, last)
+
+    def _packed(self, x, state, mask, context_group, cu_seqlens) -> tuple[Tensor, LayerState]:
+        """:meth:`forward` over packed sequences (``cu_seqlens``)."""
+        if mask is not None or context_group is not None:
+            raise ValueError("cu_seqlens cannot be combined with mask or context_group "
+                             "(packed sequences need neither padding nor a split)")
+        self._check_input(x, 3)
+        if not self.batch_first:
+            x = rearrange(x, "t b i -> b t i")
+        n_seq = check_cu_seqlens(cu_seqlens, x)
+        state = self._check_state(state, x, batch=n_seq)
+        cu = cu_seqlens.to(torch.int64)
+        starts, lengths = cu[:-1], cu[1:] - cu[:-1]
+        seen = lengths > 0
+        previous = None
+        if self.token_shift:            # each sequence's first token shifts in its last_input
+            earlier = torch.cat([x.new_zeros(1, 1, x.shape[2]), x[:, :-1]], dim=1)
+            at = starts[seen]
+            earlier = earlier.index_put((torch.zeros_like(at), at),
+                                        state.last_input[seen].to(x.dtype))
+            x_in = torch.cat([x, earlier], dim=-1)
+        else:
+            x_in = x
+        parts = self.proj(x_in).split(self.gate_widths * self.num_directions, dim=-1)
+        gates = self._shaped_gates(parts)
+        H = self.hidden_size
+        ys, finals = [], []
+        for d in range(self.num_directions):
+            part = ScanState(*(s[:, d * H:(d + 1) * H] for s in state.scan))
+            y, final = self._scan(gates[d], part, reverse=d == 1, step=False,
+                                  cu_seqlens=cu_seqlens)
+            ys.append(y)
+            finals.append(final)
+        out = torch.cat([self._output(y) for y in ys], dim=-1) if len(ys) > 1 \
+            else self._output(ys[0])
+        final = finals[0] if len(finals) == 1 else ScanState(
+            *(torch.cat(parts, dim=-1) for parts in zip(*finals)))
+        last = previous
+        if self.token_shift:            # each sequence's last token (an empty one: its own)
+            ends = (cu[1:] - 1).clamp(min=0)
+            last = torch.where(seen[:, None], x[0, ends], state.last_input.to(x.dtype))
         if not self.batch_first:
             out = rearrange(out, "b t h -> t b h")
         return out, LayerState(final, last)
@@ -536,14 +597,14 @@ class RWA(_ScanLayer):
                          bidirectional=bidirectional, token_shift=token_shift,
                          learn_initial_state=learn_initial_state, device=device, dtype=dtype)
 
-    def _scan(self, gates, state, reverse, step, context_group=None):
+    def _scan(self, gates, state, reverse, step, context_group=None, cu_seqlens=None):
         u, g, a = gates
         z = u * torch.tanh(g)
         if step:
             y, final = _scan.rwa_step(z[:, 0], a[:, 0], state)
             return y[:, None], final
         return _scan.rwa_scan(z, a, state, output_final_state=True, reverse=reverse,
-                              context_group=context_group)
+                              cu_seqlens=cu_seqlens, context_group=context_group)
 
     def _output(self, y):
         return torch.tanh(y)
@@ -641,14 +702,15 @@ class RDA(NamedActivations, _ScanLayer):
         own = torch.cat([torch.arange(3 * H), 3 * H + torch.arange(H) // r])
         return torch.cat([d * per_direction + own for d in range(self.num_directions)])
 
-    def _scan(self, gates, state, reverse, step, context_group=None):
+    def _scan(self, gates, state, reverse, step, context_group=None, cu_seqlens=None):
         u, g, a, c = gates
         z = u * torch.tanh(g)
         if step:
             y, final = _scan.rda_step(z[:, 0], a[:, 0], c[:, 0], state, self.attention)
             return y[:, None], final
         return _scan.rda_scan(z, a, c, self.attention, state, output_final_state=True,
-                              reverse=reverse, context_group=context_group)
+                              reverse=reverse, cu_seqlens=cu_seqlens,
+                              context_group=context_group)
 
     def _output(self, y):
         return self._f_o(self._f_h(y))
