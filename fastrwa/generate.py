@@ -11,6 +11,7 @@ matrices. Needs no training code.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import sys
@@ -104,11 +105,42 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(threads)      # (main may be called from a program)
 
 
+def _is_hf_export(directory: Path) -> bool:
+    """A directory ``python -m fastrwa.hf.export`` wrote (a Hugging Face model of ours)."""
+    try:
+        config = json.loads((directory / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return (isinstance(config, dict) and config.get("model_type") == "fastrwa"
+            and (directory / "model.safetensors").is_file())
+
+
+def _load(directory: Path, best: bool):
+    """The model of a run directory, a ``save_pretrained`` directory or a Hugging Face
+    export (loaded through ``fastrwa.hf``, its checksum checked)."""
+    if not best and _is_hf_export(Path(directory)):
+        try:
+            from transformers.utils import logging as hf_logging
+
+            from .hf import FastRWAForCausalLM
+        except ImportError as exc:
+            raise ValueError(f"{directory} is a Hugging Face export: reading it needs "
+                             f"transformers (pip install 'fastrwa[hf]')") from exc
+        bar = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()        # (its "Loading weights" bar)
+        try:
+            return FastRWAForCausalLM.from_pretrained(directory).model.eval()
+        finally:
+            if bar:
+                hf_logging.enable_progress_bar()
+    return load_pretrained(run_model_dir(directory, best))
+
+
 def _generate(args) -> int:
     device = torch.device("cuda" if args.device == "cuda" or (
         args.device == "auto" and torch.cuda.is_available()) else "cpu")
     try:
-        model = load_pretrained(run_model_dir(args.run_dir, args.best)).to(device)
+        model = _load(args.run_dir, args.best).to(device)
         options = {}
         if isinstance(model, ByteLM):
             options["weights"] = args.weights

@@ -376,3 +376,28 @@ def test_export_never_follows_a_link_and_a_full_disk_is_one_error(tmp_path, caps
         assert err.startswith("error: ") and "No space left on device" in err
         assert "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["first", "link", "m"]  # no leftovers
+
+
+def test_one_model_directory_loads_the_same_ways(tmp_path):
+    """A run's directory and its Hugging Face export: the generate CLI reads both (greedy:
+    the same bytes; an export was "no model there"), load_pretrained takes the run's
+    directory (it wanted model/), and the export's generation_config.json carries the
+    suppress_tokens docs/hf.md describes."""
+    from fastrwa.models import load_pretrained, save_pretrained
+
+    torch.manual_seed(0)
+    model = ByteLM(LMConfig(d_model=16, n_layers=1))
+    save_pretrained(model, tmp_path / "run" / "model")
+    assert type(load_pretrained(tmp_path / "run")).__name__ == "ByteLM"
+    fhf.FastRWAForCausalLM.from_bytelm(model).save_pretrained(tmp_path / "hf")
+    config = json.loads((tmp_path / "hf" / "generation_config.json").read_text())
+    assert config["suppress_tokens"] == [256]
+    out = {}
+    for name in ("run", "hf"):
+        done = subprocess.run([sys.executable, "-m", "fastrwa.generate", str(tmp_path / name),
+                               "--prompt", "ab", "--max-new", "8", "--top-k", "1"],
+                              capture_output=True, env=ENV, timeout=600)
+        assert done.returncode == 0, done.stderr
+        assert b"Loading weights" not in done.stderr
+        out[name] = done.stdout
+    assert out["hf"] == out["run"] and len(out["run"]) >= 10

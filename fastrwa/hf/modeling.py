@@ -145,6 +145,8 @@ class FastRWAForCausalLM(FastRWAPreTrainedModel, GenerationMixin):
                             f"Face class)")
         hf = cls(FastRWAConfig.from_lm_config(model.config))
         hf.model.load_state_dict(model.state_dict())
+        # (written into generation_config.json by save_pretrained: ids past the bytes)
+        hf.generation_config.suppress_tokens = hf._not_bytes
         return hf.to(next(model.parameters()).dtype)
 
     def get_input_embeddings(self):

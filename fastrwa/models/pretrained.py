@@ -132,8 +132,8 @@ def save_pretrained(model: nn.Module, directory: str | os.PathLike) -> None:
 
 
 def load_pretrained(directory: str | os.PathLike, map_location=None) -> nn.Module:
-    """The model saved in ``directory`` by :func:`save_pretrained` (a training run's directory
-    holds one under ``model/`` and the best by validation under ``best/``), in eval mode.
+    """The model saved in ``directory`` by :func:`save_pretrained`, in eval mode; a training
+    run's directory gives its final ``model/`` (its best by validation is under ``best/``).
 
     Safe: the weights are read with ``torch.load(weights_only=True)``, which unpickles
     tensors and plain containers only, after every record of ``model.pt`` is checked against
@@ -150,8 +150,12 @@ def load_pretrained(directory: str | os.PathLike, map_location=None) -> nn.Modul
     """
     path = Path(directory)
     if not (path / CONFIG).is_file() or not (path / WEIGHTS).is_file():
-        raise FileNotFoundError(f"{path} must hold {CONFIG} and {WEIGHTS} (written by "
-                                f"save_pretrained, or a run's model/ or best/ directory)")
+        if (path / "model" / CONFIG).is_file() and (path / "model" / WEIGHTS).is_file():
+            path = path / "model"           # a training run's directory: its final model
+        else:
+            raise FileNotFoundError(f"{path} must hold {CONFIG} and {WEIGHTS} (written by "
+                                    f"save_pretrained, or a run's directory or its model/ "
+                                    f"or best/)")
     try:
         config = LMConfig.from_dict({**FIELDS_BEFORE_THEY_EXISTED,
                                      **json.loads((path / CONFIG).read_text())})
