@@ -688,3 +688,24 @@ def test_a_log_line_during_training_is_not_glued_to_the_progress_bar(tmp_path, m
     err = capsys.readouterr().err
     at = err.index("fastrwa: a notice during a step")
     assert err[at - 1] in "\r\n", repr(err[max(0, at - 40):at + 40])
+
+
+def test_minutes_sizes_the_run_from_a_calibration(tmp_path, monkeypatch, capsys):
+    """--minutes M: the steps that fill M minutes at the calibrated seconds per step, the
+    schedule decaying over them, recorded in config.json (a resume trains the same run);
+    refused with --steps, with --resume, or not positive."""
+    from fastrwa.train import budget, cli
+    assert budget.seconds_per_step(cli.RunConfig(seq_len=10, hidden=4, batch_size=2)) > 0
+    monkeypatch.setattr(cli, "seconds_per_step", lambda cfg: 0.5)
+    code, run = _run(tmp_path, "run", "--seq-len", 10, "--hidden", 4, "--batch-size", 2,
+                     "--minutes", 0.1)
+    assert code == 0
+    saved = json.loads((run / "config.json").read_text())
+    assert saved["steps"] == saved["decay_steps"] == 12
+    assert "--minutes 0.1: 0.5 s a step here: 12 steps" in capsys.readouterr().err
+    for flags, words in ((["--minutes", 1, "--steps", 5], "not with --steps"),
+                         (["--minutes", 0], "--minutes must be a positive finite number"),
+                         (["--minutes", "nan"], "--minutes must be a positive finite number"),
+                         (["--minutes", 1, "--resume", run], "not with --steps or --resume")):
+        code, _ = _run(tmp_path, "other", *flags)
+        assert code == 2 and words in capsys.readouterr().err

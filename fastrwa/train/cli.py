@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import gc
 import json
+import math
 import os
 import sys
 import time
@@ -25,6 +26,7 @@ from ..kernels.codes import ATTENTIONS
 from ..models.pretrained import WriteError
 from .config import (AUTOCASTS, DEFAULTS, DEVICES, LM_ONLY_MODELS, RESUMABLE_CHANGES,
                      SCHEDULES, RunConfig, parse_lm_field)
+from .budget import seconds_per_step
 from .data import check_corpus_path
 from .device import process_group_backend, resolve_device
 from .loop import train
@@ -65,6 +67,10 @@ def parser() -> argparse.ArgumentParser:
                                          "--steps keeps it)")
     add("--clip", type=float, help=f"gradient-norm clipping, 0 = off (default {defaults.clip})")
     add("--steps", type=int, help=f"optimizer steps ({per_kind('steps')})")
+    p.add_argument("--minutes", type=float, metavar="M",
+                   help="instead of --steps: the steps that fill M minutes of training here, "
+                        "from a short calibration of this run's model and batch (the "
+                        "schedule decays over them)")
     add("--seed", type=int, help=f"default {defaults.seed}")
     add("--bptt", type=int, help=f"byte corpora: segment length (default {defaults.bptt})")
     add("--data", help="enwik8 (raw or .zip) / text: a file; mnist, pmnist: the IDX directory")
@@ -100,6 +106,21 @@ def _config(args: argparse.Namespace) -> tuple[RunConfig, dict]:
     if args.resume is None and cfg.is_lm:
         check_lm_flags(cfg.model, given.get("lm", {}), "attention" in given)
     return cfg, given
+
+
+def _budgeted(args, cfg: RunConfig, given: dict) -> RunConfig:
+    """``cfg`` with the steps that fill ``--minutes`` (:mod:`fastrwa.train.budget`)."""
+    if not (math.isfinite(args.minutes) and args.minutes > 0):
+        raise ValueError(f"--minutes must be a positive finite number, got {args.minutes}")
+    if "steps" in given or args.resume is not None:
+        raise ValueError("--minutes sets the steps of a new run: not with --steps or --resume")
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ValueError("--minutes calibrates in one process; under torchrun give --steps")
+    per_step = seconds_per_step(cfg)
+    steps = max(1, int(args.minutes * 60 / per_step))
+    print(f"--minutes {args.minutes:g}: {per_step:.3g} s a step here: {steps} steps",
+          file=sys.stderr)
+    return dataclasses.replace(cfg, steps=steps, decay_steps=given.get("decay_steps", steps))
 
 
 def _resolve_run(args, cfg: RunConfig, given: dict,
@@ -150,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg, given = _config(args)
         if cfg.is_lm:                  # (before a run directory is named or made)
             check_corpus_path(cfg.data)
+        if args.minutes is not None:
+            cfg = _budgeted(args, cfg, given)
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
