@@ -201,6 +201,10 @@ refused("a mask on rank 0 only (a layer)",
 refused("a mask on rank 0 only (ByteLM)",
         lambda: model(tokens, mask=mask, context_group=group),
         ["cannot be combined", "refused"])
+cu = torch.tensor([0, hi - lo]) if rank == 0 else None
+refused("cu_seqlens on rank 0 only",
+        lambda: layer(x[:1] if rank == 0 else x, cu_seqlens=cu, context_group=group),
+        ["cannot be combined", "refused"])
 other = ByteLM(LMConfig(d_model=8, n_layers=1 if rank == 0 else 2, mlp_ratio=2))
 refused("ByteLM with another layer count on rank 0", lambda: other(tokens, context_group=group),
         ["model configuration"])

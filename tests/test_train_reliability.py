@@ -635,18 +635,30 @@ def test_a_signal_stops_at_a_step_with_a_checkpoint_and_resumes_exactly(tmp_path
 
 
 def test_a_second_interrupt_exits_at_once(tmp_path):
-    """Ctrl-C twice: the second exits at once (status 130, one line), and the run directory
-    keeps what it had (its metrics readable; no checkpoint from the stop is required)."""
+    """Ctrl-C, then Ctrl-C again while the step runs (slow steps): the second exits at once
+    (status 130, its one line), without the stop's checkpoint; a second SIGTERM (what a
+    scheduler or torchrun's agent sends) does not hurry the stop."""
     run = tmp_path / "run"
-    proc = _cli(run, "--steps", "100000")
-    _wait_for_records(run, proc)
+    proc = _cli(run, "--steps", "100000", "--seq-len", "3000", "--hidden", "64",
+                "--batch-size", "64", "--log-every", "1")
+    _wait_for_records(run, proc, n=1)
     proc.send_signal(signal.SIGINT)
+    while "stopping after this step" not in proc.stderr.readline():
+        pass
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=600) == 130
     err = proc.stderr.read()
-    assert "exiting now" in err or "stopped at step" in err, err     # (the step may end first)
-    assert "Traceback" not in err
-    assert all(json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines())
+    assert "SIGINT again: exiting now" in err and "stopped at step" not in err, err
+    assert not (run / "checkpoint.pt").exists()       # (--checkpoint-every 1000: none yet)
+    run = tmp_path / "term"
+    proc = _cli(run)
+    _wait_for_records(run, proc)
+    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=600) == 143
+    err = proc.stderr.read()
+    assert "stopped at step" in err and "exiting now" not in err, err
+    assert (run / "checkpoint.pt").is_file()
 
 
 def test_messages_of_a_refused_language_model_run(tmp_path, capsys):

@@ -100,9 +100,27 @@ def test_layers_run_packed_sequences_as_each_alone(backend, name):
         assert_close(g, e.double(), tol["grad"], f"gradient {i}")
 
 
+def test_packed_edge_cases_of_a_layer():
+    """No state given (each sequence from the initial state), an empty last sequence, and no
+    tokens at all: as each sequence alone."""
+    torch.manual_seed(0)
+    layer = fastrwa.nn.RDA(3, 4, token_shift=True).double()
+    x = torch.randn(1, 5, 3, dtype=torch.float64)
+    y, state = layer(x, cu_seqlens=torch.tensor([0, 2, 5, 5]))
+    for i, (lo, hi) in enumerate(((0, 2), (2, 5), (5, 5))):
+        alone, final = layer(x[:, lo:hi])
+        assert_close(y[:, lo:hi], alone, 1e-12, f"sequence {i}")
+        assert_close(state.scan.n[i] / state.scan.d[i], final.scan.n[0] / final.scan.d[0],
+                     1e-12, f"state {i}")
+        assert_close(state.last_input[i], final.last_input[0], 1e-12, f"last input {i}")
+    y, state = layer(x[:, :0], cu_seqlens=torch.tensor([0, 0]))
+    assert y.shape == (1, 0, 4) and state.last_input.shape == (1, 3)
+
+
 def test_byte_lm_runs_packed_documents_as_each_alone():
     """``ByteLM(tokens, cu_seqlens=cu)``: each document's logits and final state are those of
-    running it alone; a mask or a context group with cu_seqlens is refused."""
+    running it alone; a mask with cu_seqlens is refused (a context group too: the context
+    parallel worker checks that every rank raises)."""
     from fastrwa.models import ByteLM, LMConfig
     torch.manual_seed(0)
     model = ByteLM(LMConfig(d_model=16, n_layers=2)).double()

@@ -304,8 +304,12 @@ class _ScanLayer(nn.Module):
     def _packed(self, x, state, mask, context_group, cu_seqlens) -> tuple[Tensor, LayerState]:
         """:meth:`forward` over packed sequences (``cu_seqlens``)."""
         if mask is not None or context_group is not None:
-            raise ValueError("cu_seqlens cannot be combined with mask or context_group "
-                             "(packed sequences need neither padding nor a split)")
+            refused = ValueError("cu_seqlens cannot be combined with mask or context_group "
+                                 "(packed sequences need neither padding nor a split)")
+            if context_group is None:
+                raise refused
+            check_context_group(context_group)
+            refuse_together(refused, context_group)       # (the other ranks raise too)
         self._check_input(x, 3)
         if not self.batch_first:
             x = rearrange(x, "t b i -> b t i")
@@ -316,7 +320,7 @@ class _ScanLayer(nn.Module):
         seen = lengths > 0
         previous = None
         if self.token_shift:            # each sequence's first token shifts in its last_input
-            earlier = torch.cat([x.new_zeros(1, 1, x.shape[2]), x[:, :-1]], dim=1)
+            earlier = torch.cat([x.new_zeros(1, 1, x.shape[2]), x], dim=1)[:, :x.shape[1]]
             at = starts[seen]
             earlier = earlier.index_put((torch.zeros_like(at), at),
                                         state.last_input[seen].to(x.dtype))
@@ -339,8 +343,9 @@ class _ScanLayer(nn.Module):
             *(torch.cat(parts, dim=-1) for parts in zip(*finals)))
         last = previous
         if self.token_shift:            # each sequence's last token (an empty one: its own)
-            ends = (cu[1:] - 1).clamp(min=0)
-            last = torch.where(seen[:, None], x[0, ends], state.last_input.to(x.dtype))
+            last = state.last_input.to(x.dtype)
+            if x.shape[1]:
+                last = torch.where(seen[:, None], x[0, (cu[1:] - 1).clamp(min=0)], last)
         if not self.batch_first:
             out = rearrange(out, "b t h -> t b h")
         return out, LayerState(final, last)

@@ -169,7 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         cfg, given = _config(args)
-        if cfg.is_lm:                  # (before a run directory is named or made)
+        if cfg.is_lm and args.resume is None:  # (before a run directory is named or made)
+            if not cfg.data:
+                raise ValueError(f"--task {cfg.task} needs --data PATH (a corpus file)")
             check_corpus_path(cfg.data)
         if args.minutes is not None:
             cfg = _budgeted(args, cfg, given)
@@ -215,8 +217,10 @@ def main(argv: list[str] | None = None) -> int:
     except Stopped as stop:
         fresh = False
         if rank == 0:
-            print(f"{stop}: the checkpoint is saved; resume with: python -m fastrwa.train "
-                  f"--resume {run_dir}", file=sys.stderr)
+            how = "python -m fastrwa.train" if world == 1 else \
+                f"torchrun with {world} processes, -m fastrwa.train"
+            print(f"{stop}: the checkpoint is saved; resume with: {how} --resume {run_dir}",
+                  file=sys.stderr)
         return 128 + stop.signum
     except (RunDirError, ValueError, FileNotFoundError, WriteError) as exc:
         print(f"error: {exc}", file=sys.stderr)

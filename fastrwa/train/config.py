@@ -162,8 +162,6 @@ class RunConfig:
         if self.model in LM_ONLY_MODELS and not self.is_lm:
             raise ValueError(f"--model {self.model} is a language model: it trains on a byte "
                              f"corpus (--task {' or '.join(LM_TASKS)}), not --task {self.task}")
-        if self.is_lm and not self.data:
-            raise ValueError(f"--task {self.task} needs --data PATH (a corpus file)")
         if self.lm and not self.is_lm:
             raise ValueError(f"--lm sets language-model fields; --task {self.task} is not a "
                              f"byte corpus ({LM_TASKS})")

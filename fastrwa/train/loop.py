@@ -36,10 +36,10 @@ def _world() -> tuple[int, int]:
     return 0, 1
 
 
-def _mean_over_ranks(value: float, world: int) -> float:
+def _mean_over_ranks(value: float, world: int, device: torch.device) -> float:
     if world == 1:
         return value
-    t = torch.tensor([value], dtype=torch.float64)
+    t = torch.tensor([value], dtype=torch.float64, device=device)   # (NCCL: on the GPU)
     dist.all_reduce(t)
     return float(t) / world
 
@@ -178,8 +178,9 @@ def _train(cfg: RunConfig, run_dir: Path, resume: bool, stack: contextlib.ExitSt
         records = []
         if done % cfg.log_every == 0 or done == cfg.steps:
             records.append({"step": done, "split": "train",
-                            "loss": _mean_over_ranks(loss_sum / accum, world),
-                            problem.metric: _mean_over_ranks(metric_sum / accum, world),
+                            "loss": _mean_over_ranks(loss_sum / accum, world, place.device),
+                            problem.metric: _mean_over_ranks(metric_sum / accum, world,
+                                                             place.device),
                             "lr": lr, "tokens_per_s": tokens / max(train_time, 1e-9)})
             tokens, train_time = 0, 0.0
         splits = (["valid"] if done % cfg.eval_every == 0 or done == cfg.steps else []) + \
@@ -191,7 +192,7 @@ def _train(cfg: RunConfig, run_dir: Path, resume: bool, stack: contextlib.ExitSt
             else:       # (every process evaluates the same batches)
                 result = problem.evaluate(model, micro, split, place)
                 for key in ("loss", problem.metric):
-                    result[key] = _mean_over_ranks(result[key], world)
+                    result[key] = _mean_over_ranks(result[key], world, place.device)
             records.append({"step": done, "split": split, **result})
             if split != "valid" or rank != 0:
                 continue
@@ -235,6 +236,8 @@ def _train(cfg: RunConfig, run_dir: Path, resume: bool, stack: contextlib.ExitSt
                     "carried": states if problem.stateful else None,
                     "run": provenance(cfg, identity, problem.fingerprint)})
         if stop and done < cfg.steps:
+            if world > 1:         # (no rank leaves before rank 0's checkpoint is written)
+                dist.barrier()
             bar.close()
             raise Stopped(stop, done)
     bar.close()

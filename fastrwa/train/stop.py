@@ -1,14 +1,14 @@
 """Stopping a training run cleanly: SIGINT (Ctrl-C) or SIGTERM asks the loop to stop at the
 next step boundary, where it writes a checkpoint and the CLI prints how to resume; a second
-Ctrl-C exits at once, leaving the run directory as it is (its last checkpoint, written
-atomically, stays good)."""
+Ctrl-C exits as soon as Python runs again, leaving the run directory as it is (its last
+checkpoint, written atomically, stays good). A second SIGTERM changes nothing: a scheduler
+or torchrun's agent may send it to every process while rank 0 writes the checkpoint."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import signal
-import sys
 import threading
 
 import torch
@@ -26,20 +26,25 @@ class Stopped(Exception):
 
 
 class StopRequests:
-    """The first SIGINT/SIGTERM received (:attr:`signum`, 0 for none); a second SIGINT or
-    SIGTERM ends the process at once (exit status ``128 + signal``)."""
+    """The first SIGINT/SIGTERM received (:attr:`signum`, 0 for none); a SIGINT after it
+    ends the process at once (exit status 130)."""
 
     def __init__(self):
         self.signum = 0
 
     def _handle(self, signum, frame) -> None:
-        if self.signum:
-            print(f"\n{signal.Signals(signum).name} again: exiting now (the run directory "
-                  f"keeps its last checkpoint)", file=sys.stderr, flush=True)
+        # (os.write, not print: a signal arriving inside a write to stderr must not write
+        # to the same buffered stream again)
+        name = signal.Signals(signum).name
+        if self.signum and signum == signal.SIGINT:
+            os.write(2, f"\n{name} again: exiting now (the run directory keeps its last "
+                        f"checkpoint)\n".encode())
             os._exit(128 + signum)
+        if self.signum:
+            return
         self.signum = signum
-        print(f"\n{signal.Signals(signum).name}: stopping after this step, with a checkpoint "
-              f"(again to exit at once)", file=sys.stderr, flush=True)
+        again = " (Ctrl-C again to exit at once)" if signum == signal.SIGINT else ""
+        os.write(2, f"\n{name}: stopping after this step, with a checkpoint{again}\n".encode())
 
     def pending(self, world: int, device: torch.device) -> int:
         """The signal to stop on, agreed by every process (the largest any received), or 0:
@@ -63,5 +68,5 @@ def stop_requests():
     try:
         yield requests
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+        for s, handler in previous.items():   # (None: a handler set from C: the default)
+            signal.signal(s, signal.SIG_DFL if handler is None else handler)
