@@ -120,19 +120,13 @@ def _load(directory: Path, best: bool):
     export (loaded through ``fastrwa.hf``, its checksum checked)."""
     if not best and _is_hf_export(Path(directory)):
         try:
-            from transformers.utils import logging as hf_logging
-
             from .hf import FastRWAForCausalLM
+            from .hf.progress import no_progress_bars
         except ImportError as exc:
             raise ValueError(f"{directory} is a Hugging Face export: reading it needs "
                              f"transformers (pip install 'fastrwa[hf]')") from exc
-        bar = hf_logging.is_progress_bar_enabled()
-        hf_logging.disable_progress_bar()        # (its "Loading weights" bar)
-        try:
+        with no_progress_bars():                 # (its "Loading weights" bar)
             return FastRWAForCausalLM.from_pretrained(directory).model.eval()
-        finally:
-            if bar:
-                hf_logging.enable_progress_bar()
     return load_pretrained(run_model_dir(directory, best))
 
 

@@ -22,10 +22,10 @@ import tempfile
 from pathlib import Path
 
 from safetensors import SafetensorError
-from transformers.utils import logging as hf_logging
 
 from ..models import ByteLM, load_pretrained, run_model_dir
 from . import FastRWAByteTokenizer, FastRWAConfig, FastRWAForCausalLM
+from .progress import no_progress_bars
 
 
 # What an export holds (save_pretrained's files for the model and the tokenizer).
@@ -71,11 +71,10 @@ def export(run_dir: str | Path, out_dir: str | Path, best: bool = False,
     umask = os.umask(0)
     os.umask(umask)
     staging.chmod(0o777 & ~umask)          # (mkdtemp's 0700 would outlive the rename)
-    bar = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()   # (its "Writing model shards" bar, for megabytes)
     try:
-        FastRWAForCausalLM.from_bytelm(model).save_pretrained(staging)
-        FastRWAByteTokenizer().save_pretrained(staging)
+        with no_progress_bars():
+            FastRWAForCausalLM.from_bytelm(model).save_pretrained(staging)
+            FastRWAByteTokenizer().save_pretrained(staging)
         old = None
         if out_dir.exists() and any(out_dir.iterdir()):   # (moved aside, removed once the
             old = staging.with_name(staging.name + ".old")  # new one is in place)
@@ -89,8 +88,6 @@ def export(run_dir: str | Path, out_dir: str | Path, best: bool = False,
         if old is not None:
             shutil.rmtree(old)
     finally:
-        if bar:
-            hf_logging.enable_progress_bar()
         shutil.rmtree(staging, ignore_errors=True)
     return out_dir
 
