@@ -283,14 +283,11 @@ class _ScanLayer(nn.Module):
                                   context_group=context_group)
             ys.append(y)
             finals.append(final)
-        out = torch.cat([self._output(y) for y in ys], dim=-1) if len(ys) > 1 \
-            else self._output(ys[0])
+        out, final = self._joined(ys, finals)
         if context_group is not None and self.token_shift and not x.shape[1]:
             # an empty slice: its output in the graph of the input before it (an exact 0), so
             # that a backward from it runs the gather's all-reduce as the other ranks do
             out = out + previous.sum().to(out.dtype) * 0
-        final = finals[0] if len(finals) == 1 else ScanState(
-            *(torch.cat(parts, dim=-1) for parts in zip(*finals)))
         # a copy, not a view of x: step_ updates a state's last_input in place
         last = x[:, -1].clone() if self.token_shift and x.shape[1] else previous
         if self.token_shift and mask is not None and x.shape[1]:   # the last kept token's
@@ -300,6 +297,14 @@ class _ScanLayer(nn.Module):
         if not self.batch_first:
             out = rearrange(out, "b t h -> t b h")
         return out, LayerState(final, last)
+
+    def _joined(self, ys: list, finals: list) -> tuple[Tensor, ScanState]:
+        """The output and the final state of the directions' scans, channels side by side."""
+        out = torch.cat([self._output(y) for y in ys], dim=-1) if len(ys) > 1 \
+            else self._output(ys[0])
+        final = finals[0] if len(finals) == 1 else ScanState(
+            *(torch.cat(parts, dim=-1) for parts in zip(*finals)))
+        return out, final
 
     def _packed(self, x, state, mask, context_group, cu_seqlens) -> tuple[Tensor, LayerState]:
         """:meth:`forward` over packed sequences (``cu_seqlens``)."""
@@ -318,7 +323,6 @@ class _ScanLayer(nn.Module):
         cu = cu_seqlens.to(torch.int64)
         starts, lengths = cu[:-1], cu[1:] - cu[:-1]
         seen = lengths > 0
-        previous = None
         if self.token_shift:            # each sequence's first token shifts in its last_input
             earlier = torch.cat([x.new_zeros(1, 1, x.shape[2]), x], dim=1)[:, :x.shape[1]]
             at = starts[seen]
@@ -337,11 +341,8 @@ class _ScanLayer(nn.Module):
                                   cu_seqlens=cu_seqlens)
             ys.append(y)
             finals.append(final)
-        out = torch.cat([self._output(y) for y in ys], dim=-1) if len(ys) > 1 \
-            else self._output(ys[0])
-        final = finals[0] if len(finals) == 1 else ScanState(
-            *(torch.cat(parts, dim=-1) for parts in zip(*finals)))
-        last = previous
+        out, final = self._joined(ys, finals)
+        last = None
         if self.token_shift:            # each sequence's last token (an empty one: its own)
             last = state.last_input.to(x.dtype)
             if x.shape[1]:
