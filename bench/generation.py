@@ -14,7 +14,12 @@ decode step (``fastrwa.models.PackedLM``: float32, bfloat16, int8), measured in 
 * **first byte**: from a loaded model to the first byte out of ``stream`` (packing, the
   prompt, one sample), kernels already loaded in this process;
 * **resident memory** before and after 10,000 bytes at batch 1 (flat: the state is fixed);
-* the eager PyTorch step (``weights="eager"``, the reference) at batch 1 for comparison.
+* the eager PyTorch step (``weights="eager"``, the reference) at batch 1 for comparison;
+* **Hugging Face** ``generate()`` (``fastrwa.hf.FastRWAForCausalLM``, greedy, batch 1, a
+  20-byte prompt) beside ``ByteLM.generate`` on the same step, interleaved, and the
+  time per token of transformers' own loop (its ``generate()`` on a forward that returns
+  fixed logits): what HF adds to every step, whatever the model (skipped without the
+  ``hf`` extra).
 
 Then **cold start**: in fresh processes, the first ``ByteLM`` forward+backward, and the first
 streamed byte, after ``import fastrwa``, against the same call warm (numba's cache loaded
@@ -122,6 +127,45 @@ def measure(model: ByteLM, weights: str, threads: list[int], n_bytes: int, batch
     return out
 
 
+def hf_against_bytelm(model: ByteLM, n_bytes: int, repeats: int) -> dict | None:
+    """Bytes/s of greedy decoding through Hugging Face's ``generate()`` and through
+    ``ByteLM.generate`` (batch 1, a 20-byte prompt, ``n_bytes`` new bytes, best of
+    ``repeats``, interleaved) for the default step and the eager one, and the seconds per
+    token of transformers' loop around a forward that costs nothing. ``None`` without
+    transformers."""
+    try:
+        from fastrwa.hf import FastRWACache, FastRWACausalLMOutput, FastRWAForCausalLM
+    except ImportError:
+        return None
+    hf = FastRWAForCausalLM.from_bytelm(model).eval()
+    prompt = torch.tensor([list(b"The quick brown fox ")])
+    runs = {f"{who} {weights}": (
+        (lambda w=weights: hf.generate(prompt, max_new_tokens=n_bytes, do_sample=False,
+                                       weights=w)) if who == "hf" else
+        (lambda w=weights: model.generate(prompt, n_bytes, top_k=1, weights=w)))
+        for weights in ("auto", "eager") for who in ("ByteLM", "hf")}
+    best = {name: float("inf") for name in runs}
+    for _ in range(repeats):                                 # (interleaved: same conditions)
+        for name, run in runs.items():
+            began = time.perf_counter()
+            run()
+            best[name] = min(best[name], time.perf_counter() - began)
+    out = {name: dict(bytes_per_s=n_bytes / s) for name, s in best.items()}
+    for weights in ("auto", "eager"):
+        out[f"hf {weights}"]["time_over_ByteLM"] = best[f"hf {weights}"] / best[f"ByteLM {weights}"]
+    fixed = torch.zeros(1, 1, model.config.vocab_size)
+
+    def free_forward(input_ids=None, past_key_values=None, **_):
+        seen = input_ids.shape[1] + (past_key_values.seen if past_key_values else 0)
+        return FastRWACausalLMOutput(logits=fixed.clone(),
+                                     past_key_values=FastRWACache(None, seen))
+    hf.forward = free_forward
+    loop = best_s(lambda: hf.generate(prompt, max_new_tokens=n_bytes, do_sample=False),
+                  repeats)
+    out["transformers_loop_ms_per_token"] = 1e3 * loop / n_bytes
+    return out
+
+
 COLD = r"""
 import json, sys, time
 began = time.perf_counter()
@@ -194,10 +238,11 @@ def main(argv: list[str] | None = None) -> int:
         formats[weights] = measure(model, weights, threads, args.bytes if weights != "eager"
                                    else min(args.bytes, 500), batches,
                                    args.rss_bytes if weights != "eager" else 0, repeats, flops)
+    hf = hf_against_bytelm(model, 20 if args.quick else 200, 2 if args.quick else 3)
     cold = cold_start(args.cold_runs) if args.cold_runs else None
     result = dict(config=config.to_dict(), params=params, torch=torch.__version__,
                   cpu_count=os.cpu_count(), gemm_flops=flops, formats=formats, cold_start=cold,
-                  date=time.strftime("%Y-%m-%d"))
+                  hugging_face=hf, date=time.strftime("%Y-%m-%d"))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "generation.json").write_text(json.dumps(result, indent=1))
     print(f"ByteLM d_model {args.d_model} x {args.layers} blocks ({params:,} parameters); "
@@ -220,6 +265,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'':<{width}}  " + "  ".join(f"{w:>16}" for w in formats))
     for name, cell in rows:
         print(f"{name:<{width}}  " + "  ".join(f"{cell(r):>16}" for r in formats.values()))
+    if hf:
+        print(f"greedy, batch 1, {torch.get_num_threads()} threads, bytes/s (best of the "
+              f"interleaved runs): " + "; ".join(
+                  f"ByteLM.generate {w} {hf[f'ByteLM {w}']['bytes_per_s']:,.0f}, Hugging Face "
+                  f"generate() {hf[f'hf {w}']['bytes_per_s']:,.0f} "
+                  f"({hf[f'hf {w}']['time_over_ByteLM']:.2f}x the time)" for w in ("auto", "eager"))
+              + f"; transformers' loop alone {hf['transformers_loop_ms_per_token']:.3f} ms "
+                f"a token")
     if cold:
         fb, byte = cold["forward_backward"], cold["first_byte"]
         print(f"cold start (a fresh process each, median of {args.cold_runs}; d_model 64 x 2): "

@@ -137,7 +137,7 @@ def test_generate_replays_a_cuda_graph_by_default(batch):
     from fastrwa.models.graphed import CUDAGraphDecoder
     torch.manual_seed(0)
     model = ByteLM(LMConfig(d_model=64, n_layers=2)).cuda().eval()
-    assert isinstance(model._decoder("auto"), CUDAGraphDecoder)
+    assert isinstance(model.decoder("auto"), CUDAGraphDecoder)
     prompt = torch.randint(0, 256, (batch, 7))
     runs = {weights: model.generate(prompt, 24, top_k=1, weights=weights)
             for weights in ("eager", "auto", "graph")}

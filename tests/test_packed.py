@@ -329,7 +329,7 @@ def test_graph_weights_need_cuda():
     model = ByteLM(LMConfig(d_model=16, n_layers=1)).eval()
     with pytest.raises(ValueError, match="weights='graph'.*CUDA device, it is on cpu"):
         model.generate(torch.tensor([65]), 2, weights="graph")
-    assert isinstance(model._decoder("auto"), PackedLM)
+    assert isinstance(model.decoder("auto"), PackedLM)
 
 
 @pytest.mark.parametrize("batch", [1, 5])

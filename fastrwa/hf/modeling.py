@@ -23,16 +23,40 @@ from .integrity import sign, verify
 class FastRWACache:
     """The recurrent state between ``generate()`` steps: per block the scan state ``(m, n,
     d)`` and the token shift's last input (:class:`fastrwa.models.LMState`), a fixed size
-    whatever the length; ``seen`` counts the positions read (padding included)."""
+    whatever the length; ``seen`` counts the positions read (padding included).
+
+    Inside ``generate()`` the state lives in a :class:`fastrwa.models.InferenceCache`
+    (``inference``) that ``decoder`` (a ``ByteLM.decoder(weights)``: the fused CPU step, the
+    CUDA-graph step or the eager in-place step) advances one token at a time;
+    ``reorder_cache`` permutes it between beams. Otherwise (a ``forward`` called with
+    ``use_cache=True``) it holds the forward's ``LMState``."""
 
     is_compileable = False
     is_croppable = False
 
-    def __init__(self, state: LMState, seen: int):
-        self.state, self.seen = state, seen
+    def __init__(self, state: Optional[LMState], seen: int, inference=None, decoder=None):
+        self._state, self.seen = state, seen
+        self.inference, self.decoder = inference, decoder
+
+    @property
+    def state(self) -> LMState:
+        """The state as an :class:`fastrwa.models.LMState` (views of ``inference``'s
+        buffers when it has them: read, do not keep across steps)."""
+        return self.inference.state if self.inference is not None else self._state
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.seen
+
+    def reorder_cache(self, beam_idx: Tensor) -> None:
+        """``state <- state[beam_idx]`` along the batch (beam search: ``beam_idx`` ``(B,)``,
+        the row each row continues)."""
+        if self.inference is not None:
+            self.inference.reorder_(beam_idx.to(self.inference.device), check=False)
+            return
+        pick = lambda t: None if t is None else t.index_select(0, beam_idx.to(t.device))  # noqa: E731
+        self._state = LMState(tuple(
+            type(layer)(type(layer.scan)(*(pick(t) for t in layer.scan)), pick(layer.last_input))
+            for layer in self._state.layers))
 
     def nbytes(self) -> int:
         """The bytes of the state's tensors (constant during generation)."""
@@ -56,8 +80,9 @@ class FastRWAPreTrainedModel(PreTrainedModel):
     config_class = FastRWAConfig
     base_model_prefix = "model"
     _is_stateful = True
-    # The state cannot be reordered between beams yet: beam search is refused up front.
-    _supported_generation_modes = [GenerationMode.GREEDY_SEARCH, GenerationMode.SAMPLE]
+    # (assisted, contrastive, DoLa, constrained and group beam search are refused in generate)
+    _supported_generation_modes = [GenerationMode.GREEDY_SEARCH, GenerationMode.SAMPLE,
+                                   GenerationMode.BEAM_SEARCH, GenerationMode.BEAM_SAMPLE]
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
@@ -79,7 +104,9 @@ class FastRWAForCausalLM(FastRWAPreTrainedModel, GenerationMixin):
     ignored) gives the next-byte cross-entropy of the trainer; at a padded position the
     logits are the last real token's (ByteLM's ``mask``). ``generate()`` runs greedy or
     sampled decoding, one token per step from the cached state; ids 256 and up are never
-    generated (``generation_config.suppress_tokens``). Beam search is refused.
+    generated (``generation_config.suppress_tokens``); beam search (``num_beams``) reorders
+    the state between beams. Each new token runs the model's decode step in place
+    (:meth:`generate`'s ``weights``: on CPU the fused step).
 
     Example:
         >>> import torch
@@ -125,16 +152,50 @@ class FastRWAForCausalLM(FastRWAPreTrainedModel, GenerationMixin):
         sign(Path(save_directory))
         return out
 
-    def generate(self, *args, **kwargs):
+    # generate() options that select a decoding this model does not run
+    _REFUSED = {"assistant_model": "assisted decoding", "prompt_lookup_num_tokens":
+                "assisted decoding", "penalty_alpha": "contrastive search", "dola_layers":
+                "DoLa decoding", "num_beam_groups": "group beam search", "diversity_penalty":
+                "group beam search", "constraints": "constrained beam search",
+                "force_words_ids": "constrained beam search"}
+
+    # the decoder of the generate() call running (in a tuple: not a submodule), else None
+    _decoding: Optional[tuple] = None
+
+    def generate(self, *args, weights: object = "auto", **kwargs):
         """``GenerationMixin.generate`` from a prompt (the whole sequence: the state is built
         from it; a ``past_key_values`` given is refused), never producing the ids past the
-        bytes (``suppress_tokens``, set when the generation config has none)."""
+        bytes (``suppress_tokens``, set when the generation config has none).
+
+        The prompt runs through the model's parallel forward (padding and holes in the
+        attention mask skipped); each new token then goes through ``weights``'s decode step
+        in place, as :meth:`fastrwa.models.ByteLM.generate` runs it: ``"auto"`` (the fused
+        CPU step for a float32 CPU model, the CUDA-graph step on CUDA, else the eager
+        in-place step), ``"eager"``, ``"graph"``, ``"float32"``/``"bfloat16"``/``"int8"``
+        (the fused step with its weights stored so) or a ``fastrwa.models.PackedLM`` of
+        ``self.model``. Greedy, sampling and beam search (``num_beams``: the state is
+        reordered between beams; log-probabilities renormalised over the bytes, as
+        ``ByteLM``'s beam search, unless ``renormalize_logits`` is given); assisted,
+        contrastive, DoLa, constrained and group beam search are refused."""
         if kwargs.get("past_key_values") is not None:
             raise ValueError("generate() builds the state from the prompt: pass the whole "
                              "sequence as input_ids and no past_key_values")
+        for name, what in self._REFUSED.items():
+            value = kwargs.get(name)
+            if value is not None and not (name == "num_beam_groups" and value == 1):
+                raise ValueError(f"{what} ({name}=...) is not supported by "
+                                 f"{type(self).__name__}: it generates greedily, by sampling "
+                                 f"or by beam search (num_beams)")
+        config = kwargs.get("generation_config") or self.generation_config
+        if (kwargs.get("num_beams") or getattr(config, "num_beams", 1) or 1) > 1:
+            kwargs.setdefault("renormalize_logits", True)
         if self.generation_config is not None and not self.generation_config.suppress_tokens:
             self.generation_config.suppress_tokens = self._not_bytes
-        return super().generate(*args, **kwargs)
+        self._decoding = (self.model.decoder(weights),)
+        try:
+            return super().generate(*args, **kwargs)
+        finally:
+            self._decoding = None
 
     @classmethod
     def from_bytelm(cls, model: ByteLM) -> "FastRWAForCausalLM":
@@ -196,6 +257,15 @@ class FastRWAForCausalLM(FastRWAPreTrainedModel, GenerationMixin):
                 mask = None
             else:       # (a padding id may lie outside the vocabulary: it is never read)
                 input_ids = input_ids.masked_fill(~mask, 0)
+        fused = past_key_values is not None and past_key_values.inference is not None
+        seen = (0 if past_key_values is None else past_key_values.seen) + T
+        if fused and T == 1 and mask is None and labels is None:      # (a generate() step)
+            logits = past_key_values.decoder.step_(input_ids[:, 0].long(),
+                                                   past_key_values.inference)
+            past_key_values.seen = seen
+            # (a clone: the step's logits are a buffer the next step overwrites)
+            return FastRWACausalLMOutput(logits=logits[:, None].clone(),
+                                         past_key_values=past_key_values)
         state = None if past_key_values is None else past_key_values.state
         logits, state = self.model(input_ids, state, mask=mask)
         loss = None
@@ -204,7 +274,14 @@ class FastRWAForCausalLM(FastRWAPreTrainedModel, GenerationMixin):
                                       vocab_size=self.config.vocab_size, **kwargs)
         if use_cache is None:
             use_cache = self.config.use_cache
-        seen = (0 if past_key_values is None else past_key_values.seen) + T
-        return FastRWACausalLMOutput(loss=loss, logits=logits,
-                                     past_key_values=FastRWACache(state, seen) if use_cache
-                                     else None)
+        cache = None
+        if use_cache and fused:                  # (the decoder's buffers, updated in place)
+            past_key_values.inference.load_(state)
+            past_key_values.seen, cache = seen, past_key_values
+        elif use_cache and self._decoding is not None and past_key_values is None:
+            inference = self.model.allocate_cache(input_ids.shape[0])   # (a prompt: prefill)
+            inference.load_(state)
+            cache = FastRWACache(None, seen, inference, self._decoding[0])
+        elif use_cache:
+            cache = FastRWACache(state, seen)
+        return FastRWACausalLMOutput(loss=loss, logits=logits, past_key_values=cache)

@@ -459,11 +459,19 @@ class ByteLM(nn.Module):
         return torch.mm(work["normed"], self.head.weight.t(), out=work["logits"])
 
     # -- generation -----------------------------------------------------------------------
-    def _decoder(self, weights: object):
-        """What runs the steps of ``generate``/``stream`` for their ``weights`` argument:
-        this model (the eager step), its step replayed from a CUDA graph
-        (:class:`fastrwa.models.graphed.CUDAGraphDecoder`) or a
-        :class:`fastrwa.models.PackedLM` of it."""
+    def decoder(self, weights: object = "auto"):
+        """What runs the steps of ``generate``/``stream`` for their ``weights`` argument (see
+        :meth:`generate`): this model (the eager :meth:`step_`), its step replayed from a
+        CUDA graph (:class:`fastrwa.models.graphed.CUDAGraphDecoder`) or a
+        :class:`fastrwa.models.PackedLM` of it. Each has ``prefill(tokens, cache)`` and
+        ``step_(token, cache)`` on an :class:`InferenceCache` of this model (the Hugging
+        Face class decodes through it).
+
+        Example:
+            >>> from fastrwa.models import ByteLM, LMConfig
+            >>> type(ByteLM(LMConfig(d_model=16, n_layers=1)).decoder("eager")).__name__
+            'ByteLM'
+        """
         from .packed import WEIGHT_FORMATS, PackedLM, unsupported_reason
         if isinstance(weights, PackedLM):
             if weights.model is not self:
@@ -517,7 +525,7 @@ class ByteLM(nn.Module):
         """
         prompt, context = prepare_prompt(prompt, self.config.vocab_size, self.config.bos_token,
                                          max_new_tokens, temperature, top_k, top_p, beam_size)
-        decoder = self._decoder(weights)
+        decoder = self.decoder(weights)
         if beam_size > 1:
             return self._beam_search(decoder, prompt, context, max_new_tokens, beam_size)
         return collect(prompt, self._stream(decoder, context, max_new_tokens, temperature,
@@ -541,7 +549,7 @@ class ByteLM(nn.Module):
         """
         _, context = prepare_prompt(prompt, self.config.vocab_size, self.config.bos_token,
                                     max_new_tokens, temperature, top_k, top_p, 1)
-        decoder = self._decoder(weights)
+        decoder = self.decoder(weights)
         yield from self._stream(decoder, context, max_new_tokens, temperature, top_k, top_p,
                                 generator)
 
