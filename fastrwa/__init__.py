@@ -19,6 +19,15 @@ from .state import ScanState
 
 from . import nn  # noqa: E402  (layers and cells: fastrwa.nn.RWA, fastrwa.nn.RDA, ...)
 
+# The Hugging Face classes register with the Auto classes on import of fastrwa.hf. A program
+# that has imported transformers gets them from `import fastrwa` too; the others do not pay
+# for it (importing transformers' model classes takes ~2 s): docs/hf.md.
+if "transformers" in __import__("sys").modules:
+    try:
+        from . import hf  # noqa: F401
+    except ImportError:          # (transformers without safetensors: fastrwa.hf says so)
+        pass
+
 __all__ = [
     "ScanState",
     "get_backend",

@@ -11,7 +11,6 @@ matrices. Needs no training code.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -105,28 +104,9 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(threads)      # (main may be called from a program)
 
 
-def _is_hf_export(directory: Path) -> bool:
-    """A directory ``python -m fastrwa.hf.export`` wrote (a Hugging Face model of ours)."""
-    try:
-        config = json.loads((directory / "config.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return (isinstance(config, dict) and config.get("model_type") == "fastrwa"
-            and (directory / "model.safetensors").is_file())
-
-
 def _load(directory: Path, best: bool):
     """The model of a run directory, a ``save_pretrained`` directory or a Hugging Face
-    export (loaded through ``fastrwa.hf``, its checksum checked)."""
-    if not best and _is_hf_export(Path(directory)):
-        try:
-            from .hf import FastRWAForCausalLM
-            from .hf.progress import no_progress_bars
-        except ImportError as exc:
-            raise ValueError(f"{directory} is a Hugging Face export: reading it needs "
-                             f"transformers (pip install 'fastrwa[hf]')") from exc
-        with no_progress_bars():                 # (its "Loading weights" bar)
-            return FastRWAForCausalLM.from_pretrained(directory).model.eval()
+    export (:func:`fastrwa.models.load_pretrained` reads both weight files, checked)."""
     return load_pretrained(run_model_dir(directory, best))
 
 

@@ -215,7 +215,7 @@ def test_a_flipped_bit_in_the_weights_is_refused(exported, tmp_path):
     from safetensors import safe_open
     from safetensors.torch import load_file, save_file
 
-    from fastrwa.hf.integrity import DIGEST_KEY
+    from fastrwa.models.integrity import DIGEST_KEY
     with safe_open(str(exported / "model.safetensors"), "pt") as f:
         assert len(f.metadata()[DIGEST_KEY]) == 64
     with warnings.catch_warnings():
@@ -466,3 +466,74 @@ def test_one_model_directory_loads_the_same_ways(tmp_path):
         assert b"Loading weights" not in done.stderr
         out[name] = done.stdout
     assert out["hf"] == out["run"] and len(out["run"]) >= 10
+
+
+REMOTE = """
+import sys
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
+directory = sys.argv[1]
+model = AutoModelForCausalLM.from_pretrained(directory, trust_remote_code=True)
+tokenizer = AutoTokenizer.from_pretrained(directory, trust_remote_code=True)
+ids = model.generate(**tokenizer("ab", return_tensors="pt"), max_new_tokens=8, do_sample=False)
+text = pipeline("text-generation", model=model, tokenizer=tokenizer)("ab", max_new_tokens=8,
+                                                                     do_sample=False)
+print(ids[0].tolist(), type(model).__name__, text[0]["generated_text"] == tokenizer.decode(ids[0]))
+"""
+
+
+def test_a_runs_model_directory_and_its_export_load_every_way(tmp_path):
+    """One directory format (issue 43, item 2): a training run's model/ and best/ and its
+    export load through load_pretrained, the Auto classes (after import fastrwa.hf, or
+    after import transformers then fastrwa) and, in a process that never imports fastrwa
+    itself, with trust_remote_code=True (auto_map); each carries a model card with how it
+    was trained and its validation bpc, and the generation config; the same greedy bytes
+    every way."""
+    from fastrwa.models import load_pretrained
+    from fastrwa.models.directory import config_json
+    from fastrwa.train.cli import main as train_main
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_bytes(TEXT * 20)
+    run = tmp_path / "run"
+    assert train_main(["--task", "text", "--data", str(corpus), "--hidden", "16",
+                       "--layers", "1", "--bptt", "32", "--batch-size", "4", "--steps", "20",
+                       "--lr", "1e-2", "--warmup", "0", "--eval-every", "10",
+                       "--eval-bytes", "300", "--no-progress", "--run-dir", str(run)]) == 0
+    from fastrwa.hf.export import main as export_main
+    assert export_main([str(run), str(tmp_path / "hf")]) == 0
+    byte_lm = load_pretrained(run)
+    want = byte_lm.generate(torch.tensor([list(b"ab")]), 8, top_k=1)[0].tolist()
+    for directory in (run / "model", run / "best", tmp_path / "hf"):
+        card = (directory / "README.md").read_text()
+        assert "## Training" in card and "| steps taken |" in card and "corpus.txt" in card
+        assert "valid bpc (the first 300 bytes):" in card and "Not recorded" not in card, directory
+        generation = json.loads((directory / "generation_config.json").read_text())
+        assert generation["suppress_tokens"] == [256]
+        loaded = load_pretrained(directory)
+        if directory.name != "best":
+            for (name, a), b in zip(byte_lm.state_dict().items(), loaded.state_dict().values()):
+                assert torch.equal(a, b), (directory, name)
+        model = AutoModelForCausalLM.from_pretrained(directory)
+        assert type(model) is fhf.FastRWAForCausalLM
+        out = model.generate(torch.tensor([list(b"ab")]), max_new_tokens=8, do_sample=False)
+        if directory.name != "best":
+            assert out[0].tolist() == want, directory
+    # config.json: the keys FastRWAConfig writes, in a run's directory too
+    written = json.loads((tmp_path / "hf" / "config.json").read_text())
+    ours = config_json(byte_lm.config)
+    assert {k: written[k] for k in ours} == ours
+    assert json.loads((run / "model" / "config.json").read_text()) == ours
+    for directory in (run / "model", tmp_path / "hf"):
+        done = subprocess.run([sys.executable, "-c", REMOTE, str(directory)],
+                              capture_output=True, text=True, env=ENV, timeout=600,
+                              cwd=tmp_path)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert done.stdout.split("] ")[0] + "]" == str(want) and \
+            done.stdout.strip().endswith("FastRWAForCausalLM True"), done.stdout
+    order = ("import transformers, fastrwa, sys\n"
+             "from transformers import AutoModelForCausalLM\n"
+             "print(type(AutoModelForCausalLM.from_pretrained(sys.argv[1])).__name__)")
+    done = subprocess.run([sys.executable, "-c", order, str(run / "model")],
+                          capture_output=True, text=True, env=ENV, timeout=600)
+    assert done.stdout.strip() == "FastRWAForCausalLM", done.stderr[-3000:]

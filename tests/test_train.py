@@ -584,7 +584,10 @@ def test_language_model_run_writes_samples_best_and_export(tmp_path, capsys):
     assert "ByteLM (rda-scan)" in err and "parameters" in err
     assert (run / "samples.txt").read_text(encoding="utf-8").count("--- step") == 2
     for name in ("best", "model"):
-        assert {p.name for p in (run / name).iterdir()} == {"config.json", "model.pt"}
+        assert {p.name for p in (run / name).iterdir()} == {    # (docs/hf.md's format)
+            "config.json", "model.pt", "generation_config.json", "tokenizer_config.json",
+            "configuration_fastrwa.py", "modeling_fastrwa.py", "tokenization_fastrwa.py",
+            "README.md"}
     records = _metrics(run, timing=True)
     assert all(r["tokens_per_s"] > 0 for r in records if r["split"] == "train")
     assert all(r["elapsed_s"] >= r["train_s"] > 0 for r in records)

@@ -540,10 +540,10 @@ def test_a_run_killed_during_its_final_export_finishes_on_resume(tmp_path, monke
     corpus = _corpus(tmp_path)
     real = loop.save_pretrained
 
-    def dies_at_the_export(model, directory):
+    def dies_at_the_export(model, directory, *card):
         if Path(directory).name == "model":
             raise KeyboardInterrupt("killed while exporting")
-        return real(model, directory)
+        return real(model, directory, *card)
 
     monkeypatch.setattr(loop, "save_pretrained", dies_at_the_export)
     with pytest.raises(KeyboardInterrupt):

@@ -1,7 +1,9 @@
 """``python -m fastrwa.hf.export RUN_DIR OUT_DIR``: a training run's model as a Hugging Face
 directory (``config.json``, ``model.safetensors``, ``generation_config.json``, the
-tokenizer's files) that ``AutoModelForCausalLM`` / ``AutoTokenizer.from_pretrained`` load
-after ``import fastrwa.hf``.
+tokenizer's files, the ``auto_map`` modules and the run's model card ``README.md``: the
+format of :mod:`fastrwa.models.directory`) that ``AutoModelForCausalLM`` /
+``AutoTokenizer.from_pretrained`` load after ``import fastrwa.hf`` or with
+``trust_remote_code=True``.
 
 ``RUN_DIR`` is a run directory (its final ``model/`` export, or ``best/`` with ``--best``)
 or any directory ``fastrwa.models.save_pretrained`` wrote. The directory is written beside
@@ -24,13 +26,16 @@ from pathlib import Path
 from safetensors import SafetensorError
 
 from ..models import ByteLM, load_pretrained, run_model_dir
+from ..models.directory import REMOTE_CODE
 from . import FastRWAByteTokenizer, FastRWAConfig, FastRWAForCausalLM
 from .progress import no_progress_bars
 
 
-# What an export holds (save_pretrained's files for the model and the tokenizer).
+# What an export holds (save_pretrained's files for the model and the tokenizer, the
+# modules auto_map names, the model card).
 EXPORT_FILES = {"config.json", "model.safetensors", "generation_config.json",
-                "tokenizer_config.json", "added_tokens.json", "special_tokens_map.json"}
+                "tokenizer_config.json", "added_tokens.json", "special_tokens_map.json",
+                "README.md", *REMOTE_CODE}
 
 
 def _is_export(directory: Path) -> bool:
@@ -55,7 +60,8 @@ def export(run_dir: str | Path, out_dir: str | Path, best: bool = False,
     if out_dir.is_symlink():          # (never followed, never replaced: as a run directory)
         raise ValueError(f"{out_dir} is a symbolic link (to {os.readlink(out_dir)}); export to "
                          f"a real path (the link's target, or a new directory)")
-    model = load_pretrained(run_model_dir(run_dir, best))
+    source = run_model_dir(run_dir, best)
+    model = load_pretrained(source)
     if not isinstance(model, ByteLM):
         raise ValueError(f"{run_dir}: the {model.config.layer!r} baseline "
                          f"({type(model).__name__}) has no Hugging Face class (only the rda/rwa "
@@ -72,6 +78,8 @@ def export(run_dir: str | Path, out_dir: str | Path, best: bool = False,
     os.umask(umask)
     staging.chmod(0o777 & ~umask)          # (mkdtemp's 0700 would outlive the rename)
     try:
+        if (source / "README.md").is_file():      # (the run's model card: how it was trained)
+            shutil.copyfile(source / "README.md", staging / "README.md")
         with no_progress_bars():
             FastRWAForCausalLM.from_bytelm(model).save_pretrained(staging)
             FastRWAByteTokenizer().save_pretrained(staging)
@@ -107,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"exported {out}: AutoModelForCausalLM.from_pretrained({str(out)!r}) after "
-          f"import fastrwa.hf", file=sys.stderr)
+          f"import fastrwa.hf, or with trust_remote_code=True", file=sys.stderr)
     return 0
 
 

@@ -14,10 +14,12 @@ from transformers import GenerationMixin, PreTrainedModel
 from transformers.generation import GenerationMode
 from transformers.utils import ModelOutput
 
-from ..models import ByteLM, LMState
+from ..models import ByteLM, LMState, load_pretrained
+from ..models import directory as fmt
+from ..models.pretrained import run_model_dir, weights_file
 from ..models.config import BYTE_VOCAB
 from .configuration import FastRWAConfig
-from .integrity import sign, verify
+from ..models.integrity import sign, verify
 
 
 class FastRWACache:
@@ -133,10 +135,21 @@ class FastRWAForCausalLM(FastRWAPreTrainedModel, GenerationMixin):
         """``PreTrainedModel.from_pretrained``, refusing a weights file that lacks any of the
         model's tensors (rather than leaving them uninitialised with a warning) or, in a
         local directory, does not match the checksum ``save_pretrained`` stored with it
-        (:mod:`fastrwa.hf.integrity`; a file without one loads with a warning)."""
+        (:mod:`fastrwa.models.integrity`; a file without one loads with a warning).
+
+        A training run's directory, its ``model/`` or ``best/`` (``model.pt``, no
+        safetensors: :mod:`fastrwa.models.directory`) loads through
+        :func:`fastrwa.models.load_pretrained` (its CRC-32s checked), then ``dtype`` and a
+        single-device ``device_map`` apply; other loading options are refused there."""
         wanted = kwargs.pop("output_loading_info", False)
         source = args[0] if args else kwargs.get("pretrained_model_name_or_path")
         if isinstance(source, (str, os.PathLike)) and Path(source).is_dir():
+            found = run_model_dir(source) if not (Path(source) / "config.json").is_file() \
+                else Path(source)
+            if weights_file(found) is not None and weights_file(found).suffix == ".pt":
+                model = cls._from_model_pt(found, args[1:], kwargs)
+                return (model, {"missing_keys": [], "unexpected_keys": [],
+                                "mismatched_keys": [], "error_msgs": []}) if wanted else model
             verify(Path(source))
         model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
         if info.get("missing_keys"):
@@ -145,11 +158,48 @@ class FastRWAForCausalLM(FastRWAPreTrainedModel, GenerationMixin):
                              f"python -m fastrwa.hf.export)")
         return (model, info) if wanted else model
 
+    # from_pretrained's options that a model.pt directory takes (the others are refused);
+    # the Auto classes pass the first ones themselves
+    _PT_OPTIONS = {"config", "trust_remote_code", "pretrained_model_name_or_path", "dtype",
+                   "torch_dtype", "device_map", "local_files_only", "_from_auto",
+                   "_commit_hash", "adapter_kwargs", "code_revision", "revision",
+                   "low_cpu_mem_usage"}
+
+    @classmethod
+    def _from_model_pt(cls, directory: Path, rest: tuple, kwargs: dict):
+        unknown = sorted(set(kwargs) - cls._PT_OPTIONS)
+        if rest or unknown:
+            raise ValueError(f"{directory} holds model.pt (a training run's format): "
+                             f"from_pretrained takes dtype and device_map for it, got "
+                             f"{unknown or 'positional arguments'}; export it with python "
+                             f"-m fastrwa.hf.export for every option")
+        model = cls.from_bytelm(load_pretrained(directory))
+        dtype = kwargs.get("dtype", kwargs.get("torch_dtype"))
+        if dtype not in (None, "auto"):
+            model.to(getattr(torch, dtype) if isinstance(dtype, str) else dtype)
+        device = kwargs.get("device_map")
+        if isinstance(device, (str, int, torch.device)) and device != "auto":
+            model.to(device)
+        elif device not in (None, "auto"):
+            raise ValueError(f"device_map must be one device for {directory} (model.pt), "
+                             f"got {device!r}")
+        return model.eval()
+
     def save_pretrained(self, save_directory, *args, **kwargs):
         """``PreTrainedModel.save_pretrained``, then the weights' checksum written into the
-        safetensors files' metadata (:mod:`fastrwa.hf.integrity`)."""
+        safetensors files' metadata (:mod:`fastrwa.models.integrity`); with the rest of the
+        directory format (:mod:`fastrwa.models.directory`): ``auto_map`` in
+        ``config.json`` and the modules it names, and a model card (``README.md``, kept if
+        the directory has one)."""
+        self.config.auto_map = dict(fmt.AUTO_MAP)
         out = super().save_pretrained(save_directory, *args, **kwargs)
         sign(Path(save_directory))
+        path = Path(save_directory)
+        for name in fmt.REMOTE_CODE:
+            (path / name).write_text(fmt.remote_code(name))
+        if not (path / "README.md").exists():
+            params = sum(p.numel() for p in dict.fromkeys(self.model.parameters()))
+            (path / "README.md").write_text(fmt.model_card(self.model.config, params))
         return out
 
     # generate() options that select a decoding this model does not run

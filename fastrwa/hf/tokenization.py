@@ -7,8 +7,8 @@ from transformers import PreTrainedTokenizer
 from transformers.tokenization_python import AddedToken
 
 from ..models.config import BYTE_VOCAB
+from ..models.directory import BOS, PAD, TOKENIZER_AUTO_MAP
 
-BOS, PAD = "<bos>", "<pad>"
 
 
 class FastRWAByteTokenizer(PreTrainedTokenizer):
@@ -29,6 +29,8 @@ class FastRWAByteTokenizer(PreTrainedTokenizer):
 
     model_input_names = ["input_ids", "attention_mask"]
     padding_side = "left"
+    # (written into tokenizer_config.json: trust_remote_code=True finds the class)
+    _auto_map = TOKENIZER_AUTO_MAP
 
     def __init__(self, bos_token: str | AddedToken = BOS, pad_token: str | AddedToken = PAD,
                  **kwargs):

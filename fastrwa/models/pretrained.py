@@ -1,5 +1,7 @@
 """Build a language model from its :class:`LMConfig`, and save / load one as a directory of
-``config.json`` and ``model.pt`` (what a training run exports): no training code needed."""
+``config.json`` and ``model.pt`` or ``model.safetensors`` (the format of
+:mod:`fastrwa.models.directory`: what a training run and the Hugging Face export write): no
+training code needed."""
 
 from __future__ import annotations
 
@@ -11,14 +13,16 @@ import shutil
 import warnings
 import zipfile
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import BinaryIO, Callable, Optional
 
 import torch
 from torch import nn
 
+from . import directory as fmt
 from .config import FIELDS_BEFORE_THEY_EXISTED, LMConfig
 
 WEIGHTS, CONFIG = "model.pt", "config.json"
+SAFETENSORS = "model.safetensors"          # (the Hugging Face export's weights)
 
 
 def build(config: LMConfig | dict) -> nn.Module:
@@ -119,26 +123,74 @@ def check_archive(path: Path, what: str) -> None:
                          f"(damaged bytes)")
 
 
-def save_pretrained(model: nn.Module, directory: str | os.PathLike) -> None:
+def save_pretrained(model: nn.Module, directory: str | os.PathLike,
+                    training: Optional[dict] = None, results: Optional[dict] = None) -> None:
     """Write ``model.config`` to ``directory/config.json`` and the weights (tensors only) to
     ``directory/model.pt``, each through a temporary file and ``os.replace``
     (:func:`write_atomically`: a failed write raises :class:`WriteError` and leaves no
-    temporary file)."""
+    temporary file). For a :class:`ByteLM` the directory is also a Hugging Face model
+    (:mod:`fastrwa.models.directory`): ``config.json`` in ``FastRWAConfig``'s keys, the
+    generation and tokenizer configurations, the ``auto_map`` modules and ``README.md``,
+    the model card, with ``training`` (settings) and ``results`` (e.g. validation bpc)."""
+    from .lm import ByteLM
     path = Path(directory)
     path.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(model.config.to_dict(), indent=2).encode()
-    write_atomically(path / CONFIG, lambda f: f.write(text))
+    hf = isinstance(model, ByteLM)
+    config = fmt.config_json(model.config) if hf else model.config.to_dict()
+    files = {CONFIG: json.dumps(config, indent=2)}
+    if hf:
+        params = sum(p.numel() for p in dict.fromkeys(model.parameters()))
+        files.update({
+            "generation_config.json": json.dumps(fmt.generation_config_json(model.config),
+                                                 indent=2),
+            "tokenizer_config.json": json.dumps(fmt.tokenizer_config_json(), indent=2),
+            **{name: fmt.remote_code(name) for name in fmt.REMOTE_CODE},
+            "README.md": fmt.model_card(model.config, params, training, results)})
+    for name, text in files.items():
+        data = text.encode()
+        write_atomically(path / name, lambda f, data=data: f.write(data))
     write_atomically(path / WEIGHTS, lambda f: save_with_crcs(model.state_dict(), f))
 
 
-def load_pretrained(directory: str | os.PathLike, map_location=None) -> nn.Module:
-    """The model saved in ``directory`` by :func:`save_pretrained`, in eval mode; a training
-    run's directory gives its final ``model/`` (its best by validation is under ``best/``).
+def weights_file(directory: Path) -> Optional[Path]:
+    """The weights of a model directory: ``model.pt``, else ``model.safetensors``, else
+    ``None``."""
+    for name in (WEIGHTS, SAFETENSORS):
+        if (directory / name).is_file():
+            return directory / name
+    return None
 
-    Safe: the weights are read with ``torch.load(weights_only=True)``, which unpickles
-    tensors and plain containers only, after every record of ``model.pt`` is checked against
-    its CRC-32 (:func:`check_archive`): an empty, cut-short or damaged file, or a pickle, is
-    refused with a ``ValueError`` naming it, never loaded as different numbers.
+
+def _read_safetensors(path: Path, model: nn.Module) -> dict:
+    """The state dict of a Hugging Face export's ``model.safetensors`` for ``model`` (its
+    checksum verified: :mod:`fastrwa.models.integrity`): the keys without the ``model.``
+    prefix of ``FastRWAForCausalLM``, a tied head (not stored) as the embedding."""
+    try:
+        from safetensors.torch import load_file
+
+        from .integrity import verify
+    except ImportError as exc:
+        raise ValueError(f"{path} is a Hugging Face export's weights: reading them needs "
+                         f"safetensors (pip install 'fastrwa[hf]')") from exc
+    verify(path.parent)
+    stored = load_file(str(path))
+    weights = {k.removeprefix("model."): v for k, v in stored.items()}
+    if getattr(model.config, "tie_embeddings", False) and "head.weight" not in weights \
+            and "embed.weight" in weights:
+        weights["head.weight"] = weights["embed.weight"]
+    return weights
+
+
+def load_pretrained(directory: str | os.PathLike, map_location=None) -> nn.Module:
+    """The model saved in ``directory`` by :func:`save_pretrained` or by the Hugging Face
+    export (``python -m fastrwa.hf.export``), in eval mode; a training run's directory
+    gives its final ``model/`` (its best by validation is under ``best/``).
+
+    Safe: ``model.pt`` is read with ``torch.load(weights_only=True)``, which unpickles
+    tensors and plain containers only, after every record is checked against its CRC-32
+    (:func:`check_archive`): an empty, cut-short or damaged file, or a pickle, is refused
+    with a ``ValueError`` naming it, never loaded as different numbers. An export's
+    ``model.safetensors`` is checked against the SHA-256 stored in it.
 
     Example:
         >>> import tempfile
@@ -149,31 +201,35 @@ def load_pretrained(directory: str | os.PathLike, map_location=None) -> nn.Modul
         'ByteLM'
     """
     path = Path(directory)
-    if not (path / CONFIG).is_file() or not (path / WEIGHTS).is_file():
-        if (path / "model" / CONFIG).is_file() and (path / "model" / WEIGHTS).is_file():
+    if not (path / CONFIG).is_file() or weights_file(path) is None:
+        if (path / "model" / CONFIG).is_file() and weights_file(path / "model"):
             path = path / "model"           # a training run's directory: its final model
         else:
-            raise FileNotFoundError(f"{path} must hold {CONFIG} and {WEIGHTS} (written by "
-                                    f"save_pretrained, or a run's directory or its model/ "
-                                    f"or best/)")
+            raise FileNotFoundError(f"{path} must hold {CONFIG} and {WEIGHTS} or {SAFETENSORS} "
+                                    f"(written by save_pretrained or the Hugging Face "
+                                    f"export, or a run's directory or its model/ or best/)")
+    weights_path = weights_file(path)
     try:
-        config = LMConfig.from_dict({**FIELDS_BEFORE_THEY_EXISTED,
-                                     **json.loads((path / CONFIG).read_text())})
+        config = LMConfig.from_dict({**FIELDS_BEFORE_THEY_EXISTED, **fmt.lm_config_fields(
+            json.loads((path / CONFIG).read_text()))})
     except (ValueError, TypeError) as exc:
         raise ValueError(f"{path / CONFIG} is not a language-model configuration ({exc})") from exc
     model = build(config)
-    check_archive(path / WEIGHTS, "weights")
-    try:
-        weights = torch.load(path / WEIGHTS, map_location=map_location, weights_only=True)
-    except OSError:           # no permission, an I/O error: its own message, not "corrupt"
-        raise
-    except Exception as exc:  # any unreadable file is reported the same way
-        raise ValueError(f"weights {path / WEIGHTS} cannot be read ({type(exc).__name__}: "
-                         f"{str(exc)[:300]})") from exc
+    if weights_path.name == SAFETENSORS:
+        weights = _read_safetensors(weights_path, model)
+    else:
+        check_archive(weights_path, "weights")
+        try:
+            weights = torch.load(weights_path, map_location=map_location, weights_only=True)
+        except OSError:       # no permission, an I/O error: its own message, not "corrupt"
+            raise
+        except Exception as exc:  # any unreadable file is reported the same way
+            raise ValueError(f"weights {weights_path} cannot be read ({type(exc).__name__}: "
+                             f"{str(exc)[:300]})") from exc
     try:
         model.load_state_dict(weights)
     except (RuntimeError, TypeError, AttributeError) as exc:   # another model's, or not a dict
-        raise ValueError(f"weights {path / WEIGHTS} do not fit the model {path / CONFIG} "
+        raise ValueError(f"weights {weights_path} do not fit the model {path / CONFIG} "
                          f"describes ({type(exc).__name__}: {str(exc)[:300]})") from exc
     return model.eval()
 
@@ -184,7 +240,7 @@ def run_model_dir(run_dir: str | os.PathLike, best: bool = False) -> Path:
     ``FileNotFoundError`` otherwise."""
     run_dir = Path(run_dir)
     for candidate in ([run_dir / "best"] if best else [run_dir / "model", run_dir]):
-        if (candidate / CONFIG).is_file() and (candidate / WEIGHTS).is_file():
+        if (candidate / CONFIG).is_file() and weights_file(candidate):
             return candidate
     raise FileNotFoundError(
         f"{run_dir}: no model there " + ("(no best/ export: the run has not evaluated yet)"

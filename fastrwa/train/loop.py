@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import sys
@@ -56,6 +57,22 @@ def build_model(cfg: RunConfig, problem) -> torch.nn.Module:
         raise ValueError(f"--model {cfg.model} is not a language model; --task {cfg.task} "
                          f"trains one of {sorted(LM_LAYERS)}")
     return build(lm_config(cfg))
+
+
+def _trained(cfg: RunConfig, steps: int) -> dict:
+    """How a model was trained, for its model card: the run's settings that were set (the
+    data file by name), and the steps taken."""
+    fields = {k: v for k, v in dataclasses.asdict(cfg).items()
+              if v not in (None, {}, False) and k not in ("progress", "device", "log_every")
+              and not (cfg.is_lm and k == "seq_len")}
+    if cfg.data:
+        fields["data"] = Path(cfg.data).name
+    return {**fields, "steps taken": steps}
+
+
+def _part(cfg: RunConfig) -> str:
+    """How much of the validation split an LM run evaluates, for its model card."""
+    return f" (the first {cfg.eval_bytes:,} bytes)" if cfg.is_lm and cfg.eval_bytes else ""
 
 
 def _better(value: float, best, higher_is_better: bool) -> bool:
@@ -199,7 +216,8 @@ def _train(cfg: RunConfig, run_dir: Path, resume: bool, stack: contextlib.ExitSt
             if hasattr(model, "config") and _better(result[problem.metric], best,
                                                     problem.higher_is_better):
                 best = result[problem.metric]
-                save_pretrained(model, run_dir / BEST)
+                save_pretrained(model, run_dir / BEST, _trained(cfg, done),
+                                {f"valid {problem.metric}{_part(cfg)}": best, "at step": done})
             text = problem.sample(model, done, place) if hasattr(problem, "sample") else None
             if text is not None:
                 with open(run_dir / SAMPLES, "a", encoding="utf-8") as f:
@@ -220,7 +238,10 @@ def _train(cfg: RunConfig, run_dir: Path, resume: bool, stack: contextlib.ExitSt
         # resumes from the checkpoint before and exports again (the other way round, the
         # checkpoint would say the run is done while model/ is missing).
         if done == cfg.steps and rank == 0 and hasattr(model, "config"):
-            save_pretrained(model, run_dir / EXPORT)
+            save_pretrained(model, run_dir / EXPORT, _trained(cfg, done),
+                            {f"{split} {problem.metric}{_part(cfg) if split == 'valid' else ''}":
+                             last[split][problem.metric]
+                             for split in ("valid", "test") if split in last})
         stop = requests.pending(world, place.device)
         if done % cfg.checkpoint_every == 0 or done == cfg.steps or stop:
             states = [None] * world

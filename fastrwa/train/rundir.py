@@ -12,6 +12,7 @@ import uuid
 from pathlib import Path
 
 from ..models.config import FIELDS_BEFORE_THEY_EXISTED
+from ..models.directory import BYTE_LM_FILES
 from ..models.pretrained import write_atomically
 from .config import RunConfig
 from .models import with_every_lm_field
@@ -24,7 +25,8 @@ RUN_ID = "run_id"                # config.json's key for the run's identity (not
 RUN_FILES = (CONFIG, METRICS, CHECKPOINT, PLOT, SAMPLES, LOCK, CHECKPOINT + ".tmp",
              METRICS + ".tmp", SAMPLES + ".tmp", CONFIG + ".tmp")
 RUN_DIRS = (BEST, EXPORT)
-MODEL_FILES = ("config.json", "model.pt", "config.json.tmp", "model.pt.tmp")
+MODEL_FILES = tuple(name + tmp for name in ("config.json", "model.pt", *BYTE_LM_FILES)
+                    for tmp in ("", ".tmp"))         # (what save_pretrained may leave)
 
 
 class RunDirError(RuntimeError):

@@ -1,5 +1,6 @@
 """A checksum of an export's weights, kept in the safetensors file's own metadata: written
-by :meth:`FastRWAForCausalLM.save_pretrained`, verified by ``from_pretrained`` (a flipped
+by ``FastRWAForCausalLM.save_pretrained``, verified by its ``from_pretrained`` and by
+:func:`fastrwa.models.load_pretrained` (a flipped
 bit in a weight loaded silently before; ``model.pt`` has its CRC-32s, docs/hf.md).
 
 The digest is SHA-256 over every tensor of the file in name order: its name, dtype, shape
