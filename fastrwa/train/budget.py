@@ -11,6 +11,7 @@ from .config import RunConfig
 from .device import placement
 from .loop import build_model
 from .models import detach_state
+from .packing import model_inputs
 from .optim import make_optimizer
 from .parallel import rows
 from .problems import make_problem
@@ -40,7 +41,8 @@ def seconds_per_step(cfg: RunConfig) -> float:
         for k in range(accum):
             part = place.to(rows(batch, k * micro, (k + 1) * micro))
             with place.autocast():
-                output, state = model(part.x, carried[k])
+                x, packed = model_inputs(part.x, part.starts)         # (--pack)
+                output, state = model(x, carried[k], **packed)
             loss, _ = problem.score(output.float(), part)
             (loss / accum).backward()
             carried[k] = detach_state(state) if problem.stateful else None

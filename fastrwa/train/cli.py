@@ -37,6 +37,15 @@ from .stop import Stopped
 from .tasks import TASKS
 
 
+def unescape(text: str) -> str:
+    """``--pack SEP``: backslash escapes (``\\n``, ``\\t``, ``\\x00``, ``\\u2028``) read,
+    every other character kept as it is."""
+    try:
+        return text.encode("latin-1", "backslashreplace").decode("unicode_escape")
+    except UnicodeDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"--pack {text!r}: a broken escape ({exc.reason})")
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m fastrwa.train", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -73,6 +82,10 @@ def parser() -> argparse.ArgumentParser:
                         "schedule decays over them)")
     add("--seed", type=int, help=f"default {defaults.seed}")
     add("--bptt", type=int, help=f"byte corpora: segment length (default {defaults.bptt})")
+    add("--pack", nargs="?", const="\n\n", type=unescape, metavar="SEP",
+        help="byte corpora, scan models: documents end with SEP (escapes such as \\n read; "
+             "alone: blank lines); each is run from the initial state, packed into the rows "
+             "without padding, nothing carried between steps (docs/training.md)")
     add("--data", help="enwik8 (raw or .zip) / text: a file; mnist, pmnist: the IDX directory")
     add("--device", choices=DEVICES, help="auto: CUDA when present, else the CPU (default auto)")
     add("--autocast", choices=AUTOCASTS, help="bf16: forward in bfloat16 autocast (default none)")

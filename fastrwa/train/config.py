@@ -68,6 +68,7 @@ class RunConfig:
     seed: int = 0
     bptt: int = 128
     data: Optional[str] = None
+    pack: Optional[str] = None        # --pack: the documents' separator (None: not packed)
     device: str = "auto"
     autocast: str = "none"
     lm: dict = dataclasses.field(default_factory=dict)
@@ -95,7 +96,7 @@ class RunConfig:
             value, kind = getattr(self, field.name), field.type
             kind = {"Optional[int]": "int", "Optional[float]": "float",
                     "Optional[str]": "str"}.get(kind, kind)
-            if field.name == "data":
+            if field.name in ("data", "pack") and value is None:
                 continue
             if kind in ("int", int) and (isinstance(value, bool) or not isinstance(value, int)):
                 raise ValueError(f"{flag(field.name)} must be an integer, got {value!r}")
@@ -159,6 +160,18 @@ class RunConfig:
             if self.compile:
                 raise ValueError("--compile and --context-parallel cannot be combined (the "
                                  "context-parallel layers' collectives run eagerly)")
+        if self.pack is not None:
+            if not self.is_lm or self.model not in ("rda-scan", "rwa-scan"):
+                raise ValueError(f"--pack reads a byte corpus as documents run from the "
+                                 f"initial state (cu_seqlens): it needs --task "
+                                 f"{' or '.join(LM_TASKS)} and --model rda-scan or rwa-scan, "
+                                 f"got --task {self.task} --model {self.model}")
+            if not self.pack:
+                raise ValueError("--pack SEP: the separator must not be empty (--pack alone "
+                                 "separates documents at blank lines, '\\n\\n')")
+            if self.context_parallel > 1:
+                raise ValueError("--pack and --context-parallel cannot be combined yet (the "
+                                 "context-parallel layers take no cu_seqlens)")
         if self.model in LM_ONLY_MODELS and not self.is_lm:
             raise ValueError(f"--model {self.model} is a language model: it trains on a byte "
                              f"corpus (--task {' or '.join(LM_TASKS)}), not --task {self.task}")

@@ -279,11 +279,16 @@ class ByteStreams:
     def __len__(self) -> int:
         return self.segments
 
+    def index(self, k: int) -> Tensor:
+        """The positions in ``data`` of segment ``k``'s inputs and last target
+        ``(streams, L + 1)``."""
+        j = k % self.segments
+        return self.starts + j * self.segment + torch.arange(self.segment + 1)
+
     def get(self, k: int) -> tuple[Tensor, Tensor, bool]:
         """``(inputs (streams, L), targets (streams, L), new_pass)`` of segment ``k``."""
-        j = k % self.segments
-        rows = self.data[self.starts + j * self.segment + torch.arange(self.segment + 1)].long()
-        return rows[:, :-1], rows[:, 1:], j == 0
+        rows = self.data[self.index(k)].long()
+        return rows[:, :-1], rows[:, 1:], k % self.segments == 0
 
 
 def whole_split(data: Tensor, streams: int, segment: int,

@@ -23,6 +23,7 @@ from .config import RunConfig
 from .device import Placement, placement
 from .parallel import from_the_last_slice, layout, rows, share_of_the_loss, time_slice
 from .models import LM_LAYERS, SequenceNet, detach_state, lm_config
+from .packing import model_inputs
 from .optim import lr_factor, make_optimizer, set_lr
 from .problems import make_problem
 from .rundir import BEST, CHECKPOINT, EXPORT, METRICS, SAMPLES, RunDirError, run_id
@@ -176,8 +177,9 @@ def _train(cfg: RunConfig, run_dir: Path, resume: bool, stack: contextlib.ExitSt
             with contextlib.nullcontext() if sync else net.no_sync():
                 with place.autocast():
                     # (with context parallelism the state enters at the first slice)
-                    output, state = forward(part.x, carried[k] if lay.context_rank == 0
-                                            else None, **context)
+                    x, packed = model_inputs(part.x, part.starts)     # (--pack)
+                    output, state = forward(x, carried[k] if lay.context_rank == 0
+                                            else None, **context, **packed)
                 loss, metric = problem.score(output.float(), part)
                 loss, metric = loss * share, metric * share
                 (loss / accum).backward()

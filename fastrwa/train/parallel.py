@@ -51,8 +51,11 @@ def layout(context_parallel: int) -> Layout:
 
 
 def _cut(batch, cut):
-    """A batch of ``cut(t)`` of its ``x``, ``target`` and ``mask`` (keeping ``new_pass``)."""
-    out = type(batch)(cut(batch.x), cut(batch.target), cut(batch.mask))
+    """A batch of ``cut(t)`` of its ``x``, ``target``, ``mask`` and document ``starts``
+    (keeping ``new_pass``)."""
+    starts = getattr(batch, "starts", None)
+    out = type(batch)(cut(batch.x), cut(batch.target), cut(batch.mask),
+                      *(() if starts is None else (cut(starts),)))
     if hasattr(batch, "new_pass"):
         out.new_pass = batch.new_pass
     return out

@@ -15,6 +15,7 @@ from torch import Tensor
 
 from . import data as _data
 from .device import Placement
+from .packing import document_starts
 from .config import LM_TASKS
 from .tasks import TASKS, Batch, Task, make_task
 
@@ -65,17 +66,30 @@ class ByteLMProblem:
     baseline = 8.0          # a uniform guess over 256 byte values
     eval_streams = 32       # rows of a batched evaluation (each starts from the initial state)
 
-    def __init__(self, path: str, streams: int, bptt: int, eval_bytes: int):
+    def __init__(self, path: str, streams: int, bptt: int, eval_bytes: int,
+                 pack: bytes | None = None):
         corpus = _data.open_corpus(path)
         # What a checkpoint records of the data, so that --resume can tell a changed corpus.
         self.fingerprint = {"size": corpus.size, "sha256": corpus.sha256}
         self.splits = _data.split_corpus(corpus.data)
         self.train = _data.ByteStreams(self.splits["train"], streams, bptt)
         self.bptt, self.eval_bytes = bptt, eval_bytes
+        # --pack: documents (ending with the separator) from the initial state, nothing carried
+        self.pack = pack
+        self.stateful = pack is None
 
     def batch(self, step: int, size: int) -> Batch:
+        """Segment ``step`` of the training streams. Packed (``--pack``): the positions where
+        a document starts are marked (``starts``), and the target that would cross into the
+        next document (the byte after a separator, predicted from the document before) is
+        ignored (-100): each document's loss is its own bytes', as if trained alone."""
         x, y, new_pass = self.train.get(step)
-        batch = Batch(x, y, torch.ones_like(y, dtype=torch.bool))
+        starts = None
+        if self.pack is not None:
+            begins = document_starts(self.train.data, self.train.index(step), self.pack)
+            starts = begins[:, :-1]
+            y = y.masked_fill(begins[:, 1:], -100)
+        batch = Batch(x, y, torch.ones_like(y, dtype=torch.bool), starts)
         batch.new_pass = new_pass
         return batch
 
@@ -186,7 +200,8 @@ def make_problem(cfg, streams: int):
             raise ValueError(f"--task {cfg.task} needs --data PATH "
                              f"({'a corpus file' if cfg.task in LM_TASKS else 'the MNIST IDX dir'})")
     if cfg.task in LM_TASKS:
-        return ByteLMProblem(cfg.data, streams, cfg.bptt, cfg.eval_bytes)
+        return ByteLMProblem(cfg.data, streams, cfg.bptt, cfg.eval_bytes,
+                             None if cfg.pack is None else cfg.pack.encode("utf-8"))
     if cfg.task in IMAGE_TASKS:
         return ImageProblem(cfg.data, cfg.task == "pmnist", cfg.seed, cfg.eval_batches)
     return SyntheticProblem(make_task(cfg.task, cfg.seq_len, cfg.seed), cfg.eval_batches)

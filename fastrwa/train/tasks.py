@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Optional
 
 import torch
 from torch import Tensor
@@ -21,6 +22,9 @@ class Batch:
     x: Tensor        # (B, T, input_size) float32
     target: Tensor   # (B, T) float (mse) or long (ce)
     mask: Tensor     # (B, T) bool: positions whose output is scored
+    # (B, T) bool, packed documents (--pack): True where a document starts (each row's first
+    # position too); the model runs each from the initial state. None: rows are sequences.
+    starts: Optional[Tensor] = None
 
 
 class Task:
