@@ -145,8 +145,10 @@ def check_flag(value: object, name: str) -> bool:
     return value
 
 
-def check_cu_seqlens(cu_seqlens: object, z: torch.Tensor) -> int:
-    """Check packed-sequence offsets against ``z`` of shape ``(1, T, D)``; return the count ``N``."""
+def check_cu_seqlens(cu_seqlens: object, z: torch.Tensor, whole: bool = True) -> int:
+    """Check packed-sequence offsets against ``z`` of shape ``(1, T, D)``; return the count
+    ``N``. ``whole=False``: a context-parallel slice's global offsets, which end at the
+    whole sequence's length (checked over the ranks), not at ``T``."""
     if not isinstance(cu_seqlens, torch.Tensor):
         raise TypeError(f"cu_seqlens must be a torch.Tensor of sequence offsets, "
                         f"got {type(cu_seqlens).__name__}")
@@ -163,7 +165,8 @@ def check_cu_seqlens(cu_seqlens: object, z: torch.Tensor) -> int:
         raise ValueError(f"with cu_seqlens the inputs must be packed into B = 1, "
                          f"got z of shape {tuple(z.shape)}")
     if not torch.compiler.is_compiling():   # (no data-dependent guard in a compiled graph:
-        check_offsets(cu_seqlens, z.shape[1])   # the op checks them when it runs)
+        # the op checks them when it runs)
+        check_offsets(cu_seqlens, z.shape[1] if whole else int(cu_seqlens[-1]))
     return cu_seqlens.shape[0] - 1
 
 

@@ -12,7 +12,7 @@ import torch
 from .checks import (check_attention, check_context_group, check_cu_seqlens, check_flag,
                      check_inputs, check_no_overlap, check_state)
 from .ops.autograd import step_inplace, weighted_scan_op
-from .ops.context import context_parallel_scan, refuse_together
+from .ops.context import context_parallel_scan, packed_over_ranks, refuse_together
 from .ops.dispatch import ScanArgs, resolve, state_dtype
 from .state import ScanState
 
@@ -25,14 +25,14 @@ def _run(named, attention, discount, initial_state, output_final_state, reverse,
         check_context_group(context_group)
         try:
             args = _checked(named, attention, discount, initial_state, output_final_state,
-                            reverse, cu_seqlens)
-            if cu_seqlens is not None:
-                raise ValueError("context_group and cu_seqlens cannot be combined: packed "
-                                 "variable-length sequences are not split across ranks")
+                            reverse, cu_seqlens, whole=cu_seqlens is None)
             backend = resolve(args.z.device, args.z.dtype)
         except (TypeError, ValueError, RuntimeError) as exc:
             refuse_together(exc, context_group)     # (every rank raises; none waits)
-        y, final = context_parallel_scan(args, backend, context_group)
+        if cu_seqlens is None:
+            y, final = context_parallel_scan(args, backend, context_group)
+        else:
+            y, final = packed_over_ranks(args, backend, context_group)
         return y, (ScanState(*final) if output_final_state else None)
     args = _checked(named, attention, discount, initial_state, output_final_state, reverse,
                     cu_seqlens)
@@ -52,13 +52,15 @@ def _run(named, attention, discount, initial_state, output_final_state, reverse,
 
 
 def _checked(named, attention, discount, initial_state, output_final_state, reverse,
-             cu_seqlens) -> ScanArgs:
-    """The op's arguments, every one checked (``TypeError``/``ValueError`` naming it)."""
+             cu_seqlens, whole: bool = True) -> ScanArgs:
+    """The op's arguments, every one checked (``TypeError``/``ValueError`` naming it);
+    ``whole=False``: ``cu_seqlens`` are a context-parallel call's global offsets, which end
+    at the whole sequence's length, not this slice's (checked over the ranks)."""
     z = check_inputs(named, "BTD")
     check_flag(output_final_state, "output_final_state")
     check_flag(reverse, "reverse")
     B, T, D = z.shape
-    n_states = B if cu_seqlens is None else check_cu_seqlens(cu_seqlens, z)
+    n_states = B if cu_seqlens is None else check_cu_seqlens(cu_seqlens, z, whole)
     state = check_state(initial_state, "initial_state", z, n_states, D)
     g = named[2][1] if len(named) > 2 else None
     return ScanArgs(z, named[1][1], g, attention, discount,
@@ -100,8 +102,11 @@ def weighted_scan(
             calls with the same ``B``, ``D``, dtype and options, and runs the backward;
             ``initial_state`` is given on the first rank in scan order only (rank 0, or the
             last with ``reverse``); the returned state is the one after this rank's slice
-            (the last rank in scan order holds the whole sequence's). Not with
-            ``cu_seqlens``. docs/math.md §7.
+            (the last rank in scan order holds the whole sequence's). With ``cu_seqlens``:
+            ``z`` is this rank's slice ``(1, T_k, D)`` of the packed row, ``cu_seqlens`` the
+            whole row's offsets on every rank (a sequence may span ranks),
+            ``initial_state`` ``(N, D)`` given on every rank or none, and the returned state
+            ``(1, D)`` the one after this slice of the sequence it ends in. docs/math.md §7.
 
     Returns:
         ``(y, state)``: ``y`` is ``(B, T, D)`` in the input dtype; ``state`` is a

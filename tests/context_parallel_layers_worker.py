@@ -162,7 +162,58 @@ def refused(label, call, words):
     raise AssertionError(f"rank {rank}: {label}: no error")
 
 
+# packed sequences over the ranks: a sequence ends one past every rank boundary, so one runs
+# across each (and across an empty slice), and an empty one after the first
+# (lengths 1, 6: 0, 2, 2, 7; 2, 0, 3: 0, 3, 3, 5; 2, 3, 1, 2: 0, 3, 3, 6, 7, 8)
+EDGES = [sum(lengths[:j]) for j in range(1, world)]
+CROSS = sorted({e + 1 for e in EDGES if e + 1 < T})
+CU = torch.tensor(sorted([0, T, *CROSS, *CROSS[:1]]))
+
+
+def packed_case(label, make, dtype, tol, model=False):
+    """A layer (or a ByteLM, ``model``) over packed sequences that span the ranks (global
+    ``CU``): this slice's outputs, its inputs' gradient and the parameters' gradients
+    summed over the ranks equal one process's on the whole packed sequence."""
+    torch.manual_seed(0)
+    module = make().to(dtype)
+    gen = torch.Generator().manual_seed(5)
+    if model:
+        inputs = torch.randint(0, 256, (1, T), generator=gen)
+        width = module.config.vocab_size
+    else:
+        inputs = torch.randn(1, T, 3, generator=gen, dtype=torch.float64).to(dtype)
+        width = module.hidden_size * module.num_directions
+    w = torch.randn(1, T, width, generator=gen, dtype=torch.float64).to(dtype)
+    whole = inputs if model else inputs.clone().requires_grad_()
+    out, _ = module(whole, cu_seqlens=CU)
+    (out * w).sum().backward()
+    want_grads = [p.grad.clone() for p in module.parameters()]
+    want_x = None if model else whole.grad[:, lo:hi]
+    module.zero_grad()
+    mine = inputs[:, lo:hi] if model else inputs[:, lo:hi].clone().requires_grad_()
+    got, _ = module(mine, cu_seqlens=CU, context_group=group)
+    check(f"{label}: y", got.detach(), out.detach()[:, lo:hi], tol)
+    (got * w[:, lo:hi]).sum().backward()
+    if not model:
+        check(f"{label}: grad x", mine.grad, want_x, tol)
+    for (name, _), g, want in zip(module.named_parameters(), summed_grads(module), want_grads):
+        check(f"{label}: grad {name}", g, want, tol)
+
+
 F64, F32 = torch.float64, torch.float32
+for shift in (False, True):
+    packed_case(f"packed rwa shift={shift}", lambda: fastrwa.nn.RWA(3, 4, token_shift=shift),
+                F64, 1e-12)
+    packed_case(f"packed rda shift={shift}",
+                lambda: fastrwa.nn.RDA(3, 4, attention="sigmoid", token_shift=shift),
+                F64, 1e-12)
+packed_case("packed bidirectional rda",
+            lambda: fastrwa.nn.RDA(3, 4, bidirectional=True, token_shift=True), F64, 1e-12)
+packed_case("packed bytelm", lambda: ByteLM(LMConfig(d_model=8, n_layers=2, mlp_ratio=2)),
+            F64, 1e-12, model=True)
+packed_case("packed bytelm rwa float32",
+            lambda: ByteLM(LMConfig(d_model=8, n_layers=1, layer="rwa", mlp_ratio=2)),
+            F32, 1e-5, model=True)
 for shift in (False, True):
     layer_case(f"rwa shift={shift}", lambda: fastrwa.nn.RWA(3, 4, token_shift=shift), F64, 1e-12)
     for attention in ("exp", "sigmoid"):
@@ -204,7 +255,14 @@ refused("a mask on rank 0 only (ByteLM)",
 cu = torch.tensor([0, hi - lo]) if rank == 0 else None
 refused("cu_seqlens on rank 0 only",
         lambda: layer(x[:1] if rank == 0 else x, cu_seqlens=cu, context_group=group),
-        ["cannot be combined", "refused"])
+        ["cu_seqlens", "batch B", "refused"])
+packed_x = torch.randn(1, hi - lo, 3, dtype=F64)
+refused("other cu_seqlens on the last rank",
+        lambda: layer(packed_x, cu_seqlens=torch.tensor([0, 1 if rank == LAST else 0, T]),
+                      context_group=group), ["cu_seqlens", "refused"])
+refused("cu_seqlens that end before the whole sequence",
+        lambda: layer(packed_x, cu_seqlens=torch.tensor([0, T - 1]), context_group=group),
+        ["must end at its length", "refused"])
 other = ByteLM(LMConfig(d_model=8, n_layers=1 if rank == 0 else 2, mlp_ratio=2))
 refused("ByteLM with another layer count on rank 0", lambda: other(tokens, context_group=group),
         ["model configuration"])

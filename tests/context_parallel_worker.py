@@ -133,6 +133,73 @@ for backend in ("numba", "torch") + (("triton",) if with_triton else ()):
                  f"float32 {backend} {kind} reverse={reverse}", torch.float32, 2e-5)
 
 
+# packed sequences over the ranks (cu_seqlens, the whole sequence's offsets on every rank): a
+# sequence ends one past every rank boundary, so one runs across each (and across an empty
+# slice), and an empty one follows the first (tests/context_parallel_layers_worker.py)
+EDGES = [sum(lengths[:j]) for j in range(1, world)]
+CROSS = sorted({e + 1 for e in EDGES if e + 1 < T})
+CU = torch.tensor(sorted([0, T, *CROSS, *CROSS[:1]]))
+N = len(CU) - 1
+
+
+def packed_case(kind, reverse, with_state, backend, label):
+    """One packed row (B = 1) over the ranks: this slice's outputs, its inputs' gradients,
+    the initial rows' gradients summed over the ranks (each reads the rows of the sequences
+    that begin in its slice) and the final state where the whole sequence's ends (the last
+    sequence's on the last rank; the first's on rank 0 in reverse)."""
+    gen = torch.Generator().manual_seed(11)
+    z, a, g = (torch.randn(1, T, D, generator=gen, dtype=torch.float64).requires_grad_()
+               for _ in range(3))
+    w = torch.randn(1, T, D, generator=gen, dtype=torch.float64)
+    state = None
+    if with_state:
+        state = fastrwa.ScanState(torch.randn(N, D, generator=gen, dtype=torch.float64),
+                                  torch.randn(N, D, generator=gen, dtype=torch.float64),
+                                  torch.rand(N, D, generator=gen, dtype=torch.float64) + 1.0)
+        state = fastrwa.ScanState(*(t.requires_grad_() for t in state))
+    leaves = [z, a, g, *(state or ())]
+
+    def run(z, a, g, state, **more):
+        if kind == "rwa":
+            return fastrwa.rwa_scan(z, a, state, output_final_state=True, reverse=reverse,
+                                    cu_seqlens=CU, **more)
+        return fastrwa.rda_scan(z, a, g, kind, state, output_final_state=True,
+                                reverse=reverse, cu_seqlens=CU, **more)
+    with fastrwa.use_backend(backend):
+        y, final = run(z, a, g, state)
+        want = torch.autograd.grad((y * w).sum(), leaves, allow_unused=True)
+        mine = [t.detach()[:, lo:hi].clone().requires_grad_() for t in (z, a, g)]
+        rows = None if state is None else fastrwa.ScanState(
+            *(t.detach().clone().requires_grad_() for t in state))
+        ys, fs = run(*mine, rows, context_group=group)
+    check(f"{label}: y", ys.detach(), y.detach()[:, lo:hi])
+    got = torch.autograd.grad((ys * w[:, lo:hi]).sum(), [*mine, *(rows or ())],
+                              allow_unused=True)
+    for name, gv, wv in zip(["gz", "ga", "gg"], got, want):
+        if kind == "rwa" and name == "gg":
+            continue
+        check(f"{label}: {name}", gv if gv is not None else torch.zeros(1, hi - lo, D,
+                                                                      dtype=torch.float64),
+              wv[:, lo:hi])
+    for name, gv, wv in zip(["gm0", "gn0", "gd0"], got[3:], want[3:]):
+        gv = torch.zeros_like(wv) if gv is None else gv.clone()
+        dist.all_reduce(gv)
+        check(f"{label}: {name} summed over the ranks", gv, wv)
+    end = 0 if reverse else world - 1
+    if rank == end:
+        row = 0 if reverse else N - 1
+        check(f"{label}: final average", average(fs).detach(),
+              average(fastrwa.ScanState(*(t[row:row + 1] for t in final))).detach())
+
+
+for backend in ("numba", "torch"):
+    for kind in ("rwa", "exp", "sigmoid"):
+        for reverse in (False, True):
+            for with_state in (False, True):
+                packed_case(kind, reverse, with_state, backend,
+                            f"packed {backend} {kind} reverse={reverse} state={with_state}")
+
+
 def refused(words, **mine):
     """Every rank calls; this rank with ``mine`` changed: every rank raises ValueError."""
     z, a, g = (t[:, lo:hi].clone() for t in inputs())
@@ -151,7 +218,10 @@ refused("width D", **({"z": torch.randn(B, hi - lo, D + 1, dtype=torch.float64),
                        "a": torch.randn(B, hi - lo, D + 1, dtype=torch.float64),
                        "g": torch.randn(B, hi - lo, D + 1, dtype=torch.float64)}
                       if rank == world - 1 else {}))
-refused("cu_seqlens", **({"cu_seqlens": torch.tensor([0, 1])} if rank == world - 1 else {}))
+refused("every rank must call with the same", **({"z": torch.randn(1, hi - lo, D, dtype=torch.float64),
+                          "a": torch.randn(1, hi - lo, D, dtype=torch.float64),
+                          "g": torch.randn(1, hi - lo, D, dtype=torch.float64),
+                          "cu_seqlens": torch.tensor([0, T])} if rank == world - 1 else {}))
 refused("initial_state", **({"initial_state": fastrwa.ScanState.empty(
     B, D, dtype=torch.float64)} if rank == world - 1 and world > 1 else {}))
 

@@ -110,8 +110,6 @@ def test_a_packed_run_trains_and_records_its_separator(corpus, tmp_path, capsys)
                            (["--pack", ""], "must not be empty")):
         assert train_main([*flags, *extra, "--run-dir", str(tmp_path / "bad")]) == 2
         assert message in capsys.readouterr().err
-    with pytest.raises(ValueError, match="--pack and --context-parallel"):
-        RunConfig(task="text", data="x", pack="\n", context_parallel=2)
 
 
 def test_separators_read_escapes_and_keep_other_text():

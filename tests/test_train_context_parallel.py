@@ -73,6 +73,27 @@ def test_two_by_two_processes_train_like_one_and_resume_to_the_bit(tmp_path, cor
         assert torch.equal(x, y), name
 
 
+def test_packed_documents_over_two_context_ranks_train_like_one_process(tmp_path, corpus):
+    """--pack with --context-parallel 2: each micro-batch's rows, flattened into one packed
+    sequence with the whole sequence's cu_seqlens, split along time over the two ranks
+    (documents cross the split): the losses of one process on the same rows, within 1e-5
+    (float32 sums in another order), at every step and evaluation."""
+    runs = {}
+    for name, processes, more in (("split", 2, ["--context-parallel", 2]), ("one", 1, [])):
+        runs[name] = tmp_path / name
+        flags = _flags(corpus, runs[name], "--steps", 4, "--batch-size", 3, "--pack", "\\x05",
+                       *more)
+        if processes > 1:
+            _torchrun(processes, flags)
+        else:
+            subprocess.run([sys.executable, *flags], check=True, env=ENV,
+                           capture_output=True, timeout=600)
+    split, alone = _metrics(runs["split"]), _metrics(runs["one"])
+    assert [(r["step"], r["split"]) for r in split] == [(r["step"], r["split"]) for r in alone]
+    for a, b in zip(split, alone):
+        assert abs(a["loss"] - b["loss"]) <= 1e-5 * max(1.0, abs(b["loss"])), (a, b)
+
+
 def test_a_group_size_that_does_not_divide_the_processes_is_a_clear_error(tmp_path, corpus,
                                                                          capsys):
     # (one process: the same check as for 3 processes and groups of 2)

@@ -332,7 +332,11 @@ class ByteLM(nn.Module):
         With ``cu_seqlens`` (``(N + 1,)`` offsets, the op's convention) ``tokens`` ``(1,
         total)`` holds ``N`` documents back to back, each run as if alone (from its row of
         ``state``, an :class:`LMState` of ``N`` rows, or the initial state); the state
-        returned has a row per document. Not with ``mask`` or ``context_group``."""
+        returned has a row per document. Not with ``mask``. With ``context_group`` as well,
+        ``tokens`` ``(1, slice)`` is this rank's slice of the packed sequence, ``cu_seqlens``
+        the whole sequence's offsets on every rank (a document may span ranks), ``state``
+        given on every rank or none, and the state returned the one after this slice of the
+        document it ends in (one row per layer)."""
         try:
             tokens, states = self._check_tokens(tokens, 2), self._check_state(state)
             if context_group is not None and tokens.device != self.embed.weight.device:

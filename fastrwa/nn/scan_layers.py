@@ -239,8 +239,12 @@ class _ScanLayer(nn.Module):
                 offsets (``0, len_0, len_0 + len_1, ..., total``). Each sequence runs as if
                 alone: from its row of ``state`` (a :class:`LayerState` of ``N`` rows, or the
                 initial state), its token shift starting from that row's ``last_input``; the
-                returned state has a row per sequence. Not with ``mask`` or
-                ``context_group``.
+                returned state has a row per sequence. Not with ``mask``. With
+                ``context_group`` too, ``x`` is this rank's slice of the packed sequence and
+                ``cu_seqlens`` the whole sequence's offsets (the same on every rank; a
+                sequence may span ranks), ``state`` given on every rank or none, and the
+                returned state is one row: the state after this slice of the sequence it
+                ends in.
 
         Returns:
             ``(output, state)``: output ``(B, T, directions * hidden_size)`` (time first if
@@ -307,27 +311,38 @@ class _ScanLayer(nn.Module):
         return out, final
 
     def _packed(self, x, state, mask, context_group, cu_seqlens) -> tuple[Tensor, LayerState]:
-        """:meth:`forward` over packed sequences (``cu_seqlens``)."""
-        if mask is not None or context_group is not None:
-            refused = ValueError("cu_seqlens cannot be combined with mask or context_group "
-                                 "(packed sequences need neither padding nor a split)")
-            if context_group is None:
-                raise refused
-            check_context_group(context_group)
-            refuse_together(refused, context_group)       # (the other ranks raise too)
-        self._check_input(x, 3)
-        if not self.batch_first:
-            x = rearrange(x, "t b i -> b t i")
-        n_seq = check_cu_seqlens(cu_seqlens, x)
-        state = self._check_state(state, x, batch=n_seq)
+        """:meth:`forward` over packed sequences (``cu_seqlens``), on one process or, with
+        ``context_group``, over the ranks (:meth:`_split_packed`)."""
+        if context_group is not None:
+            x, state, lo, previous = self._split_packed(x, state, mask, context_group,
+                                                        cu_seqlens)
+        else:
+            if mask is not None:
+                raise ValueError("cu_seqlens cannot be combined with mask (packed sequences "
+                                 "need no padding)")
+            self._check_input(x, 3)
+            if not self.batch_first:
+                x = rearrange(x, "t b i -> b t i")
+            n_seq = check_cu_seqlens(cu_seqlens, x)
+            state = self._check_state(state, x, batch=n_seq)
+            lo, previous = 0, None
         cu = cu_seqlens.to(torch.int64)
+        T = x.shape[1]
         starts, lengths = cu[:-1], cu[1:] - cu[:-1]
         seen = lengths > 0
         if self.token_shift:            # each sequence's first token shifts in its last_input
-            earlier = torch.cat([x.new_zeros(1, 1, x.shape[2]), x], dim=1)[:, :x.shape[1]]
-            at = starts[seen]
+            earlier = torch.cat([x.new_zeros(1, 1, x.shape[2]), x], dim=1)[:, :T]
+            here = seen & (starts >= lo) & (starts < lo + T)      # (begun in this slice)
+            at = starts[here] - lo
             earlier = earlier.index_put((torch.zeros_like(at), at),
-                                        state.last_input[seen].to(x.dtype))
+                                        state.last_input[here].to(x.dtype))
+            if previous is not None and T and not bool((starts[seen] == lo).any()):
+                # (a sequence begun on an earlier rank: its token before this slice)
+                earlier = torch.cat([previous[:, None].to(x.dtype), earlier[:, 1:]], dim=1)
+            elif previous is not None and previous.requires_grad:
+                # (not read, but in the graph, with a zero gradient: the backward runs the
+                # gather's all-reduce on every rank, in the same order)
+                earlier = after(earlier, previous)
             x_in = torch.cat([x, earlier], dim=-1)
         else:
             x_in = x
@@ -337,19 +352,79 @@ class _ScanLayer(nn.Module):
         ys, finals = [], []
         for d in range(self.num_directions):
             part = ScanState(*(s[:, d * H:(d + 1) * H] for s in state.scan))
-            y, final = self._scan(gates[d], part, reverse=d == 1, step=False,
-                                  cu_seqlens=cu_seqlens)
+            mine = gates[d]
+            if context_group is not None and d == 1 and ys[0].requires_grad:
+                # the two directions' gathers: their backward all-reduces in one order
+                mine = (after(mine[0], ys[0]), *mine[1:])
+            y, final = self._scan(mine, part, reverse=d == 1, step=False,
+                                  context_group=context_group, cu_seqlens=cu_seqlens)
             ys.append(y)
             finals.append(final)
         out, final = self._joined(ys, finals)
         last = None
-        if self.token_shift:            # each sequence's last token (an empty one: its own)
+        if context_group is not None:  # (after this slice: its last input, of one row)
+            if self.token_shift:
+                last = x[:, -1].clone() if T else previous
+                if not T:              # (an empty slice: its output in the gather's graph)
+                    out = out + previous.sum().to(out.dtype) * 0
+        elif self.token_shift:          # each sequence's last token (an empty one: its own)
             last = state.last_input.to(x.dtype)
-            if x.shape[1]:
+            if T:
                 last = torch.where(seen[:, None], x[0, (cu[1:] - 1).clamp(min=0)], last)
         if not self.batch_first:
             out = rearrange(out, "b t h -> t b h")
         return out, LayerState(final, last)
+
+    def _split_packed(self, x, state, mask, group, cu_seqlens) -> tuple:
+        """:meth:`_packed`'s checks under context parallelism: ``cu_seqlens`` are the whole
+        packed sequence's offsets (the same on every rank, ending at the sum of the slices'
+        lengths), ``state`` a :class:`LayerState` of a row per sequence given on every rank
+        or on none (each rank reads the rows of the sequences that begin in its slice); one
+        agreement of every rank, then the token shift's input before this rank's slice.
+        ``(x (1, T, input), state, lo, previous input)``: ``lo`` the slice's first
+        position in the whole sequence."""
+        check_context_group(group)
+        try:
+            if mask is not None:
+                raise ValueError("cu_seqlens cannot be combined with mask (packed sequences "
+                                 "need no padding)")
+            self._check_input(x, 3)
+            if x.dtype not in DTYPES:
+                raise TypeError(f"x must be float16, bfloat16, float32 or float64 with "
+                                f"context_group, got {x.dtype}")
+            if not self.batch_first:
+                x = rearrange(x, "t b i -> b t i")
+            given = state is not None
+            n_seq = check_cu_seqlens(cu_seqlens, x, whole=False)
+            state = self._check_state(state, x, batch=n_seq)
+        except (TypeError, ValueError) as exc:
+            refuse_together(exc, group)
+        T = x.shape[1]
+        grad = torch.is_grad_enabled() and (
+            x.requires_grad or any(p.requires_grad for p in self.parameters())
+            or any(t is not None and t.requires_grad for t in (*state.scan, state.last_input)))
+        layer = fingerprint(f"{type(self).__name__}({self.extra_repr()})")
+        offsets = cu_seqlens.tolist()
+        every = agree({"call": CALL_LAYER, "layer (class, sizes and options)": layer,
+                       "batch B": x.shape[0], "input_size": x.shape[2],
+                       "dtype": DTYPES.index(x.dtype),
+                       "grad mode": int(torch.is_grad_enabled()), "needs grad": int(grad),
+                       "length": T, "cu_seqlens": fingerprint(repr(offsets)) + 1,
+                       "state given": int(given)}, group, x.device)
+        same_everywhere(every, ("call", "layer (class, sizes and options)", "batch B",
+                                "input_size", "dtype", "grad mode", "cu_seqlens",
+                                "state given"))
+        lengths = every["length"]
+        if offsets[-1] != sum(lengths):
+            raise ValueError(f"context parallel: cu_seqlens are the whole packed sequence's "
+                             f"offsets and must end at its length {sum(lengths)} (the "
+                             f"slices' {lengths}), got {offsets[-1]}")
+        lo = sum(lengths[:dist.get_rank(group)])
+        previous = None
+        if self.token_shift:
+            previous = previous_input(x, state.last_input[:1], lengths, group,
+                                      any(every["needs grad"]), x.dtype)
+        return x, state, lo, previous
 
     def _split_inputs(self, x, state, mask, group) -> tuple[Tensor, LayerState,
                                                            Optional[Tensor]]:
@@ -383,9 +458,9 @@ class _ScanLayer(nn.Module):
         every = agree({"call": CALL_LAYER, "layer (class, sizes and options)": layer,
                        "batch B": B, "input_size": x.shape[2], "dtype": DTYPES.index(x.dtype),
                        "grad mode": int(torch.is_grad_enabled()), "needs grad": int(grad),
-                       "length": T}, group, x.device)
+                       "length": T, "cu_seqlens": 0, "state given": 0}, group, x.device)
         same_everywhere(every, ("call", "layer (class, sizes and options)", "batch B",
-                                "input_size", "dtype", "grad mode"))
+                                "input_size", "dtype", "grad mode", "cu_seqlens"))
         if not self.token_shift:        # (the scans' own agreement checks the rest)
             return x, state, state.last_input
         previous = previous_input(x, state.last_input, every["length"], group,

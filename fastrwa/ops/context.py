@@ -92,7 +92,7 @@ def combine(state: tuple, lam: Tensor, own: tuple) -> tuple:
     return m, n0 * keep + n1 * take, d0 * keep + d1 * take
 
 
-SLOTS = 12          # integers in every agreement gather (the op's and the layers')
+SLOTS = 16          # integers in every agreement gather (the op's and the layers')
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 # what an agreement gather is for (its first value): ranks in different calls are told so
 CALL_SCAN, CALL_LAYER, CALL_MODEL = 1, 2, 3
@@ -163,9 +163,10 @@ def _check_alike(args: ScanArgs, group, first: int) -> bool:
                       "attention": ATTENTION_CODE[attention],
                       "discount": DISCOUNT_CODE[discount], "reverse": int(reverse),
                       "grad mode": int(torch.is_grad_enabled()), "needs grad": int(grad),
-                      "initial_state": int(state is not None)}, group, z.device)
+                      "initial_state": int(state is not None), "length": T,
+                      "cu_seqlens": 0}, group, z.device)
     same_everywhere(everyone, ("call", "batch B", "width D", "dtype", "attention",
-                               "discount", "reverse", "grad mode"))
+                               "discount", "reverse", "grad mode", "cu_seqlens"))
     holders = [rank for rank, has in enumerate(everyone["initial_state"]) if has]
     if holders not in ([], [first]):
         raise ValueError(f"context parallel: initial_state is the state before the whole "
@@ -244,3 +245,144 @@ def context_parallel_scan(args: ScanArgs, backend: str, group) -> tuple[Tensor, 
     if grad:
         y, own = after(y, summaries), tuple(after(t, summaries) for t in own)
     return y, own
+
+
+# -- packed sequences over the ranks ---------------------------------------------------------
+def _empty(n: int, D: int, dtype, device) -> tuple:
+    """``n`` empty states ``(m, n~, d~)`` = ``(-inf, 0, 0)``."""
+    return (torch.full((n, D), float("-inf"), dtype=dtype, device=device),
+            torch.zeros((n, D), dtype=dtype, device=device),
+            torch.zeros((n, D), dtype=dtype, device=device))
+
+
+class Pieces:
+    """Rank ``rank``'s slice ``[lo, hi)`` of packed sequences with global offsets ``cu``: its
+    local offsets (``local``), the global sequence of each piece (``sequence``), whether
+    the piece first in scan order continues a sequence begun on an earlier rank in scan
+    order (``continued``; that piece is index 0 forward, the last one in reverse), and, per
+    rank ``j``, whether what leaves its slice is independent of what enters it
+    (``resets[j]``: a sequence begins in it, in scan order)."""
+
+    def __init__(self, cu: list, lengths: list, rank: int, reverse: bool):
+        edges = [sum(lengths[:j]) for j in range(len(lengths) + 1)]
+        lo, hi = edges[rank], edges[rank + 1]
+        bounds = sorted(set(cu))
+        self.lo, self.hi, self.reverse = lo, hi, reverse
+        self.local = [0, *(b - lo for b in bounds if lo < b < hi), hi - lo] if hi > lo else [0]
+        # (bisect: with empty sequences at an offset, the one that holds the position)
+        self.sequence = [max(i for i, c in enumerate(cu[:-1]) if c <= lo + start)
+                         for start in self.local[:-1]]
+        if reverse:
+            self.continued = hi > lo and hi not in bounds
+            self.resets = [any(edges[j] < b <= edges[j + 1] for b in bounds)
+                           for j in range(len(lengths))]
+        else:
+            self.continued = hi > lo and lo not in bounds
+            self.resets = [any(edges[j] <= b < edges[j + 1] for b in bounds)
+                           for j in range(len(lengths))]
+
+    @property
+    def entry(self) -> int:
+        """The index of the piece first in scan order (the one a carry enters)."""
+        return len(self.local) - 2 if self.reverse else 0
+
+    @property
+    def exit(self) -> int:
+        """The index of the piece last in scan order (what leaves the slice)."""
+        return 0 if self.reverse else len(self.local) - 2
+
+
+def _pieces_scan(args: ScanArgs, pieces: Pieces, initial, carry, backend: str) -> tuple:
+    """The op on this rank's pieces (local ``cu_seqlens``), each from its sequence's row of
+    ``initial`` (``None``: empty), the continued piece from ``carry`` (``None``: empty);
+    ``(y, finals)`` with a state row per piece."""
+    z = args.z
+    sdt, D, P = state_dtype(z.dtype), z.shape[2], len(pieces.local) - 1
+    if initial is None:
+        rows = _empty(P, D, sdt, z.device)
+    else:
+        index = torch.tensor(pieces.sequence, device=z.device)
+        rows = tuple(t.to(sdt).index_select(0, index) for t in initial)
+    if pieces.continued:
+        k = pieces.entry
+        enter = _empty(1, D, sdt, z.device) if carry is None else tuple(t.to(sdt) for t in carry)
+        rows = tuple(torch.cat([r[:k], e, r[k + 1:]]) for r, e in zip(rows, enter))
+    cu = torch.tensor(pieces.local, dtype=torch.int64, device=z.device)
+    return weighted_scan_op(args._replace(initial_state=rows, cu_seqlens=cu), backend)
+
+
+def context_parallel_packed_scan(args: ScanArgs, backend: str, group, cu: list,
+                                 lengths: list, grad: bool) -> tuple[Tensor, tuple]:
+    """:func:`context_parallel_scan` of packed sequences whose global offsets ``cu`` span
+    the ranks' slices (``lengths``, rank order is time order): each sequence runs as if
+    alone, from its row of ``initial_state`` (given on every rank, the same ``N`` rows, or
+    on none: empty), one that spans ranks carried over them. Each rank's summary is its
+    slice's if one sequence runs through it, or, when a sequence begins in it, the state it
+    leaves with and a log-decay of ``-inf`` (nothing before it counts); the combine of the
+    earlier ranks' summaries enters the piece that continues a sequence begun before.
+    Returns ``(y, final)``: ``final`` ``(1, D)`` each, the state after this slice of the
+    sequence it ends in (its own, for an empty slice the entering one)."""
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    z = args.z
+    sdt, D = state_dtype(z.dtype), z.shape[2]
+    pieces = Pieces(cu, lengths, rank, args.reverse)
+    if lengths[rank]:
+        y, finals = _pieces_scan(args, pieces, args.initial_state, None, backend)
+        own = tuple(f[pieces.exit:pieces.exit + 1] for f in finals)
+        if pieces.resets[rank]:
+            total = torch.full((1, D), float("-inf"), dtype=sdt, device=z.device)
+        else:
+            lam = log_decay(None if args.g is None else args.g.to(sdt), args.discount)
+            total = z.new_zeros((1, D), dtype=sdt) if lam is None else lam.to(sdt).sum(dim=1)
+    else:
+        y, own = _local(args._replace(initial_state=None, cu_seqlens=None), None, backend)
+        total = z.new_zeros((1, D), dtype=sdt)
+    summary = torch.stack([total, *own])                                 # (4, 1, D)
+    if grad and not summary.requires_grad:
+        summary = summary.detach().requires_grad_()
+    summaries = _AllGather.apply(summary, group)                          # (world, 4, 1, D)
+    before = range(rank) if not args.reverse else range(world - 1, rank, -1)
+    carry = _empty(1, D, sdt, z.device)
+    for j in before:
+        carry = combine(carry, summaries[j, 0], tuple(summaries[j, 1:]))
+    if pieces.continued:
+        y, finals = _pieces_scan(args, pieces, args.initial_state, carry, backend)
+        own = tuple(f[pieces.exit:pieces.exit + 1] for f in finals)
+    elif not lengths[rank]:
+        own = carry
+    if grad:
+        y, own = after(y, summaries), tuple(after(t, summaries) for t in own)
+    return y, own
+
+
+def packed_over_ranks(args: ScanArgs, backend: str, group) -> tuple[Tensor, tuple]:
+    """Check a context-parallel call with ``cu_seqlens`` over the ranks (the same offsets,
+    batch, width, dtype, functions, direction and grad mode everywhere, the offsets ending
+    at the sum of the slices' lengths, ``initial_state`` on every rank or none), then run
+    :func:`context_parallel_packed_scan`; every rank raises together."""
+    z, a, g, attention, discount, state, reverse, cu_seqlens = args
+    B, T, D = z.shape
+    cu = cu_seqlens.tolist()
+    grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (z, a, g, *(state or ())))
+    everyone = agree({"call": CALL_SCAN, "batch B": B, "width D": D,
+                      "dtype": DTYPES.index(z.dtype),
+                      "attention": ATTENTION_CODE[attention],
+                      "discount": DISCOUNT_CODE[discount], "reverse": int(reverse),
+                      "grad mode": int(torch.is_grad_enabled()), "needs grad": int(grad),
+                      "initial_state": int(state is not None), "length": T,
+                      "cu_seqlens": fingerprint(repr(cu)) + 1}, group, z.device)
+    same_everywhere(everyone, ("call", "batch B", "width D", "dtype", "attention",
+                               "discount", "reverse", "grad mode", "cu_seqlens"))
+    lengths = everyone["length"]
+    if cu[-1] != sum(lengths):
+        raise ValueError(f"context parallel: cu_seqlens are the whole packed sequence's "
+                         f"offsets and must end at its length {sum(lengths)} (the slices' "
+                         f"{lengths}), got {cu[-1]}")
+    if len(set(everyone["initial_state"])) > 1:
+        raise ValueError(f"context parallel with cu_seqlens: initial_state holds a row per "
+                         f"sequence, and sequences begin on every rank: pass the same one on "
+                         f"every rank or on none, got it on ranks "
+                         f"{[r for r, has in enumerate(everyone['initial_state']) if has]}")
+    return context_parallel_packed_scan(args, backend, group, cu, lengths,
+                                        any(everyone["needs grad"]))

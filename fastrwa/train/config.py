@@ -169,9 +169,6 @@ class RunConfig:
             if not self.pack:
                 raise ValueError("--pack SEP: the separator must not be empty (--pack alone "
                                  "separates documents at blank lines, '\\n\\n')")
-            if self.context_parallel > 1:
-                raise ValueError("--pack and --context-parallel cannot be combined yet (the "
-                                 "context-parallel layers take no cu_seqlens)")
         if self.model in LM_ONLY_MODELS and not self.is_lm:
             raise ValueError(f"--model {self.model} is a language model: it trains on a byte "
                              f"corpus (--task {' or '.join(LM_TASKS)}), not --task {self.task}")

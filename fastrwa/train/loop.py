@@ -23,7 +23,7 @@ from .config import RunConfig
 from .device import Placement, placement
 from .parallel import from_the_last_slice, layout, rows, share_of_the_loss, time_slice
 from .models import LM_LAYERS, SequenceNet, detach_state, lm_config
-from .packing import model_inputs
+from .packing import packed_loss, packed_slice
 from .optim import lr_factor, make_optimizer, set_lr
 from .problems import make_problem
 from .rundir import BEST, CHECKPOINT, EXPORT, METRICS, SAMPLES, RunDirError, run_id
@@ -164,7 +164,8 @@ def _train(cfg: RunConfig, run_dir: Path, resume: bool, stack: contextlib.ExitSt
         tokens += batch.x.shape[0] * batch.x.shape[1]
         segment = batch.x.shape[1]
         batch = rows(batch, lay.data_rank * micro * accum, (lay.data_rank + 1) * micro * accum)
-        batch = time_slice(batch, lay)
+        if batch.starts is None:       # (packed rows are sliced once flattened: packed_slice)
+            batch = time_slice(batch, lay)
         share = share_of_the_loss(batch.x.shape[1], segment, lay)
         if problem.stateful and getattr(batch, "new_pass", False):
             carried = [None] * accum
@@ -176,12 +177,20 @@ def _train(cfg: RunConfig, run_dir: Path, resume: bool, stack: contextlib.ExitSt
             sync = world == 1 or k == accum - 1
             with contextlib.nullcontext() if sync else net.no_sync():
                 with place.autocast():
-                    # (with context parallelism the state enters at the first slice)
-                    x, packed = model_inputs(part.x, part.starts)     # (--pack)
-                    output, state = forward(x, carried[k] if lay.context_rank == 0
-                                            else None, **context, **packed)
-                loss, metric = problem.score(output.float(), part)
-                loss, metric = loss * share, metric * share
+                    if part.starts is None:
+                        # (with context parallelism the state enters at the first slice)
+                        output, state = forward(part.x, carried[k] if lay.context_rank == 0
+                                                else None, **context)
+                    else:                      # --pack: documents from the initial state
+                        x, target, packed, scored = packed_slice(
+                            part.x, part.target, part.starts, lay.context_rank,
+                            lay.context_world)
+                        output, state = forward(x, None, **context, **packed)
+                if part.starts is None:
+                    loss, metric = problem.score(output.float(), part)
+                    loss, metric = loss * share, metric * share
+                else:
+                    loss, metric = packed_loss(output, target, scored, lay.context_world)
                 (loss / accum).backward()
             # (a Transformer trains each window from nothing: nothing is carried)
             carried[k] = from_the_last_slice(detach_state(state), lay) \

@@ -4,6 +4,8 @@ cut at a row's end) from the initial state, through ``cu_seqlens`` (docs/trainin
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -33,3 +35,31 @@ def model_inputs(x: Tensor, starts: Tensor | None) -> tuple[Tensor, dict]:
     total = torch.tensor([flat.numel()], device=flat.device)
     cu_seqlens = torch.cat([flat.nonzero()[:, 0], total])
     return x.reshape(1, -1), {"cu_seqlens": cu_seqlens}
+
+
+def packed_slice(x: Tensor, target: Tensor, starts: Tensor, context_rank: int = 0,
+                 context_world: int = 1) -> tuple[Tensor, Tensor, dict, int]:
+    """A micro-batch of packed rows as the model reads it on this process: ``(tokens,
+    targets, {"cu_seqlens": ...}, scored)``, the rows flattened into one sequence (1, B * L)
+    (:func:`model_inputs`) and, with context parallelism, this rank's contiguous slice of it
+    (``cu_seqlens`` stay the whole sequence's); ``scored``: the targets of the whole
+    micro-batch that count (not -100)."""
+    tokens, packed = model_inputs(x, starts)
+    targets = target.reshape(1, -1)
+    scored = int((targets >= 0).sum())
+    if context_world > 1:
+        tokens = torch.tensor_split(tokens, context_world, dim=1)[context_rank]
+        targets = torch.tensor_split(targets, context_world, dim=1)[context_rank]
+    return tokens, targets, packed, scored
+
+
+def packed_loss(logits: Tensor, targets: Tensor, scored: int,
+                context_world: int = 1) -> tuple[Tensor, float]:
+    """``(loss, bpc)`` of this rank's slice: the summed next-byte cross-entropy over the
+    micro-batch's ``scored`` targets, times ``context_world``, so that the average over
+    the context group's ranks (as data parallelism averages gradients) is the micro-batch's
+    mean; bpc from it likewise."""
+    loss = torch.nn.functional.cross_entropy(
+        logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1),
+        reduction="sum") * (context_world / max(scored, 1))
+    return loss, float(loss.detach()) / math.log(2)
