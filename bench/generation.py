@@ -1,4 +1,6 @@
-"""Streaming generation of the byte LM against the machine's limit: ``python bench/generation.py``.
+"""Streaming generation of the byte LM against the machine's limit: ``python bench/generation.py``
+(``--model large``: a ByteLM of 107M parameters, 429 MB of float32 weights, whose every step
+reads DRAM, not the cache).
 
 For the default ``ByteLM`` (d_model 256, 4 blocks) and each weight format of the fused CPU
 decode step (``fastrwa.models.PackedLM``: float32, bfloat16, int8), measured in one run:
@@ -45,6 +47,14 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from fastrwa.models import WEIGHT_FORMATS, ByteLM, LMConfig, PackedLM  # noqa: E402
+
+
+# --model: the sizes, and for the large one a run that fits minutes (a step reads 429 MB)
+PRESETS = {
+    "default": dict(d_model=256, layers=4),
+    "large": dict(d_model=1024, layers=6, bytes=60, rss_bytes=0, batches="8",
+                  weights="float32,bfloat16,int8", cold_runs=0),
+}
 
 
 def rss_mb() -> float:
@@ -110,7 +120,8 @@ def measure(model: ByteLM, weights: str, threads: list[int], n_bytes: int, batch
         limit = 1.0 / read_s(nbytes, repeats)          # (the read on as many threads)
         rate, _ = stream_rate(model, packed, 1, n_bytes)
         out["batch1"][n] = dict(bytes_per_s=rate, limit_bytes_per_s=limit,
-                                of_limit=rate / limit)
+                                of_limit=rate / limit, weights_gb_per_s=rate * nbytes / 1e9,
+                                read_gb_per_s=limit * nbytes / 1e9)
     torch.set_num_threads(max(threads))
     out["batches"] = {}
     for B in batches:
@@ -205,8 +216,13 @@ def cold_start(runs: int) -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--d-model", type=int, default=256)
-    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--model", choices=sorted(PRESETS), default="default",
+                   help="default: d_model 256 x 4 blocks (18 MB of float32 weights, in this "
+                        "machine's L3); large: 1024 x 6 (107M parameters, 429 MB: read from "
+                        "DRAM), with fewer bytes, batches 8, no eager step and no cold start "
+                        "unless given")
+    p.add_argument("--d-model", type=int, default=None, help="overrides --model's")
+    p.add_argument("--layers", type=int, default=None, help="overrides --model's")
     p.add_argument("--bytes", type=int, default=3000, help="bytes streamed at batch 1")
     p.add_argument("--rss-bytes", type=int, default=10000,
                    help="bytes streamed while watching resident memory")
@@ -220,7 +236,12 @@ def main(argv: list[str] | None = None) -> int:
                    default=pathlib.Path(__file__).parent / "results" / "generation")
     p.add_argument("--quick", action="store_true", help="a tiny model, a few bytes (CI)")
     args = p.parse_args(argv)
-    repeats = 200
+    preset = PRESETS[args.model]
+    for name, value in preset.items():
+        if getattr(args, name) is None or (name not in ("d_model", "layers")
+                                           and getattr(args, name) == p.get_default(name)):
+            setattr(args, name, value)
+    repeats = 200 if args.model == "default" else 20
     if args.quick:
         args.d_model, args.layers, args.bytes, args.rss_bytes = 32, 2, 50, 0
         args.batches, args.cold_runs, repeats = "8", 0, 5
@@ -238,7 +259,8 @@ def main(argv: list[str] | None = None) -> int:
         formats[weights] = measure(model, weights, threads, args.bytes if weights != "eager"
                                    else min(args.bytes, 500), batches,
                                    args.rss_bytes if weights != "eager" else 0, repeats, flops)
-    hf = hf_against_bytelm(model, 20 if args.quick else 200, 2 if args.quick else 3)
+    hf = hf_against_bytelm(model, 20 if args.quick else 200, 2 if args.quick else 3) \
+        if args.model == "default" else None
     cold = cold_start(args.cold_runs) if args.cold_runs else None
     result = dict(config=config.to_dict(), params=params, torch=torch.__version__,
                   cpu_count=os.cpu_count(), gemm_flops=flops, formats=formats, cold_start=cold,
@@ -252,8 +274,11 @@ def main(argv: list[str] | None = None) -> int:
         rows.append((f"limit, {n} thread(s) (bytes / read bandwidth), bytes/s",
                      lambda r, n=n: f"{r['batch1'][n]['limit_bytes_per_s']:,.0f}"))
         rows.append((f"batch 1, {n} thread(s), bytes/s (x limit)",
-                     lambda r, n=n: f"{r['batch1'][n]['bytes_per_s']:,.0f} "
+                     lambda r, n=n: f"{r['batch1'][n]['bytes_per_s']:,.1f} "
                                     f"({r['batch1'][n]['of_limit']:.2f})"))
+        rows.append((f"  weights read, GB/s (read bandwidth, {n} thread(s))",
+                     lambda r, n=n: f"{r['batch1'][n]['weights_gb_per_s']:.1f} "
+                                    f"({r['batch1'][n]['read_gb_per_s']:.1f})"))
     for B in batches:
         rows.append((f"batch {B}, bytes/s all rows (arithmetic bound)",
                      lambda r, B=B: f"{r['batches'][B]['bytes_per_s']:,.0f} "

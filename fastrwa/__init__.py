@@ -25,8 +25,10 @@ from . import nn  # noqa: E402  (layers and cells: fastrwa.nn.RWA, fastrwa.nn.RD
 if "transformers" in __import__("sys").modules:
     try:
         from . import hf  # noqa: F401
-    except ImportError:          # (transformers without safetensors: fastrwa.hf says so)
-        pass
+    except Exception as exc:     # (another transformers: fastrwa works, the classes not)
+        __import__("warnings").warn(f"fastrwa: the Hugging Face classes are not registered "
+                                    f"({type(exc).__name__}: {exc}); import fastrwa.hf says "
+                                    f"why", stacklevel=2)
 
 __all__ = [
     "ScanState",

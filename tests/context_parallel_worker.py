@@ -138,15 +138,16 @@ for backend in ("numba", "torch") + (("triton",) if with_triton else ()):
 # slice), and an empty one follows the first (tests/context_parallel_layers_worker.py)
 EDGES = [sum(lengths[:j]) for j in range(1, world)]
 CROSS = sorted({e + 1 for e in EDGES if e + 1 < T})
-CU = torch.tensor(sorted([0, T, *CROSS, *CROSS[:1]]))
-N = len(CU) - 1
+LAYOUTS = [torch.tensor(sorted([0, T, *CROSS, *CROSS[:1]])),
+           torch.tensor([0, T])]     # (one sequence through every rank: real decays carried)
 
 
-def packed_case(kind, reverse, with_state, backend, label):
+def packed_case(kind, reverse, with_state, backend, label, CU):
     """One packed row (B = 1) over the ranks: this slice's outputs, its inputs' gradients,
     the initial rows' gradients summed over the ranks (each reads the rows of the sequences
     that begin in its slice) and the final state where the whole sequence's ends (the last
     sequence's on the last rank; the first's on rank 0 in reverse)."""
+    N = len(CU) - 1
     gen = torch.Generator().manual_seed(11)
     z, a, g = (torch.randn(1, T, D, generator=gen, dtype=torch.float64).requires_grad_()
                for _ in range(3))
@@ -196,8 +197,10 @@ for backend in ("numba", "torch"):
     for kind in ("rwa", "exp", "sigmoid"):
         for reverse in (False, True):
             for with_state in (False, True):
-                packed_case(kind, reverse, with_state, backend,
-                            f"packed {backend} {kind} reverse={reverse} state={with_state}")
+                for CU in LAYOUTS:
+                    packed_case(kind, reverse, with_state, backend,
+                                f"packed {backend} {kind} reverse={reverse} state={with_state} "
+                                f"cu_seqlens={CU.tolist()}", CU)
 
 
 def refused(words, **mine):

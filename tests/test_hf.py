@@ -404,6 +404,9 @@ def test_export_refuses_to_overwrite_what_it_did_not_write(tmp_path, exported, c
     assert err.startswith("exported ") and len(err.strip().splitlines()) == 1, err
     assert export_main([str(tmp_path / "m"), str(tmp_path / "new"), "--overwrite"]) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m", "new", "other"]   # no leftovers
+    (tmp_path / "new" / "README.md").write_text("# my own notes\n")   # (not a model card)
+    assert export_main([str(tmp_path / "m"), str(tmp_path / "new"), "--overwrite"]) == 2
+    assert (tmp_path / "new" / "README.md").read_text() == "# my own notes\n"
     assert export_main([str(tmp_path / "missing"), str(tmp_path / "x")]) == 2
     assert "no model there" in capsys.readouterr().err
 
@@ -507,6 +510,7 @@ def test_a_runs_model_directory_and_its_export_load_every_way(tmp_path):
     for directory in (run / "model", run / "best", tmp_path / "hf"):
         card = (directory / "README.md").read_text()
         assert "## Training" in card and "| steps taken |" in card and "corpus.txt" in card
+        assert "| seed | 0 |" in card and "| warmup | 0 |" in card     # (zeros are settings)
         assert "valid bpc (the first 300 bytes):" in card and "Not recorded" not in card, directory
         generation = json.loads((directory / "generation_config.json").read_text())
         assert generation["suppress_tokens"] == [256]
@@ -537,3 +541,60 @@ def test_a_runs_model_directory_and_its_export_load_every_way(tmp_path):
     done = subprocess.run([sys.executable, "-c", order, str(run / "model")],
                           capture_output=True, text=True, env=ENV, timeout=600)
     assert done.stdout.strip() == "FastRWAForCausalLM", done.stderr[-3000:]
+
+
+def test_a_forward_from_a_generate_cache_reads_a_copy_and_concurrent_calls_stay_apart(
+        exported):
+    """A cache generate() returned is not advanced by forwards outside generate(): two
+    forwards from it give the same logits, those of the eager model from its state; two
+    threads generating on one model with different weights each get what they get alone."""
+    import threading
+
+    model = AutoModelForCausalLM.from_pretrained(exported)
+    ids = torch.tensor([list(b"the c")])
+    out = model.generate(ids, max_new_tokens=4, do_sample=False,
+                         return_dict_in_generate=True)
+    cache = out.past_key_values
+    seen = cache.seen
+    nxt = out.sequences[:, -1:]
+    mask = torch.ones(1, seen + 1, dtype=torch.long)
+    first = model(nxt, attention_mask=mask, past_key_values=cache).logits
+    second = model(nxt, attention_mask=mask, past_key_values=cache).logits
+    assert cache.seen == seen and torch.equal(first, second)
+    want, _ = model.model(nxt, cache.state)
+    torch.testing.assert_close(first, want, rtol=0, atol=1e-5)
+    alone = {w: model.generate(ids, max_new_tokens=30, do_sample=False, weights=w)
+             for w in ("eager", "int8")}
+    got, errors = {}, []
+
+    def run(weights):
+        try:
+            for _ in range(3):
+                got[weights] = model.generate(ids, max_new_tokens=30, do_sample=False,
+                                              weights=weights)
+                assert torch.equal(got[weights], alone[weights]), weights
+        except Exception as exc:          # (reported below, in the test's thread)
+            errors.append(exc)
+    threads = [threading.Thread(target=run, args=(w,)) for w in alone]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+
+
+def test_from_pretrained_takes_a_training_runs_directory(tmp_path):
+    """The run's root (its config.json is the run's, not the model's) loads its model/;
+    options a model.pt directory cannot honour are refused, not ignored."""
+    from fastrwa.models import save_pretrained
+
+    torch.manual_seed(0)
+    byte_lm = ByteLM(LMConfig(d_model=16, n_layers=1)).eval()
+    save_pretrained(byte_lm, tmp_path / "run" / "model")
+    (tmp_path / "run" / "config.json").write_text(json.dumps({"task": "text"}))
+    model = fhf.FastRWAForCausalLM.from_pretrained(tmp_path / "run", device_map={"": "cpu"})
+    for a, b in zip(byte_lm.state_dict().values(), model.model.state_dict().values()):
+        assert torch.equal(a, b)
+    assert model.generation_config.suppress_tokens == [256]
+    with pytest.raises(ValueError, match="revision"):
+        fhf.FastRWAForCausalLM.from_pretrained(tmp_path / "run", revision="v2")

@@ -10,7 +10,7 @@ from fastrwa.models import ByteLM, LMConfig
 from fastrwa.train.cli import main as train_main
 from fastrwa.train.cli import unescape
 from fastrwa.train.config import RunConfig
-from fastrwa.train.packing import document_starts, model_inputs
+from fastrwa.train.packing import document_starts, model_inputs, packed_loss, packed_slice
 from fastrwa.train.problems import ByteLMProblem
 from helpers import TOL
 
@@ -82,6 +82,9 @@ def test_the_packed_step_equals_each_document_alone(corpus, backend, layer):
     assert x.shape == (1, 48) and packed["cu_seqlens"].numel() > 3
     output, _ = model(x, None, **packed)
     trainers, _ = problem.score(output, batch)              # (computed in float32)
+    tokens, targets, _, scored = packed_slice(batch.x, batch.target, batch.starts)
+    assert torch.equal(tokens, x)
+    in_the_loop, _ = packed_loss(output, targets, scored)   # (what the trainer's loop takes)
     # the same mean in the model's dtype: the backend's precision, not float32's
     loss = torch.nn.functional.cross_entropy(output[0], batch.target.reshape(-1))
     grads = torch.autograd.grad(loss, list(model.parameters()))
@@ -89,8 +92,9 @@ def test_the_packed_step_equals_each_document_alone(corpus, backend, layer):
     want = total / count
     want_grads = torch.autograd.grad(want, list(model.parameters()))
     tol = TOL[backend.dtype]
-    trainers, loss, want = (float(v.detach()) for v in (trainers, loss, want))
-    assert abs(trainers - want) < 1e-5
+    trainers, in_the_loop, loss, want = (float(v.detach())
+                                         for v in (trainers, in_the_loop, loss, want))
+    assert abs(trainers - want) < 1e-5 and abs(in_the_loop - want) < 1e-5
     assert abs(loss - want) <= tol["y"] * max(1.0, abs(want))
     for g, w in zip(grads, want_grads):
         torch.testing.assert_close(g, w, rtol=tol["grad"], atol=tol["grad"])

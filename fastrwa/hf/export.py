@@ -26,7 +26,7 @@ from pathlib import Path
 from safetensors import SafetensorError
 
 from ..models import ByteLM, load_pretrained, run_model_dir
-from ..models.directory import REMOTE_CODE
+from ..models.directory import REMOTE_CODE, is_model_card
 from . import FastRWAByteTokenizer, FastRWAConfig, FastRWAForCausalLM
 from .progress import no_progress_bars
 
@@ -45,6 +45,9 @@ def _is_export(directory: Path) -> bool:
         names = {p.name for p in directory.iterdir()}
     except (OSError, ValueError):
         return False
+    card = directory / "README.md"
+    if card.exists() and not (card.is_file() and is_model_card(card.read_text(errors="replace"))):
+        return False                    # (a README of one's own is never deleted)
     return (isinstance(config, dict) and config.get("model_type") == FastRWAConfig.model_type
             and names <= EXPORT_FILES)
 

@@ -4,13 +4,14 @@
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 import torch
 from torch import Tensor
-from transformers import GenerationMixin, PreTrainedModel
+from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
 from transformers.generation import GenerationMode
 from transformers.utils import ModelOutput
 
@@ -20,6 +21,10 @@ from ..models.pretrained import run_model_dir, weights_file
 from ..models.config import BYTE_VOCAB
 from .configuration import FastRWAConfig
 from ..models.integrity import sign, verify
+
+
+# Per thread, the decoder of each model's running generate() (FastRWAForCausalLM._decoding).
+_GENERATING = threading.local()
 
 
 class FastRWACache:
@@ -143,9 +148,11 @@ class FastRWAForCausalLM(FastRWAPreTrainedModel, GenerationMixin):
         single-device ``device_map`` apply; other loading options are refused there."""
         wanted = kwargs.pop("output_loading_info", False)
         source = args[0] if args else kwargs.get("pretrained_model_name_or_path")
-        if isinstance(source, (str, os.PathLike)) and Path(source).is_dir():
-            found = run_model_dir(source) if not (Path(source) / "config.json").is_file() \
-                else Path(source)
+        if isinstance(source, (str, os.PathLike)) and Path(source).is_dir() \
+                and not kwargs.get("subfolder"):
+            found = Path(source)
+            if weights_file(found) is None and (found / "model").is_dir():
+                found = run_model_dir(found)        # (a training run's directory: model/)
             if weights_file(found) is not None and weights_file(found).suffix == ".pt":
                 model = cls._from_model_pt(found, args[1:], kwargs)
                 return (model, {"missing_keys": [], "unexpected_keys": [],
@@ -168,16 +175,28 @@ class FastRWAForCausalLM(FastRWAPreTrainedModel, GenerationMixin):
     @classmethod
     def _from_model_pt(cls, directory: Path, rest: tuple, kwargs: dict):
         unknown = sorted(set(kwargs) - cls._PT_OPTIONS)
+        if kwargs.get("revision") not in (None, "main"):
+            unknown.append("revision")
         if rest or unknown:
             raise ValueError(f"{directory} holds model.pt (a training run's format): "
                              f"from_pretrained takes dtype and device_map for it, got "
                              f"{unknown or 'positional arguments'}; export it with python "
                              f"-m fastrwa.hf.export for every option")
-        model = cls.from_bytelm(load_pretrained(directory))
+        byte_lm = load_pretrained(directory)
+        config = kwargs.get("config")          # (the Auto classes pass the directory's own)
+        if config is not None and (not isinstance(config, FastRWAConfig)
+                                   or config.to_lm_config() != byte_lm.config):
+            raise ValueError(f"config must be the configuration {directory} holds (a "
+                             f"model.pt directory loads as it was saved), got another")
+        model = cls.from_bytelm(byte_lm)
+        if (directory / "generation_config.json").is_file():
+            model.generation_config = GenerationConfig.from_pretrained(directory)
         dtype = kwargs.get("dtype", kwargs.get("torch_dtype"))
         if dtype not in (None, "auto"):
             model.to(getattr(torch, dtype) if isinstance(dtype, str) else dtype)
         device = kwargs.get("device_map")
+        if isinstance(device, dict) and list(device) == [""]:
+            device = device[""]                        # ({"": device}: the whole model)
         if isinstance(device, (str, int, torch.device)) and device != "auto":
             model.to(device)
         elif device not in (None, "auto"):
@@ -209,8 +228,11 @@ class FastRWAForCausalLM(FastRWAPreTrainedModel, GenerationMixin):
                 "group beam search", "constraints": "constrained beam search",
                 "force_words_ids": "constrained beam search"}
 
-    # the decoder of the generate() call running (in a tuple: not a submodule), else None
-    _decoding: Optional[tuple] = None
+    @property
+    def _decoding(self):
+        """The decoder of the ``generate()`` call this thread is running on this model, or
+        ``None`` (per thread: concurrent calls do not see each other's)."""
+        return getattr(_GENERATING, "decoders", {}).get(id(self))
 
     def generate(self, *args, weights: object = "auto", **kwargs):
         """``GenerationMixin.generate`` from a prompt (the whole sequence: the state is built
@@ -241,11 +263,14 @@ class FastRWAForCausalLM(FastRWAPreTrainedModel, GenerationMixin):
             kwargs.setdefault("renormalize_logits", True)
         if self.generation_config is not None and not self.generation_config.suppress_tokens:
             self.generation_config.suppress_tokens = self._not_bytes
-        self._decoding = (self.model.decoder(weights),)
+        decoders = _GENERATING.__dict__.setdefault("decoders", {})
+        if id(self) in decoders:
+            raise RuntimeError("generate() is already running on this model in this thread")
+        decoders[id(self)] = self.model.decoder(weights)
         try:
             return super().generate(*args, **kwargs)
         finally:
-            self._decoding = None
+            del decoders[id(self)]
 
     @classmethod
     def from_bytelm(cls, model: ByteLM) -> "FastRWAForCausalLM":
@@ -307,7 +332,12 @@ class FastRWAForCausalLM(FastRWAPreTrainedModel, GenerationMixin):
                 mask = None
             else:       # (a padding id may lie outside the vocabulary: it is never read)
                 input_ids = input_ids.masked_fill(~mask, 0)
-        fused = past_key_values is not None and past_key_values.inference is not None
+        if use_cache is None:
+            use_cache = self.config.use_cache
+        decoder = self._decoding
+        # (in place only inside generate(): a forward from a cache it returned reads a copy)
+        fused = past_key_values is not None and past_key_values.inference is not None \
+            and decoder is not None and use_cache
         seen = (0 if past_key_values is None else past_key_values.seen) + T
         if fused and T == 1 and mask is None and labels is None:      # (a generate() step)
             logits = past_key_values.decoder.step_(input_ids[:, 0].long(),
@@ -316,22 +346,26 @@ class FastRWAForCausalLM(FastRWAPreTrainedModel, GenerationMixin):
             # (a clone: the step's logits are a buffer the next step overwrites)
             return FastRWACausalLMOutput(logits=logits[:, None].clone(),
                                          past_key_values=past_key_values)
-        state = None if past_key_values is None else past_key_values.state
+        state = None
+        if past_key_values is not None:      # (a generate() cache's buffers: copied)
+            state = past_key_values.state if past_key_values.inference is None else \
+                LMState(tuple(type(layer)(type(layer.scan)(*(t.clone() for t in layer.scan)),
+                                          None if layer.last_input is None
+                                          else layer.last_input.clone())
+                              for layer in past_key_values.state.layers))
         logits, state = self.model(input_ids, state, mask=mask)
         loss = None
         if labels is not None:
             loss = self.loss_function(logits=logits, labels=labels,
                                       vocab_size=self.config.vocab_size, **kwargs)
-        if use_cache is None:
-            use_cache = self.config.use_cache
         cache = None
-        if use_cache and fused:                  # (the decoder's buffers, updated in place)
+        if fused:                                # (the decoder's buffers, updated in place)
             past_key_values.inference.load_(state)
             past_key_values.seen, cache = seen, past_key_values
-        elif use_cache and self._decoding is not None and past_key_values is None:
+        elif use_cache and decoder is not None and past_key_values is None:
             inference = self.model.allocate_cache(input_ids.shape[0])   # (a prompt: prefill)
             inference.load_(state)
-            cache = FastRWACache(None, seen, inference, self._decoding[0])
+            cache = FastRWACache(None, seen, inference, decoder)
         elif use_cache:
             cache = FastRWACache(state, seen)
         return FastRWACausalLMOutput(loss=loss, logits=logits, past_key_values=cache)

@@ -92,6 +92,15 @@ def tokenizer_config_json() -> dict[str, Any]:
             "clean_up_tokenization_spaces": False, "split_special_tokens": True}
 
 
+CARD_TITLE = "# A fastrwa byte language model"
+
+
+def is_model_card(text: str) -> bool:
+    """Whether a ``README.md`` is a card :func:`model_card` wrote (an export may replace
+    it; another README, say a repository's, is never deleted)."""
+    return f"\n{CARD_TITLE}\n" in text
+
+
 def model_card(config: LMConfig, parameters: int, training: Optional[dict] = None,
                results: Optional[dict] = None) -> str:
     """``README.md``: what the model is, how it was trained (``training``: the run's
@@ -100,7 +109,7 @@ def model_card(config: LMConfig, parameters: int, training: Optional[dict] = Non
     layer = {"rda": "Recurrent Discounted Attention", "rwa": "Recurrent Weighted Average"}
     lines = ["---", "library_name: transformers", "pipeline_tag: text-generation",
              "tags: [fastrwa, byte-level]", "---", "",
-             "# A fastrwa byte language model", "",
+             CARD_TITLE, "",
              f"A byte-level language model (fastrwa's `ByteLM`): {config.n_layers} "
              f"block{'s' if config.n_layers != 1 else ''} of "
              f"{layer.get(config.layer, config.layer)} (`{config.layer}`) scan layers, "

@@ -83,9 +83,11 @@ def parser() -> argparse.ArgumentParser:
     add("--seed", type=int, help=f"default {defaults.seed}")
     add("--bptt", type=int, help=f"byte corpora: segment length (default {defaults.bptt})")
     add("--pack", nargs="?", const="\n\n", type=unescape, metavar="SEP",
-        help="byte corpora, scan models: documents end with SEP (escapes such as \\n read; "
-             "alone: blank lines); each is run from the initial state, packed into the rows "
-             "without padding, nothing carried between steps (docs/training.md)")
+        help="byte corpora, scan models: documents end with SEP, text in UTF-8 (escapes "
+             "such as \\n read; \\xNN is the character U+00NN; --pack=SEP for one that "
+             "starts with -; alone: blank lines); each is run from the initial state, packed "
+             "into the rows without padding, nothing carried between steps "
+             "(docs/training.md)")
     add("--data", help="enwik8 (raw or .zip) / text: a file; mnist, pmnist: the IDX directory")
     add("--device", choices=DEVICES, help="auto: CUDA when present, else the CPU (default auto)")
     add("--autocast", choices=AUTOCASTS, help="bf16: forward in bfloat16 autocast (default none)")

@@ -63,8 +63,10 @@ def build_model(cfg: RunConfig, problem) -> torch.nn.Module:
 def _trained(cfg: RunConfig, steps: int) -> dict:
     """How a model was trained, for its model card: the run's settings that were set (the
     data file by name), and the steps taken."""
-    fields = {k: v for k, v in dataclasses.asdict(cfg).items()
-              if v not in (None, {}, False) and k not in ("progress", "device", "log_every")
+    fields = {k: repr(v) if isinstance(v, str) else v
+              for k, v in dataclasses.asdict(cfg).items()
+              if not (v is None or v is False or (isinstance(v, dict) and not v))
+              and k not in ("progress", "device", "log_every")
               and not (cfg.is_lm and k == "seq_len")}
     if cfg.data:
         fields["data"] = Path(cfg.data).name
