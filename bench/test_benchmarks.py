@@ -315,3 +315,17 @@ def test_lm_a_failed_training_run_is_one_error(tmp_path, capsys):
     import lm
     with pytest.raises(lm.RunFailed, match="the x run failed"):
         lm.run("x", ["--task", "text", "--data", str(tmp_path / "none.txt")], tmp_path)
+
+
+def test_cpu_fair_reports_every_cell_with_a_positive_ratio(tmp_path, capsys):
+    """bench/cpu_fair.py runs end to end at a tiny shape and writes what it prints."""
+    import json
+
+    import cpu_fair
+
+    assert cpu_fair.main(["--shape", "2,64,8", "--rounds", "1", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "cpu_fair.json").read_text())
+    assert sorted(result["cells"]) == ["rda forward", "rda forward+backward", "rwa forward",
+                                       "rwa forward+backward"]
+    assert all(c["ratio"] > 0 and c["op_ms"] > 0 for c in result["cells"].values())
+    assert "rda forward+backward" in capsys.readouterr().out

@@ -1,0 +1,120 @@
+"""The CPU op against its fair limit: ``python bench/cpu_fair.py``.
+
+``rda_scan`` (exp attention) and ``rwa_scan`` on the numba backend, float32, ``B x T x D`` =
+16 x 4096 x 256 by default, against PyTorch elementwise ops that read the same inputs and
+write outputs of the same size, as a user calls both (outputs allocated by the call), in
+one process, interleaved round by round (the machine drifts: only ratios within a run are
+compared):
+
+* forward: the op reads ``z, a, g`` and writes ``y``; the reference is
+  ``torch.addcmul(z, a, g)`` (3 reads, 1 write);
+* forward + backward: the op reads ``z, a, g`` and writes ``y``, then reads them and ``gy``
+  and writes ``gz, ga, gg``; the reference adds ``torch.addcmul(z, a, g)``,
+  ``torch.mul(gy, 0.5)`` and ``torch.zeros_like(g)`` (4 reads, 3 writes) to the forward's.
+  (rwa has no ``g``: ``torch.mul(z, a)`` forward, 2 reads and 1 write; backward
+  ``torch.addcmul(z, a, gy)`` and ``torch.zeros_like(a)``, 3 reads and 2 writes.)
+
+The ratio is the reference's time over the op's (1.0: the op moves its bytes as fast as
+PyTorch's own elementwise ops move theirs). Median of ``--rounds`` rounds per cell. Prints a
+table and writes ``OUT/cpu_fair.json``. Issue 44's target: >= 0.8 forward and forward +
+backward.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import sys
+import time
+
+import torch
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import fastrwa  # noqa: E402
+
+
+def seconds(fn) -> float:
+    began = time.perf_counter()
+    fn()
+    return time.perf_counter() - began
+
+
+def cells(op: str, B: int, T: int, D: int) -> dict:
+    """The four timed calls of ``op``: op and reference, forward and forward + backward."""
+    gen = torch.Generator().manual_seed(0)
+    z, a, g, gy = (torch.randn(B, T, D, generator=gen) for _ in range(4))
+    leaves = [t.clone().requires_grad_() for t in (z, a, g)]
+
+    def op_fwd():
+        with torch.no_grad():
+            if op == "rwa":
+                fastrwa.rwa_scan(z, a)
+            else:
+                fastrwa.rda_scan(z, a, g, "exp")
+
+    def op_fwd_bwd():
+        zl, al, gl = leaves
+        y, _ = fastrwa.rwa_scan(zl, al) if op == "rwa" else fastrwa.rda_scan(zl, al, gl, "exp")
+        grads = torch.autograd.grad(y, [zl, al] if op == "rwa" else [zl, al, gl], gy)
+        return grads
+
+    def ref_fwd():
+        return torch.mul(z, a) if op == "rwa" else torch.addcmul(z, a, g)
+
+    def ref_fwd_bwd():
+        ref_fwd()
+        if op == "rwa":
+            return torch.addcmul(z, a, gy), torch.zeros_like(a)
+        return torch.addcmul(z, a, g), torch.mul(gy, 0.5), torch.zeros_like(g)
+
+    return {"forward": (op_fwd, ref_fwd), "forward+backward": (op_fwd_bwd, ref_fwd_bwd)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shape", default="16,4096,256", help="B,T,D")
+    p.add_argument("--rounds", type=int, default=15)
+    p.add_argument("--threads", type=int, default=None, help="default: torch's")
+    p.add_argument("--out", type=pathlib.Path,
+                   default=pathlib.Path(__file__).parent / "results" / "cpu_fair")
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    B, T, D = (int(n) for n in args.shape.split(","))
+    result = dict(shape=[B, T, D], threads=torch.get_num_threads(), torch=torch.__version__,
+                  cpu_count=os.cpu_count(), date=time.strftime("%Y-%m-%d %H:%M UTC",
+                                                               time.gmtime()), cells={})
+    with fastrwa.use_backend("numba"):
+        for op in ("rda", "rwa"):
+            timed = cells(op, B, T, D)
+            for fns in timed.values():                       # (compiles, caches, pools)
+                for fn in fns:
+                    fn()
+            times = {k: ([], []) for k in timed}
+            for _ in range(args.rounds):                     # (interleaved)
+                for name, (op_fn, ref_fn) in timed.items():
+                    times[name][0].append(seconds(op_fn))
+                    times[name][1].append(seconds(ref_fn))
+            for name, (op_t, ref_t) in times.items():
+                o, r = statistics.median(op_t), statistics.median(ref_t)
+                result["cells"][f"{op} {name}"] = dict(op_ms=1e3 * o, reference_ms=1e3 * r,
+                                                       ratio=r / o)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "cpu_fair.json").write_text(json.dumps(result, indent=1))
+    print(f"{B} x {T} x {D} float32, numba backend, {result['threads']} threads, median of "
+          f"{args.rounds} interleaved rounds")
+    print(f"{'':<24}{'op ms':>10}{'reference ms':>14}{'ratio':>8}")
+    for name, c in result["cells"].items():
+        print(f"{name:<24}{c['op_ms']:>10.2f}{c['reference_ms']:>14.2f}{c['ratio']:>8.2f}")
+    print(args.out / "cpu_fair.json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
