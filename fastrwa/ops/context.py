@@ -148,12 +148,12 @@ def same_everywhere(values: dict, names) -> None:
                              f"got {values[name]} over the ranks")
 
 
-def _check_alike(args: ScanArgs, group, first: int) -> bool:
-    """Every rank's arguments passed its checks, and every rank called with the same batch,
-    width, dtype, functions, direction and grad mode, and only the first rank in scan order
-    with an ``initial_state``: checked on every rank from one gather of a few integers, so
-    that all raise (none waits). Returns whether any rank's inputs need a gradient (then
-    every rank's backward joins the gather's all-reduce)."""
+def _scan_agreement(args: ScanArgs, group, offsets: int) -> tuple[dict, bool]:
+    """One gather of every rank's call (:func:`agree`): the same batch, width, dtype,
+    functions, direction, grad mode and packed offsets (``offsets``: 0 for none, else a
+    fingerprint of ``cu_seqlens`` plus 1) everywhere, or every rank raises. Returns the
+    gathered values (with each rank's slice length and whether it has an
+    ``initial_state``) and whether any rank's inputs need a gradient."""
     z, a, g, attention, discount, state, reverse, _ = args
     B, T, D = z.shape
     grad = torch.is_grad_enabled() and any(
@@ -164,15 +164,25 @@ def _check_alike(args: ScanArgs, group, first: int) -> bool:
                       "discount": DISCOUNT_CODE[discount], "reverse": int(reverse),
                       "grad mode": int(torch.is_grad_enabled()), "needs grad": int(grad),
                       "initial_state": int(state is not None), "length": T,
-                      "cu_seqlens": 0}, group, z.device)
+                      "cu_seqlens": offsets}, group, z.device)
     same_everywhere(everyone, ("call", "batch B", "width D", "dtype", "attention",
                                "discount", "reverse", "grad mode", "cu_seqlens"))
+    return everyone, any(everyone["needs grad"])
+
+
+def _check_alike(args: ScanArgs, group, first: int) -> bool:
+    """Every rank's arguments passed its checks, and every rank called with the same batch,
+    width, dtype, functions, direction and grad mode, and only the first rank in scan order
+    with an ``initial_state``: checked on every rank from one gather of a few integers, so
+    that all raise (none waits). Returns whether any rank's inputs need a gradient (then
+    every rank's backward joins the gather's all-reduce)."""
+    everyone, grad = _scan_agreement(args, group, 0)
     holders = [rank for rank, has in enumerate(everyone["initial_state"]) if has]
     if holders not in ([], [first]):
         raise ValueError(f"context parallel: initial_state is the state before the whole "
                          f"sequence: pass it on rank {first} only (the first slice in scan "
                          f"order), got it on ranks {holders}")
-    return any(everyone["needs grad"])
+    return grad
 
 
 def previous_input(x: Tensor, initial: Tensor, lengths: list, group, grad: bool,
@@ -360,20 +370,8 @@ def packed_over_ranks(args: ScanArgs, backend: str, group) -> tuple[Tensor, tupl
     batch, width, dtype, functions, direction and grad mode everywhere, the offsets ending
     at the sum of the slices' lengths, ``initial_state`` on every rank or none), then run
     :func:`context_parallel_packed_scan`; every rank raises together."""
-    z, a, g, attention, discount, state, reverse, cu_seqlens = args
-    B, T, D = z.shape
-    cu = cu_seqlens.tolist()
-    grad = torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in (z, a, g, *(state or ())))
-    everyone = agree({"call": CALL_SCAN, "batch B": B, "width D": D,
-                      "dtype": DTYPES.index(z.dtype),
-                      "attention": ATTENTION_CODE[attention],
-                      "discount": DISCOUNT_CODE[discount], "reverse": int(reverse),
-                      "grad mode": int(torch.is_grad_enabled()), "needs grad": int(grad),
-                      "initial_state": int(state is not None), "length": T,
-                      "cu_seqlens": fingerprint(repr(cu)) + 1}, group, z.device)
-    same_everywhere(everyone, ("call", "batch B", "width D", "dtype", "attention",
-                               "discount", "reverse", "grad mode", "cu_seqlens"))
+    cu = args.cu_seqlens.tolist()
+    everyone, grad = _scan_agreement(args, group, fingerprint(repr(cu)) + 1)
     lengths = everyone["length"]
     if cu[-1] != sum(lengths):
         raise ValueError(f"context parallel: cu_seqlens are the whole packed sequence's "
@@ -384,5 +382,4 @@ def packed_over_ranks(args: ScanArgs, backend: str, group) -> tuple[Tensor, tupl
                          f"sequence, and sequences begin on every rank: pass the same one on "
                          f"every rank or on none, got it on ranks "
                          f"{[r for r, has in enumerate(everyone['initial_state']) if has]}")
-    return context_parallel_packed_scan(args, backend, group, cu, lengths,
-                                        any(everyone["needs grad"]))
+    return context_parallel_packed_scan(args, backend, group, cu, lengths, grad)
