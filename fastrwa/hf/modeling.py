@@ -27,6 +27,15 @@ from ..models.integrity import sign, verify
 _GENERATING = threading.local()
 
 
+def _mapped(state: LMState, fn) -> LMState:
+    """``state`` with ``fn`` applied to each of its tensors (a token shift's absent last
+    input stays ``None``)."""
+    return LMState(tuple(
+        type(layer)(type(layer.scan)(*(fn(t) for t in layer.scan)),
+                    None if layer.last_input is None else fn(layer.last_input))
+        for layer in state.layers))
+
+
 class FastRWACache:
     """The recurrent state between ``generate()`` steps: per block the scan state ``(m, n,
     d)`` and the token shift's last input (:class:`fastrwa.models.LMState`), a fixed size
@@ -60,10 +69,7 @@ class FastRWACache:
         if self.inference is not None:
             self.inference.reorder_(beam_idx.to(self.inference.device), check=False)
             return
-        pick = lambda t: None if t is None else t.index_select(0, beam_idx.to(t.device))  # noqa: E731
-        self._state = LMState(tuple(
-            type(layer)(type(layer.scan)(*(pick(t) for t in layer.scan)), pick(layer.last_input))
-            for layer in self._state.layers))
+        self._state = _mapped(self._state, lambda t: t.index_select(0, beam_idx.to(t.device)))
 
     def nbytes(self) -> int:
         """The bytes of the state's tensors (constant during generation)."""
@@ -153,7 +159,8 @@ class FastRWAForCausalLM(FastRWAPreTrainedModel, GenerationMixin):
             found = Path(source)
             if weights_file(found) is None and (found / "model").is_dir():
                 found = run_model_dir(found)        # (a training run's directory: model/)
-            if weights_file(found) is not None and weights_file(found).suffix == ".pt":
+            weights = weights_file(found)
+            if weights is not None and weights.suffix == ".pt":
                 model = cls._from_model_pt(found, args[1:], kwargs)
                 return (model, {"missing_keys": [], "unexpected_keys": [],
                                 "mismatched_keys": [], "error_msgs": []}) if wanted else model
@@ -349,10 +356,7 @@ class FastRWAForCausalLM(FastRWAPreTrainedModel, GenerationMixin):
         state = None
         if past_key_values is not None:      # (a generate() cache's buffers: copied)
             state = past_key_values.state if past_key_values.inference is None else \
-                LMState(tuple(type(layer)(type(layer.scan)(*(t.clone() for t in layer.scan)),
-                                          None if layer.last_input is None
-                                          else layer.last_input.clone())
-                              for layer in past_key_values.state.layers))
+                _mapped(past_key_values.state, torch.clone)
         logits, state = self.model(input_ids, state, mask=mask)
         loss = None
         if labels is not None:
