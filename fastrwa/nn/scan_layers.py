@@ -265,7 +265,7 @@ class _ScanLayer(nn.Module):
             state = self._check_state(state, x)
             previous = state.last_input
         else:
-            x, state, previous = self._split_inputs(x, state, mask, context_group)
+            x, state, previous, _ = self._split_inputs(x, state, mask, context_group)
         gates = self._gates(x, previous, mask)
         H = self.hidden_size
         ys, finals = [], []
@@ -312,10 +312,11 @@ class _ScanLayer(nn.Module):
 
     def _packed(self, x, state, mask, context_group, cu_seqlens) -> tuple[Tensor, LayerState]:
         """:meth:`forward` over packed sequences (``cu_seqlens``), on one process or, with
-        ``context_group``, over the ranks (:meth:`_split_packed`)."""
+        ``context_group``, over the ranks (:meth:`_split_inputs`)."""
         if context_group is not None:
-            x, state, lo, previous = self._split_packed(x, state, mask, context_group,
-                                                        cu_seqlens)
+            x, state, previous, lengths = self._split_inputs(x, state, mask, context_group,
+                                                             cu_seqlens)
+            lo = sum(lengths[:dist.get_rank(context_group)])
         else:
             if mask is not None:
                 raise ValueError("cu_seqlens cannot be combined with mask (packed sequences "
@@ -375,70 +376,23 @@ class _ScanLayer(nn.Module):
             out = rearrange(out, "b t h -> t b h")
         return out, LayerState(final, last)
 
-    def _split_packed(self, x, state, mask, group, cu_seqlens) -> tuple:
-        """:meth:`_packed`'s checks under context parallelism: ``cu_seqlens`` are the whole
-        packed sequence's offsets (the same on every rank, ending at the sum of the slices'
-        lengths), ``state`` a :class:`LayerState` of a row per sequence given on every rank
-        or on none (each rank reads the rows of the sequences that begin in its slice); one
-        agreement of every rank, then the token shift's input before this rank's slice.
-        ``(x (1, T, input), state, lo, previous input)``: ``lo`` the slice's first
-        position in the whole sequence."""
-        check_context_group(group)
-        try:
-            if mask is not None:
-                raise ValueError("cu_seqlens cannot be combined with mask (packed sequences "
-                                 "need no padding)")
-            self._check_input(x, 3)
-            if x.dtype not in DTYPES:
-                raise TypeError(f"x must be float16, bfloat16, float32 or float64 with "
-                                f"context_group, got {x.dtype}")
-            if not self.batch_first:
-                x = rearrange(x, "t b i -> b t i")
-            given = state is not None
-            n_seq = check_cu_seqlens(cu_seqlens, x, whole=False)
-            state = self._check_state(state, x, batch=n_seq)
-        except (TypeError, ValueError) as exc:
-            refuse_together(exc, group)
-        T = x.shape[1]
-        grad = torch.is_grad_enabled() and (
-            x.requires_grad or any(p.requires_grad for p in self.parameters())
-            or any(t is not None and t.requires_grad for t in (*state.scan, state.last_input)))
-        layer = fingerprint(f"{type(self).__name__}({self.extra_repr()})")
-        offsets = cu_seqlens.tolist()
-        every = agree({"call": CALL_LAYER, "layer (class, sizes and options)": layer,
-                       "batch B": x.shape[0], "input_size": x.shape[2],
-                       "dtype": DTYPES.index(x.dtype),
-                       "grad mode": int(torch.is_grad_enabled()), "needs grad": int(grad),
-                       "length": T, "cu_seqlens": fingerprint(repr(offsets)) + 1,
-                       "state given": int(given)}, group, x.device)
-        same_everywhere(every, ("call", "layer (class, sizes and options)", "batch B",
-                                "input_size", "dtype", "grad mode", "cu_seqlens",
-                                "state given"))
-        lengths = every["length"]
-        if offsets[-1] != sum(lengths):
-            raise ValueError(f"context parallel: cu_seqlens are the whole packed sequence's "
-                             f"offsets and must end at its length {sum(lengths)} (the "
-                             f"slices' {lengths}), got {offsets[-1]}")
-        lo = sum(lengths[:dist.get_rank(group)])
-        previous = None
-        if self.token_shift:
-            previous = previous_input(x, state.last_input[:1], lengths, group,
-                                      any(every["needs grad"]), x.dtype)
-        return x, state, lo, previous
-
-    def _split_inputs(self, x, state, mask, group) -> tuple[Tensor, LayerState,
-                                                           Optional[Tensor]]:
+    def _split_inputs(self, x, state, mask, group, cu_seqlens=None) -> tuple:
         """:meth:`forward`'s checks under context parallelism, one agreement of every rank
         (the same layer, batch, width, dtype and grad mode), then the token shift's input
-        before this rank's slice: ``(x (B, T, input), state, previous input)``. A rank whose
-        arguments are refused tells the others, which raise too (none waits)."""
+        before this rank's slice: ``(x (B, T, input), state, previous input, every rank's
+        slice length)``. With ``cu_seqlens`` (packed sequences over the ranks) they are the
+        whole row's offsets, the same on every rank and ending at the sum of the slices'
+        lengths, and ``state`` (a row per sequence) is given on every rank or on none. A
+        rank whose arguments are refused tells the others, which raise too (none waits)."""
         check_context_group(group)
+        given = state is not None
         try:
             if mask is not None:
                 raise ValueError("mask and context_group cannot be combined (padding is not "
                                  "split across ranks)")
             self._check_input(x, 3)
-            if state is not None and (self.bidirectional or dist.get_rank(group) != 0):
+            if cu_seqlens is None and given and (self.bidirectional
+                                                 or dist.get_rank(group) != 0):
                 raise ValueError("with context_group, state is the state before the whole "
                                  "sequence: pass it on rank 0 only (None on the others; a "
                                  "bidirectional layer takes none)")
@@ -447,7 +401,8 @@ class _ScanLayer(nn.Module):
                                 f"context_group, got {x.dtype}")
             if not self.batch_first:
                 x = rearrange(x, "t b i -> b t i")
-            state = self._check_state(state, x)
+            n_seq = None if cu_seqlens is None else check_cu_seqlens(cu_seqlens, x, whole=False)
+            state = self._check_state(state, x, batch=n_seq)
         except (TypeError, ValueError) as exc:
             refuse_together(exc, group)
         B, T, _ = x.shape
@@ -455,17 +410,28 @@ class _ScanLayer(nn.Module):
             x.requires_grad or any(p.requires_grad for p in self.parameters())
             or any(t is not None and t.requires_grad for t in (*state.scan, state.last_input)))
         layer = fingerprint(f"{type(self).__name__}({self.extra_repr()})")
+        offsets = None if cu_seqlens is None else cu_seqlens.tolist()
         every = agree({"call": CALL_LAYER, "layer (class, sizes and options)": layer,
                        "batch B": B, "input_size": x.shape[2], "dtype": DTYPES.index(x.dtype),
                        "grad mode": int(torch.is_grad_enabled()), "needs grad": int(grad),
-                       "length": T, "cu_seqlens": 0, "state given": 0}, group, x.device)
+                       "length": T,
+                       "cu_seqlens": 0 if offsets is None else fingerprint(repr(offsets)) + 1,
+                       "state given": 0 if offsets is None else int(given)}, group, x.device)
         same_everywhere(every, ("call", "layer (class, sizes and options)", "batch B",
-                                "input_size", "dtype", "grad mode", "cu_seqlens"))
+                                "input_size", "dtype", "grad mode", "cu_seqlens",
+                                "state given"))
+        lengths = every["length"]
+        if offsets is not None and offsets[-1] != sum(lengths):
+            raise ValueError(f"context parallel: cu_seqlens are the whole packed sequence's "
+                             f"offsets and must end at its length {sum(lengths)} (the "
+                             f"slices' {lengths}), got {offsets[-1]}")
         if not self.token_shift:        # (the scans' own agreement checks the rest)
-            return x, state, state.last_input
-        previous = previous_input(x, state.last_input, every["length"], group,
-                                  any(every["needs grad"]), x.dtype)
-        return x, state, previous
+            return x, state, state.last_input, lengths
+        # (packed: the input before a slice is only read by a sequence that began earlier)
+        initial = state.last_input if offsets is None else state.last_input[:1]
+        previous = previous_input(x, initial, lengths, group, any(every["needs grad"]),
+                                  x.dtype)
+        return x, state, previous, lengths
 
     def step(self, x_t: Tensor, state: Optional[LayerState] = None) -> tuple[Tensor, LayerState]:
         """Advance one token: ``x_t`` ``(B, input_size)`` -> ``(output_t (B, H), new state)``.
