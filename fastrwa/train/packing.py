@@ -4,10 +4,10 @@ cut at a row's end) from the initial state, through ``cu_seqlens`` (docs/trainin
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor
+
+from .data import bits_per_byte
 
 
 def document_starts(data: Tensor, index: Tensor, separator: bytes) -> Tensor:
@@ -62,4 +62,4 @@ def packed_loss(logits: Tensor, targets: Tensor, scored: int,
     loss = torch.nn.functional.cross_entropy(
         logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1),
         reduction="sum") * (context_world / max(scored, 1))
-    return loss, float(loss.detach()) / math.log(2)
+    return loss, bits_per_byte(float(loss.detach()))
