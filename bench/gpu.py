@@ -8,9 +8,9 @@ Sections (all by default):
 
 * checks: rda_scan against the float64 PyTorch backend at the bench shapes' scale, and past
   2**31 elements (bench/gpu_ops.py);
-* ops: rwa_scan and rda_scan, both forward algorithms and the old launch layout
-  (bench/gpu_ops.py VARIANTS), float32 and bfloat16, forward and forward+backward, at B/T/D =
-  16/4096/1024, 4/4096/1024, 8/16K/2048 and 1/1M/256, against copy_;
+* ops: rwa_scan and rda_scan, both forward algorithms (bench/gpu_ops.py VARIANTS), float32
+  and bfloat16, forward and forward+backward, at B/T/D = 16/4096/1024, 8/16K/2048, 1/1M/256
+  and 4/4096/1024, against copy_;
 * peers: flash-linear-attention's HGRN kernels, accelerated-scan, a torch.logcumsumexp
   formulation, at the same shapes (each skipped, with the reason, when it does not import);
 * kernels: ops and peers shape by shape (the JSON is written after each shape and dtype, so

@@ -2,14 +2,16 @@
 # The GPU run, as one device command from the repository root (carry .whl, made by
 # bench/gpu_prepare.sh, for the peers):
 #     bash bench/gpu_run.sh                    # the default steps, about 8 minutes at most:
-#         kernels  the ops (new launch, old layout) and their peers, shape by shape (<= 160 s)
-#         tests    pytest --cuda on the Triton columns and tests/test_cuda.py   (<= 180 s)
-#         checks   rda_scan against float64 at full scale and past 2**31 elements (<= 60 s)
-#         layers   fastrwa.nn.RDA against cuDNN LSTM/GRU, ByteLM streaming       (<= 30 s)
+#         kernels  the ops and their peers, shape by shape, the issue's target shapes first
+#                  (<= 280 s; on the H100 of 2026-11-27 two shapes took about 150 s each)
+#         tests    pytest --cuda on the Triton columns and tests/test_cuda.py   (<= 140 s)
 #         ncu      Nsight Compute's speed-of-light, occupancy and warp-state sections for
 #                  rda_scan's forward and backward at 16 x 4096 x 1024, when ncu exists (<= 40 s)
-# Other steps, each its own call: memcheck, bench (the older checks,ops,peers sections),
-# train (needs .carry/text-corpus.txt), tune (the launch-knob sweep and the crossover):
+# Other steps, each its own call: checks (rda_scan against float64 at full scale and past
+# 2**31 elements, <= 60 s), layers (fastrwa.nn.RDA against cuDNN LSTM/GRU, ByteLM streaming,
+# <= 60 s), memcheck, bench (the older checks,ops,peers sections), train (needs
+# .carry/text-corpus.txt), tune (the launch-knob sweep and the crossover):
+#     bash bench/gpu_run.sh checks,layers
 #     bash bench/gpu_run.sh tune
 # Writes under $OUT (or bench-results/gpu): log.txt, pytest.txt, ncu.txt, gpu-<device>.json
 # and .png, and all of them again in one archive, gpu-run.tar.gz. Each step has a time
@@ -17,7 +19,7 @@
 # status is the number of failed steps (99: the package did not install, and nothing ran).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-steps=${1:-kernels,tests,checks,layers,ncu}
+steps=${1:-kernels,tests,ncu}
 out=${OUT:-bench-results/gpu}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
@@ -60,16 +62,16 @@ section_run() {  # section_run LIMIT_S SECTIONS DIR: bench/gpu.py's sections, re
     timeout "$1" python3 bench/gpu.py --out "$3" --only "$2" ${training[@]+"${training[@]}"} \
         2>&1 | tee -a "$out/log.txt" | grep -v '^{' || failed=$((failed + 1))
 }
-step kernels && section_run 160 kernels "$out/kernels"
+step kernels && section_run 280 kernels "$out/kernels"
 if step tests; then
     # xdist spreads Triton's compiles (one per kernel specialisation) over 14 processes.
     note "pytest --cuda (the Triton columns and tests/test_cuda.py)"
-    timeout 180 python3 -m pytest -q -p no:cacheprovider -n 14 --cuda -rf \
+    timeout 140 python3 -m pytest -q -p no:cacheprovider -n 14 --cuda -rf \
         -k "triton or test_cuda" tests > "$out/pytest.txt" 2>&1 || failed=$((failed + 1))
     tail -n 25 "$out/pytest.txt" | tee -a "$out/log.txt"
 fi
 step checks && section_run 60 checks "$out/checks"
-step layers && section_run 30 layers,streaming "$out/layers"
+step layers && section_run 60 layers,streaming "$out/layers"
 [ -n "$sections" ] && section_run 540 "$sections" "$out/other"
 # one report of every call (a call cut by its limit keeps what it wrote after each shape)
 reports=$(ls "$out"/{kernels,checks,layers,other}/gpu-*.json 2>/dev/null)

@@ -17,7 +17,9 @@ channels of one segment summary); registers and memory from
 uses for that arch) on Triton's PTX. "shared" is static + the dynamic shared memory Triton
 launches with. Launch shapes (BT, BD, warps, stages) are the launcher's defaults in
 fastrwa/ops/triton_host.py unless ``--option`` sets them; ``D`` (a compile-time constant of
-every kernel) is ``--channels``, 1024 by default.
+every kernel) is ``--channels``, 1024 by default. Every pointer and integer argument is
+compiled as a multiple of 16, as a launch at the bench shapes specialises it
+(``LAUNCH_ATTRS``).
 """
 
 from __future__ import annotations
@@ -47,6 +49,11 @@ EXTRA_FLAGS = [("rda-softplus,reverse", 2, 2, dict(REVERSE=True)),
                ("rda-softplus,varlen", 2, 2, dict(IS_VARLEN=True))]
 IO_POINTERS = {"z_ptr", "a_ptr", "g_ptr", "y_ptr", "gy_ptr", "gz_ptr", "ga_ptr", "gg_ptr"}
 INDEX_POINTERS = {"cu_ptr", "co_ptr", "cs_ptr"}
+# What a launch tells the compiler about every pointer and integer argument at the bench
+# shapes: a multiple of 16 (bytes for a pointer: PyTorch's allocations are; every size at
+# B=16, T=4096, D=1024 is). Triton's runtime specialises on it, and the layout it picks for
+# a block's loads depends on it, so a build without it is not the kernel that runs.
+LAUNCH_ATTRS = [["tt.divisibility", 16]]
 
 
 def _kernels(opts=None):
@@ -115,8 +122,8 @@ def compile_one(job):
 
     name, label, const, (warps, stages, maxnreg), arch, dtype = job
     fn = _find(name)
-    signature = {}
-    for arg in fn.arg_names:
+    signature, attrs = {}, {}
+    for index, arg in enumerate(fn.arg_names):
         if arg in const:
             signature[arg] = "constexpr"
         elif arg in IO_POINTERS:
@@ -127,7 +134,9 @@ def compile_one(job):
             signature[arg] = "*fp32"
         else:
             signature[arg] = "i32"
-    kernel = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=const),
+        if signature[arg] != "constexpr":
+            attrs[(index,)] = LAUNCH_ATTRS
+    kernel = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=const, attrs=attrs),
                             target=GPUTarget("cuda", ARCHS[arch], 32),
                             options={"num_warps": warps, "num_stages": stages,
                                      "maxnreg": maxnreg})

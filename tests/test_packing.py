@@ -3,6 +3,8 @@ The trainer's packed step (its batch, the model's cu_seqlens forward, its loss a
 gradients) equals training on every document piece alone, on every backend; the CLI runs
 and refuses what it cannot do."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -75,7 +77,9 @@ def test_the_packed_step_equals_each_document_alone(corpus, backend, layer):
     model's cu_seqlens forward, the problem's score) and its gradients are those of the
     mean over every document piece run from the initial state alone."""
     problem = ByteLMProblem(str(corpus), 2, 24, 0, pack=SEP)
-    batch = problem.batch(3, 2)
+    batch = problem.batch(3, 2)             # made on the CPU, where the corpus is
+    batch = dataclasses.replace(batch, **{f: getattr(batch, f).to(backend.device)
+                                          for f in ("x", "target", "mask", "starts")})
     torch.manual_seed(0)
     model = ByteLM(LMConfig(d_model=8, n_layers=2, layer=layer, mlp_ratio=2)).to(backend.dtype)
     x, packed = model_inputs(batch.x, batch.starts)

@@ -53,12 +53,14 @@ def test_layers_run_packed_sequences_as_each_alone(backend, name):
     time_first = not layer.batch_first
     cu = torch.tensor([0, 3, 3, 8, 9])
     gen = torch.Generator().manual_seed(1)
-    x = torch.randn(1, 9, 3, generator=gen, dtype=torch.float64).to(backend.dtype)
+
+    def randn(*shape):      # drawn on the CPU (the same numbers on every device), then moved
+        return torch.randn(*shape, generator=gen, dtype=torch.float64,
+                           device="cpu").to(backend.device, backend.dtype)
+
+    x = randn(1, 9, 3)
     with torch.no_grad():      # a state of 4 rows, as a forward over 4 sequences leaves it
-        _, state = layer(torch.randn(4, 2, 3, generator=gen, dtype=torch.float64)
-                         .to(backend.dtype).transpose(0, 1) if time_first else
-                         torch.randn(4, 2, 3, generator=gen, dtype=torch.float64)
-                         .to(backend.dtype))
+        _, state = layer(randn(4, 2, 3).transpose(0, 1) if time_first else randn(4, 2, 3))
     leaves = [x.clone().requires_grad_(), *(t.clone().requires_grad_() for t in state.scan),
               state.last_input.clone().requires_grad_() if layer.token_shift else None]
     tf = (lambda t: t.transpose(0, 1)) if time_first else (lambda t: t)
@@ -86,7 +88,7 @@ def test_layers_run_packed_sequences_as_each_alone(backend, name):
     if layer.token_shift:
         assert_close(final.last_input, torch.cat([f.last_input for f in finals]).double(),
                      tol["y"], "final last_input")
-    w = torch.randn(y.shape, generator=gen, dtype=torch.float64).to(backend.dtype)
+    w = randn(*y.shape)
     wanted = [t for t in leaves if t is not None] + list(layer.parameters())
     loss = lambda out, fin: (out * w).sum() + (fin.n / fin.d).sum()           # noqa: E731
     got = torch.autograd.grad(loss(y, final.scan), wanted, allow_unused=True)

@@ -274,7 +274,7 @@ class ByteStreams:
             raise ValueError(f"{len(data)} bytes cannot give {streams} streams of even one "
                              f"segment of {segment} bytes; use a smaller --batch-size or --bptt")
         self.data, self.segment = data, segment
-        self.starts = torch.arange(streams)[:, None] * per_row                 # (streams, 1)
+        self.starts = torch.arange(streams, device=data.device)[:, None] * per_row  # (streams, 1)
 
     def __len__(self) -> int:
         return self.segments
@@ -283,7 +283,8 @@ class ByteStreams:
         """The positions in ``data`` of segment ``k``'s inputs and last target
         ``(streams, L + 1)``."""
         j = k % self.segments
-        return self.starts + j * self.segment + torch.arange(self.segment + 1)
+        return self.starts + j * self.segment + torch.arange(self.segment + 1,
+                                                              device=self.data.device)
 
     def get(self, k: int) -> tuple[Tensor, Tensor, bool]:
         """``(inputs (streams, L), targets (streams, L), new_pass)`` of segment ``k``."""
@@ -305,14 +306,15 @@ def whole_split(data: Tensor, streams: int, segment: int,
         raise ValueError(f"a split of {len(data)} bytes has nothing to predict")
     streams = min(streams, n)
     per_row = -(-n // streams)                                                 # ceil
-    padded = torch.zeros(streams * per_row + 1, dtype=torch.long)
+    on = dict(device=data.device)
+    padded = torch.zeros(streams * per_row + 1, dtype=torch.long, **on)
     padded[:n + 1] = data
-    valid = torch.arange(streams * per_row) < n
-    starts = torch.arange(streams)[shard[0]::shard[1], None] * per_row
+    valid = torch.arange(streams * per_row, **on) < n
+    starts = torch.arange(streams, **on)[shard[0]::shard[1], None] * per_row
     if not len(starts):
         return
     for lo in range(0, per_row, segment):
-        index = starts + lo + torch.arange(min(segment, per_row - lo))          # (streams, L)
+        index = starts + lo + torch.arange(min(segment, per_row - lo), **on)   # (streams, L)
         yield padded[index], torch.where(valid[index], padded[index + 1], -100)
 
 

@@ -16,8 +16,8 @@ def document_starts(data: Tensor, index: Tensor, separator: bytes) -> Tensor:
     newlines end two documents, the second of one byte), and position 0. Bool, the shape of
     ``index``."""
     m = len(separator)
-    sep = torch.tensor(list(separator), dtype=data.dtype)
-    before = index[..., None] - m + torch.arange(m)                     # (..., m)
+    sep = torch.tensor(list(separator), dtype=data.dtype, device=data.device)
+    before = index[..., None] - m + torch.arange(m, device=index.device)  # (..., m)
     inside = before[..., 0] >= 0
     ends = (data[before.clamp(min=0)] == sep).all(-1) & inside
     return ends | (index == 0)

@@ -9,6 +9,11 @@ def channels(D: tl.constexpr, BD: tl.constexpr):
     """The channels ``[BD]`` of this program's block and their mask (all true, known at compile
     time, when ``BD`` divides ``D``)."""
     o_d = tl.program_id(1) * BD + tl.arange(0, BD)                             # [BD]
+    # Claims no alignment (a hint of 1 element), so Triton's load coalescing keeps one
+    # element a thread along D: each thread owns whole channel columns and every scan along
+    # time stays in its registers. Without it a launch on aligned tensors vectorises along D
+    # and spreads time over threads (shuffles, barriers; bench/kernels.py counts both).
+    o_d = tl.multiple_of(o_d, 1)                                               # [BD]
     if D % BD == 0:
         mask_d = tl.full([BD], 1, tl.int1)                                     # [BD]
     else:
