@@ -310,6 +310,73 @@ def test_a_forked_child_makes_its_own_pool(monkeypatch):
     assert numba_host._POOL.executor is not pool
 
 
+def _scan_and_decode(inputs, model):
+    """A scan large enough to split over threads, its gradients, and 12 greedy bytes from the
+    fused decoder."""
+    x = [t.clone().requires_grad_() for t in inputs]
+    y = fastrwa.rda_scan(*x, "sigmoid")[0]
+    grads = torch.autograd.grad(y.square().sum(), x)
+    tokens = model.generate(torch.tensor([[72, 105]]), 12, top_k=1)
+    return [t.detach() for t in (y, *grads, tokens)]
+
+
+class _ForkedWork(torch.utils.data.Dataset):
+    def __init__(self, inputs, model):
+        self.inputs, self.model = inputs, model
+
+    def __len__(self):
+        return 1
+
+    def __getitem__(self, i):
+        return _scan_and_decode(self.inputs, self.model)
+
+
+def _scan_in_child(inputs, queue):
+    # The tests' NaN poisoning fills buffers with a PyTorch op, which like every PyTorch
+    # parallel op hangs in a raw fork child (GNU OpenMP): off here, as outside the tests.
+    from fastrwa.ops import buffers
+    buffers.set_poison(False)
+    # as a NumPy array: a tensor would travel as a shared-memory handle the child's exit closes
+    queue.put(fastrwa.rda_scan(*inputs, "sigmoid")[0].numpy())
+
+
+def test_forked_children_compute_the_parents_results():
+    """After the parent's pool threads and decoder ran: a process forked directly runs a scan
+    split over its own new pool, and a forked DataLoader worker runs a scan, its gradients
+    and greedy decoding; neither hangs, and each result equals the parent's bit for bit.
+    (A raw fork child must not run PyTorch's own parallel ops: GNU OpenMP is not fork-safe,
+    which is why DataLoader workers take one thread.)"""
+    import multiprocessing
+    from fastrwa.models import ByteLM, LMConfig
+    inputs = make_inputs(4, 520, 256, dtype=torch.float32, seed=40)
+    assert 4 * 520 * 256 >= numba_host.SERIAL_BELOW      # the calls split over the pool
+    torch.manual_seed(0)
+    model = ByteLM(LMConfig(d_model=32, n_layers=2)).eval()
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        want = _scan_and_decode(inputs, model)             # the parent, first
+        ctx = multiprocessing.get_context("fork")
+        queue = ctx.Queue()
+        child = ctx.Process(target=_scan_in_child, args=(inputs, queue))
+        child.start()
+        try:
+            got = queue.get(timeout=60)
+        finally:
+            child.join(timeout=30)
+            if child.is_alive():
+                child.kill()
+        assert child.exitcode == 0 and torch.equal(torch.from_numpy(got), want[0])
+        loader = torch.utils.data.DataLoader(_ForkedWork(inputs, model), batch_size=None,
+                                             num_workers=1, multiprocessing_context="fork",
+                                             timeout=60)
+        (got,) = list(loader)
+    finally:
+        torch.set_num_threads(previous)
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+
+
 def test_concurrent_calls_from_python_threads(monkeypatch):
     """Several Python threads scanning at once (a threaded server): each call launches its own
     team (or shares the pool) and every result equals the single-threaded one."""
