@@ -175,13 +175,19 @@ def attention_grad(gl, a, ATTN: tl.constexpr):
     elif ATTN == SIGMOID:
         ga = gl * sigmoid_neg(a)
     elif ATTN == SOFTPLUS:
+        # dl/da = sigmoid(a) / softplus(a), one division: below the switch the series'
+        # 1 / ((1 + u)(1 - u/2 + u^2/3)), above it sigmoid(a) = (a >= 0 ? 1 : e) / (1 + e)
+        # with e = exp(-|a|), and softplus(a) as log_weight computes it (the same
+        # expressions, so a kernel that computes both shares them).
         u = tl.exp(tl.minimum(a, SOFTPLUS_SERIES_BELOW))
-        series = 1.0 / ((1.0 + u) * (1.0 - 0.5 * u + u * u / 3.0))
-        a_hi = tl.maximum(a, SOFTPLUS_SERIES_BELOW)
-        softplus = tl.maximum(a_hi, 0.0) + log1p(tl.exp(-tl.abs(a_hi)))
-        direct = sigmoid_neg(-a_hi) / softplus
-        ga = gl * tl.where(a < SOFTPLUS_SERIES_BELOW, series, direct)
-        ga = tl.where(a != a, a, ga)        # a NaN logit gives NaN (tl.maximum drops it)
+        e = tl.exp(-tl.abs(a))
+        softplus = tl.maximum(a, 0.0) + log1p(e)
+        series = a < SOFTPLUS_SERIES_BELOW
+        num = tl.where(series | (a >= 0), 1.0, e)
+        den = tl.where(series, (1.0 + u) * (1.0 - 0.5 * u + u * u / 3.0),
+                       (1.0 + e) * softplus)
+        ga = gl * (num / den)
+        ga = tl.where(a != a, a, ga)        # a NaN logit gives NaN
     else:
         ga = tl.where(a <= 0, 0.0, gl / tl.where(a <= 0, 1.0, a))            # (NaN: NaN)
     return ga
