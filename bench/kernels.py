@@ -17,9 +17,8 @@ channels of one segment summary); registers and memory from
 uses for that arch) on Triton's PTX. "shared" is static + the dynamic shared memory Triton
 launches with. Launch shapes (BT, BD, warps, stages) are the launcher's defaults in
 fastrwa/ops/triton_host.py unless ``--option`` sets them; ``D`` (a compile-time constant of
-every kernel) is ``--channels``, 1024 by default. Every pointer and integer argument is
-compiled as a multiple of 16, as a launch at the bench shapes specialises it
-(``LAUNCH_ATTRS``).
+every kernel) is ``--channels``, 1024 by default. Arguments are specialised as a launch at
+B=16, T=4096, D=1024 specialises them (``LAUNCH_ATTRS``: every pointer 16-byte aligned).
 """
 
 from __future__ import annotations
@@ -49,11 +48,15 @@ EXTRA_FLAGS = [("rda-softplus,reverse", 2, 2, dict(REVERSE=True)),
                ("rda-softplus,varlen", 2, 2, dict(IS_VARLEN=True))]
 IO_POINTERS = {"z_ptr", "a_ptr", "g_ptr", "y_ptr", "gy_ptr", "gz_ptr", "ga_ptr", "gg_ptr"}
 INDEX_POINTERS = {"cu_ptr", "co_ptr", "cs_ptr"}
-# What a launch tells the compiler about every pointer and integer argument at the bench
-# shapes: a multiple of 16 (bytes for a pointer: PyTorch's allocations are; every size at
-# B=16, T=4096, D=1024 is). Triton's runtime specialises on it, and the layout it picks for
-# a block's loads depends on it, so a build without it is not the kernel that runs.
+# What a launch at B=16, T=4096, D=1024 tells the compiler about its arguments. Triton's
+# runtime specialises an argument that is a multiple of 16 (a pointer: in bytes; PyTorch's
+# allocations are) and turns an integer equal to 1 into a constant; the layout it picks for
+# a block's loads depends on it, so a build without it is not the kernel that runs. Every
+# pointer, and the sizes T, NS and NCT (4096, 16, 4096 there), get the divisibility; the
+# looped algorithm's one-pass launches pass CPS = 1; CPS and NSEG of the segments algorithm
+# (52 and 80 on 132 SMs) and the step kernel's B get nothing.
 LAUNCH_ATTRS = [["tt.divisibility", 16]]
+DIVISIBLE_INTS = {"T", "NS", "NCT"}
 
 
 def _kernels(opts=None):
@@ -120,8 +123,12 @@ def compile_one(job):
     from triton.backends.nvidia.compiler import get_ptxas
     from triton.compiler import ASTSource
 
+    from fastrwa.kernels.codes import ONE_PASS
+
     name, label, const, (warps, stages, maxnreg), arch, dtype = job
     fn = _find(name)
+    if const.get("PHASE") == ONE_PASS and "CPS" in fn.arg_names:
+        const = dict(const, CPS=1)          # the looped launch's literal 1: a constant
     signature, attrs = {}, {}
     for index, arg in enumerate(fn.arg_names):
         if arg in const:
@@ -134,7 +141,7 @@ def compile_one(job):
             signature[arg] = "*fp32"
         else:
             signature[arg] = "i32"
-        if signature[arg] != "constexpr":
+        if signature[arg].startswith("*") or arg in DIVISIBLE_INTS:
             attrs[(index,)] = LAUNCH_ATTRS
     kernel = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=const, attrs=attrs),
                             target=GPUTarget("cuda", ARCHS[arch], 32),

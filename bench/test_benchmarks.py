@@ -329,3 +329,23 @@ def test_cpu_fair_reports_every_cell_with_a_positive_ratio(tmp_path, capsys):
                                        "rwa forward+backward"]
     assert all(c["ratio"] > 0 and c["op_ms"] > 0 for c in result["cells"].values())
     assert "rda forward+backward" in capsys.readouterr().out
+
+
+def test_cpu_cycles_reports_every_call_at_both_sizes(tmp_path, capsys):
+    """bench/cpu_cycles.py runs end to end at tiny shapes, writes what it prints and leaves
+    the thread count as it found it."""
+    import json
+
+    import cpu_cycles
+
+    threads = torch.get_num_threads()
+    assert cpu_cycles.main(["--sizes", "1,16,8;2,32,8", "--rounds", "1",
+                            "--out", str(tmp_path)]) == 0
+    assert torch.get_num_threads() == threads
+    result = json.loads((tmp_path / "cpu_cycles.json").read_text())["ns_per_element"]
+    assert list(result) == ["in cache", "out of cache"]
+    for cells in result.values():
+        assert sorted(cells) == sorted(["shape", "rwa", "weighted (log decay)", "rda exp",
+                                        "rda sigmoid", "torch.addcmul"])
+        assert all(v > 0 for k, v in cells.items() if k != "shape")
+    assert "rda sigmoid" in capsys.readouterr().out

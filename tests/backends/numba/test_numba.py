@@ -347,6 +347,8 @@ def test_forked_children_compute_the_parents_results():
     (A raw fork child must not run PyTorch's own parallel ops: GNU OpenMP is not fork-safe,
     which is why DataLoader workers take one thread.)"""
     import multiprocessing
+    import queue as queue_module
+    import time
     from fastrwa.models import ByteLM, LMConfig
     inputs = make_inputs(4, 520, 256, dtype=torch.float32, seed=40)
     assert 4 * 520 * 256 >= numba_host.SERIAL_BELOW      # the calls split over the pool
@@ -360,12 +362,20 @@ def test_forked_children_compute_the_parents_results():
         queue = ctx.Queue()
         child = ctx.Process(target=_scan_in_child, args=(inputs, queue))
         child.start()
+        got, deadline = None, time.monotonic() + 60
         try:
-            got = queue.get(timeout=60)
+            while got is None and time.monotonic() < deadline:
+                try:
+                    got = queue.get(timeout=1)
+                except queue_module.Empty:
+                    if not child.is_alive():        # it died without an answer
+                        break
         finally:
-            child.join(timeout=30)
-            if child.is_alive():
+            child.join(timeout=10)
+            if child.is_alive():                    # hung: the failure this test is for
                 child.kill()
+                child.join()
+        assert got is not None, f"the forked child gave no result (exit code {child.exitcode})"
         assert child.exitcode == 0 and torch.equal(torch.from_numpy(got), want[0])
         loader = torch.utils.data.DataLoader(_ForkedWork(inputs, model), batch_size=None,
                                              num_workers=1, multiprocessing_context="fork",

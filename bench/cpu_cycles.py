@@ -1,0 +1,95 @@
+"""Where the CPU forward's time goes: ``python bench/cpu_cycles.py``.
+
+The numba backend's forward of ``rwa_scan``, ``weighted_scan`` (a log decay), ``rda_scan``
+(exp and sigmoid attention) and, for scale, ``torch.addcmul`` (three inputs read, one output
+written: the fair reference of bench/cpu_fair.py), float32, one thread, interleaved round by
+round, at two sizes (``--sizes``): by default inputs that fit in the cache (4 x 1024 x 256,
+12 MB) and inputs that do not (16 x 4096 x 256, 268 MB). Nanoseconds per element, median of ``--rounds``. In cache the
+numbers are the kernels' arithmetic; out of it they add the memory's time. Prints a table and
+writes ``OUT/cpu_cycles.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import fastrwa  # noqa: E402
+
+SIZES = ("in cache", "out of cache")
+
+
+def calls(B: int, T: int, D: int) -> dict:
+    gen = torch.Generator().manual_seed(0)
+    z, a, g = (torch.randn(B, T, D, generator=gen) for _ in range(3))
+    log_decay = F.logsigmoid(g)
+    return {"rwa": lambda: fastrwa.rwa_scan(z, a),
+            "weighted (log decay)": lambda: fastrwa.weighted_scan(z, a, log_decay),
+            "rda exp": lambda: fastrwa.rda_scan(z, a, g, "exp"),
+            "rda sigmoid": lambda: fastrwa.rda_scan(z, a, g, "sigmoid"),
+            "torch.addcmul": lambda: torch.addcmul(z, a, g)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rounds", type=int, default=15)
+    p.add_argument("--sizes", default="4,1024,256;16,4096,256",
+                   help="B,T,D of the in-cache and the out-of-cache inputs")
+    p.add_argument("--out", type=pathlib.Path,
+                   default=pathlib.Path(__file__).parent / "results" / "cpu_cycles")
+    args = p.parse_args(argv)
+    try:
+        shapes = [tuple(int(n) for n in s.split(",")) for s in args.sizes.split(";")]
+    except ValueError:
+        shapes = []
+    if len(shapes) != 2 or any(len(s) != 3 or min(s) < 1 for s in shapes):
+        p.error(f"--sizes: two B,T,D shapes separated by ';', got {args.sizes!r}")
+    result = dict(threads=1, torch=torch.__version__,
+                  date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), ns_per_element={})
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with fastrwa.use_backend("numba"), torch.no_grad():
+            for size, shape in zip(SIZES, shapes):
+                fns = calls(*shape)
+                for fn in fns.values():                      # (compiles, caches)
+                    fn()
+                times = {name: [] for name in fns}
+                for _ in range(args.rounds):                 # (interleaved)
+                    for name, fn in fns.items():
+                        began = time.perf_counter()
+                        fn()
+                        times[name].append(time.perf_counter() - began)
+                n = shape[0] * shape[1] * shape[2]
+                result["ns_per_element"][size] = {
+                    "shape": list(shape),
+                    **{name: 1e9 * statistics.median(t) / n for name, t in times.items()}}
+    finally:
+        torch.set_num_threads(previous)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "cpu_cycles.json").write_text(json.dumps(result, indent=1))
+    print(f"float32 forward, numba backend, 1 thread, ns per element, median of {args.rounds}")
+    sizes = list(result["ns_per_element"])
+    print(f"{'':<22}" + "".join(f"{s:>14}" for s in sizes))
+    for name in next(iter(result["ns_per_element"].values())):
+        if name == "shape":
+            continue
+        print(f"{name:<22}" + "".join(f"{result['ns_per_element'][s][name]:>14.2f}"
+                                      for s in sizes))
+    print(args.out / "cpu_cycles.json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
