@@ -189,6 +189,29 @@ def test_every_synthetic_task_trains_a_few_steps(tmp_path, task):
                                                                    "test"]
 
 
+def test_batches_are_made_on_the_cpu_whatever_the_default_device(tmp_path):
+    """Every problem's batches are CPU tensors, the same numbers, when the default device is
+    another (here "meta", standing in for CUDA under ``torch.set_default_device``): the
+    generators are CPU ones and the trainer moves batches itself."""
+    from fastrwa.train.problems import ByteLMProblem, ImageProblem, SyntheticProblem
+    _tiny_mnist(tmp_path)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_bytes(b"one document.\n\nanother, longer document here.\n\n" * 40)
+    problems = {name: SyntheticProblem(make_task(name, 40), 1) for name in TASKS}
+    problems["pmnist"] = ImageProblem(str(tmp_path), True, 0, 1)
+    problems["text, packed"] = ByteLMProblem(str(corpus), 2, 16, 0, pack=b"\n\n")
+    for name, problem in problems.items():
+        want = problem.batch(3, 2)
+        with torch.device("meta"):
+            got = problem.batch(3, 2)
+        for field in ("x", "target", "mask", "starts"):
+            a, b = getattr(want, field), getattr(got, field)
+            if a is None:
+                assert b is None, (name, field)
+                continue
+            assert b.device.type == "cpu" and torch.equal(a, b), (name, field)
+
+
 def test_mnist_and_text_tasks(tmp_path):
     _tiny_mnist(tmp_path)
     code, run = _run(tmp_path, "pm", "--task", "pmnist", "--data", tmp_path, "--hidden", 8,

@@ -154,22 +154,25 @@ class ImageProblem:
         self.fingerprint = {"size": sum(t.numel() * t.element_size() for t in tensors),
                             "sha256": digest.hexdigest()}
         pixels = self.images.shape[1] * self.images.shape[2]
-        self.order = (torch.randperm(pixels, generator=torch.Generator().manual_seed(seed))
-                      if permuted else torch.arange(pixels))
+        with torch.device("cpu"):     # the images' device, whatever the default device
+            self.order = (torch.randperm(pixels, generator=torch.Generator().manual_seed(seed))
+                          if permuted else torch.arange(pixels))
 
     def _make(self, images, labels, index) -> Batch:
-        x = images[index].reshape(len(index), -1)[:, self.order].float().div(255)[..., None]
-        T = x.shape[1]
-        target = torch.zeros(len(index), T, dtype=torch.long)
-        target[:, -1] = labels[index]
-        mask = torch.zeros(len(index), T, dtype=torch.bool)
-        mask[:, -1] = True
-        return Batch(x, target, mask)
+        """The batch of ``images[index]``, on the CPU (the images' device)."""
+        with torch.device("cpu"):
+            x = images[index].reshape(len(index), -1)[:, self.order].float().div(255)[..., None]
+            T = x.shape[1]
+            target = torch.zeros(len(index), T, dtype=torch.long)
+            target[:, -1] = labels[index]
+            mask = torch.zeros(len(index), T, dtype=torch.bool)
+            mask[:, -1] = True
+            return Batch(x, target, mask)
 
     def batch(self, step: int, size: int) -> Batch:
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
-        return self._make(self.images, self.labels,
-                          torch.randint(0, len(self.labels), (size,), generator=gen))
+        return self._make(self.images, self.labels, torch.randint(
+            0, len(self.labels), (size,), generator=gen, device="cpu"))
 
     def score(self, output, batch):
         logits = output[batch.mask]
@@ -182,7 +185,7 @@ class ImageProblem:
         losses, correct = [], 0
         for lo in range(0, n, size):
             batch = place.to(self._make(self.test_images, self.test_labels,
-                                        torch.arange(lo, min(n, lo + size))))
+                                        torch.arange(lo, min(n, lo + size), device="cpu")))
             with place.autocast():
                 out = model(batch.x)[0][batch.mask].float()
             losses.append(float(torch.nn.functional.cross_entropy(

@@ -48,7 +48,10 @@ class Task:
         return torch.Generator().manual_seed((self.seed * 3 + offset) * 1_000_003 + step)
 
     def batch(self, step: int, size: int, split: str = "train") -> Batch:
-        return self.make(self.generator(step, split), size)
+        """Batch ``step`` of ``split``, made on the CPU whatever the default device (its
+        generator is a CPU one; the trainer moves batches where the model is)."""
+        with torch.device("cpu"):
+            return self.make(self.generator(step, split), size)
 
     def make(self, gen: torch.Generator, size: int) -> Batch:
         raise NotImplementedError
