@@ -41,6 +41,18 @@ from .dispatch import ForwardResult, Gradients, Knobs, ScanArgs, state_dtype
 # Elements below which a call runs on the caller's thread alone: waking other threads costs
 # tens of microseconds, more than it saves below ~100K elements.
 SERIAL_BELOW = 1 << 17
+# Above PREFETCH_ABOVE bytes of inputs (more than a last-level cache) the forward prefetches
+# the input rows PREFETCH_AHEAD steps ahead, and the backward the chunk it walks next: out
+# of cache that overlaps loads with arithmetic; in cache the requests cost more than they
+# save (docs/kernels.md).
+PREFETCH_AHEAD = 8
+PREFETCH_ABOVE = 64 << 20
+
+
+def _ahead(*inputs) -> int:
+    """The kernels' ``ahead``: PREFETCH_AHEAD for inputs above PREFETCH_ABOVE bytes, else 0."""
+    size = sum(x.numel() * x.element_size() for x in inputs if x is not None)
+    return PREFETCH_AHEAD if size > PREFETCH_ABOVE else 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -254,7 +266,7 @@ def forward(args: ScanArgs, *, output_final_state: bool, save: bool) -> ForwardR
         flat(z), flat(a), flat(g_in), flat(y),
         flat(state0), flat(final), flat(ck), kernel_consts(cdt),
         *_index(z, a, g_in, (seq_b, lo, hi, ck_off)),
-        T, D, chunk, block, *_codes(args), has_init, save))
+        T, D, chunk, block, *_codes(args), has_init, save, _ahead(z, a, g)))
     # separate tensors: a custom op's outputs may not alias one another
     out_final = tuple(x.clone() for x in final.unbind(0)) if output_final_state else None
     saved = [ck, torch.tensor([chunk], dtype=torch.int64)] if save else []
@@ -303,7 +315,7 @@ def backward(args: ScanArgs, saved: list, m_final, gy, g_final) -> Gradients:
         flat(ga if gg is None else gg),
         flat(state0), flat(g_fin), flat(g_init), flat(ck), kernel_consts(cdt),
         *_index(z, a, g_in, (seq_b, lo, hi, ck_off)),
-        T, D, chunk, block, *_codes(args), has_init, has_g_final))
+        T, D, chunk, block, *_codes(args), has_init, has_g_final, _ahead(z, a, g)))
     gz, ga = gz.to(dtypes[0]), ga.to(dtypes[1])
     gg = None if gg is None else gg.to(dtypes[2])
     return Gradients(gz, ga, gg,

@@ -64,23 +64,25 @@ def _bits_f32(typingctx, x):
 _PREFETCH = "llvm.prefetch.p0" if llvm_version_info >= (15,) else "llvm.prefetch.p0i8"
 
 
-def _prefetch_intrinsic(write: int):
+def _prefetch_intrinsic(write: int, locality: int = 3):
     @intrinsic
     def prefetch(typingctx, arr, idx):
-        """Hint the cache to fetch ``arr[idx]`` (an LLVM ``prefetch``; no fault if out of range)."""
+        """Hint the cache to fetch ``arr[idx]`` (an LLVM ``prefetch``; no fault if out of range;
+        locality 3: into every level, 2: into L2 and below)."""
         def codegen(context, builder, sig, args):
             ary = context.make_array(sig.args[0])(context, builder, args[0])
             ptr = builder.bitcast(builder.gep(ary.data, [args[1]]), ir.IntType(8).as_pointer())
             i32 = ir.IntType(32)
             fnty = ir.FunctionType(ir.VoidType(), [ptr.type, i32, i32, i32])
             fn = cgutils.get_or_insert_function(builder.module, fnty, _PREFETCH)
-            builder.call(fn, [ptr, i32(write), i32(3), i32(1)])
+            builder.call(fn, [ptr, i32(write), i32(locality), i32(1)])
             return context.get_dummy_value()
         return types.none(arr, types.uint64), codegen
     return prefetch
 
 
 prefetch_read, prefetch_write = _prefetch_intrinsic(0), _prefetch_intrinsic(1)
+prefetch_read_l2 = _prefetch_intrinsic(0, 2)
 
 
 def prefetch_row(arr, off, w, write):
@@ -99,6 +101,24 @@ def _prefetch_row(arr, off, w, write):
                 prefetch_write(arr, base + np.uint64(k))
             else:
                 prefetch_read(arr, base + np.uint64(k))
+    return impl
+
+
+def prefetch_row_l2(arr, off, w):
+    """Prefetch the cache lines of ``arr[off:off + w]`` for reading, into L2 (not L1: the
+    forward asks for a later step's rows of three inputs, more lines than L1's miss buffers
+    hold; into L1 it gained nothing measurable, into L2 8-12%, docs/kernels.md)."""
+    raise NotImplementedError
+
+
+@overload(prefetch_row_l2)
+def _prefetch_row_l2(arr, off, w):
+    step = max(1, 64 * 8 // arr.dtype.bitwidth)       # elements per 64-byte line
+
+    def impl(arr, off, w):
+        base = np.uint64(off)
+        for k in range(0, w, step):
+            prefetch_read_l2(arr, base + np.uint64(k))
     return impl
 
 

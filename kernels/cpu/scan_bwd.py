@@ -9,7 +9,8 @@ chunk buffers (cache-resident), then (2) runs the
 adjoint backwards through the chunk and writes the gradients, reading the chunk's ``z``,
 ``a``, ``g`` a second time from cache and prefetching each ``gy``/gradient row one step
 ahead (the walk is backwards through memory). Inputs and ``gy`` are read from memory once
-and each gradient written once.
+and each gradient written once; for large inputs (``ahead``) step (1) also prefetches, into
+L2, the inputs and ``gy`` of the chunk walked next.
 
 The adjoint is back-propagation through the stabilised recurrence itself (docs/math.md §4).
 With ``rho_t = dLoss/dn~_t`` and ``sigma_t = -dLoss/dd~_t`` (gradients of the normalised state)
@@ -39,7 +40,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .fmath import load, prefetch_row, store
+from .fmath import load, prefetch_row, prefetch_row_l2, store
 from . import kernel
 from ..codes import EXP, NO_DISCOUNT
 from .rows import (attention_grad_row, decay_grad_row, log_decay_grad_rows,
@@ -87,14 +88,15 @@ def adjoint_row(rho, sigma, gl, glam, z, z_off, sd, sy, take, keep, r, gy, off, 
 @kernel
 def backward(task_lo, task_hi, z, a, g, gy, gz, ga, gg, state0, g_final, g_init, ck, consts,
              strides, seq_b, seq_lo, seq_hi, ck_off, T, D, chunk, block, attention, discount,
-             reverse, has_init, has_g_final):
+             reverse, has_init, has_g_final, ahead):
     """Gradients into ``gz, ga, gg`` (flat ``(B, T, D)``) and ``g_init`` (``(3, N, D)``),
     for tasks ``[task_lo, task_hi)``.
 
     Arguments as :func:`.scan_fwd.forward` reads them (``gy`` and the gradients contiguous,
     the inputs' rows possibly strided); ``g_final`` holds the ``(2, N, D)`` gradients of the
     final ``n~, d~`` (used with ``has_g_final``); ``ck`` the chunk-start states the forward
-    saved.
+    saved. With ``ahead`` (non-zero) the recompute of each chunk prefetches, row by row,
+    the inputs and ``gy`` of the chunk walked next (the one before it), into L2.
     """
     zero, one, ninf, tiny = consts[0], consts[1], consts[2], consts[3]
     n_seq = seq_b.shape[0]
@@ -136,6 +138,13 @@ def backward(task_lo, task_hi, z, a, g, gy, gz, ga, gg, state0, g_final, g_init,
             for r in range(cl):     # (1) recompute the chunk
                 t = np.int64(time_index(seq_lo[i], seq_hi[i], s0 + r, reverse))
                 oz, oa = input_row(strides, 0, b, t, lo), input_row(strides, 1, b, t, lo)
+                if ahead and k > 0:     # the same row of the chunk walked next
+                    tp = np.int64(time_index(seq_lo[i], seq_hi[i], s0 - chunk + r, reverse))
+                    prefetch_row_l2(z, input_row(strides, 0, b, tp, lo), w)
+                    prefetch_row_l2(a, input_row(strides, 1, b, tp, lo), w)
+                    prefetch_row_l2(gy, (b * T + tp) * D + lo, w)
+                    if with_decay:
+                        prefetch_row_l2(g, input_row(strides, 2, b, tp, lo), w)
                 to = r * 2 * w
                 if with_decay:
                     log_decay_grad_rows(discount, g, input_row(strides, 2, b, t, lo), tb,

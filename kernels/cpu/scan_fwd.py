@@ -5,7 +5,8 @@ One task per (sequence, channel block); :func:`forward` runs tasks ``[task_lo, t
 the launcher (``fastrwa/ops/numba_host.py``) spreads ranges of tasks over threads. A task
 walks its sequence one step at a time with the state ``(m, n~, d~)`` of its ``w`` channels
 in three small arrays (L1-resident), reading each input once and writing ``y`` once: the
-minimum traffic (docs/math.md). With ``save`` it also writes the state entering every chunk
+minimum traffic (docs/math.md). For large inputs (``ahead``) each step prefetches, into L2,
+the input rows of a later step, so that loads overlap the arithmetic. With ``save`` it also writes the state entering every chunk
 of ``chunk`` steps (``3 * w`` floats per chunk), which is all the backward (``scan_bwd.py``)
 needs to recompute the rest. :func:`step_inplace` is one step for every channel of a batch,
 in place, for decoding.
@@ -30,7 +31,7 @@ import numpy as np
 
 from ..codes import EXP, NO_DISCOUNT
 from . import kernel
-from .fmath import fexp, load, store
+from .fmath import fexp, load, prefetch_row_l2, store
 from .rows import log_decay_row, log_weight_row
 
 
@@ -91,7 +92,8 @@ def input_row(strides, k, b, t, lo):
 
 @kernel
 def forward(task_lo, task_hi, z, a, g, y, state0, final, ck, consts, strides, seq_b, seq_lo,
-            seq_hi, ck_off, T, D, chunk, block, attention, discount, reverse, has_init, save):
+            seq_hi, ck_off, T, D, chunk, block, attention, discount, reverse, has_init, save,
+            ahead):
     """Forward of tasks ``[task_lo, task_hi)`` of all (sequence, channel block) pairs.
 
     Data: ``z, a, g, y`` flat ``(B, T, D)`` in the inputs' type (``uint16`` holds
@@ -103,7 +105,8 @@ def forward(task_lo, task_hi, z, a, g, y, state0, final, ck, consts, strides, se
     (:func:`fastrwa.ops.numba_host.kernel_consts`).
     Index: sequence ``i`` is batch row ``seq_b[i]``, steps ``[seq_lo[i], seq_hi[i])``; its
     chunk ``k``'s state is row ``ck_off[i] + k`` of ``ck``. Scalars: ``block`` channels per
-    task; ``attention``, ``discount``: codes of :mod:`fastrwa.kernels.codes`.
+    task; ``attention``, ``discount``: codes of :mod:`fastrwa.kernels.codes`; ``ahead``: at
+    each step, prefetch the input rows of the step that many later (0: none).
     """
     zero, one, ninf, tiny = consts[0], consts[1], consts[2], consts[3]
     n_seq = seq_b.shape[0]
@@ -137,6 +140,12 @@ def forward(task_lo, task_hi, z, a, g, y, state0, final, ck, consts, strides, se
             b = np.int64(seq_b[i])
             off = (b * T + t) * D + lo
             oz, oa = input_row(strides, 0, b, t, lo), input_row(strides, 1, b, t, lo)
+            if ahead and s + ahead < length:    # a later step's input rows, into L2
+                ta = np.int64(time_index(seq_lo[i], seq_hi[i], s + ahead, reverse))
+                prefetch_row_l2(z, input_row(strides, 0, b, ta, lo), w)
+                prefetch_row_l2(a, input_row(strides, 1, b, ta, lo), w)
+                if discount != NO_DISCOUNT:
+                    prefetch_row_l2(g, input_row(strides, 2, b, ta, lo), w)
             if discount != NO_DISCOUNT:
                 log_decay_row(discount, g, input_row(strides, 2, b, t, lo), tb, w, w)
             if attention == EXP:        # l = a: read straight from the input

@@ -310,6 +310,51 @@ def test_a_forked_child_makes_its_own_pool(monkeypatch):
     assert numba_host._POOL.executor is not pool
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_the_prefetching_kernels_give_the_same_bits(dtype, monkeypatch):
+    """Large inputs take the forward and backward that prefetch what they read next
+    (PREFETCH_ABOVE, lowered here): outputs, final states and gradients equal the plain
+    kernels' bit for bit, dense and packed, forward and reverse, with strided rows, over
+    several chunks."""
+    z, a, g = make_inputs(3, 75, 40, dtype=dtype, seed=50)
+    cu = torch.tensor([0, 7, 7, 75 + 75 + 75])
+
+    def calls(z, a, g):
+        gate = torch.cat([a, a], -1)[..., 40:]             # strided rows: a gate slice
+        return [fastrwa.rda_scan(z, gate, g, "sigmoid", output_final_state=True),
+                fastrwa.rda_scan(z, a, g, reverse=True, output_final_state=True),
+                fastrwa.rwa_scan(z, a, output_final_state=True),
+                fastrwa.rda_scan(z.reshape(1, -1, 40), a.reshape(1, -1, 40),
+                                 g.reshape(1, -1, 40), cu_seqlens=cu, output_final_state=True)]
+
+    def run():
+        leaves = [x.clone().requires_grad_() for x in (z, a, g)]
+        outs = calls(*leaves)
+        loss = sum((y.float() * torch.linspace(-1, 1, y.shape[-1])).sum() +
+                   sum(s.float().sum() for s in state[1:]) for y, state in outs)
+        return outs, torch.autograd.grad(loss, leaves)
+
+    aheads, launch = [], numba_host._launch
+
+    def spy(kernel, *args):
+        aheads.append((kernel.__name__, args[-1][-1]))     # the kernel's last argument
+        return launch(kernel, *args)
+    monkeypatch.setattr(numba_host, "_launch", spy)
+    with fastrwa.use_backend("numba"):
+        plain = run()
+        monkeypatch.setattr(numba_host, "PREFETCH_ABOVE", 0)
+        prefetched = run()
+    ahead = numba_host.PREFETCH_AHEAD
+    assert sorted(aheads) == sorted([("forward", 0)] * 4 + [("backward", 0)] * 4 +
+                                    [("forward", ahead)] * 4 + [("backward", ahead)] * 4)
+    for (y0, s0), (y1, s1) in zip(plain[0], prefetched[0]):
+        assert torch.equal(y0, y1)
+        for f0, f1 in zip(s0, s1):
+            assert torch.equal(f0, f1)
+    for g0, g1 in zip(plain[1], prefetched[1]):
+        assert torch.equal(g0, g1)
+
+
 def _scan_and_decode(inputs, model):
     """A scan large enough to split over threads, its gradients, and 12 greedy bytes from the
     fused decoder."""
