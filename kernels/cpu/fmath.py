@@ -85,40 +85,26 @@ prefetch_read, prefetch_write = _prefetch_intrinsic(0), _prefetch_intrinsic(1)
 prefetch_read_l2 = _prefetch_intrinsic(0, 2)
 
 
-def prefetch_row(arr, off, w, write):
-    """Prefetch the cache lines of ``arr[off:off + w]`` (for reading, or for writing)."""
+def prefetch_row(arr, off, w, write, l2):
+    """Prefetch the cache lines of ``arr[off:off + w]``: for writing, or for reading, into
+    every cache level or, with ``l2``, into L2 and below (what the scans ask for a later
+    step's rows of three inputs: more lines than L1's miss buffers hold; docs/kernels.md)."""
     raise NotImplementedError
 
 
 @overload(prefetch_row)
-def _prefetch_row(arr, off, w, write):
+def _prefetch_row(arr, off, w, write, l2):
     step = max(1, 64 * 8 // arr.dtype.bitwidth)       # elements per 64-byte line
 
-    def impl(arr, off, w, write):
+    def impl(arr, off, w, write, l2):
         base = np.uint64(off)
         for k in range(0, w, step):
             if write:
                 prefetch_write(arr, base + np.uint64(k))
+            elif l2:
+                prefetch_read_l2(arr, base + np.uint64(k))
             else:
                 prefetch_read(arr, base + np.uint64(k))
-    return impl
-
-
-def prefetch_row_l2(arr, off, w):
-    """Prefetch the cache lines of ``arr[off:off + w]`` for reading, into L2 (not L1: the
-    forward asks for a later step's rows of three inputs, more lines than L1's miss buffers
-    hold; into L1 it gained nothing measurable, into L2 8-12%, docs/kernels.md)."""
-    raise NotImplementedError
-
-
-@overload(prefetch_row_l2)
-def _prefetch_row_l2(arr, off, w):
-    step = max(1, 64 * 8 // arr.dtype.bitwidth)       # elements per 64-byte line
-
-    def impl(arr, off, w):
-        base = np.uint64(off)
-        for k in range(0, w, step):
-            prefetch_read_l2(arr, base + np.uint64(k))
     return impl
 
 

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .fmath import load, prefetch_row, prefetch_row_l2, store
+from .fmath import load, prefetch_row, store
 from . import kernel
 from ..codes import EXP, NO_DISCOUNT
 from .rows import (attention_grad_row, decay_grad_row, log_decay_grad_rows,
@@ -140,11 +140,11 @@ def backward(task_lo, task_hi, z, a, g, gy, gz, ga, gg, state0, g_final, g_init,
                 oz, oa = input_row(strides, 0, b, t, lo), input_row(strides, 1, b, t, lo)
                 if ahead and k > 0:     # the same row of the chunk walked next
                     tp = np.int64(time_index(seq_lo[i], seq_hi[i], s0 - chunk + r, reverse))
-                    prefetch_row_l2(z, input_row(strides, 0, b, tp, lo), w)
-                    prefetch_row_l2(a, input_row(strides, 1, b, tp, lo), w)
-                    prefetch_row_l2(gy, (b * T + tp) * D + lo, w)
+                    prefetch_row(z, input_row(strides, 0, b, tp, lo), w, False, True)
+                    prefetch_row(a, input_row(strides, 1, b, tp, lo), w, False, True)
+                    prefetch_row(gy, (b * T + tp) * D + lo, w, False, True)
                     if with_decay:
-                        prefetch_row_l2(g, input_row(strides, 2, b, tp, lo), w)
+                        prefetch_row(g, input_row(strides, 2, b, tp, lo), w, False, True)
                 to = r * 2 * w
                 if with_decay:
                     log_decay_grad_rows(discount, g, input_row(strides, 2, b, t, lo), tb,
@@ -165,11 +165,11 @@ def backward(task_lo, task_hi, z, a, g, gy, gz, ga, gg, state0, g_final, g_init,
                 if r > 0:   # the adjoint walks rows backwards: prefetchers would not follow
                     prev = (np.int64(seq_b[i]) * T + time_index(seq_lo[i], seq_hi[i],
                                                                   s0 + r - 1, reverse)) * D + lo
-                    prefetch_row(gy, prev, w, False)
-                    prefetch_row(gz, prev, w, True)
-                    prefetch_row(ga, prev, w, True)
+                    prefetch_row(gy, prev, w, False, False)
+                    prefetch_row(gz, prev, w, True, False)
+                    prefetch_row(ga, prev, w, True, False)
                     if with_decay:
-                        prefetch_row(gg, prev, w, True)
+                        prefetch_row(gg, prev, w, True, False)
                 adjoint_row(rho, sigma, gl, glam, z, input_row(strides, 0, b, t, lo), sd, sy,
                             take, keep, r, gy, off, gz, with_decay, w, zero, one, tiny)
                 attention_grad_row(attention, gl, 0, dl, r * w, a,

@@ -31,7 +31,7 @@ import numpy as np
 
 from ..codes import EXP, NO_DISCOUNT
 from . import kernel
-from .fmath import fexp, load, prefetch_row_l2, store
+from .fmath import fexp, load, prefetch_row, store
 from .rows import log_decay_row, log_weight_row
 
 
@@ -142,10 +142,10 @@ def forward(task_lo, task_hi, z, a, g, y, state0, final, ck, consts, strides, se
             oz, oa = input_row(strides, 0, b, t, lo), input_row(strides, 1, b, t, lo)
             if ahead and s + ahead < length:    # a later step's input rows, into L2
                 ta = np.int64(time_index(seq_lo[i], seq_hi[i], s + ahead, reverse))
-                prefetch_row_l2(z, input_row(strides, 0, b, ta, lo), w)
-                prefetch_row_l2(a, input_row(strides, 1, b, ta, lo), w)
+                prefetch_row(z, input_row(strides, 0, b, ta, lo), w, False, True)
+                prefetch_row(a, input_row(strides, 1, b, ta, lo), w, False, True)
                 if discount != NO_DISCOUNT:
-                    prefetch_row_l2(g, input_row(strides, 2, b, ta, lo), w)
+                    prefetch_row(g, input_row(strides, 2, b, ta, lo), w, False, True)
             if discount != NO_DISCOUNT:
                 log_decay_row(discount, g, input_row(strides, 2, b, t, lo), tb, w, w)
             if attention == EXP:        # l = a: read straight from the input
