@@ -25,6 +25,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import fastrwa  # noqa: E402
+from common import seconds  # noqa: E402  (bench/common.py, beside this file)
 
 SIZES = ("in cache", "out of cache")
 
@@ -68,9 +69,7 @@ def main(argv: list[str] | None = None) -> int:
                 times = {name: [] for name in fns}
                 for _ in range(args.rounds):                 # (interleaved)
                     for name, fn in fns.items():
-                        began = time.perf_counter()
-                        fn()
-                        times[name].append(time.perf_counter() - began)
+                        times[name].append(seconds(fn))
                 n = shape[0] * shape[1] * shape[2]
                 result["ns_per_element"][size] = {
                     "shape": list(shape),

@@ -36,12 +36,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import fastrwa  # noqa: E402
-
-
-def seconds(fn) -> float:
-    began = time.perf_counter()
-    fn()
-    return time.perf_counter() - began
+from common import seconds  # noqa: E402  (bench/common.py, beside this file)
 
 
 def cells(op: str, B: int, T: int, D: int) -> dict:

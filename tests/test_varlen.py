@@ -5,7 +5,8 @@ import torch
 
 import fastrwa
 
-from helpers import assert_close, compare_gradients, make_inputs, make_state, reference, run
+from helpers import (assert_close, compare_gradients, make_inputs, make_state, randn, reference,
+                     run)
 
 
 @pytest.mark.parametrize("reverse", [False, True])
@@ -53,14 +54,10 @@ def test_layers_run_packed_sequences_as_each_alone(backend, name):
     time_first = not layer.batch_first
     cu = torch.tensor([0, 3, 3, 8, 9])
     gen = torch.Generator().manual_seed(1)
-
-    def randn(*shape):      # drawn on the CPU (the same numbers on every device), then moved
-        return torch.randn(*shape, generator=gen, dtype=torch.float64,
-                           device="cpu").to(backend.device, backend.dtype)
-
-    x = randn(1, 9, 3)
+    x = randn(1, 9, 3, gen=gen).to(backend.dtype)
     with torch.no_grad():      # a state of 4 rows, as a forward over 4 sequences leaves it
-        _, state = layer(randn(4, 2, 3).transpose(0, 1) if time_first else randn(4, 2, 3))
+        start = randn(4, 2, 3, gen=gen).to(backend.dtype)
+        _, state = layer(start.transpose(0, 1) if time_first else start)
     leaves = [x.clone().requires_grad_(), *(t.clone().requires_grad_() for t in state.scan),
               state.last_input.clone().requires_grad_() if layer.token_shift else None]
     tf = (lambda t: t.transpose(0, 1)) if time_first else (lambda t: t)
@@ -88,7 +85,7 @@ def test_layers_run_packed_sequences_as_each_alone(backend, name):
     if layer.token_shift:
         assert_close(final.last_input, torch.cat([f.last_input for f in finals]).double(),
                      tol["y"], "final last_input")
-    w = randn(*y.shape)
+    w = randn(*y.shape, gen=gen).to(backend.dtype)
     wanted = [t for t in leaves if t is not None] + list(layer.parameters())
     loss = lambda out, fin: (out * w).sum() + (fin.n / fin.d).sum()           # noqa: E731
     got = torch.autograd.grad(loss(y, final.scan), wanted, allow_unused=True)
