@@ -36,15 +36,19 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 VARIANTS = {"looped": dict(algorithm="looped"), "segments": dict(algorithm="segments")}
 
 
+# Past this many steps the one-program-a-sequence kernels are not timed: torch.logcumsumexp
+# takes 2-5 s a call at a million steps, fla's fused_recurrent_hgrn 0.42-0.93 s and the
+# looped algorithm 0.06-0.53 s (H100, 2026-11-27), where "auto" picks segments.
+LONG_T = 1 << 16
+
+
 def variants(op: str, shape) -> list[str]:
     """The rows an op gets at a shape: every variant at the first shape; elsewhere the two
     algorithms of rda-exp (each kernel build compiles once per D: the run's time goes to
-    compiles as much as to timings)."""
-    if tuple(shape) == SHAPES[0]:
-        return list(VARIANTS)
-    return ["looped", "segments"] if op == "rda-exp" else []
-# torch.logcumsumexp takes 2-5 s a call at a million steps: it is not timed there.
-LOGCUMSUMEXP_MAX_T = 1 << 16
+    compiles as much as to timings); past :data:`LONG_T` steps, segments alone."""
+    names = list(VARIANTS) if tuple(shape) == SHAPES[0] else (
+        ["looped", "segments"] if op == "rda-exp" else [])
+    return [n for n in names if n != "looped" or shape[1] <= LONG_T]
 
 
 def bench_ms(fn: Callable[[], object]) -> float:
@@ -170,8 +174,8 @@ def peer_rows(shape, dtype_name: str, copy: CopyTimer, log, missing: dict) -> li
         if peer.fn is None:
             missing[name] = peer.why
             continue
-        if name == "torch.logcumsumexp" and T > LOGCUMSUMEXP_MAX_T:
-            missing[f"{name} {list(shape)}"] = "not timed past 2**16 steps (2-5 s a call)"
+        if name in ("torch.logcumsumexp", "fla.fused_recurrent_hgrn") and T > LONG_T:
+            missing[f"{name} {list(shape)}"] = "not timed past 2**16 steps (0.4-5 s a call)"
             continue
         own = (B, D, T) if peer.layout == "(B, D, T)" else shape
         leaves = gy = None

@@ -1,7 +1,10 @@
 """Compile every Triton kernel ahead of time for sm_80 and sm_90a, without a GPU, and report
 its static cost: SASS instructions per element in the chunk loop, MUFU ops (EX2, LG2, RCP)
 per element, barriers, shuffles and shared-memory operations per chunk, registers, spills,
-stack, local and shared memory.
+stack, local and shared memory; "use": how many instructions after a global load in the chunk
+loop its value is first read, at the least (bench/sass.py ``load_use``: what a loop leaves a
+load to arrive while the warp issues other work; a load used in the next iteration counts the
+rest of this one).
 
     python bench/kernels.py            # the full table: every kernel x constexpr variant x arch x dtype
     python bench/kernels.py --quick    # the one-pass forward and backward of rda-exp, float32,
@@ -84,12 +87,15 @@ def _kernels(opts=None):
 
 def jobs(quick: bool, opts=None, channels: int = 1024):
     """Every (kernel, variant, arch, dtype) to compile; kernels without a constexpr skip it."""
+    from fastrwa.ops import triton_host as tb
+
     out, seen = [], set()
     stages = (opts or _default_options()).stages
     for name, fn, (warps, maxnreg), blocks in _kernels(opts):
         variants = [(label, attn, disc, {}) for label, attn, disc in MATH] + EXTRA_FLAGS
         for label, attn, disc, extra in variants:
-            const = dict(FLAGS, ATTN=attn, DISCOUNT=disc, D=channels, **blocks, **extra)
+            const = dict(FLAGS, ATTN=attn, DISCOUNT=disc, D=channels, **blocks, **extra,
+                         LOOKAHEAD=tb.backward_lookahead(attn))
             const = {k: v for k, v in const.items() if k in fn.arg_names}
             key = (name, tuple(sorted(const.items())))
             if key in seen:           # e.g. the carry kernels do not depend on ATTN
@@ -205,7 +211,7 @@ def main() -> int:
     todo = jobs(args.quick, options_from(args.option), args.channels)
     header = f"{'kernel':<20}{'variant':<22}{'arch':<8}{'dtype':<10}{'warps':>6}{'BTxBD':>7}" \
              f"{'instr/el':>9}{'EX2':>6}{'LG2':>6}{'RCP':>6}{'BAR':>5}{'SHFL':>5}{'LDS+STS':>8}" \
-             f"{'regs':>6}{'spill B':>9}{'stack':>7}{'local':>7}{'shared B':>10}"
+             f"{'use':>5}{'regs':>6}{'spill B':>9}{'stack':>7}{'local':>7}{'shared B':>10}"
     print(header)
     failures, rows = 0, []
     with concurrent.futures.ProcessPoolExecutor(max_workers=args.workers) as pool:
@@ -225,6 +231,7 @@ def main() -> int:
             print(f"{r['kernel']:<20}{r['variant']:<22}{r['arch']:<8}{r['dtype']:<10}"
                   f"{r['warps']:>6}{r['blocks']:>7}{r['instr']:>9}{r['ex2']:>6}{r['lg2']:>6}"
                   f"{r['rcp']:>6}{r['bar']:>5}{r['shfl']:>5}{r['lds'] + r['sts']:>8}"
+                  f"{str(r['load_use'] if r['load_use'] is not None else '-'):>5}"
                   f"{r['regs']:>6}{r['spill']:>9}{r['stack']:>7}{r['local']:>7}"
                   f"{r['shared']:>10}{'  SPILL' if bad else ''}", flush=True)
     if args.json:

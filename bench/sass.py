@@ -48,9 +48,44 @@ def loop_body(ins: list[tuple[int, str]]) -> tuple[list[str], int]:
     return [t for a, t in ins if lo <= a <= hi], len(loops)
 
 
+_REG = re.compile(r"\bR(\d+)\b")
+_STORES = ("STG", "STS", "ST.", "ST ", "RED", "ATOM")
+
+
+def _reads(text: str) -> set[int]:
+    """Registers an instruction reads: every operand but a destination (stores have none)."""
+    body = re.sub(r"^@!?U?P\w+\s+", "", text)
+    op, _, rest = body.partition(" ")
+    operands = rest.split(",")
+    if not (op + " ").startswith(_STORES):
+        operands = operands[1:]
+    return {int(r) for o in operands for r in _REG.findall(o)}
+
+
+def load_use(body: list[str]) -> int | None:
+    """The fewest instructions between a global load (``LDG``) in a loop body and the first
+    instruction that reads its result, following the loop round once (a load whose value is
+    first used in the next iteration counts the rest of this one too). How long a loop's
+    loads can stay in flight before a warp waits on them; ``None`` without a load."""
+    shortest = None
+    for i, text in enumerate(body):
+        if not opcode(text).startswith("LDG"):
+            continue
+        dest = _REG.findall(text.split(",")[0])
+        if not dest:
+            continue
+        reg = int(dest[0])
+        order = body[i + 1:] + body[:i]
+        gap = next((k for k, t in enumerate(order) if reg in _reads(t)), None)
+        if gap is not None and (shortest is None or gap < shortest):
+            shortest = gap
+    return shortest
+
+
 def costs(sass: str, elements: int, threads: int) -> dict:
     """Per element: instructions, ``MUFU.EX2``/``LG2``/``RCP``; per iteration (chunk): barriers,
-    shuffles, shared-memory loads and stores, global loads and stores."""
+    shuffles, shared-memory loads and stores, global loads and stores, and the loop's
+    :func:`load_use` distance (instructions)."""
     body, loops = loop_body(instructions(sass))
     ops = Counter(opcode(t) for t in body)
     count = lambda prefix: sum(n for op, n in ops.items() if op.startswith(prefix))
@@ -61,5 +96,6 @@ def costs(sass: str, elements: int, threads: int) -> dict:
         lg2=round(count("MUFU.LG2") * per_element, 2),
         rcp=round(count("MUFU.RCP") * per_element, 2),
         bar=count("BAR"), shfl=count("SHFL"), lds=count("LDS"), sts=count("STS"),
-        ldg=count("LDG"), stg=count("STG"), loop=loops > 0,
+        ldg=count("LDG"), stg=count("STG"), load_use=load_use(body) if loops else None,
+        loop=loops > 0,
     )

@@ -28,7 +28,8 @@ import dataclasses
 import torch
 import triton
 
-from ..kernels.codes import ATTENTION_CODE, DISCOUNT_CODE, ONE_PASS, OUTPUT, SUMMARY
+from ..kernels.codes import (ATTENTION_CODE, DISCOUNT_CODE, ONE_PASS, OUTPUT, RELU, SIGMOID,
+                             SOFTPLUS, SUMMARY)
 from ..kernels.triton import scan_bwd, scan_fwd, step
 from .buffers import empty, empty_like
 from .dispatch import ForwardResult, Gradients, Knobs, ScanArgs, state_dtype
@@ -244,6 +245,15 @@ def saved_like(args: ScanArgs) -> list:
     return [z.new_empty((3, n_chunks, D), dtype=f32)]
 
 
+def backward_lookahead(ATTN: int) -> int:
+    """The backward kernel's ``LOOKAHEAD`` for attention code ``ATTN``: 1 (load each chunk's
+    inputs while the chunk before works, hiding the loads' latency) where two chunks' inputs
+    fit in :data:`MAX_REGISTERS` without a spill (exp, and no attention: RWA and
+    ``weighted_scan``), 0 for sigmoid, softplus and relu, whose log-weights and derivatives
+    keep more of the chunk alive (``python bench/kernels.py`` reports both)."""
+    return 0 if ATTN in (SIGMOID, SOFTPLUS, RELU) else 1
+
+
 def backward(args: ScanArgs, saved: list, m_final, gy, g_final) -> Gradients:
     """Gradients (contract: :meth:`fastrwa.ops.dispatch.Backend.backward`). Without this
     backend's ``saved`` (at the current ``block_t``) the chunk states are recomputed first."""
@@ -276,7 +286,8 @@ def backward(args: ScanArgs, saved: list, m_final, gy, g_final) -> Gradients:
     flags = dict(D=D, IS_VARLEN=cu_seqlens is not None, BT=BT, BD=BD)
     launch = _launch(opts.warps_backward, opts.stages)
     n_d = triton.cdiv(D, BD)
-    scan = dict(ATTN=ATTN, DISCOUNT=DISCOUNT, REVERSE=reverse, **launch, **flags)
+    scan = dict(ATTN=ATTN, DISCOUNT=DISCOUNT, REVERSE=reverse,
+                LOOKAHEAD=backward_lookahead(ATTN), **launch, **flags)
     grads = (z, a, g, gy, gz, ga, gg, h0, dh0, dht, hc)
     if algorithm == "looped":
         scan_bwd.bwd_kernel[(lay.n_seq, n_d)](

@@ -27,7 +27,9 @@ are the ``(W, V)`` of the first step. No atomics: every output element is writte
 one program.
 
 A program covers a segment of a sequence for a block of channels, as in the forward
-(scan_fwd.py), and walks its chunks in adjoint order carrying ``(W, V)`` in registers:
+(scan_fwd.py), and walks its chunks in adjoint order carrying ``(W, V)`` in registers,
+loading the next chunk's inputs and saved state while it works on this one (a register
+double buffer, as the forward does; ``LOOKAHEAD``, chosen per build by the launcher):
 
 * ``bwd_kernel`` with ``PHASE = ONE_PASS``: each sequence is one segment; from the final
   state's gradient, writes the gradients and, at the end, the initial state's.
@@ -49,25 +51,46 @@ from .sequence import first_segment, segment_program, segments, sequence_program
 
 
 @triton.jit
-def _chunk_adjoint(z_ptr, a_ptr, g_ptr, gy_ptr, hc_ptr, bos, T_i, c, cidx, o_d, mask_d,
-                   D: tl.constexpr, NCT,
-                   ATTN: tl.constexpr, DISCOUNT: tl.constexpr, REVERSE: tl.constexpr,
-                   BT: tl.constexpr, BD: tl.constexpr):
-    """Recompute chunk ``c`` (global index ``cidx``) and scan its adjoint from an empty state.
-
-    Returns the rows' offsets and mask, the inputs and forward values the gradients need
-    (``take``, ``gi``, ``y``, ``z - y``, ``keep d~_{t-1}``, ``y_{t-1}``), and the local
-    adjoint ``(K, W, V)`` (``b_K``, ``b_AW``, ``b_AV`` to the callers): row ``t``'s
-    ``(W, V)`` is ``K`` times the ``(W, V)`` entering after the chunk's last row, plus
-    ``(W, V)``. All ``[BT, BD]``.
-    """
-    t0, o_dt, mask_t = chunk_rows(c, T_i, BT, REVERSE)
+def _load_inputs(z_ptr, a_ptr, g_ptr, gy_ptr, hc_ptr, bos, T_i, c, c_lo, c0, o_d, mask_d,
+                 D: tl.constexpr, NCT, DISCOUNT: tl.constexpr, REVERSE: tl.constexpr,
+                 BT: tl.constexpr):
+    """What the adjoint of chunk ``c`` reads: ``z, a, g, gy`` ``[BT, BD]`` (float32) and the
+    chunk's saved incoming state ``(m, n~, d~)`` ``[BD]``. Nothing is read for ``c < c_lo``
+    (the chunk before the segment's first, which the double buffer asks for last). Inputs
+    are ``i_``-named in the caller: this chunk's, whichever iteration loaded them."""
+    live = c >= c_lo
+    c = tl.maximum(c, c_lo)                         # in bounds even when nothing is read
+    t0, o_dt, _ = chunk_rows(c, T_i, BT, REVERSE)
+    # chunk_rows' mask, or no row (tl.where: the interpreter cannot AND a block with a scalar)
+    mask_t = tl.arange(0, BT) < tl.where(live, T_i - c * BT, 0)               # [BT]
     o = chunk_offsets(bos, t0, o_dt, o_d, D)                                   # [BT, BD]
     mask_2 = mask_t[:, None] & mask_d[None, :]                                 # [BT, BD]
     b_z, b_a, b_g = load_chunk(z_ptr, a_ptr, g_ptr, o, mask_2, DISCOUNT)       # [BT, BD] x3
     b_gy = tl.load(gy_ptr + o, mask=mask_2, other=0.0).to(tl.float32)          # [BT, BD]
+    mask_s = tl.where(live, mask_d, False)                                     # [BD]
+    b_hm, b_hn, b_hd = load_state(hc_ptr, (c0 + c) * D + o_d, mask_s, NCT * D)  # [BD] x3
+    return b_z, b_a, b_g, b_gy, b_hm, b_hn, b_hd
+
+
+@triton.jit
+def _chunk_adjoint(b_z, b_a, b_g, b_gy, b_hm, b_hn, b_hd, b_cW, b_cV, bos, T_i, c, o_d,
+                   mask_d, D: tl.constexpr, ATTN: tl.constexpr, DISCOUNT: tl.constexpr,
+                   REVERSE: tl.constexpr, BT: tl.constexpr):
+    """Recompute chunk ``c`` from its inputs and saved incoming state (:func:`_load_inputs`)
+    and scan its adjoint from the ``(W, V)`` ``[BD]`` entering after its last row (``b_cW``,
+    ``b_cV``; zeros for the chunk's local adjoint), folded into that row: ``W_last =
+    keep (cW + gi)``.
+
+    Returns the rows' offsets and mask, the inputs and forward values the gradients need
+    (``take``, ``gi``, ``y``, ``z - y``, ``keep d~_{t-1}``, ``y_{t-1}``), and the adjoint
+    ``(K, W, V)`` of every row, ``K`` the product of the keeps from the row to the last (the
+    factor of what enters after the chunk; unused, and so never computed, unless a caller
+    reads it). All ``[BT, BD]``.
+    """
+    t0, o_dt, mask_t = chunk_rows(c, T_i, BT, REVERSE)
+    o = chunk_offsets(bos, t0, o_dt, o_d, D)                                   # [BT, BD]
+    mask_2 = mask_t[:, None] & mask_d[None, :]                                 # [BT, BD]
     b_l, b_lam = log_weights(b_a, b_g, mask_2, ATTN, DISCOUNT)                 # [BT, BD] x2
-    b_hm, b_hn, b_hd = load_state(hc_ptr, cidx * D + o_d, mask_d, NCT * D)       # [BD] x3
     b_m, b_n, b_d, _ = scan_chunk(b_l, b_z, b_lam, b_hm, b_hn, b_hd)           # [BT, BD] x3
     b_y = average(b_n, b_d)                                                    # [BT, BD]
     b_take = own_weight(b_l, b_m)                                              # [BT, BD]
@@ -78,7 +101,10 @@ def _chunk_adjoint(z_ptr, a_ptr, g_ptr, gy_ptr, hc_ptr, bos, T_i, c, cidx, o_d, 
     b_kd = b_keep * b_dp                            # the previous rows' weight, kept
     b_zy = average(b_kd * (b_z - b_yp), b_d)        # z - y without cancellation  # [BT, BD]
     b_gi = average(b_gy, b_d)                                                  # [BT, BD]
-    b_K, b_W, b_V = reverse_linear_scan(b_keep, b_keep * b_gi, b_keep * b_gi * b_y)  # [BT, BD] x3
+    b_last = (tl.arange(0, BT) == BT - 1)[:, None]                             # [BT, 1]
+    b_K, b_W, b_V = reverse_linear_scan(
+        b_keep, b_keep * (b_gi + tl.where(b_last, b_cW[None, :], 0.0)),
+        b_keep * (b_gi * b_y + tl.where(b_last, b_cV[None, :], 0.0)))        # [BT, BD] x3
     return o, mask_2, b_z, b_a, b_g, b_take, b_gi, b_y, b_zy, b_kd, b_yp, b_K, b_W, b_V
 
 
@@ -99,12 +125,11 @@ def _store_grads(gz_ptr, ga_ptr, gg_ptr, o, mask_2, b_z, b_a, b_g, b_take, b_gi,
 
 @triton.jit
 def _chunk_grads(gz_ptr, ga_ptr, gg_ptr, o, mask_2, b_z, b_a, b_g, b_take, b_gi, b_y, b_zy, b_kd,
-                 b_yp, b_K, b_W, b_V, b_cW, b_cV, ATTN: tl.constexpr, DISCOUNT: tl.constexpr,
+                 b_yp, b_W, b_V, b_cW, b_cV, ATTN: tl.constexpr, DISCOUNT: tl.constexpr,
                  BT: tl.constexpr):
-    """Gradients of a chunk from its local adjoint and the ``(W, V)`` ``[BD]`` entering after
-    its last row; returns the ``(W, V)`` ``[BD]`` of its first row (passed to the state
-    before it)."""
-    _, b_W, b_V = linear_combine(1.0, b_cW[None, :], b_cV[None, :], b_K, b_W, b_V)  # [BT, BD]
+    """Gradients of a chunk from its adjoint ``(W, V)`` ``[BT, BD]`` and the ``(W, V)``
+    ``[BD]`` entering after its last row; returns the ``(W, V)`` ``[BD]`` of its first row
+    (passed to the state before it)."""
     b_P, b_Q = next_rows(b_W, b_cW, b_V, b_cV)                                # [BT, BD] x2
     _store_grads(gz_ptr, ga_ptr, gg_ptr, o, mask_2, b_z, b_a, b_g, b_take, b_gi, b_y, b_zy, b_kd,
                  b_yp, b_P, b_Q, ATTN, DISCOUNT)
@@ -141,12 +166,14 @@ def bwd_kernel(
     T, CPS, NS, NCT, NSEG, D: tl.constexpr,
     ATTN: tl.constexpr, DISCOUNT: tl.constexpr, PHASE: tl.constexpr, HAS_INIT: tl.constexpr,
     HAS_FINAL_GRAD: tl.constexpr, IS_VARLEN: tl.constexpr, REVERSE: tl.constexpr,
-    BT: tl.constexpr, BD: tl.constexpr,
+    LOOKAHEAD: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
 ):
     """One segment: ``ONE_PASS`` from the final state's gradient ``dht`` (initial state's into
     ``dh0``), ``SUMMARY`` from nothing entering it (its ``(K, W, V)`` into ``s``,
     ``(3, NSEG, D)``), ``OUTPUT`` from the ``(W, V)`` entering it in ``s`` (``(2, NSEG, D)``,
-    the carry kernel's)."""
+    the carry kernel's). ``LOOKAHEAD`` 1 loads each chunk's inputs one chunk ahead (a
+    register double buffer), 0 where it is used (for the builds whose registers do not hold
+    two chunks' inputs without spilling)."""
     pid, i, o_d, mask_d, bos, T_i, c0, c_lo, c_hi = segment_program(
         cu_ptr, co_ptr, so_ptr, ss_ptr, T, CPS, D, BT, BD, IS_VARLEN, PHASE == ONE_PASS)
     o_seg = pid * D + o_d                                                      # [BD]
@@ -158,19 +185,39 @@ def bwd_kernel(
         b_W = tl.load(s_ptr + o_seg, mask=mask_d, other=0.0)                   # [BD]
         b_V = tl.load(s_ptr + NSEG * D + o_seg, mask=mask_d, other=0.0)        # [BD]
     b_sK = tl.full([BD], 1.0, tl.float32)                                      # [BD]
+    if LOOKAHEAD == 1:      # the last chunk's inputs, before the loop
+        b_z, b_a, b_g, b_gy, b_hm, b_hn, b_hd = _load_inputs(
+            z_ptr, a_ptr, g_ptr, gy_ptr, hc_ptr, bos, T_i, c_hi - 1, c_lo, c0, o_d, mask_d, D,
+            NCT, DISCOUNT, REVERSE, BT)                              # [BT, BD] x4, [BD] x3
     for k in range(0, c_hi - c_lo):
         c = c_hi - 1 - k
-        (o, mask_2, b_z, b_a, b_g, b_take, b_gi, b_y, b_zy, b_kd, b_yp, b_K, b_AW,
-         b_AV) = _chunk_adjoint(z_ptr, a_ptr, g_ptr, gy_ptr, hc_ptr, bos, T_i, c, c0 + c, o_d,
-                                mask_d, D, NCT, ATTN, DISCOUNT, REVERSE, BT, BD)
+        if LOOKAHEAD == 1:
+            # the next chunk's loads are issued before this chunk's recompute waits on its own
+            n_z, n_a, n_g, n_gy, n_hm, n_hn, n_hd = _load_inputs(
+                z_ptr, a_ptr, g_ptr, gy_ptr, hc_ptr, bos, T_i, c - 1, c_lo, c0, o_d, mask_d, D,
+                NCT, DISCOUNT, REVERSE, BT)                          # [BT, BD] x4, [BD] x3
+            i_z, i_a, i_g, i_gy, i_hm, i_hn, i_hd = b_z, b_a, b_g, b_gy, b_hm, b_hn, b_hd
+            b_z, b_a, b_g, b_gy, b_hm, b_hn, b_hd = n_z, n_a, n_g, n_gy, n_hm, n_hn, n_hd
+        else:
+            i_z, i_a, i_g, i_gy, i_hm, i_hn, i_hd = _load_inputs(
+                z_ptr, a_ptr, g_ptr, gy_ptr, hc_ptr, bos, T_i, c, c, c0, o_d, mask_d, D,
+                NCT, DISCOUNT, REVERSE, BT)      # (always read)     # [BT, BD] x4, [BD] x3
+        if PHASE == SUMMARY:
+            b_cW = tl.zeros([BD], tl.float32)       # the chunk's local adjoint
+            b_cV = tl.zeros([BD], tl.float32)
+        else:
+            b_cW, b_cV = b_W, b_V                   # the adjoint entering after the chunk
+        (o, mask_2, i_z, i_a, i_g, b_take, b_gi, b_y, b_zy, b_kd, b_yp, b_K, b_AW,
+         b_AV) = _chunk_adjoint(i_z, i_a, i_g, i_gy, i_hm, i_hn, i_hd, b_cW, b_cV, bos, T_i, c,
+                                o_d, mask_d, D, ATTN, DISCOUNT, REVERSE, BT)
         if PHASE == SUMMARY:
             o_r = tl.arange(0, BT)
             b_cK = row(b_K, o_r, 0)                                            # [BD]
             b_sK, b_W, b_V = linear_combine(b_sK, b_W, b_V, b_cK, row(b_AW, o_r, 0),
                                             row(b_AV, o_r, 0))                # [BD] x3
         else:
-            b_W, b_V = _chunk_grads(gz_ptr, ga_ptr, gg_ptr, o, mask_2, b_z, b_a, b_g, b_take,
-                                    b_gi, b_y, b_zy, b_kd, b_yp, b_K, b_AW, b_AV, b_W, b_V,
+            b_W, b_V = _chunk_grads(gz_ptr, ga_ptr, gg_ptr, o, mask_2, i_z, i_a, i_g, b_take,
+                                    b_gi, b_y, b_zy, b_kd, b_yp, b_AW, b_AV, b_W, b_V,
                                     ATTN, DISCOUNT, BT)                       # [BD] x2
     if PHASE == SUMMARY:
         store_state(s_ptr, o_seg, mask_d, NSEG * D, b_sK, b_W, b_V)

@@ -102,7 +102,9 @@ def test_ahead_of_time_compile_meets_the_static_targets(tmp_path):
     machine (the full table: bench/kernels.py): no spill, and the chunk loop within the
     static targets of docs/kernels.md: each thread scans its own channel columns (no
     barrier, shuffle or shared-memory operation), at most 80 (forward) and 150 (backward)
-    instructions per element."""
+    instructions per element, and both loops double-buffered: no load's value is read
+    within a chunk's worth of instructions of the load (the backward read its loads 18
+    instructions after issuing them before its double buffer)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     table = tmp_path / "kernels.json"
     out = subprocess.run([sys.executable, str(BENCH / "kernels.py"), "--quick", "--json",
@@ -115,6 +117,9 @@ def test_ahead_of_time_compile_meets_the_static_targets(tmp_path):
     for r in rows:
         assert r["loop"] and r["bar"] == r["shfl"] == r["lds"] == r["sts"] == 0, r
         assert 0 < r["instr"] <= limits[r["kernel"]], r
+        bt, bd = map(int, r["blocks"].split("x"))
+        per_chunk = r["instr"] * bt * bd / (32 * r["warps"])    # a thread's instructions a chunk
+        assert r["load_use"] >= per_chunk / 2, r
 
 
 @pytest.mark.interpreter
