@@ -90,12 +90,13 @@ def jobs(quick: bool, opts=None, channels: int = 1024):
     from fastrwa.ops import triton_host as tb
 
     out, seen = [], set()
-    stages = (opts or _default_options()).stages
+    opts = opts or _default_options()
+    stages = opts.stages
     for name, fn, (warps, maxnreg), blocks in _kernels(opts):
         variants = [(label, attn, disc, {}) for label, attn, disc in MATH] + EXTRA_FLAGS
         for label, attn, disc, extra in variants:
             const = dict(FLAGS, ATTN=attn, DISCOUNT=disc, D=channels, **blocks, **extra,
-                         LOOKAHEAD=tb.backward_lookahead(attn))
+                         LOOKAHEAD=tb.backward_lookahead(attn, opts))
             const = {k: v for k, v in const.items() if k in fn.arg_names}
             key = (name, tuple(sorted(const.items())))
             if key in seen:           # e.g. the carry kernels do not depend on ATTN

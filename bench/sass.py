@@ -48,8 +48,17 @@ def loop_body(ins: list[tuple[int, str]]) -> tuple[list[str], int]:
     return [t for a, t in ins if lo <= a <= hi], len(loops)
 
 
-_REG = re.compile(r"\bR(\d+)\b")
-_STORES = ("STG", "STS", "ST.", "ST ", "RED", "ATOM")
+_STORES = ("STG", "STS", "STL", "ST.", "ST ", "RED")
+_WIDTH = {"64": 2, "128": 4}
+
+
+def _registers(operand: str) -> set[int]:
+    """Registers an operand names; ``R4.64`` (a pair, as 64-bit addresses are) is R4 and R5."""
+    out = set()
+    for m in re.finditer(r"\bR(\d+)(\.64)?\b", operand):
+        base = int(m.group(1))
+        out.update((base, base + 1) if m.group(2) else (base,))
+    return out
 
 
 def _reads(text: str) -> set[int]:
@@ -59,24 +68,35 @@ def _reads(text: str) -> set[int]:
     operands = rest.split(",")
     if not (op + " ").startswith(_STORES):
         operands = operands[1:]
-    return {int(r) for o in operands for r in _REG.findall(o)}
+    return set().union(*(_registers(o) for o in operands)) if operands else set()
+
+
+def _loaded(text: str) -> set[int]:
+    """The registers a global load (``LDG``, ``LDG.E``, ``LDG.E.64`` ...; not ``LDGSTS``, which
+    copies to shared memory) writes, or an empty set for any other instruction."""
+    op = opcode(text)
+    if op != "LDG" and not op.startswith("LDG."):
+        return set()
+    dest = re.search(r"\bR(\d+)\b", re.sub(r"^@!?U?P\w+\s+", "", text).split(",")[0])
+    if not dest:
+        return set()
+    width = next((_WIDTH[p] for p in op.split(".") if p in _WIDTH), 1)
+    return set(range(int(dest.group(1)), int(dest.group(1)) + width))
 
 
 def load_use(body: list[str]) -> int | None:
     """The fewest instructions between a global load (``LDG``) in a loop body and the first
-    instruction that reads its result, following the loop round once (a load whose value is
-    first used in the next iteration counts the rest of this one too). How long a loop's
-    loads can stay in flight before a warp waits on them; ``None`` without a load."""
+    instruction that reads a register it wrote, following the loop round once (a load whose
+    value is first used in the next iteration counts the rest of this one too). How long a
+    loop's loads can stay in flight before a warp waits on them; ``None`` without a load.
+    Static: it is where ptxas scheduled the first use, so a compiler update can move it."""
     shortest = None
     for i, text in enumerate(body):
-        if not opcode(text).startswith("LDG"):
+        regs = _loaded(text)
+        if not regs:
             continue
-        dest = _REG.findall(text.split(",")[0])
-        if not dest:
-            continue
-        reg = int(dest[0])
         order = body[i + 1:] + body[:i]
-        gap = next((k for k, t in enumerate(order) if reg in _reads(t)), None)
+        gap = next((k for k, t in enumerate(order) if regs & _reads(t)), None)
         if gap is not None and (shortest is None or gap < shortest):
             shortest = gap
     return shortest

@@ -245,13 +245,16 @@ def saved_like(args: ScanArgs) -> list:
     return [z.new_empty((3, n_chunks, D), dtype=f32)]
 
 
-def backward_lookahead(ATTN: int) -> int:
-    """The backward kernel's ``LOOKAHEAD`` for attention code ``ATTN``: 1 (load each chunk's
-    inputs while the chunk before works, hiding the loads' latency) where two chunks' inputs
-    fit in :data:`MAX_REGISTERS` without a spill (exp, and no attention: RWA and
-    ``weighted_scan``), 0 for sigmoid, softplus and relu, whose log-weights and derivatives
-    keep more of the chunk alive (``python bench/kernels.py`` reports both)."""
-    return 0 if ATTN in (SIGMOID, SOFTPLUS, RELU) else 1
+def backward_lookahead(ATTN: int, opts: Options) -> int:
+    """The backward kernel's ``LOOKAHEAD`` for attention code ``ATTN`` at launch knobs
+    ``opts``: 1 (load each chunk's inputs while the chunk before works, hiding the loads'
+    latency) where two chunks' inputs fit in :data:`MAX_REGISTERS` without a spill: exp
+    attention and none (RWA, ``weighted_scan``) with at most 16 elements of a chunk a thread
+    (the default ``BT 16 x BD 32`` on one warp). 0 otherwise: sigmoid, softplus and relu keep
+    more of the chunk alive, and larger blocks hold more a thread (``python bench/kernels.py``
+    reports registers and spills)."""
+    per_thread = opts.block_t * opts.block_d_backward // (32 * opts.warps_backward)
+    return 0 if ATTN in (SIGMOID, SOFTPLUS, RELU) or per_thread > 16 else 1
 
 
 def backward(args: ScanArgs, saved: list, m_final, gy, g_final) -> Gradients:
@@ -287,7 +290,7 @@ def backward(args: ScanArgs, saved: list, m_final, gy, g_final) -> Gradients:
     launch = _launch(opts.warps_backward, opts.stages)
     n_d = triton.cdiv(D, BD)
     scan = dict(ATTN=ATTN, DISCOUNT=DISCOUNT, REVERSE=reverse,
-                LOOKAHEAD=backward_lookahead(ATTN), **launch, **flags)
+                LOOKAHEAD=backward_lookahead(ATTN, opts), **launch, **flags)
     grads = (z, a, g, gy, gz, ga, gg, h0, dh0, dht, hc)
     if algorithm == "looped":
         scan_bwd.bwd_kernel[(lay.n_seq, n_d)](
