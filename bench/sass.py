@@ -29,9 +29,14 @@ def instructions(sass: str) -> list[tuple[int, str]]:
     return out
 
 
+def _unpredicated(text: str) -> str:
+    """``@!P0 MUFU.EX2 R1, R2`` -> ``MUFU.EX2 R1, R2``."""
+    return re.sub(r"^@!?U?P\w+\s+", "", text)
+
+
 def opcode(text: str) -> str:
     """``@!P0 MUFU.EX2 R1, R2`` -> ``MUFU.EX2``."""
-    return re.sub(r"^@!?U?P\w+\s+", "", text).split()[0]
+    return _unpredicated(text).split()[0]
 
 
 def loop_body(ins: list[tuple[int, str]]) -> tuple[list[str], int]:
@@ -63,8 +68,7 @@ def _registers(operand: str) -> set[int]:
 
 def _reads(text: str) -> set[int]:
     """Registers an instruction reads: every operand but a destination (stores have none)."""
-    body = re.sub(r"^@!?U?P\w+\s+", "", text)
-    op, _, rest = body.partition(" ")
+    op, _, rest = _unpredicated(text).partition(" ")
     operands = rest.split(",")
     if not (op + " ").startswith(_STORES):
         operands = operands[1:]
@@ -77,7 +81,7 @@ def _loaded(text: str) -> set[int]:
     op = opcode(text)
     if op != "LDG" and not op.startswith("LDG."):
         return set()
-    dest = re.search(r"\bR(\d+)\b", re.sub(r"^@!?U?P\w+\s+", "", text).split(",")[0])
+    dest = re.search(r"\bR(\d+)\b", _unpredicated(text).split(",")[0])
     if not dest:
         return set()
     width = next((_WIDTH[p] for p in op.split(".") if p in _WIDTH), 1)
