@@ -116,31 +116,35 @@ def _log_weight_grad_rows(kind, a, a_off, out, out_off, dl, dl_off, w):
     return impl
 
 
-def attention_grad_row(kind, gl, gl_off, dl, dl_off, a, a_off, out, off, w):
-    """``out[off:][:w] = gl * dl/da`` for attention code ``kind``, stored in ``out``'s type;
-    ``dl/da`` is read from ``dl[dl_off:]`` (:func:`log_weight_grad_rows`) for the sigmoid
+def attention_grad_row(kind, gl, dl, a, a_base, a_st, out, base, st, times, steps, w):
+    """For ``steps`` rows ``q``: ``out[base + times[q] * st:][:w] = gl * dl/da`` for
+    attention code ``kind``, stored in ``out``'s type, with ``gl`` read at ``q * w`` and ``a``
+    at ``a_base + times[q] * a_st`` (the rows of one chunk's adjoint, ``scan_bwd.py``);
+    ``dl/da`` is read from ``dl[q * w:]`` (:func:`log_weight_grad_rows`) for the sigmoid
     and softplus attentions, and is 1 (exp) or ``1/a`` (relu) for the others."""
     raise NotImplementedError
 
 
 @overload(attention_grad_row)
-def _attention_grad_row(kind, gl, gl_off, dl, dl_off, a, a_off, out, off, w):
+def _attention_grad_row(kind, gl, dl, a, a_base, a_st, out, base, st, times, steps, w):
     zero = _consts(gl.dtype)[0]
 
-    def impl(kind, gl, gl_off, dl, dl_off, a, a_off, out, off, w):
-        gi, di, ai, oi = np.uint64(gl_off), np.uint64(dl_off), np.uint64(a_off), np.uint64(off)
-        if kind == EXP:
-            for j in range(w):
-                store(out, oi + np.uint64(j), gl[gi + np.uint64(j)])
-        elif kind == RELU:
-            for j in range(w):
-                u = np.uint64(j)
-                x = load(a, ai + u, zero)
-                store(out, oi + u, zero if x <= zero else gl[gi + u] / x)
-        else:
-            for j in range(w):
-                u = np.uint64(j)
-                store(out, oi + u, gl[gi + u] * dl[di + u])
+    def impl(kind, gl, dl, a, a_base, a_st, out, base, st, times, steps, w):
+        for q in range(steps):
+            gi, oi = np.uint64(q * w), np.uint64(base + times[q] * st)
+            ai = np.uint64(a_base + times[q] * a_st)
+            if kind == EXP:
+                for j in range(w):
+                    store(out, oi + np.uint64(j), gl[gi + np.uint64(j)])
+            elif kind == RELU:
+                for j in range(w):
+                    u = np.uint64(j)
+                    x = load(a, ai + u, zero)
+                    store(out, oi + u, zero if x <= zero else gl[gi + u] / x)
+            else:
+                for j in range(w):
+                    u = np.uint64(j)
+                    store(out, oi + u, gl[gi + u] * dl[gi + u])
     return impl
 
 
@@ -180,21 +184,23 @@ def _log_decay_grad_rows(kind, g, g_off, out, out_off, dlam, dlam_off, w):
     return impl
 
 
-def decay_grad_row(kind, glam, glam_off, dlam, dlam_off, out, off, w):
-    """``out[off:][:w] = glam * dlam/dg`` for discount code ``kind``, in ``out``'s type; the
-    sigmoid discount's derivative is read from ``dlam[dlam_off:]``."""
+def decay_grad_row(kind, glam, dlam, out, base, st, times, steps, w):
+    """For ``steps`` rows ``q``: ``out[base + times[q] * st:][:w] = glam * dlam/dg`` for
+    discount code ``kind``, in ``out``'s type, with ``glam`` read at ``q * w``; the sigmoid
+    discount's derivative is read from ``dlam[q * w:]``."""
     raise NotImplementedError
 
 
 @overload(decay_grad_row)
-def _decay_grad_row(kind, glam, glam_off, dlam, dlam_off, out, off, w):
-    def impl(kind, glam, glam_off, dlam, dlam_off, out, off, w):
-        li, di, oi = np.uint64(glam_off), np.uint64(dlam_off), np.uint64(off)
-        if kind == LOG:
-            for j in range(w):
-                store(out, oi + np.uint64(j), glam[li + np.uint64(j)])
-        else:
-            for j in range(w):
-                u = np.uint64(j)
-                store(out, oi + u, glam[li + u] * dlam[di + u])
+def _decay_grad_row(kind, glam, dlam, out, base, st, times, steps, w):
+    def impl(kind, glam, dlam, out, base, st, times, steps, w):
+        for q in range(steps):
+            li, oi = np.uint64(q * w), np.uint64(base + times[q] * st)
+            if kind == LOG:
+                for j in range(w):
+                    store(out, oi + np.uint64(j), glam[li + np.uint64(j)])
+            else:
+                for j in range(w):
+                    u = np.uint64(j)
+                    store(out, oi + u, glam[li + u] * dlam[li + u])
     return impl
