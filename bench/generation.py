@@ -25,7 +25,9 @@ decode step (``fastrwa.models.PackedLM``: float32, bfloat16, int8), measured in 
 
 Then **cold start**: in fresh processes, the first ``ByteLM`` forward+backward, and the first
 streamed byte, after ``import fastrwa``, against the same call warm (numba's cache loaded
-from disk, nothing compiled: a first run ever compiles once, see docs/lm.md).
+from disk, nothing compiled: a first run ever compiles once, see docs/lm.md); and, for the
+floor under both, the first call of the smallest cached kernel
+(``kernels/cpu/scan_fwd.py``'s ``time_index``): numba's own start in a process.
 
 Speed does not depend on the weights' values: the model is freshly initialised. Prints a
 table and writes ``OUT/generation.json``.
@@ -192,7 +194,11 @@ def forward_backward():
     logits.float().logsumexp(-1).mean().backward()
 def first_byte():
     next(iter(model.stream(tokens[0, :4], 1)))
-fn = {"forward_backward": forward_backward, "first_byte": first_byte}[sys.argv[1]]
+def numba_floor():
+    from fastrwa.kernels.cpu.scan_fwd import time_index
+    time_index(0, 10, 3, False)
+fn = {"forward_backward": forward_backward, "first_byte": first_byte,
+      "numba_floor": numba_floor}[sys.argv[1]]
 t = time.perf_counter(); fn(); first = time.perf_counter() - t
 warm = min(__import__("timeit").repeat(fn, number=1, repeat=5))
 print(json.dumps(dict(first_s=first, warm_s=warm, import_s=imported - began)))
@@ -203,7 +209,7 @@ def cold_start(runs: int) -> dict:
     """Per call (a first forward+backward, a first streamed byte), each in fresh processes:
     the first call's and the warm call's seconds, and the import's (median of ``runs``)."""
     out = {}
-    for call in ("forward_backward", "first_byte"):
+    for call in ("forward_backward", "first_byte", "numba_floor"):
         results = []
         for _ in range(runs):
             done = subprocess.run([sys.executable, "-c", COLD, call], capture_output=True,
@@ -304,7 +310,8 @@ def main(argv: list[str] | None = None) -> int:
               f"import {fb['import_s']:.2f} s; first forward+backward {fb['first_s']:.2f} s "
               f"against {fb['warm_s']:.3f} s warm (+{fb['first_s'] - fb['warm_s']:.2f} s); "
               f"first streamed byte {1e3 * byte['first_s']:.0f} ms against "
-              f"{1e3 * byte['warm_s']:.1f} ms warm")
+              f"{1e3 * byte['warm_s']:.1f} ms warm; first call of the smallest cached kernel "
+              f"{1e3 * cold['numba_floor']['first_s']:.0f} ms (numba's start)")
     print(args.out / "generation.json")
     return 0
 
