@@ -6,12 +6,14 @@ independent computation, not against itself."""
 
 import copy
 import pathlib
+import threading
 
 import pytest
 import torch
 
 from fastrwa.models import ByteLM, LMConfig, PackedLM, RecurrentLM, WEIGHT_FORMATS
 from fastrwa.ops import decode_host
+from fastrwa.kernels.cpu.sync import GO
 
 TEXT = list((pathlib.Path(__file__).resolve().parents[1] / "README.md").read_bytes())
 
@@ -354,3 +356,124 @@ def test_int8_weights_near_the_float32_maximum_give_the_dequantized_logits(batch
             ids = torch.full((batch,), token)
             got, want = packed.step_(ids, fused).clone(), reference.step_(ids, eager).clone()
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def _steps(packed: PackedLM, threads: int, B: int = 1, prompt: int = 6, steps: int = 10):
+    """Logits and state after a prefill and ``steps`` steps of README text on ``threads``
+    threads, and how many steps were shared by every part (``kernels/cpu/sync.py``)."""
+    tokens = torch.tensor(TEXT[:B * (prompt + steps)]).view(B, prompt + steps)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    parts = min(threads, decode_host._cores())      # (never more parts than cores)
+    shared = 0
+    try:
+        cache = packed.allocate_cache(B)
+        logits = packed.prefill(tokens[:, :prompt], cache).clone()
+        for t in range(prompt, prompt + steps):
+            logits = packed.step_(tokens[:, t], cache).clone()
+            helpers = decode_host._helpers
+            shared += helpers is not None and int(helpers.sync[GO]) == parts
+        return logits, [s.clone() for s in cache.stacked], shared
+    finally:
+        torch.set_num_threads(before)
+
+
+def _same(a, b) -> bool:
+    return torch.equal(a[0], b[0]) and all(torch.equal(x, y) for x, y in zip(a[1], b[1]))
+
+
+@pytest.mark.parametrize("fields", CONFIGS[:5], ids=lambda f: ",".join(f"{k}={v}" for k, v in f.items()) or "default")
+@pytest.mark.parametrize("B", [1, 3])
+def test_a_step_shared_among_threads_gives_the_one_thread_bits(fields, B, monkeypatch):
+    """A small batch shares each step among the threads (each takes a share of every
+    product's outputs and of the channels between them): the same bits as one thread, for
+    the prompt and the steps, on 2 and 3 threads (as many parts as there are cores); and
+    the steps were shared indeed."""
+    monkeypatch.setattr(decode_host, "SPLIT_ABOVE", 0)       # (this model is small)
+    packed = PackedLM(_model(**fields), "float32")
+    alone = _steps(packed, 1, B)
+    for threads in (2, 3):
+        shared = _steps(packed, threads, B)
+        assert _same(alone, shared), threads
+        assert shared[2] > 0, f"no step was shared by {threads} threads"
+
+
+def test_a_helper_that_does_not_start_is_given_up(monkeypatch):
+    """A helper thread that never starts (a busy machine) does not hold the step up: the
+    caller gives it up after a bounded wait and does its share; the same bits."""
+    from concurrent.futures import Future
+
+    class Stalled:
+        def submit(self, *args, **kwargs):
+            return Future()         # (never runs)
+
+    monkeypatch.setattr(decode_host, "SPLIT_ABOVE", 0)
+    packed = PackedLM(_model(), "float32")
+    alone = _steps(packed, 1)
+    monkeypatch.setattr(decode_host, "pool", lambda *args: Stalled())
+    monkeypatch.setattr(decode_host, "_helpers", None)
+    got = []
+    runner = threading.Thread(target=lambda: got.append(_steps(packed, 2)), daemon=True)
+    runner.start()
+    runner.join(120)
+    assert not runner.is_alive(), "the step waited for a helper that never started"
+    assert _same(alone, got[0])
+    assert got[0][2] == 0
+
+
+def test_concurrent_streams_from_python_threads_give_their_one_thread_bits(monkeypatch):
+    """Four Python threads stream at once, each with its own cache, on 2 threads of
+    PyTorch: one step at a time is shared (the others run on their caller's thread), and
+    every stream gets the bytes it gets alone."""
+    monkeypatch.setattr(decode_host, "SPLIT_ABOVE", 0)
+    packed = PackedLM(_model(), "float32")
+    prompts = [torch.tensor(TEXT[i * 7:i * 7 + 5]) for i in range(4)]
+    alone = [packed.generate(p, 40, top_k=1) for p in prompts]
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    got = [None] * 4
+
+    def run(i):
+        got[i] = packed.generate(prompts[i], 40, top_k=1)
+
+    try:
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    finally:
+        torch.set_num_threads(before)
+    assert all(torch.equal(g, a) for g, a in zip(got, alone))
+
+
+def test_a_forked_child_streams_after_the_parent_shared_its_steps(monkeypatch):
+    """fork() copies the parent's parked helpers' bookkeeping but not their threads: the
+    child starts helpers of its own and streams the parent's bytes."""
+    import multiprocessing
+
+    monkeypatch.setattr(decode_host, "SPLIT_ABOVE", 0)
+    packed = PackedLM(_model(), "float32")
+    prompt = torch.tensor(TEXT[:5])
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        want = packed.generate(prompt, 40, top_k=1)          # shared steps in the parent
+    finally:
+        torch.set_num_threads(before)
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+
+    def child():        # (PyTorch's own threads hang in a child forked after they ran)
+        torch.set_num_threads(1)
+        decode_host.threads = lambda: 2
+        queue.put(bool(torch.equal(packed.generate(prompt, 40, top_k=1), want)))
+
+    proc = ctx.Process(target=child)
+    proc.start()
+    proc.join(120)
+    hung = proc.is_alive()
+    if hung:
+        proc.kill()
+    assert not hung, "the forked child hung"
+    assert queue.get(timeout=10), "the child's bytes differ from the parent's"

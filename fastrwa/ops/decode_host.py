@@ -12,25 +12,39 @@ float32 in every one):
 
 A call with ``B >= 8`` rows runs up to ``torch.get_num_threads()`` ranges of 4 rows or more
 at once (one on the caller's thread, the others on the numba backend's pool: the kernel
-releases the GIL), each starting at a multiple of 4 rows; smaller batches run on the
-caller's thread.
+releases the GIL), each starting at a multiple of 4 rows. A smaller batch of a model whose
+matrices exceed ``SPLIT_ABOVE`` bytes shares each call among the threads instead: the
+caller and helpers on a pool of their own each take a share of every product's outputs and
+of the channels between products and meet at barriers; the caller starts alone, does the
+share of a helper that has not started in time (a busy machine) and returns when every
+share is done (``kernels/cpu/sync.py``). One such call runs at a time in a process (another
+runs alone on its caller's thread). Results are the same bits whatever the split and the
+thread count.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import threading
 
 import numpy as np
 import torch
 
-from ..kernels.cpu.decode import check_tokens, decode as decode_kernel
+from ..kernels.cpu.decode import check_tokens, decode as decode_kernel, serve
 from ..kernels.cpu.sampling import sample_rows
+from ..kernels.cpu.sync import (BUSY, CONTROL_SIZE, MAX_PARTS, PARKED, POSTED, STATE,
+                                SYNC_SIZE, claim_parked, dismiss, post)
 from .numba_host import flat, kernel_consts, pool, threads
 
 WEIGHT_FORMATS = ("float32", "bfloat16", "int8")
 INT8_LEVELS = 127
 PREFILL_ROWS = 256      # (batch row, position) pairs per call of a prompt: its work buffers
 ROW_BLOCK = 4       # rows kernels/cpu/decode.py's linear multiplies by one weight row at once
+# Bytes of weight matrices a step reads above which a small batch shares the step among the
+# threads: below it a step takes about what waking a thread does (tens of microseconds).
+SPLIT_ABOVE = 1 << 21
+_split_lock = threading.Lock()      # one shared step at a time
 
 
 def check_format(weights: object) -> str:
@@ -117,6 +131,72 @@ def work_buffers(shapes: Shapes, batch: int, positions: int = 1) -> dict[str, to
     return work
 
 
+@dataclasses.dataclass
+class _Helpers:
+    """The helpers serving the shared calls of one argument set (a stream of decode steps of
+    one cache): they park between calls (``kernels/cpu/sync.py``), so a call wakes no
+    thread. ``key``: the ids of the arguments, which stay alive while a helper runs with
+    them; ``tokens``, ``sync``: the calls' token ids and work-sharing array, rewritten per
+    call; a control array and a future per helper."""
+
+    key: tuple
+    pid: int
+    tokens: np.ndarray
+    sync: np.ndarray
+    controls: list
+    futures: list
+
+
+_helpers: _Helpers | None = None
+
+
+def _cores() -> int:
+    """Cores this process may run on: a shared step never has more parts (its parts spin
+    while they wait for one another)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:          # (not on every platform)
+        return os.cpu_count() or 1
+
+
+def _shared(args: tuple, rest: tuple, parts: int) -> None:
+    """One call of the decode kernel shared by ``parts`` parts: the caller and the helpers
+    parked since the last call with the same arguments, or a new set of helpers. The caller
+    returns when every part's share is written. A helper that raised is found at a later
+    call (its future, done, is checked then)."""
+    global _helpers
+    tokens, t_stride, T, lo, hi = args
+    key = (t_stride, T, lo, hi, parts, tokens.shape,
+           *(id(a) if isinstance(a, np.ndarray) else a for a in rest))
+    h = _helpers
+    if h is not None and h.pid != os.getpid():
+        h = None                    # (a forked child: the parent's helpers are not here)
+    if h is not None:
+        for future in h.futures:
+            if future.done():
+                future.result()                     # (raises what the helper raised)
+        claimed = [claim_parked(c) for c in h.controls] if h.key == key else []
+        if h.key != key or any(state != PARKED for state in claimed):
+            for control in h.controls:              # (one left, or is late: a new set)
+                dismiss(control)
+            h = None
+    if h is None:
+        h = _helpers = _Helpers(key, os.getpid(), tokens.copy(),
+                                np.zeros(SYNC_SIZE, dtype=np.int64),
+                                [np.zeros(CONTROL_SIZE, dtype=np.int64)
+                                 for _ in range(parts - 1)], [])
+        for p, control in enumerate(h.controls, start=1):
+            control[STATE], control[POSTED] = BUSY, 1           # (its first call)
+            h.futures.append(pool(2 * (parts - 1), "helpers").submit(
+                serve, h.tokens, t_stride, T, lo, hi, *rest, p, parts, h.sync, control))
+    else:
+        h.tokens[:] = tokens
+        h.sync[:] = 0
+        for control in h.controls:
+            post(control)
+    decode_kernel(h.tokens, t_stride, T, lo, hi, *rest, 0, parts, h.sync)
+
+
 def run(weights: Weights, state: tuple, arrays: dict, tokens: np.ndarray, batch: int) -> int:
     """Advance ``batch`` rows by their ``T`` tokens (``tokens`` flat int64, ``(B, T)``
     row-major) and write the logits after the last into ``arrays['logits']``. ``state``:
@@ -143,12 +223,20 @@ def run(weights: Weights, state: tuple, arrays: dict, tokens: np.ndarray, batch:
     k = min(threads(), batch // ROW_BLOCK)         # (ranges of 4 rows or more)
     bounds = sorted({0, batch, *(min(batch, ROW_BLOCK * round(batch * i / k / ROW_BLOCK))
                                  for i in range(1, k))})
+    alone = (0, 1, np.zeros(SYNC_SIZE, dtype=np.int64))    # (part, parts, sync): not shared
     if len(bounds) == 2:
-        decode_kernel(*args, 0, batch, *rest)
+        parts = min(threads(), _cores(), MAX_PARTS) if weights.matrix_bytes > SPLIT_ABOVE else 1
+        if parts == 1 or not _split_lock.acquire(blocking=False):
+            decode_kernel(*args, 0, batch, *rest, *alone)
+            return -1
+        try:
+            _shared((*args, 0, batch), rest, parts)
+        finally:
+            _split_lock.release()
         return -1
-    futures = [pool(len(bounds) - 2).submit(decode_kernel, *args, lo, hi, *rest)
+    futures = [pool(len(bounds) - 2).submit(decode_kernel, *args, lo, hi, *rest, *alone)
                for lo, hi in zip(bounds[1:-1], bounds[2:])]
-    decode_kernel(*args, bounds[0], bounds[1], *rest)
+    decode_kernel(*args, bounds[0], bounds[1], *rest, *alone)
     for future in futures:
         future.result()
     return -1

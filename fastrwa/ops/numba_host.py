@@ -185,7 +185,7 @@ def _state(init, n_seq, D, cdt):
 
 @dataclasses.dataclass
 class _Pool:
-    """The thread pool and the process that made it (a forked child inherits the object but
+    """A thread pool and the process that made it (a forked child inherits the object but
     not its threads: a call from another pid makes a new pool)."""
 
     executor: ThreadPoolExecutor | None = None
@@ -193,17 +193,22 @@ class _Pool:
     pid: int = -1
 
 
-_POOL = _Pool()
+_POOLS: dict[str, _Pool] = {}
 _pool_lock = threading.Lock()
 
 
-def pool(workers: int) -> ThreadPoolExecutor:
+def pool(workers: int, role: str = "ranges") -> ThreadPoolExecutor:
+    """The pool of plain threads for ``role`` with ``workers`` threads or more: "ranges"
+    runs ranges of a call's tasks (the scans, the decode step's batch rows); "helpers" runs
+    the threads that share a small batch's decode step (``decode_host.py``), which must not
+    queue behind ranges."""
     with _pool_lock:
-        if _POOL.executor is None or _POOL.pid != os.getpid() or _POOL.workers < workers:
-            _POOL.executor = ThreadPoolExecutor(max_workers=workers,
-                                                thread_name_prefix="fastrwa")
-            _POOL.workers, _POOL.pid = workers, os.getpid()
-        return _POOL.executor
+        p = _POOLS.setdefault(role, _Pool())
+        if p.executor is None or p.pid != os.getpid() or p.workers < workers:
+            p.executor = ThreadPoolExecutor(max_workers=workers,
+                                            thread_name_prefix=f"fastrwa-{role}")
+            p.workers, p.pid = workers, os.getpid()
+        return p.executor
 
 
 def _ranges(work: np.ndarray, n_blk: int, k: int) -> list[int]:

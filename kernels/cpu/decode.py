@@ -33,6 +33,8 @@ from .activations import fsigmoid, ftanh, gelu_row, output_row
 from .fmath import F32, load
 from .rows import log_decay_row, log_weight_row
 from .scan_fwd import step_row
+from .sync import (GO, READY, ROSTER, atomic_load, atomic_store, barrier, join,
+                   keep_or_give_up, park, share, wait_for, wait_posted)
 
 
 
@@ -102,16 +104,17 @@ def linear(w, w_off, scale, bias, v_off, x, x_off, x_stride, y, y_off, y_stride,
 
 
 @reducing_kernel
-def rms_norm_row(x, x_off, weight, w_off, eps, out, o_off, w):
-    """``out[o_off:][:w] = x / sqrt(mean(x^2) + eps) * weight`` for the row of ``x`` at
-    ``x_off`` (``torch.nn.RMSNorm``)."""
+def rms_norm_row(x, x_off, weight, w_off, eps, out, o_off, w, lo, hi):
+    """``out[o_off:][lo:hi] = (x / sqrt(mean(x^2) + eps) * weight)[lo:hi]`` for the row of
+    ``w`` values of ``x`` at ``x_off`` (``torch.nn.RMSNorm``); the mean is over the whole
+    row, whatever the part written."""
     xo, wo, oo = np.uint64(x_off), np.uint64(w_off), np.uint64(o_off)
     ss = F32(0.0)
     for j in range(w):
         v = x[xo + np.uint64(j)]
         ss += v * v
     rstd = F32(1.0) / np.sqrt(ss / F32(w) + eps)
-    for j in range(w):
+    for j in range(lo, hi):
         out[oo + np.uint64(j)] = x[xo + np.uint64(j)] * rstd * weight[wo + np.uint64(j)]
 
 
@@ -128,13 +131,43 @@ def check_tokens(tokens, t_stride, steps, lo, hi, vocab):
 
 
 @kernel
+def norm_input(x, norms, eps, normed, inp, last, layer, lo, hi, T, B, D, F, token_shift,
+               c_lo, c_hi):
+    """Channels ``[c_lo, c_hi)`` of block ``layer``'s first norm of rows ``[lo, hi)`` and of
+    the projection's input ``[normed_t, normed_{t-1}]`` (token shift: before ``t = 0`` the
+    state's ``last``, which takes the last position's)."""
+    for r in range(lo * T, hi * T):
+        rms_norm_row(x, r * D, norms, 2 * layer * D, eps[2 * layer], normed, r * D, D, c_lo,
+                     c_hi)
+        io, no = np.uint64(r * F), np.uint64(r * D)
+        for j in range(c_lo, c_hi):
+            inp[io + np.uint64(j)] = normed[no + np.uint64(j)]
+    if token_shift:
+        for b in range(lo, hi):
+            so = np.uint64((layer * B + b) * D)
+            for t in range(T):
+                io = np.uint64((b * T + t) * F + D)
+                if t == 0:
+                    for j in range(c_lo, c_hi):
+                        inp[io + np.uint64(j)] = last[so + np.uint64(j)]
+                else:
+                    po = np.uint64((b * T + t - 1) * D)
+                    for j in range(c_lo, c_hi):
+                        inp[io + np.uint64(j)] = normed[po + np.uint64(j)]
+            no = np.uint64((b * T + T - 1) * D)
+            for j in range(c_lo, c_hi):
+                last[so + np.uint64(j)] = normed[no + np.uint64(j)]
+
+
+@kernel
 def decode(tokens, t_stride, T, lo, hi, L, B, D, G, R, V, F, token_shift, gated,
            attention, discount, f_h, f_o, embed, norms, eps, proj_w, proj_s, proj_b,
            gate_w, gate_s, gate_b, up_w, up_s, up_b, down_w, down_s, down_b, head_w, head_s,
            head_b, m, n, d, last, x, normed, inp, proj, z, y, h, gate, hidden, tb, logits,
-           consts):
+           consts, part, parts, sync):
     """Advance batch rows ``[lo, hi)`` by ``T`` tokens each and write their logits after the
-    last (module doc).
+    last (module doc), as part ``part`` of ``parts`` calls sharing the work (``parts == 1``:
+    alone).
 
     ``tokens``: flat int64, row ``b``'s ids at ``b * t_stride``, checked in range by the
     caller (:func:`check_tokens`). ``L`` blocks of width ``D`` (the scan's ``H = D``), ``G``
@@ -145,94 +178,151 @@ def decode(tokens, t_stride, T, lo, hi, L, B, D, G, R, V, F, token_shift, gated,
     ``m, n, d`` ``(L, B, D)``, ``last`` ``(L, B, D)``. Work, one row per (batch row,
     position), ``r = b * T + t``: ``x, normed, h, gate, z, y`` ``(B T, D)``, ``inp``
     ``(B T, F)``, ``proj`` ``(B T, G D)``, ``hidden`` ``(B T, R)``, ``tb`` ``(B T, 2 D)``;
-    ``logits`` ``(B, V)``. ``consts``: ``[0, 1, -inf, tiny]`` float32.
+    ``logits`` ``(B, V)``. ``consts``: ``[0, 1, -inf, tiny]`` float32. ``sync``:
+    ``sync.SYNC_SIZE`` zeros shared by the parts (``sync.py``).
 
     Layer by layer: every position's products at once (a weight row serves four positions),
-    the scan along the positions of each row in order."""
+    the scan along the positions of each row in order. Shared, each part takes its share of
+    every product's outputs and of the channels of everything between products (the
+    norms' sums are over whole rows in every part), and the parts meet at a barrier where
+    one reads what others wrote; the caller does the embedding and the first norm alone
+    while the helpers start (``sync.py`` has the protocol)."""
     zero, one, ninf, tiny = consts[0], consts[1], consts[2], consts[3]
     GD = G * D
     r_lo, r_hi = lo * T, hi * T
     rows = r_hi - r_lo
-    for b in range(lo, hi):
-        for t in range(T):
-            e, xo = np.uint64(tokens[b * t_stride + t] * D), np.uint64((b * T + t) * D)
-            for j in range(D):
-                x[xo + np.uint64(j)] = embed[e + np.uint64(j)]
-    for layer in range(L):
-        for r in range(r_lo, r_hi):
-            rms_norm_row(x, r * D, norms, 2 * layer * D, eps[2 * layer], normed, r * D, D)
-            io, no = np.uint64(r * F), np.uint64(r * D)
-            for j in range(D):
-                inp[io + np.uint64(j)] = normed[no + np.uint64(j)]
-        if token_shift:          # [normed_t, normed_{t-1}], the state's last input before t = 0
-            for b in range(lo, hi):
-                so = np.uint64((layer * B + b) * D)
-                for t in range(T):
-                    io = np.uint64((b * T + t) * F + D)
-                    if t == 0:
-                        for j in range(D):
-                            inp[io + np.uint64(j)] = last[so + np.uint64(j)]
-                    else:
-                        po = np.uint64((b * T + t - 1) * D)
-                        for j in range(D):
-                            inp[io + np.uint64(j)] = normed[po + np.uint64(j)]
-                no = np.uint64((b * T + T - 1) * D)
+    if part > 0:
+        if not join(sync, part):
+            return              # given up: the caller did this part's share
+        wait_for(sync, READY)
+    else:
+        for b in range(lo, hi):
+            for t in range(T):
+                e, xo = np.uint64(tokens[b * t_stride + t] * D), np.uint64((b * T + t) * D)
                 for j in range(D):
-                    last[so + np.uint64(j)] = normed[no + np.uint64(j)]
-        linear(proj_w, layer * GD * F, proj_s, proj_b, layer * GD, inp, r_lo * F, F, proj,
-               r_lo * GD, GD, GD, F, rows)
+                    x[xo + np.uint64(j)] = embed[e + np.uint64(j)]
+        norm_input(x, norms, eps, normed, inp, last, 0, lo, hi, T, B, D, F, token_shift, 0,
+                   D)
+        if parts > 1:
+            atomic_store(sync, np.uint64(READY), np.int64(1))
+    o_lo, o_hi = share(GD, part, parts)         # block 0's projection, shared as started
+    linear(proj_w, o_lo * F, proj_s, proj_b, o_lo, inp, r_lo * F, F, proj, r_lo * GD + o_lo,
+           GD, o_hi - o_lo, F, rows)
+    me = 0
+    if parts > 1:
+        if part == 0:           # keep the helpers that have started, do the others' shares
+            joined = 1
+            for p in range(1, parts):
+                if keep_or_give_up(sync, p):
+                    atomic_store(sync, np.uint64(ROSTER + p), np.int64(joined))
+                    joined += 1
+                else:
+                    o_lo, o_hi = share(GD, p, parts)
+                    linear(proj_w, o_lo * F, proj_s, proj_b, o_lo, inp, r_lo * F, F, proj,
+                           r_lo * GD + o_lo, GD, o_hi - o_lo, F, rows)
+            atomic_store(sync, np.uint64(GO), np.int64(joined))
+            parts = joined
+        else:
+            parts = wait_for(sync, GO)
+            me = atomic_load(sync, np.uint64(ROSTER + part))
+    k = barrier(sync, parts, 1)
+    c_lo, c_hi = share(D, me, parts)            # this part's channels
+    cw = c_hi - c_lo
+    for layer in range(L):
+        if layer > 0:
+            norm_input(x, norms, eps, normed, inp, last, layer, lo, hi, T, B, D, F,
+                       token_shift, c_lo, c_hi)
+            k = barrier(sync, parts, k)
+            o_lo, o_hi = share(GD, me, parts)
+            linear(proj_w, (layer * GD + o_lo) * F, proj_s, proj_b, layer * GD + o_lo, inp,
+                   r_lo * F, F, proj, r_lo * GD + o_lo, GD, o_hi - o_lo, F, rows)
+            k = barrier(sync, parts, k)
         for r in range(r_lo, r_hi):
             po, zo = np.uint64(r * GD), np.uint64(r * D)
-            for j in range(D):
+            for j in range(c_lo, c_hi):
                 u = np.uint64(j)
                 z[zo + u] = ftanh(proj[po + np.uint64(D) + u]) * proj[po + u]
             # log weights l in tb's first D, log discounts lam in its second
             if discount == NO_DISCOUNT:
-                for j in range(D):
+                for j in range(c_lo, c_hi):
                     tb[np.uint64(r * 2 * D + D + j)] = zero
             else:
-                log_decay_row(discount, proj, r * GD + 3 * D, tb, r * 2 * D + D, D)
+                log_decay_row(discount, proj, r * GD + 3 * D + c_lo, tb, r * 2 * D + D + c_lo,
+                              cw)
             if attention != EXP:
-                log_weight_row(attention, proj, r * GD + 2 * D, tb, r * 2 * D, D)
+                log_weight_row(attention, proj, r * GD + 2 * D + c_lo, tb, r * 2 * D + c_lo,
+                               cw)
         for b in range(lo, hi):
-            so = (layer * B + b) * D
-            ms, ns, ds = m[so:so + D], n[so:so + D], d[so:so + D]
+            so = (layer * B + b) * D + c_lo
+            ms, ns, ds = m[so:so + cw], n[so:so + cw], d[so:so + cw]
             for t in range(T):
                 r = b * T + t
                 if attention == EXP:           # (l = a, read where it lies)
-                    step_row(ms, ns, ds, tb, r * 2 * D + D, z, r * D, proj, r * GD + 2 * D, y,
-                             r * D, tb, 0, tb, 0, tb, 0, False, D, ninf, zero, one, tiny)
+                    step_row(ms, ns, ds, tb, r * 2 * D + D + c_lo, z, r * D + c_lo, proj,
+                             r * GD + 2 * D + c_lo, y, r * D + c_lo, tb, 0, tb, 0, tb, 0,
+                             False, cw, ninf, zero, one, tiny)
                 else:
-                    step_row(ms, ns, ds, tb, r * 2 * D + D, z, r * D, tb, r * 2 * D, y, r * D,
-                             tb, 0, tb, 0, tb, 0, False, D, ninf, zero, one, tiny)
+                    step_row(ms, ns, ds, tb, r * 2 * D + D + c_lo, z, r * D + c_lo, tb,
+                             r * 2 * D + c_lo, y, r * D + c_lo, tb, 0, tb, 0, tb, 0, False,
+                             cw, ninf, zero, one, tiny)
         for r in range(r_lo, r_hi):
-            output_row(f_h, y, r * D, h, r * D, D)
-            output_row(f_o, h, r * D, h, r * D, D)
-        if gated:
-            linear(gate_w, layer * D * D, gate_s, gate_b, layer * D, normed, r_lo * D, D, gate,
-                   r_lo * D, D, D, D, rows)
+            output_row(f_h, y, r * D + c_lo, h, r * D + c_lo, cw)
+            output_row(f_o, h, r * D + c_lo, h, r * D + c_lo, cw)
+        if gated:       # the gate's outputs of this part's channels (normed is complete)
+            linear(gate_w, (layer * D + c_lo) * D, gate_s, gate_b, layer * D + c_lo, normed,
+                   r_lo * D, D, gate, r_lo * D + c_lo, D, cw, D, rows)
             for r in range(r_lo, r_hi):
                 ho = np.uint64(r * D)
-                for j in range(D):
+                for j in range(c_lo, c_hi):
                     h[ho + np.uint64(j)] *= fsigmoid(gate[ho + np.uint64(j)])
         for r in range(r_lo, r_hi):
             xo = np.uint64(r * D)
-            for j in range(D):
+            for j in range(c_lo, c_hi):
                 x[xo + np.uint64(j)] += h[xo + np.uint64(j)]
-            rms_norm_row(x, r * D, norms, (2 * layer + 1) * D, eps[2 * layer + 1], normed,
-                         r * D, D)
-        linear(up_w, layer * R * D, up_s, up_b, layer * R, normed, r_lo * D, D, hidden,
-               r_lo * R, R, R, D, rows)
+        k = barrier(sync, parts, k)
         for r in range(r_lo, r_hi):
-            gelu_row(hidden, r * R, R)
-        linear(down_w, layer * D * R, down_s, down_b, layer * D, hidden, r_lo * R, R, h,
-               r_lo * D, D, D, R, rows)
+            rms_norm_row(x, r * D, norms, (2 * layer + 1) * D, eps[2 * layer + 1], normed,
+                         r * D, D, c_lo, c_hi)
+        k = barrier(sync, parts, k)
+        o_lo, o_hi = share(R, me, parts)
+        linear(up_w, (layer * R + o_lo) * D, up_s, up_b, layer * R + o_lo, normed, r_lo * D,
+               D, hidden, r_lo * R + o_lo, R, o_hi - o_lo, D, rows)
+        for r in range(r_lo, r_hi):
+            gelu_row(hidden, r * R + o_lo, o_hi - o_lo)
+        k = barrier(sync, parts, k)
+        linear(down_w, (layer * D + c_lo) * R, down_s, down_b, layer * D + c_lo, hidden,
+               r_lo * R, R, h, r_lo * D + c_lo, D, cw, R, rows)
         for r in range(r_lo, r_hi):
             xo = np.uint64(r * D)
-            for j in range(D):
+            for j in range(c_lo, c_hi):
                 x[xo + np.uint64(j)] += h[xo + np.uint64(j)]
+        k = barrier(sync, parts, k)
     for b in range(lo, hi):                # the head on each row's last position only
         r = b * T + T - 1
-        rms_norm_row(x, r * D, norms, 2 * L * D, eps[2 * L], normed, r * D, D)
-    linear(head_w, 0, head_s, head_b, 0, normed, (lo * T + T - 1) * D, T * D, logits, lo * V,
-           V, V, D, hi - lo)
+        rms_norm_row(x, r * D, norms, 2 * L * D, eps[2 * L], normed, r * D, D, c_lo, c_hi)
+    k = barrier(sync, parts, k)
+    o_lo, o_hi = share(V, me, parts)
+    linear(head_w, o_lo * D, head_s, head_b, o_lo, normed, (lo * T + T - 1) * D, T * D, logits,
+           lo * V + o_lo, V, o_hi - o_lo, D, hi - lo)
+    barrier(sync, parts, k)         # every part's logits are written when the caller returns
+
+
+@kernel
+def serve(tokens, t_stride, T, lo, hi, L, B, D, G, R, V, F, token_shift, gated,
+          attention, discount, f_h, f_o, embed, norms, eps, proj_w, proj_s, proj_b,
+          gate_w, gate_s, gate_b, up_w, up_s, up_b, down_w, down_s, down_b, head_w, head_s,
+          head_b, m, n, d, last, x, normed, inp, proj, z, y, h, gate, hidden, tb, logits,
+          consts, part, parts, sync, control):
+    """Part ``part`` of every call of :func:`decode` posted on ``control`` with these
+    arguments (the caller rewrites ``tokens`` and zeroes ``sync`` before each), parked
+    between calls, until none comes for a while (``sync.py``). Returns the calls served."""
+    served = 0
+    while wait_posted(control, served):
+        served += 1
+        decode(tokens, t_stride, T, lo, hi, L, B, D, G, R, V, F, token_shift, gated,
+               attention, discount, f_h, f_o, embed, norms, eps, proj_w, proj_s, proj_b,
+               gate_w, gate_s, gate_b, up_w, up_s, up_b, down_w, down_s, down_b, head_w,
+               head_s, head_b, m, n, d, last, x, normed, inp, proj, z, y, h, gate, hidden, tb,
+               logits, consts, part, parts, sync)
+        park(control)
+    return served

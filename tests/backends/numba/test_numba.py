@@ -303,11 +303,12 @@ def test_a_forked_child_makes_its_own_pool(monkeypatch):
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
     z, a, g = make_inputs(4, 520, 256, dtype=torch.float32, seed=12)
     y = fastrwa.rda_scan(z, a, g)[0]
-    pool = numba_host._POOL.executor
+    ranges = numba_host._POOLS["ranges"]
+    pool = ranges.executor
     assert pool is not None
-    monkeypatch.setattr(numba_host._POOL, "pid", -1)       # as seen from a forked child
+    monkeypatch.setattr(ranges, "pid", -1)       # as seen from a forked child
     assert torch.equal(fastrwa.rda_scan(z, a, g)[0], y)
-    assert numba_host._POOL.executor is not pool
+    assert ranges.executor is not pool
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
