@@ -13,7 +13,8 @@ float32 in every one):
 A call with ``B >= 8`` rows runs up to ``torch.get_num_threads()`` ranges of 4 rows or more
 at once (one on the caller's thread, the others on the numba backend's pool: the kernel
 releases the GIL), each starting at a multiple of 4 rows. A smaller batch of a model whose
-matrices exceed ``SPLIT_ABOVE`` bytes shares each call among the threads instead: the
+matrices hold ``SPLIT_ABOVE`` bytes a part or more (:func:`parts_for`; not on Windows)
+shares each call among the threads instead: the
 caller and helpers on a pool of their own each take a share of every product's outputs and
 of the channels between products and meet at barriers; the caller starts alone, does the
 share of a helper that has not started in time (a busy machine) and returns when every
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import threading
 
 import numpy as np
@@ -34,7 +36,7 @@ import torch
 from ..kernels.cpu.decode import check_tokens, decode as decode_kernel, serve
 from ..kernels.cpu.sampling import sample_rows
 from ..kernels.cpu.sync import (BUSY, CONTROL_SIZE, MAX_PARTS, PARKED, POSTED, STATE,
-                                SYNC_SIZE, claim_parked, dismiss, post)
+                                SYNC_SIZE, cancel, claim_parked, dismiss, post)
 from .numba_host import flat, kernel_consts, pool, threads
 
 WEIGHT_FORMATS = ("float32", "bfloat16", "int8")
@@ -42,7 +44,8 @@ INT8_LEVELS = 127
 PREFILL_ROWS = 256      # (batch row, position) pairs per call of a prompt: its work buffers
 ROW_BLOCK = 4       # rows kernels/cpu/decode.py's linear multiplies by one weight row at once
 # Bytes of weight matrices a step reads above which a small batch shares the step among the
-# threads: below it a step takes about what waking a thread does (tens of microseconds).
+# threads (below it a step takes about what waking a thread does: tens of microseconds),
+# and per part beyond the first (a part's share of a small model is not worth a barrier).
 SPLIT_ABOVE = 1 << 21
 _split_lock = threading.Lock()      # one shared step at a time
 
@@ -145,6 +148,13 @@ class _Helpers:
     sync: np.ndarray
     controls: list
     futures: list
+    calls: int = 0
+
+
+def _dismiss(h: _Helpers) -> None:
+    """Send a set of helpers away (they leave at their next look)."""
+    for control in h.controls:
+        dismiss(control)
 
 
 _helpers: _Helpers | None = None
@@ -152,11 +162,32 @@ _helpers: _Helpers | None = None
 
 def _cores() -> int:
     """Cores this process may run on: a shared step never has more parts (its parts spin
-    while they wait for one another)."""
+    while they wait for one another). 1 on Windows, whose waits cannot yield the core
+    (``kernels/cpu/sync.py``)."""
+    if sys.platform == "win32":
+        return 1
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:          # (not on every platform)
         return os.cpu_count() or 1
+
+
+def parts_for(weights: "Weights") -> int:
+    """The parts a small batch's call shares its step among: as many as PyTorch's threads,
+    the cores and the model's size (``SPLIT_ABOVE`` bytes of matrices a part) allow; 1: not
+    shared."""
+    return max(1, min(threads(), _cores(), MAX_PARTS, weights.matrix_bytes // SPLIT_ABOVE))
+
+
+def _after_fork_in_child() -> None:
+    """A forked child has none of the parent's helper threads, and a lock another of the
+    parent's threads held would stay held: start afresh."""
+    global _split_lock, _helpers
+    _split_lock, _helpers = threading.Lock(), None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _shared(args: tuple, rest: tuple, parts: int) -> None:
@@ -168,33 +199,37 @@ def _shared(args: tuple, rest: tuple, parts: int) -> None:
     tokens, t_stride, T, lo, hi = args
     key = (t_stride, T, lo, hi, parts, tokens.shape,
            *(id(a) if isinstance(a, np.ndarray) else a for a in rest))
-    h = _helpers
-    if h is not None and h.pid != os.getpid():
-        h = None                    # (a forked child: the parent's helpers are not here)
+    h, _helpers = _helpers, None        # (set again below once this call is under way)
     if h is not None:
-        for future in h.futures:
-            if future.done():
-                future.result()                     # (raises what the helper raised)
-        claimed = [claim_parked(c) for c in h.controls] if h.key == key else []
-        if h.key != key or any(state != PARKED for state in claimed):
-            for control in h.controls:              # (one left, or is late: a new set)
-                dismiss(control)
+        failed = next((f for f in h.futures if f.done() and f.exception() is not None), None)
+        claimed = [claim_parked(c) for c in h.controls] if h.key == key and not failed else []
+        if failed or h.key != key or any(state != PARKED for state in claimed):
+            _dismiss(h)                 # (one left, is late or raised: a new set)
+            if failed:
+                failed.result()         # (raises what the helper raised, once)
             h = None
-    if h is None:
-        h = _helpers = _Helpers(key, os.getpid(), tokens.copy(),
-                                np.zeros(SYNC_SIZE, dtype=np.int64),
-                                [np.zeros(CONTROL_SIZE, dtype=np.int64)
-                                 for _ in range(parts - 1)], [])
-        for p, control in enumerate(h.controls, start=1):
-            control[STATE], control[POSTED] = BUSY, 1           # (its first call)
-            h.futures.append(pool(2 * (parts - 1), "helpers").submit(
-                serve, h.tokens, t_stride, T, lo, hi, *rest, p, parts, h.sync, control))
-    else:
-        h.tokens[:] = tokens
-        h.sync[:] = 0
-        for control in h.controls:
-            post(control)
-    decode_kernel(h.tokens, t_stride, T, lo, hi, *rest, 0, parts, h.sync)
+    try:
+        if h is None:
+            h = _Helpers(key, os.getpid(), tokens.copy(), np.zeros(SYNC_SIZE, dtype=np.int64),
+                         [np.zeros(CONTROL_SIZE, dtype=np.int64) for _ in range(parts - 1)],
+                         [])
+            for p, control in enumerate(h.controls, start=1):
+                control[STATE], control[POSTED] = BUSY, 1           # (its first call)
+                h.futures.append(pool(2 * (parts - 1), "helpers").submit(
+                    serve, h.tokens, t_stride, T, lo, hi, *rest, p, parts, h.sync, control))
+        else:
+            h.tokens[:] = tokens
+            h.sync[:] = 0
+            for control in h.controls:
+                post(control)
+        h.calls += 1
+        decode_kernel(h.tokens, t_stride, T, lo, hi, *rest, 0, parts, h.sync)
+    except BaseException:       # (an interrupt before the caller's part: no helper waits;
+        if h is not None:       # after it, the helpers are done and this changes nothing)
+            cancel(h.sync)
+            _dismiss(h)
+        raise
+    _helpers = h
 
 
 def run(weights: Weights, state: tuple, arrays: dict, tokens: np.ndarray, batch: int) -> int:
@@ -225,7 +260,7 @@ def run(weights: Weights, state: tuple, arrays: dict, tokens: np.ndarray, batch:
                                  for i in range(1, k))})
     alone = (0, 1, np.zeros(SYNC_SIZE, dtype=np.int64))    # (part, parts, sync): not shared
     if len(bounds) == 2:
-        parts = min(threads(), _cores(), MAX_PARTS) if weights.matrix_bytes > SPLIT_ABOVE else 1
+        parts = parts_for(weights)
         if parts == 1 or not _split_lock.acquire(blocking=False):
             decode_kernel(*args, 0, batch, *rest, *alone)
             return -1

@@ -1,8 +1,9 @@
 """The CPU kernels, compiled by numba: ``scan_fwd`` (forward and the in-place streaming step
 of the weighted scan), ``scan_bwd`` (its backward), ``decode`` (the fused decode step of the
 byte LM, with the activations of ``activations``, shared among threads by ``sync``), on the
-row operations of ``rows`` and the vectorisable float math of ``fmath``. Launched by ``fastrwa/ops/numba_host.py``, which runs
-a call's tasks on one thread or on a pool of plain threads (the kernels release the GIL).
+row operations of ``rows`` and the vectorisable float math of ``fmath``. Launched by
+``fastrwa/ops/numba_host.py`` (the scan), which runs a call's tasks on one thread or on a
+pool of plain threads (the kernels release the GIL), and ``fastrwa/ops/decode_host.py``.
 
 This module holds how they are compiled: the numba options (one place), and the on-disk
 cache kept consistent across the kernel files. Every kernel module imports :data:`kernel`.

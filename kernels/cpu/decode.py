@@ -194,7 +194,8 @@ def decode(tokens, t_stride, T, lo, hi, L, B, D, G, R, V, F, token_shift, gated,
     if part > 0:
         if not join(sync, part):
             return              # given up: the caller did this part's share
-        wait_for(sync, READY)
+        if wait_for(sync, READY) < 0:
+            return              # cancelled before the caller's part began (sync.cancel)
     else:
         for b in range(lo, hi):
             for t in range(T):

@@ -13,7 +13,10 @@ publishes the roster: each joined helper's new index (``ROSTER + p``) and their 
 waiting for one another without a bound: they are all running by then. No call waits on a
 thread that never starts, and a share is computed the same way whichever part does it.
 
-``sync``: ``SYNC_SIZE`` zeros, fresh per call (entries a cache line apart).
+``sync``: ``SYNC_SIZE`` zeros, fresh per call (``GO``, ``ARRIVED``, ``READY`` and the
+per-part entries a cache line apart). A call whose caller fails before its own part
+begins (an interrupt between posting a call and running it) is cancelled (``cancel``:
+``READY`` set to -1), and a helper waiting for it returns.
 
 A helper may serve many calls in a row (a stream of decode steps of one cache): it parks
 between them, spinning on its ``control`` array (``STATE`` and the count of calls posted,
@@ -23,11 +26,13 @@ The caller claims a parked helper for its next call (``claim_parked``: from ``PA
 cannot be claimed (it has left, or is late with the last call) the caller sends the whole
 set away (``dismiss``: a parked or claimed helper leaves at its next look, a busy one when
 it parks) and starts a new set with new arrays; so does a call with other arguments.
-Waking a thread costs tens of microseconds, a third of a decode step of the default model.
+Waking a thread costs tens of microseconds, a sixth to an eighth of a decode step of the
+default model.
 
 Waits spin, and past ``SPINS_BEFORE_YIELD`` loads give the core up between loads
-(``sched_yield``), so that more spinning threads than cores still make progress; the
+(POSIX ``sched_yield``), so that more spinning threads than cores still make progress; the
 bounded ones (a helper's start, a parked helper's idle time) count yields past that.
+Windows has no ``sched_yield`` to link by name: there the launcher does not share steps.
 """
 
 from __future__ import annotations
@@ -42,11 +47,11 @@ from numba.extending import intrinsic
 
 from . import kernel
 
-GO, ARRIVED, READY, JOIN, ROSTER = 0, 8, 16, 24, 88     # (JOIN, ROSTER: one entry per part)
+GO, ARRIVED, READY, JOIN, ROSTER = 0, 8, 16, 24, 88     # (JOIN, ROSTER: an entry per part)
 MAX_PARTS = 64
 SYNC_SIZE = ROSTER + MAX_PARTS
 SPINS_BEFORE_YIELD = 1 << 14                    # (~5-15 us of loads)
-JOIN_SPINS = SPINS_BEFORE_YIELD + (1 << 10)     # the caller's wait for a helper to start
+JOIN_SPINS = SPINS_BEFORE_YIELD + (1 << 8)      # the caller's wait for a helper to start
 STATE, POSTED, CONTROL_SIZE = 0, 8, 16          # a helper's control array
 GONE, PARKED, BUSY = 0, 1, 2                    # its states
 IDLE_SPINS = SPINS_BEFORE_YIELD + (1 << 12)     # a parked helper's wait for a call
@@ -97,7 +102,7 @@ def atomic_store(typingctx, arr, idx, value):
 if sys.platform == "win32":
     @intrinsic
     def _yield_core(typingctx):
-        """(No ``sched_yield`` on Windows: the wait keeps spinning.)"""
+        """(No ``sched_yield`` on Windows, where steps are not shared: a plain spin.)"""
         def codegen(context, builder, sig, args):
             return context.get_dummy_value()
         return types.none(), codegen
@@ -219,3 +224,10 @@ def dismiss(control):
     """Send a helper away: a parked or claimed one leaves at its next look, a busy one when
     it would park."""
     atomic_store(control, np.uint64(STATE), np.int64(GONE))
+
+
+@kernel
+def cancel(sync):
+    """Cancel a call whose caller's part has not begun: its helpers waiting for ``READY``
+    return without writing anything."""
+    atomic_store(sync, np.uint64(READY), np.int64(-1))
