@@ -141,3 +141,21 @@ def compare_gradients(z, a, g, attention, state, reverse, chunk, dtype, tol=None
     for i, (g_, w_) in enumerate(zip(got, want)):
         assert g_.dtype == (inputs + list(st or []))[i].dtype
         assert_close(g_, w_, tol or TOL[dtype]["grad"], f"gradient #{i} ({dtype})")
+
+
+def in_forked_child(fn, timeout: float = 120.0):
+    """What ``fn()`` returns when run in a child made by ``fork()`` (a DataLoader worker's
+    start): the test fails if the child hangs past ``timeout`` seconds. ``fn`` runs in a
+    copy of the caller's memory; its result comes back through a queue (picklable)."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=lambda: queue.put(fn()))
+    proc.start()
+    proc.join(timeout)
+    hung = proc.is_alive()
+    if hung:
+        proc.kill()
+    assert not hung, "the forked child hung"
+    return queue.get(timeout=10)

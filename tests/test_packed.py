@@ -14,6 +14,7 @@ import torch
 from fastrwa.models import ByteLM, LMConfig, PackedLM, RecurrentLM, WEIGHT_FORMATS
 from fastrwa.ops import decode_host
 from fastrwa.kernels.cpu.sync import GO
+from helpers import in_forked_child
 
 TEXT = list((pathlib.Path(__file__).resolve().parents[1] / "README.md").read_bytes())
 
@@ -465,8 +466,6 @@ def test_concurrent_streams_from_python_threads_give_their_one_thread_bits(monke
 def test_a_forked_child_streams_after_the_parent_shared_its_steps(monkeypatch):
     """fork() copies the parent's parked helpers' bookkeeping but not their threads: the
     child starts helpers of its own and streams the parent's bytes."""
-    import multiprocessing
-
     monkeypatch.setattr(decode_host, "SPLIT_ABOVE", 1)
     packed = PackedLM(_model(), "float32")
     prompt = torch.tensor(TEXT[:5])
@@ -476,22 +475,12 @@ def test_a_forked_child_streams_after_the_parent_shared_its_steps(monkeypatch):
         want = packed.generate(prompt, 40, top_k=1)          # shared steps in the parent
     finally:
         torch.set_num_threads(before)
-    ctx = multiprocessing.get_context("fork")
-    queue = ctx.Queue()
-
     def child():        # (PyTorch's own threads hang in a child forked after they ran)
         torch.set_num_threads(1)
         decode_host.threads = lambda: 2
-        queue.put(bool(torch.equal(packed.generate(prompt, 40, top_k=1), want)))
+        return bool(torch.equal(packed.generate(prompt, 40, top_k=1), want))
 
-    proc = ctx.Process(target=child)
-    proc.start()
-    proc.join(120)
-    hung = proc.is_alive()
-    if hung:
-        proc.kill()
-    assert not hung, "the forked child hung"
-    assert queue.get(timeout=10), "the child's bytes differ from the parent's"
+    assert in_forked_child(child), "the child's bytes differ from the parent's"
 
 
 def test_an_interrupted_step_leaves_no_helper_waiting(monkeypatch):

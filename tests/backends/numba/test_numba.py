@@ -15,8 +15,8 @@ from fastrwa.kernels.cpu.fmath import fexp, flog, flog1p, load, log_sigmoid, sto
 from fastrwa.ops import numba_host
 from fastrwa.ops.dispatch import ScanArgs
 from fastrwa.testing import backend_options
-from helpers import (ATTENTIONS, TOL, assert_close, compare_gradients, make_inputs, make_state,
-                     reference, run)
+from helpers import (ATTENTIONS, TOL, assert_close, compare_gradients, in_forked_child,
+                     make_inputs, make_state, reference, run)
 
 pytestmark = pytest.mark.usefixtures("numba_backend")
 
@@ -495,12 +495,8 @@ def test_strided_rows_are_read_in_place(layout, dtype, split, monkeypatch):
 def test_a_forked_child_runs_after_the_parent_used_the_pool():
     """fork() does not copy the pool's threads: the child makes its own pool and gets the
     parent's results, split over threads as in the parent."""
-    import multiprocessing
-
     z, a, g = make_inputs(4, 520, 256, dtype=torch.float32, seed=14)
     y = fastrwa_outputs(z, a, g)            # threaded, forward and backward, in the parent
-    ctx = multiprocessing.get_context("fork")
-    queue = ctx.Queue()
 
     def child():        # the parent's outputs y are in the child's (copied) memory
         # PyTorch's own OpenMP ops hang in a child forked after they ran (PyTorch's
@@ -508,13 +504,6 @@ def test_a_forked_child_runs_after_the_parent_used_the_pool():
         # calls over 2 threads, on a pool of the child's own.
         torch.set_num_threads(1)
         torch.get_num_threads = lambda: 2
-        queue.put([bool(torch.equal(x, want)) for x, want in zip(fastrwa_outputs(z, a, g), y)])
+        return [bool(torch.equal(x, want)) for x, want in zip(fastrwa_outputs(z, a, g), y)]
 
-    proc = ctx.Process(target=child)
-    proc.start()
-    proc.join(120)
-    hung = proc.is_alive()
-    if hung:
-        proc.kill()
-    assert not hung, "the forked child hung"
-    assert queue.get(timeout=10) == [True] * 4, "the child's results differ from the parent's"
+    assert in_forked_child(child) == [True] * 4, "the child's results differ from the parent's"
