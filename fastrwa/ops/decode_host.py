@@ -48,6 +48,7 @@ ROW_BLOCK = 4       # rows kernels/cpu/decode.py's linear multiplies by one weig
 # and per part beyond the first (a part's share of a small model is not worth a barrier).
 SPLIT_ABOVE = 1 << 21
 _split_lock = threading.Lock()      # one shared step at a time
+_UNSHARED = np.zeros(SYNC_SIZE, dtype=np.int64)     # (a call alone never touches it)
 
 
 def check_format(weights: object) -> str:
@@ -258,7 +259,7 @@ def run(weights: Weights, state: tuple, arrays: dict, tokens: np.ndarray, batch:
     k = min(threads(), batch // ROW_BLOCK)         # (ranges of 4 rows or more)
     bounds = sorted({0, batch, *(min(batch, ROW_BLOCK * round(batch * i / k / ROW_BLOCK))
                                  for i in range(1, k))})
-    alone = (0, 1, np.zeros(SYNC_SIZE, dtype=np.int64))    # (part, parts, sync): not shared
+    alone = (0, 1, _UNSHARED)                               # (part, parts, sync)
     if len(bounds) == 2:
         parts = parts_for(weights)
         if parts == 1 or not _split_lock.acquire(blocking=False):
