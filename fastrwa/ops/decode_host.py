@@ -140,11 +140,11 @@ class _Helpers:
     """The helpers serving the shared calls of one argument set (a stream of decode steps of
     one cache): they park between calls (``kernels/cpu/sync.py``), so a call wakes no
     thread. ``key``: the ids of the arguments, which stay alive while a helper runs with
-    them; ``tokens``, ``sync``: the calls' token ids and work-sharing array, rewritten per
-    call; a control array and a future per helper."""
+    them (once every helper has left, a match finds them gone and starts a new set);
+    ``tokens``, ``sync``: the calls' token ids and work-sharing array, rewritten per call; a
+    control array and a future per helper; ``calls``: the calls it has shared."""
 
     key: tuple
-    pid: int
     tokens: np.ndarray
     sync: np.ndarray
     controls: list
@@ -211,7 +211,7 @@ def _shared(args: tuple, rest: tuple, parts: int) -> None:
             h = None
     try:
         if h is None:
-            h = _Helpers(key, os.getpid(), tokens.copy(), np.zeros(SYNC_SIZE, dtype=np.int64),
+            h = _Helpers(key, tokens.copy(), np.zeros(SYNC_SIZE, dtype=np.int64),
                          [np.zeros(CONTROL_SIZE, dtype=np.int64) for _ in range(parts - 1)],
                          [])
             for p, control in enumerate(h.controls, start=1):
