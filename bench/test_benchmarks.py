@@ -327,7 +327,8 @@ def test_cpu_fair_reports_every_cell_with_a_positive_ratio(tmp_path, capsys):
     result = json.loads((tmp_path / "cpu_fair.json").read_text())
     assert sorted(result["cells"]) == ["rda forward", "rda forward+backward", "rwa forward",
                                        "rwa forward+backward"]
-    assert all(c["ratio"] > 0 and c["op_ms"] > 0 for c in result["cells"].values())
+    assert all(c["ratio"] > 0 and c["op_ms"] > 0 and c["reference_kept_ms"] > 0
+               for c in result["cells"].values())
     assert "rda forward+backward" in capsys.readouterr().out
 
 
