@@ -530,3 +530,62 @@ def test_an_interrupted_step_leaves_no_helper_waiting(monkeypatch):
         assert torch.equal(logits, want)
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("B,options", [(1, {}), (3, dict(temperature=0.7, top_k=5)),
+                                       (2, dict(top_p=0.9))])
+def test_sample_steps_draws_the_tokens_of_the_loop_of_step_and_the_fused_sampler(B, options):
+    """``PackedLM.sample_steps`` (what generate and stream run) against the loop it fuses:
+    ``sample_loop`` over ``step_`` drawing with ``sample_fused`` (tested against the eager
+    sampler's distribution above): the same tokens from the same generator."""
+    from fastrwa.models.sampling import sample_fused, sample_loop
+    packed = PackedLM(_model(), "float32")
+    prompt = torch.tensor(TEXT[:B * 4]).view(B, 4)
+    runs = []
+    for fused in (True, False):
+        cache = packed.allocate_cache(B)
+        logits = packed.prefill(prompt, cache)
+        gen = torch.Generator().manual_seed(5)
+        args = (40, options.get("temperature", 1.0), options.get("top_k"),
+                options.get("top_p"), gen)
+        if fused:
+            tokens = packed.sample_steps(logits, cache, *args)
+        else:
+            tokens = sample_loop(logits, lambda t: packed.step_(t, cache), *args, 256,
+                                 sample_fused)
+        runs.append(torch.stack(list(tokens), 1))
+    assert runs[0].shape == (B, 40) and torch.equal(runs[0], runs[1])
+    assert torch.equal(runs[0], packed.generate(prompt, 40, generator=torch.Generator()
+                                                .manual_seed(5), **options)[:, 4:])
+
+
+def test_sample_steps_refuses_logits_it_cannot_draw_from():
+    packed = PackedLM(_model(), "float32")
+    cache = packed.allocate_cache(2)
+    logits = packed.prefill(torch.tensor([TEXT[:3], TEXT[3:6]]), cache)
+    with pytest.raises(ValueError, match=r"logits must be contiguous float32 CPU \(2, 257\)"):
+        next(packed.sample_steps(logits[:1], cache, 3))
+    with pytest.raises(ValueError, match=r"logits must be .* got \(2, 257\) torch.float64"):
+        next(packed.sample_steps(logits.double(), cache, 3))
+    broken = logits.clone()
+    broken[1, 7] = float("nan")
+    with pytest.raises(ValueError, match="row 1 hold NaN"):
+        next(packed.sample_steps(broken, cache, 3))
+    assert list(packed.sample_steps(logits, cache, 0)) == []
+
+
+@torch.no_grad()
+def test_a_cache_stepped_by_two_packs_takes_each_packs_weights():
+    """Each pack binds the cache's buffers to its own weights: after another pack stepped
+    the cache, a pack steps it with its own (the logits of a cache it alone has used)."""
+    model = _model()
+    first, second = PackedLM(model, "float32"), PackedLM(model, "int8")
+    tokens = torch.tensor([TEXT[:8]])
+    cache = first.allocate_cache(1)
+    first.prefill(tokens[:, :6], cache)
+    for pack, t in ((second, 6), (first, 7)):
+        alone = pack.allocate_cache(1)            # (the same state, never used by the other)
+        for mine, theirs in zip(alone.stacked, cache.stacked):
+            mine.copy_(theirs)
+        expected = pack.step_(tokens[:, t], alone).clone()
+        assert torch.equal(pack.step_(tokens[:, t], cache), expected)

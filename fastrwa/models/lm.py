@@ -562,6 +562,10 @@ class ByteLM(nn.Module):
             return
         cache = self.allocate_cache(context.shape[0])
         logits = decoder.prefill(context, cache)
+        if hasattr(decoder, "sample_steps"):        # a PackedLM: draws and steps in one loop
+            yield from decoder.sample_steps(logits, cache, max_new_tokens, temperature, top_k,
+                                            top_p, generator, self.config.bos_token)
+            return
         yield from sample_loop(logits, lambda token: decoder.step_(token, cache),
                                max_new_tokens, temperature, top_k, top_p, generator,
                                self.config.bos_token, None if decoder is self else sample_fused)

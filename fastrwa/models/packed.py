@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Iterator, Optional
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -12,6 +13,7 @@ from ..ops import decode_host
 from ..ops.decode_host import WEIGHT_FORMATS, Shapes, Weights, dequantize, quantize
 from ..ops.numba_host import flat
 from .lm import ByteLM, InferenceCache
+from .sampling import refuse_logits
 
 
 def unsupported_reason(model: object) -> Optional[str]:
@@ -171,20 +173,26 @@ class PackedLM:
         return cache
 
     def _buffers(self, cache: InferenceCache) -> tuple:
-        """This cache's kernel buffers (made on first use, kept in ``cache.work``)."""
+        """This cache's kernel buffers and the kernel's arguments for them and this pack's
+        weights (made on first use, kept in ``cache.work``; the arguments are made again when
+        another pack of the model uses the cache)."""
         found = cache.work.get("packed")
         if found is None:
             work = decode_host.work_buffers(self.shapes, cache.batch)
             arrays = {name: flat(t) for name, t in work.items()}
             state = tuple(flat(t) for t in cache.stacked)
-            found = cache.work["packed"] = (work, arrays, state)
+            found = (work, arrays, state, None)
+        work, arrays, state, bound = found
+        if bound is None or bound.weights is not self._weights:
+            bound = decode_host.bind(self._weights, state, arrays, cache.batch)
+            found = cache.work["packed"] = (work, arrays, state, bound)
         return found
 
     def _run(self, tokens: Tensor, cache: InferenceCache, name: str) -> Tensor:
         """Advance the cache by ``tokens`` ``(B, T)``: one call for ``T = 1``; for a prompt,
         calls of ``PREFILL_ROWS // B`` positions (at least 1), with buffers for them made
         per prompt (about 20 KB a row at the default size)."""
-        work, arrays, state = self._buffers(cache)
+        work, arrays, state, bound = self._buffers(cache)
         ids = tokens.to(torch.int64)
         T = ids.shape[1]
         chunk = min(T, max(1, decode_host.PREFILL_ROWS // max(1, cache.batch)))
@@ -192,9 +200,10 @@ class PackedLM:
             long = decode_host.work_buffers(self.shapes, cache.batch, chunk)
             arrays = {k: flat(v) for k, v in long.items() if k != "logits"} | \
                 {"logits": arrays["logits"]}
+            bound = decode_host.bind(self._weights, state, arrays, cache.batch)
         for lo in range(0, T, chunk):
             piece = ids[:, lo:lo + chunk].contiguous()
-            bad = decode_host.run(self._weights, state, arrays, flat(piece), cache.batch)
+            bad = decode_host.run(bound, flat(piece))
             if bad >= 0:
                 self._refuse(ids, bad, name)
         return work["logits"]
@@ -246,6 +255,54 @@ class PackedLM:
         if token.device.type != "cpu":
             raise ValueError(f"token must be on the CPU (the packed model's), got {token.device}")
         return self._run(token[:, None], cache, "token")
+
+    @torch.no_grad()
+    def sample_steps(self, logits: Tensor, cache: InferenceCache, max_new_tokens: int,
+                     temperature: float = 1.0, top_k: Optional[int] = None,
+                     top_p: Optional[float] = None, generator: Optional[torch.Generator] = None,
+                     forbidden: Optional[int] = None) -> Iterator[Tensor]:
+        """Yield ``max_new_tokens`` tokens ``(B,)``: the first drawn from ``logits`` ``(B,
+        vocab_size)`` (float32, contiguous, CPU: what :meth:`prefill` or :meth:`step_`
+        returned for ``cache``), each next from the logits of a step that reads the token
+        before (not after the last), as :func:`fastrwa.models.sampling.sample_loop` over
+        :meth:`step_` with :func:`~fastrwa.models.sampling.sample_fused` (the same tokens
+        from the same ``generator``), in one loop: every id is drawn into the array the next
+        step reads, so a token costs the draw, the step and the tensor yielded. Never an id
+        ``>= forbidden`` (default: the BOS id, as ``generate``). ``ByteLM.generate`` and
+        ``stream`` sample so with a ``PackedLM``.
+
+        Example:
+            >>> import torch
+            >>> from fastrwa.models import ByteLM, LMConfig, PackedLM
+            >>> packed = PackedLM(ByteLM(LMConfig(d_model=16, n_layers=1)))
+            >>> cache = packed.allocate_cache(1)
+            >>> logits = packed.prefill(torch.tensor([[104, 105]]), cache)
+            >>> [t.shape for t in packed.sample_steps(logits, cache, 2)]
+            [torch.Size([1]), torch.Size([1])]
+        """
+        self._check_cache(cache)
+        B, V = cache.batch, self.shapes.V
+        if not isinstance(logits, Tensor) or logits.shape != (B, V) \
+                or logits.dtype != torch.float32 or logits.device.type != "cpu" \
+                or not logits.is_contiguous():
+            got = (f"{tuple(logits.shape)} {logits.dtype} on {logits.device}"
+                   if isinstance(logits, Tensor) else type(logits).__name__)
+            raise ValueError(f"logits must be contiguous float32 CPU ({B}, {V}) (what "
+                             f"prefill or step_ returned for this cache), got {got}")
+        forbidden = self.model.config.bos_token if forbidden is None else forbidden
+        _, _, _, bound = self._buffers(cache)
+        ids = np.empty(B, dtype=np.int64)       # [B] the drawn ids: the next step's input
+        scratch = np.empty(V, dtype=np.float32)
+        source = flat(logits)
+        for i in range(max_new_tokens):
+            uniforms = torch.rand(B, generator=generator, dtype=torch.float64)
+            if decode_host.draw(source, B, V, temperature, top_k, top_p, uniforms.numpy(),
+                                forbidden, ids, scratch) >= 0:
+                refuse_logits(torch.from_numpy(source).view(B, V), forbidden)
+            yield torch.from_numpy(ids.copy())
+            if i + 1 < max_new_tokens:
+                decode_host.run(bound, ids)     # (ids < forbidden <= V: in range)
+                source = bound.logits
 
     def generate(self, prompt: Tensor, max_new_tokens: int, **options) -> Tensor:
         """:meth:`ByteLM.generate` with this pack's step (``options`` as there)."""

@@ -144,10 +144,19 @@ def sample_fused(logits: Tensor, temperature: float, top_k: Optional[int],
     uniforms = torch.rand(logits.shape[0], generator=generator, dtype=torch.float64)
     token, bad = decode_host.sample(logits, temperature, top_k, top_p, uniforms, forbidden)
     if bad >= 0:
-        masked = logits.clone()
-        masked[:, forbidden:] = float("-inf")
-        check_logits(masked, masked.amax(dim=-1, keepdim=True))
+        refuse_logits(logits, forbidden)
     return token
+
+
+def refuse_logits(logits: Tensor, forbidden: int) -> None:
+    """Raise the ``ValueError`` of :func:`check_logits` for ``logits`` ``(B, V)`` with the
+    ids ``>= forbidden`` excluded, as :func:`sample` does (called where a compiled draw
+    found a row nothing can be drawn from)."""
+    masked = logits.clone()
+    masked[:, forbidden:] = float("-inf")
+    check_logits(masked, masked.amax(dim=-1, keepdim=True))
+    raise RuntimeError("the compiled draw found no id to draw in logits the check accepts "
+                       "(a defect: please report it)")
 
 
 class Sampler:

@@ -191,15 +191,45 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def _shared(args: tuple, rest: tuple, parts: int) -> None:
+@dataclasses.dataclass(frozen=True)
+class Bound:
+    """The kernel's arguments after the token ids, for one set of state and work arrays
+    (:func:`bind`), built once and reused by every call with them: ``rest``, ``ids`` (the
+    same with every array replaced by its identity: what parked helpers are matched by)
+    and ``logits``, the flat ``(B, V)`` array the calls write."""
+
+    weights: Weights
+    batch: int
+    rest: tuple
+    ids: tuple
+    logits: np.ndarray
+
+
+def bind(weights: Weights, state: tuple, arrays: dict, batch: int) -> Bound:
+    """The :class:`Bound` arguments of calls for ``batch`` rows with ``state`` (flat ``m, n,
+    d, last`` arrays ``(L, B, D)``, ``last`` empty without token shift) and ``arrays`` (flat
+    views of :func:`work_buffers`); they stay in use as long as the result."""
+    s = weights.shapes
+    (proj, gate, up, down, head) = weights.matrices
+    w = arrays
+    rest = (s.L, batch, s.D, s.G, s.R, s.V, s.F, s.token_shift, s.gated, s.attention,
+            s.discount, s.f_h, s.f_o, weights.embed, weights.norms, weights.eps,
+            *proj, *gate, *up, *down, *head, *state,
+            w["x"], w["normed"], w["inp"], w["proj"], w["z"], w["y"], w["h"], w["gate"],
+            w["hidden"], w["tb"], w["logits"], kernel_consts(torch.float32))
+    return Bound(weights, batch, rest,
+                 tuple(id(a) if isinstance(a, np.ndarray) else a for a in rest), w["logits"])
+
+
+def _shared(args: tuple, bound: Bound, parts: int) -> None:
     """One call of the decode kernel shared by ``parts`` parts: the caller and the helpers
     parked since the last call with the same arguments, or a new set of helpers. The caller
     returns when every part's share is written. A helper that raised is found at a later
     call (its future, done, is checked then)."""
     global _helpers
     tokens, t_stride, T, lo, hi = args
-    key = (t_stride, T, lo, hi, parts, tokens.shape,
-           *(id(a) if isinstance(a, np.ndarray) else a for a in rest))
+    rest = bound.rest
+    key = (t_stride, T, lo, hi, parts, tokens.shape, bound.ids)
     h, _helpers = _helpers, None        # (set again below once this call is under way)
     if h is not None:
         failed = next((f for f in h.futures if f.done() and f.exception() is not None), None)
@@ -233,27 +263,19 @@ def _shared(args: tuple, rest: tuple, parts: int) -> None:
     _helpers = h
 
 
-def run(weights: Weights, state: tuple, arrays: dict, tokens: np.ndarray, batch: int) -> int:
-    """Advance ``batch`` rows by their ``T`` tokens (``tokens`` flat int64, ``(B, T)``
-    row-major) and write the logits after the last into ``arrays['logits']``. ``state``:
-    flat ``m, n, d, last`` arrays ``(L, B, D)`` (``last`` empty without token shift);
-    ``arrays``: flat views of :func:`work_buffers` for ``T`` positions or more. Returns -1,
-    or the first row holding an id outside the vocabulary: then nothing was written."""
-    s = weights.shapes
+def run(bound: Bound, tokens: np.ndarray) -> int:
+    """Advance the ``B`` rows of ``bound`` (:func:`bind`) by their ``T`` tokens (``tokens``
+    flat int64, ``(B, T)`` row-major; its work arrays hold ``T`` positions or more) and write
+    the logits after the last into its logits. Returns -1, or the first row holding an id
+    outside the vocabulary: then nothing was written."""
+    weights, batch, rest = bound.weights, bound.batch, bound.rest
     if batch == 0:
         return -1
     T = tokens.shape[0] // batch
-    bad = check_tokens(tokens, T, T, 0, batch, s.V)
+    bad = check_tokens(tokens, T, T, 0, batch, weights.shapes.V)
     if bad >= 0:
         return bad
-    (proj, gate, up, down, head) = weights.matrices
-    w = arrays
     args = (tokens, T, T)
-    rest = (s.L, batch, s.D, s.G, s.R, s.V, s.F, s.token_shift, s.gated, s.attention,
-            s.discount, s.f_h, s.f_o, weights.embed, weights.norms, weights.eps,
-            *proj, *gate, *up, *down, *head, *state,
-            w["x"], w["normed"], w["inp"], w["proj"], w["z"], w["y"], w["h"], w["gate"],
-            w["hidden"], w["tb"], w["logits"], kernel_consts(torch.float32))
     # Ranges start at multiples of the kernel's block of rows: a row is summed in the same
     # block (and order) whatever the split, so the result does not depend on the threads.
     k = min(threads(), batch // ROW_BLOCK)         # (ranges of 4 rows or more)
@@ -266,7 +288,7 @@ def run(weights: Weights, state: tuple, arrays: dict, tokens: np.ndarray, batch:
             decode_kernel(*args, 0, batch, *rest, *alone)
             return -1
         try:
-            _shared((*args, 0, batch), rest, parts)
+            _shared((*args, 0, batch), bound, parts)
         finally:
             _split_lock.release()
         return -1
@@ -278,15 +300,25 @@ def run(weights: Weights, state: tuple, arrays: dict, tokens: np.ndarray, batch:
     return -1
 
 
+def draw(logits: np.ndarray, B: int, V: int, temperature: float, top_k: int | None,
+         top_p: float | None, uniforms: np.ndarray, forbidden: int, out: np.ndarray,
+         scratch: np.ndarray) -> int:
+    """Write into ``out`` (int64 ``(B,)``) one id per row of ``logits`` (flat float32 ``(B,
+    V)``) drawn at ``uniforms`` (float64 ``(B,)``), never one ``>= forbidden``
+    (``kernels/cpu/sampling.py``); ``scratch``: ``V`` float32. Returns -1, or the first row
+    nothing can be drawn from (then ``out`` is incomplete)."""
+    return sample_rows(logits, B, V, forbidden, np.float32(temperature),
+                       min(top_k or 0, V), 1.0 if top_p is None else float(top_p),
+                       uniforms, out, scratch)
+
+
 def sample(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None,
            uniforms: torch.Tensor, forbidden: int) -> tuple[torch.Tensor, int]:
     """``(ids (B,) int64, -1)``: one id per row of contiguous float32 CPU ``logits``
-    ``(B, V)`` drawn at ``uniforms`` ``(B,)`` (``kernels/cpu/sampling.py``), or ``(_, row)``
-    naming the first row nothing can be drawn from."""
+    ``(B, V)`` drawn at ``uniforms`` ``(B,)`` (:func:`draw`), or ``(_, row)`` naming the
+    first row nothing can be drawn from."""
     B, V = logits.shape
     out = torch.empty(B, dtype=torch.int64)
-    bad = sample_rows(flat(logits), B, V, forbidden, np.float32(temperature),
-                      min(top_k or 0, V), 1.0 if top_p is None else float(top_p),
-                      uniforms.numpy(), out.numpy(), np.empty(V, dtype=np.float32))
+    bad = draw(flat(logits), B, V, temperature, top_k, top_p, uniforms.numpy(), forbidden,
+               out.numpy(), np.empty(V, dtype=np.float32))
     return out, bad
-
