@@ -19,6 +19,14 @@ from helpers import in_forked_child
 TEXT = list((pathlib.Path(__file__).resolve().parents[1] / "README.md").read_bytes())
 
 
+@pytest.fixture(autouse=True)
+def _share_whenever_possible(monkeypatch):
+    """A small batch's step shared among threads whenever it can be (not only while that is
+    faster: ``decode_host.Choice``, tested on its own below), so that the tests of the
+    shared step run it on any machine."""
+    monkeypatch.setattr(decode_host, "SHARE", "always")
+
+
 def _model(seed=0, **fields) -> ByteLM:
     torch.manual_seed(seed)
     model = ByteLM(LMConfig(**{"d_model": 32, "n_layers": 2, **fields})).eval()
@@ -589,3 +597,62 @@ def test_a_cache_stepped_by_two_packs_takes_each_packs_weights():
             mine.copy_(theirs)
         expected = pack.step_(tokens[:, t], alone).clone()
         assert torch.equal(pack.step_(tokens[:, t], cache), expected)
+
+
+def test_the_choice_shares_while_sharing_is_faster_and_times_the_other_way_now_and_then(
+        monkeypatch):
+    """``decode_host.Choice`` with made-up call times (a shared call after more than two
+    alone costing 9 more: its helpers have left and start again): it shares first, times
+    the step alone after
+    PROBE_FIRST calls (two calls, the second counted), keeps the faster way, times the other
+    again every PROBE_EVERY calls, leaves sharing when it becomes slower (a busy core) and
+    comes back to it when it is faster again."""
+    monkeypatch.setattr(decode_host, "SHARE", "auto")
+    choice, alone_in_a_row = decode_host.Choice(), [0]
+
+    def run(calls, shared_s, alone_s):
+        ways = []
+        for _ in range(calls):
+            way = choice.share()
+            ways.append(way)
+            choice.record(way, shared_s + 9.0 * (alone_in_a_row[0] > 2) if way else alone_s)
+            alone_in_a_row[0] = 0 if way else alone_in_a_row[0] + 1
+        return ways
+
+    ways = run(600, 1.0, 2.0)
+    first = decode_host.PROBE_FIRST
+    assert ways[:first - 1] == [True] * (first - 1) and ways[first - 1:first + 1] == [False] * 2
+    assert (choice.shared_s, choice.alone_s) == (1.0, 2.0)
+    assert ways.count(False) == 2 * (1 + (600 - first - 1) // decode_host.PROBE_EVERY)
+    ways = run(40, 3.0, 2.0)                    # sharing becomes slower (another program)
+    assert ways[-10:] == [False] * 10 and choice.shared_s > choice.alone_s
+    ways = run(2 * decode_host.PROBE_EVERY, 1.0, 2.0)     # and faster again
+    assert ways[-10:] == [True] * 10 and choice.shared_s == 1.0
+    for mode, want in (("always", True), ("never", False)):
+        monkeypatch.setattr(decode_host, "SHARE", mode)
+        assert {decode_host.Choice(alone_s=1.0, shared_s=5.0 if want else 0.5).share()
+                for _ in range(300)} == {want}
+
+
+def test_a_stream_whose_shared_steps_are_slower_steps_alone(monkeypatch):
+    """Through a stream: a cache whose shared steps measured slower runs its steps alone
+    (no helper starts), with the bits of every other way."""
+    if decode_host._cores() < 2:
+        pytest.skip("a step is shared among cores: this machine has one (or is Windows)")
+    monkeypatch.setattr(decode_host, "SPLIT_ABOVE", 1)
+    monkeypatch.setattr(decode_host, "SHARE", "auto")
+    packed = PackedLM(_model(), "float32")
+    want = _steps(packed, 1)
+    started = []
+    real_pool = decode_host.pool
+    monkeypatch.setattr(decode_host, "pool", lambda *a: started.append(a) or real_pool(*a))
+    monkeypatch.setattr(decode_host, "_helpers", None)
+    real_bind = decode_host.bind
+
+    def slow_sharing(*args):
+        bound = real_bind(*args)
+        bound.choice.shared_s, bound.choice.alone_s = 1.0, 0.5     # (seconds a call)
+        return bound
+    monkeypatch.setattr(decode_host, "bind", slow_sharing)
+    got = _steps(packed, 2)
+    assert _same(want, got) and got[2] == 0 and started == []

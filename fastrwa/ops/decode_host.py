@@ -18,9 +18,10 @@ shares each call among the threads instead: the
 caller and helpers on a pool of their own each take a share of every product's outputs and
 of the channels between products and meet at barriers; the caller starts alone, does the
 share of a helper that has not started in time (a busy machine) and returns when every
-share is done (``kernels/cpu/sync.py``). One such call runs at a time in a process (another
-runs alone on its caller's thread). Results are the same bits whatever the split and the
-thread count.
+share is done (``kernels/cpu/sync.py``). Such calls share their step only while that is
+faster than running it alone (:class:`Choice`: another program on the cores makes it
+slower). One such call runs at a time in a process (another runs alone on its caller's
+thread). Results are the same bits whatever the split and the thread count.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import dataclasses
 import os
 import sys
 import threading
+import time
 
 import numpy as np
 import torch
@@ -47,6 +49,10 @@ ROW_BLOCK = 4       # rows kernels/cpu/decode.py's linear multiplies by one weig
 # threads (below it a step takes about what waking a thread does: tens of microseconds),
 # and per part beyond the first (a part's share of a small model is not worth a barrier).
 SPLIT_ABOVE = 1 << 21
+SHARE = "auto"          # a small batch's step: shared or alone, whichever is faster (Choice)
+PROBE_EVERY = 256       # calls between timings of the way not in use
+PROBE_FIRST = 8         # calls before the first timing of a step alone
+SMOOTHING = 0.125       # weight of a call's time in the smoothed time of its way
 _split_lock = threading.Lock()      # one shared step at a time
 _UNSHARED = np.zeros(SYNC_SIZE, dtype=np.int64)     # (a call alone never touches it)
 
@@ -191,6 +197,49 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+@dataclasses.dataclass
+class Choice:
+    """Whether a small batch's calls share their step among the threads or run it alone on
+    the caller's: whichever has been faster lately. A shared step waits at its barriers for
+    every part, so one whose thread loses its core to another program holds the whole step
+    up (measured with a busy loop on the other core: the default model's bfloat16 stream at
+    3,074 bytes/s shared against 7,785 alone); then the step runs alone until sharing is
+    faster again. Seconds of a call each way, smoothed over the calls made that way
+    (``SMOOTHING``); the way not in use is timed again after ``PROBE_EVERY`` calls (the
+    first time alone after ``PROBE_FIRST``), by two calls of which the second counts (the
+    first may start the helpers). ``SHARE``:
+    ``"auto"`` (this), ``"always"`` or ``"never"``."""
+
+    shared_s: float = 0.0       # (0: not timed yet)
+    alone_s: float = 0.0
+    calls: int = 0              # since the way not in use was last timed
+    probe: int = 0              # calls of a probe left
+    probe_shared: bool = False
+
+    def share(self) -> bool:
+        """Whether the next call shares its step."""
+        if SHARE != "auto":
+            return SHARE == "always"
+        if self.probe:
+            return self.probe_shared
+        best = not self.shared_s or not self.alone_s or self.shared_s <= self.alone_s
+        self.calls += 1
+        if self.calls >= (PROBE_EVERY if self.alone_s else PROBE_FIRST):
+            self.calls, self.probe, self.probe_shared = 0, 2, not best
+            return not best
+        return best
+
+    def record(self, shared: bool, seconds: float) -> None:
+        """A call made as :meth:`share` said took ``seconds``."""
+        name = "shared_s" if shared else "alone_s"
+        if self.probe:          # (its last call's time stands: the first may start helpers)
+            self.probe -= 1
+            setattr(self, name, seconds)
+            return
+        old = getattr(self, name)
+        setattr(self, name, seconds if old == 0.0 else old + SMOOTHING * (seconds - old))
+
+
 @dataclasses.dataclass(frozen=True)
 class Bound:
     """The kernel's arguments after the token ids, for one set of state and work arrays
@@ -203,6 +252,7 @@ class Bound:
     rest: tuple
     ids: tuple
     logits: np.ndarray
+    choice: Choice = dataclasses.field(default_factory=Choice)
 
 
 def bind(weights: Weights, state: tuple, arrays: dict, batch: int) -> Bound:
@@ -288,7 +338,13 @@ def run(bound: Bound, tokens: np.ndarray) -> int:
             decode_kernel(*args, 0, batch, *rest, *alone)
             return -1
         try:
-            _shared((*args, 0, batch), bound, parts)
+            shared = bound.choice.share()
+            began = time.perf_counter()
+            if shared:
+                _shared((*args, 0, batch), bound, parts)
+            else:
+                decode_kernel(*args, 0, batch, *rest, *alone)
+            bound.choice.record(shared, time.perf_counter() - began)
         finally:
             _split_lock.release()
         return -1
