@@ -559,27 +559,57 @@ def test_sample_steps_draws_the_tokens_of_the_loop_of_step_and_the_fused_sampler
         if fused:
             tokens = packed.sample_steps(logits, cache, *args)
         else:
-            tokens = sample_loop(logits, lambda t: packed.step_(t, cache), *args, 256,
-                                 sample_fused)
+            tokens = sample_loop(logits, lambda t: packed.step_(t, cache), *args,
+                                 packed.model.config.bos_token, sample_fused)
         runs.append(torch.stack(list(tokens), 1))
     assert runs[0].shape == (B, 40) and torch.equal(runs[0], runs[1])
     assert torch.equal(runs[0], packed.generate(prompt, 40, generator=torch.Generator()
                                                 .manual_seed(5), **options)[:, 4:])
 
 
-def test_sample_steps_refuses_logits_it_cannot_draw_from():
+def test_sample_steps_refuses_what_it_cannot_draw_from_when_called():
+    """Arguments are checked at the call (the iterator is not started); logits holding NaN
+    at the first draw; one token takes no step, none returns at once."""
     packed = PackedLM(_model(), "float32")
     cache = packed.allocate_cache(2)
     logits = packed.prefill(torch.tensor([TEXT[:3], TEXT[3:6]]), cache)
-    with pytest.raises(ValueError, match=r"logits must be contiguous float32 CPU \(2, 257\)"):
-        next(packed.sample_steps(logits[:1], cache, 3))
-    with pytest.raises(ValueError, match=r"logits must be .* got \(2, 257\) torch.float64"):
-        next(packed.sample_steps(logits.double(), cache, 3))
+    state = [t.clone() for t in cache.stacked]
+    for bad, match in ((dict(logits=logits[:1]), r"logits must be contiguous float32 CPU "
+                                                  r"\(2, 257\)"),
+                       (dict(logits=logits.double()), r"logits .* got \(2, 257\) torch.float64"),
+                       (dict(temperature=-1.0), "temperature must be a finite number > 0"),
+                       (dict(top_k=0), "top_k must be a positive int"),
+                       (dict(top_p=1e-46), r"top_p must be in \(0, 1\]"),
+                       (dict(max_new_tokens=2.5), "max_new_tokens must be an int >= 0"),
+                       (dict(forbidden=-3), r"forbidden must be an int in \[1, 257\]")):
+        args = dict(logits=logits, cache=cache, max_new_tokens=3) | bad
+        with pytest.raises(ValueError, match=match):
+            packed.sample_steps(**args)
     broken = logits.clone()
     broken[1, 7] = float("nan")
+    tokens = packed.sample_steps(broken, cache, 3)
     with pytest.raises(ValueError, match="row 1 hold NaN"):
-        next(packed.sample_steps(broken, cache, 3))
+        next(tokens)
     assert list(packed.sample_steps(logits, cache, 0)) == []
+    assert [t.shape for t in packed.sample_steps(logits, cache, 1)] == [(2,)]
+    assert all(torch.equal(a, b) for a, b in zip(state, cache.stacked))   # (no step taken)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_a_top_p_below_every_probability_keeps_the_most_likely_id(fused):
+    """top_p smaller than any id's probability keeps the most likely id (the fewest ids
+    reaching p): the greedy choice, in the compiled sampler as in the eager one; a top_p
+    that rounds to 0 in float32 is refused by generate."""
+    from fastrwa.models.sampling import sample, sample_fused
+    logits = torch.tensor([[0.5, 3.0, 1.0, -2.0]])
+    draw = sample_fused if fused else sample
+    gen = torch.Generator().manual_seed(0)
+    assert {int(draw(logits, 1.0, None, 1e-30, gen, 4)) for _ in range(50)} == {1}
+    if fused:           # (a top_p of 0 in float32 too: the compiled draw is called directly)
+        assert {int(draw(logits, 1.0, None, 1e-46, gen, 4)) for _ in range(50)} == {1}
+    model = _model()
+    with pytest.raises(ValueError, match=r"top_p must be in \(0, 1\]"):
+        model.generate(torch.tensor(TEXT[:3]), 4, top_p=1e-46)
 
 
 @torch.no_grad()
@@ -602,13 +632,13 @@ def test_a_cache_stepped_by_two_packs_takes_each_packs_weights():
 def test_the_choice_shares_while_sharing_is_faster_and_times_the_other_way_now_and_then(
         monkeypatch):
     """``decode_host.Choice`` with made-up call times (a shared call after more than two
-    alone costing 9 more: its helpers have left and start again): it shares first, times
-    the step alone after
+    alone, or the first, costing 9 more: its helpers start): it times sharing first (two
+    calls, the second counted), times the step alone after
     PROBE_FIRST calls (two calls, the second counted), keeps the faster way, times the other
     again every PROBE_EVERY calls, leaves sharing when it becomes slower (a busy core) and
     comes back to it when it is faster again."""
     monkeypatch.setattr(decode_host, "SHARE", "auto")
-    choice, alone_in_a_row = decode_host.Choice(), [0]
+    choice, alone_in_a_row = decode_host.Choice(), [3]
 
     def run(calls, shared_s, alone_s):
         ways = []
@@ -620,10 +650,12 @@ def test_the_choice_shares_while_sharing_is_faster_and_times_the_other_way_now_a
         return ways
 
     ways = run(600, 1.0, 2.0)
-    first = decode_host.PROBE_FIRST
-    assert ways[:first - 1] == [True] * (first - 1) and ways[first - 1:first + 1] == [False] * 2
+    probes, start = set(), 2 + decode_host.PROBE_FIRST - 1   # (after the first probe, shared)
+    while start < 600:
+        probes |= {start, start + 1}
+        start += 2 + decode_host.PROBE_EVERY - 1
+    assert {i for i, way in enumerate(ways) if not way} == probes
     assert (choice.shared_s, choice.alone_s) == (1.0, 2.0)
-    assert ways.count(False) == 2 * (1 + (600 - first - 1) // decode_host.PROBE_EVERY)
     ways = run(40, 3.0, 2.0)                    # sharing becomes slower (another program)
     assert ways[-10:] == [False] * 10 and choice.shared_s > choice.alone_s
     ways = run(2 * decode_host.PROBE_EVERY, 1.0, 2.0)     # and faster again
@@ -632,6 +664,10 @@ def test_the_choice_shares_while_sharing_is_faster_and_times_the_other_way_now_a
         monkeypatch.setattr(decode_host, "SHARE", mode)
         assert {decode_host.Choice(alone_s=1.0, shared_s=5.0 if want else 0.5).share()
                 for _ in range(300)} == {want}
+    monkeypatch.setattr(decode_host, "SHARE", "Always")
+    with pytest.raises(ValueError, match="SHARE must be 'auto', 'always' or 'never', got "
+                                         "'Always'"):
+        decode_host.Choice().share()
 
 
 def test_a_stream_whose_shared_steps_are_slower_steps_alone(monkeypatch):
@@ -652,6 +688,7 @@ def test_a_stream_whose_shared_steps_are_slower_steps_alone(monkeypatch):
     def slow_sharing(*args):
         bound = real_bind(*args)
         bound.choice.shared_s, bound.choice.alone_s = 1.0, 0.5     # (seconds a call)
+        bound.choice.probe = 0
         return bound
     monkeypatch.setattr(decode_host, "bind", slow_sharing)
     got = _steps(packed, 2)

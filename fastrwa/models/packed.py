@@ -13,7 +13,7 @@ from ..ops import decode_host
 from ..ops.decode_host import WEIGHT_FORMATS, Shapes, Weights, dequantize, quantize
 from ..ops.numba_host import flat
 from .lm import ByteLM, InferenceCache
-from .sampling import refuse_logits
+from .sampling import check_sampling_args, refuse_logits
 
 
 def unsupported_reason(model: object) -> Optional[str]:
@@ -256,20 +256,20 @@ class PackedLM:
             raise ValueError(f"token must be on the CPU (the packed model's), got {token.device}")
         return self._run(token[:, None], cache, "token")
 
-    @torch.no_grad()
     def sample_steps(self, logits: Tensor, cache: InferenceCache, max_new_tokens: int,
                      temperature: float = 1.0, top_k: Optional[int] = None,
                      top_p: Optional[float] = None, generator: Optional[torch.Generator] = None,
                      forbidden: Optional[int] = None) -> Iterator[Tensor]:
-        """Yield ``max_new_tokens`` tokens ``(B,)``: the first drawn from ``logits`` ``(B,
-        vocab_size)`` (float32, contiguous, CPU: what :meth:`prefill` or :meth:`step_`
+        """An iterator of ``max_new_tokens`` tokens ``(B,)``: the first drawn from ``logits``
+        ``(B, vocab_size)`` (float32, contiguous, CPU: what :meth:`prefill` or :meth:`step_`
         returned for ``cache``), each next from the logits of a step that reads the token
         before (not after the last), as :func:`fastrwa.models.sampling.sample_loop` over
         :meth:`step_` with :func:`~fastrwa.models.sampling.sample_fused` (the same tokens
         from the same ``generator``), in one loop: every id is drawn into the array the next
         step reads, so a token costs the draw, the step and the tensor yielded. Never an id
-        ``>= forbidden`` (default: the BOS id, as ``generate``). ``ByteLM.generate`` and
-        ``stream`` sample so with a ``PackedLM``.
+        ``>= forbidden`` (default: the BOS id, as ``generate``). Arguments are checked when
+        it is called (as ``generate``'s; ``ValueError``); ``ByteLM.generate`` and ``stream``
+        sample so with a ``PackedLM``.
 
         Example:
             >>> import torch
@@ -289,7 +289,20 @@ class PackedLM:
                    if isinstance(logits, Tensor) else type(logits).__name__)
             raise ValueError(f"logits must be contiguous float32 CPU ({B}, {V}) (what "
                              f"prefill or step_ returned for this cache), got {got}")
+        check_sampling_args(max_new_tokens, temperature, top_k, top_p)
         forbidden = self.model.config.bos_token if forbidden is None else forbidden
+        if isinstance(forbidden, bool) or not isinstance(forbidden, int) \
+                or not 0 < forbidden <= V:
+            raise ValueError(f"forbidden must be an int in [1, {V}] (ids from it on are "
+                             f"never drawn), got {forbidden!r}")
+        return self._sample_steps(logits.detach(), cache, max_new_tokens, temperature,
+                                  top_k, top_p, generator, forbidden)
+
+    @torch.no_grad()
+    def _sample_steps(self, logits: Tensor, cache: InferenceCache, max_new_tokens: int,
+                      temperature: float, top_k: Optional[int], top_p: Optional[float],
+                      generator: Optional[torch.Generator], forbidden: int) -> Iterator[Tensor]:
+        B, V = cache.batch, self.shapes.V
         _, _, _, bound = self._buffers(cache)
         ids = np.empty(B, dtype=np.int64)       # [B] the drawn ids: the next step's input
         scratch = np.empty(V, dtype=np.float32)
@@ -301,7 +314,9 @@ class PackedLM:
                 refuse_logits(torch.from_numpy(source).view(B, V), forbidden)
             yield torch.from_numpy(ids.copy())
             if i + 1 < max_new_tokens:
-                decode_host.run(bound, ids)     # (ids < forbidden <= V: in range)
+                bad = decode_host.run(bound, ids)
+                if bad >= 0:            # (drawn ids are in [0, forbidden): never)
+                    self._refuse(torch.from_numpy(ids)[:, None], bad, "a drawn token")
                 source = bound.logits
 
     def generate(self, prompt: Tensor, max_new_tokens: int, **options) -> Tensor:

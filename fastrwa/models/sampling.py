@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, Iterator, Optional
+from typing import Callable, Iterator, NoReturn, Optional
 
 import torch
 from torch import Tensor
@@ -23,6 +23,15 @@ def check_generate_args(prompt: object, vocab_size: int, max_new_tokens: object,
         if low < 0 or high >= vocab_size:
             raise ValueError(f"prompt must be ids in [0, {vocab_size}), "
                              f"got values in [{low}, {high}]")
+    check_sampling_args(max_new_tokens, temperature, top_k, top_p)
+    if isinstance(beam_size, bool) or not isinstance(beam_size, int) or beam_size < 1:
+        raise ValueError(f"beam_size must be a positive int, got {beam_size!r}")
+
+
+def check_sampling_args(max_new_tokens: object, temperature: object, top_k: object,
+                        top_p: object) -> None:
+    """Raise ``ValueError`` naming the first of ``generate``'s sampling arguments that is
+    wrong (``top_p`` must be a positive float32 too: a smaller one would keep no id)."""
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) \
             or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
@@ -33,10 +42,10 @@ def check_generate_args(prompt: object, vocab_size: int, max_new_tokens: object,
                               or top_k < 1):
         raise ValueError(f"top_k must be a positive int or None, got {top_k!r}")
     if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float))
-                              or not 0 < top_p <= 1):
-        raise ValueError(f"top_p must be in (0, 1] or None, got {top_p!r}")
-    if isinstance(beam_size, bool) or not isinstance(beam_size, int) or beam_size < 1:
-        raise ValueError(f"beam_size must be a positive int, got {beam_size!r}")
+                              or not 0 < top_p <= 1
+                              or torch.tensor(top_p, dtype=torch.float32).item() == 0):
+        raise ValueError(f"top_p must be in (0, 1] (at least 1.4e-45, the smallest float32) "
+                         f"or None, got {top_p!r}")
 
 
 def prepare_prompt(prompt: object, vocab_size: int, bos_token: int, max_new_tokens: object,
@@ -148,7 +157,7 @@ def sample_fused(logits: Tensor, temperature: float, top_k: Optional[int],
     return token
 
 
-def refuse_logits(logits: Tensor, forbidden: int) -> None:
+def refuse_logits(logits: Tensor, forbidden: int) -> NoReturn:
     """Raise the ``ValueError`` of :func:`check_logits` for ``logits`` ``(B, V)`` with the
     ids ``>= forbidden`` excluded, as :func:`sample` does (called where a compiled draw
     found a row nothing can be drawn from)."""

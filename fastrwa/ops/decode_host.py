@@ -203,22 +203,25 @@ class Choice:
     the caller's: whichever has been faster lately. A shared step waits at its barriers for
     every part, so one whose thread loses its core to another program holds the whole step
     up (measured with a busy loop on the other core: the default model's bfloat16 stream at
-    3,074 bytes/s shared against 7,785 alone); then the step runs alone until sharing is
+    3,357 bytes/s shared against 7,861 alone); then the step runs alone until sharing is
     faster again. Seconds of a call each way, smoothed over the calls made that way
-    (``SMOOTHING``); the way not in use is timed again after ``PROBE_EVERY`` calls (the
-    first time alone after ``PROBE_FIRST``), by two calls of which the second counts (the
-    first may start the helpers). ``SHARE``:
-    ``"auto"`` (this), ``"always"`` or ``"never"``."""
+    (``SMOOTHING``), starting from a probe of sharing; a probe is two calls one way, of
+    which the second's time replaces that way's (the first may start the helpers); the way
+    not in use is probed after ``PROBE_EVERY`` calls (alone the first time after
+    ``PROBE_FIRST``). ``SHARE``: ``"auto"`` (this), ``"always"`` or ``"never"``."""
 
     shared_s: float = 0.0       # (0: not timed yet)
     alone_s: float = 0.0
     calls: int = 0              # since the way not in use was last timed
-    probe: int = 0              # calls of a probe left
-    probe_shared: bool = False
+    probe: int = 2              # calls of a probe left (the first: shared, helpers starting)
+    probe_shared: bool = True
 
     def share(self) -> bool:
         """Whether the next call shares its step."""
         if SHARE != "auto":
+            if SHARE not in ("always", "never"):
+                raise ValueError(f"fastrwa.ops.decode_host.SHARE must be 'auto', 'always' "
+                                 f"or 'never', got {SHARE!r}")
             return SHARE == "always"
         if self.probe:
             return self.probe_shared
@@ -240,15 +243,17 @@ class Choice:
         setattr(self, name, seconds if old == 0.0 else old + SMOOTHING * (seconds - old))
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class Bound:
     """The kernel's arguments after the token ids, for one set of state and work arrays
     (:func:`bind`), built once and reused by every call with them: ``rest``, ``ids`` (the
-    same with every array replaced by its identity: what parked helpers are matched by)
-    and ``logits``, the flat ``(B, V)`` array the calls write."""
+    same with every array replaced by its identity: what parked helpers are matched by),
+    ``logits``, the flat ``(B, V)`` array the calls write, and ``positions``, the most
+    tokens per row a call may advance (the work arrays' rows)."""
 
     weights: Weights
     batch: int
+    positions: int
     rest: tuple
     ids: tuple
     logits: np.ndarray
@@ -267,7 +272,7 @@ def bind(weights: Weights, state: tuple, arrays: dict, batch: int) -> Bound:
             *proj, *gate, *up, *down, *head, *state,
             w["x"], w["normed"], w["inp"], w["proj"], w["z"], w["y"], w["h"], w["gate"],
             w["hidden"], w["tb"], w["logits"], kernel_consts(torch.float32))
-    return Bound(weights, batch, rest,
+    return Bound(weights, batch, w["x"].shape[0] // max(1, batch * s.D), rest,
                  tuple(id(a) if isinstance(a, np.ndarray) else a for a in rest), w["logits"])
 
 
@@ -322,6 +327,9 @@ def run(bound: Bound, tokens: np.ndarray) -> int:
     if batch == 0:
         return -1
     T = tokens.shape[0] // batch
+    if T > bound.positions:
+        raise ValueError(f"tokens: {T} a row, more than the {bound.positions} the bound work "
+                         f"arrays hold")
     bad = check_tokens(tokens, T, T, 0, batch, weights.shapes.V)
     if bad >= 0:
         return bad

@@ -56,8 +56,8 @@ def sample_rows(logits, B, V, forbidden, temperature, top_k, top_p, uniforms, ou
             cum, reach = zero, F32(top_p) * total
             for k in range(n):
                 j = order[k]
-                if cum >= reach:                 # (the ids before reached p: drop the rest)
-                    weights[j] = zero
+                if k > 0 and cum >= reach:       # (the ids before reached p: drop the rest;
+                    weights[j] = zero            # the most likely is always kept)
                 cum += weights[j]
         total = zero
         for j in range(n):
@@ -70,5 +70,7 @@ def sample_rows(logits, B, V, forbidden, temperature, top_k, top_p, uniforms, ou
                 cum += weights[j]
                 if cum > target:
                     break
+        if pick < 0:            # (no id with a weight: cannot happen, the top's is 1)
+            return b
         out[b] = pick
     return -1
