@@ -3,9 +3,10 @@
 
 Satisfies :class:`fastrwa.ops.dispatch.Backend`. Runs on CPU tensors: one compiled loop over
 time per (sequence, channel block), vectorised across channels. A call's tasks run on the
-caller's thread when the call is small, else in ``torch.get_num_threads()`` ranges of about
-equal work on a pool of plain threads (the kernels release the GIL; every range runs the
-same machine code, so results do not depend on the split). It reads every input once and
+caller's thread when the call is small, else on it and ``torch.get_num_threads() - 1``
+plain threads of a pool at once, each taking the next task when it is done with one (the
+kernels release the GIL; every task runs the same machine code whichever thread takes it,
+so results do not depend on the threads). It reads every input once and
 writes every output once; the forward also saves the state entering each chunk of
 ``Options.chunk`` steps (``3 * D`` floats), from which the backward recomputes everything
 else (docs/math.md §4).
@@ -211,28 +212,20 @@ def pool(workers: int, role: str = "ranges") -> ThreadPoolExecutor:
         return p.executor
 
 
-def _ranges(work: np.ndarray, n_blk: int, k: int) -> list[int]:
-    """Bounds of ``k`` contiguous task ranges of about equal work (``work``: steps per
-    sequence; each sequence has ``n_blk`` tasks)."""
-    per_task = np.repeat(np.maximum(work, 1), n_blk)
-    share = np.cumsum(per_task) / per_task.sum()
-    bounds = [0] + [int(np.searchsorted(share, i / k)) + 1 for i in range(1, k)]
-    return sorted(set(min(max(b, 0), len(per_task)) for b in bounds + [len(per_task)]))
-
-
 def _launch(kernel, work: np.ndarray, n_blk: int, D: int, args: tuple) -> None:
-    """``kernel(task_lo, task_hi, *args)`` over all tasks ``[0, len(work) * n_blk)``: on this
-    thread for small calls, else in ranges of about equal work, one on this thread and the
-    others on the pool."""
+    """``kernel(claim, n_tasks, *args)`` over all tasks ``[0, len(work) * n_blk)``: on this
+    thread for small calls, else on this thread and ``threads() - 1`` threads of the pool at
+    once, each taking the next task from the counter ``claim`` until none is left, so that a
+    thread slowed down (its core shared with another program, or with PyTorch's OpenMP
+    threads, which spin after a parallel op) takes fewer."""
     n_tasks = len(work) * n_blk
+    claim = np.zeros(1, dtype=np.int64)         # [1] the next task's index (sync.next_task)
     k = min(threads(), n_tasks)
     if k <= 1 or int(work.sum()) * D < SERIAL_BELOW:
-        kernel(0, n_tasks, *args)
+        kernel(claim, n_tasks, *args)
         return
-    bounds = _ranges(work, n_blk, k)
-    ranges = list(zip(bounds[:-1], bounds[1:]))      # (one range when one task is all)
-    futures = [pool(len(ranges) - 1).submit(kernel, lo, hi, *args) for lo, hi in ranges[1:]]
-    kernel(*ranges[0], *args)
+    futures = [pool(k - 1).submit(kernel, claim, n_tasks, *args) for _ in range(k - 1)]
+    kernel(claim, n_tasks, *args)
     for future in futures:
         future.result()
 

@@ -49,6 +49,7 @@ from ..codes import EXP, NO_DISCOUNT
 from .rows import (attention_grad_row, decay_grad_row, log_decay_grad_rows,
                    log_weight_grad_rows)
 from .scan_fwd import input_row, step_row, time_index
+from .sync import next_task
 
 # Scratch of a task (step_row's docstring has the rule behind so many arrays): running rows
 # of w channels, and chunk buffers of w-channel slots in the order the adjoint walks the
@@ -108,11 +109,12 @@ def adjoint_row(rho, sigma, gl, glam, z, z_base, z_st, sd, sy, take, keep, gy, b
 
 
 @kernel
-def backward(task_lo, task_hi, z, a, g, gy, gz, ga, gg, state0, g_final, g_init, ck, consts,
+def backward(claim, n_tasks, z, a, g, gy, gz, ga, gg, state0, g_final, g_init, ck, consts,
              strides, seq_b, seq_lo, seq_hi, ck_off, T, D, chunk, block, attention, discount,
              reverse, has_init, has_g_final, ahead):
     """Gradients into ``gz, ga, gg`` (flat ``(B, T, D)``) and ``g_init`` (``(3, N, D)``),
-    for tasks ``[task_lo, task_hi)``.
+    of the ``n_tasks`` tasks, each taken from the counter ``claim`` as
+    :func:`.scan_fwd.forward` takes them.
 
     Arguments as :func:`.scan_fwd.forward` reads them (``gy`` and the gradients contiguous,
     the inputs' rows possibly strided); ``g_final`` holds the ``(2, N, D)`` gradients of the
@@ -127,7 +129,8 @@ def backward(task_lo, task_hi, z, a, g, gy, gz, ga, gg, state0, g_final, g_init,
     n_ck = ck.shape[0] // (3 * D)
     with_decay = discount != NO_DISCOUNT
     dt = consts.dtype
-    for task in range(task_lo, task_hi):
+    task = next_task(claim)
+    while task < n_tasks:
         i, lo = task // n_blk, (task % n_blk) * block
         w = min(block, D - lo)
         m, n, d = np.zeros(w, dt), np.zeros(w, dt), np.zeros(w, dt)
@@ -207,3 +210,4 @@ def backward(task_lo, task_hi, z, a, g, gy, gz, ga, gg, state0, g_final, g_init,
                 g_init[base + j] = w0 * (n0 * rho[j] - d0 * sigma[j])
                 g_init[nd + base + j] = w0 * rho[j]
                 g_init[2 * nd + base + j] = -w0 * sigma[j]
+        task = next_task(claim)

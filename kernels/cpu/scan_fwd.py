@@ -1,8 +1,8 @@
 """CPU forward of the weighted scan and its streaming step: a compiled loop over time,
 vectorised over channels.
 
-One task per (sequence, channel block); :func:`forward` runs tasks ``[task_lo, task_hi)``, and
-the launcher (``fastrwa/ops/numba_host.py``) spreads ranges of tasks over threads. A task
+One task per (sequence, channel block); the threads running a call of :func:`forward` (the
+launcher, ``fastrwa/ops/numba_host.py``, starts them) take its tasks one at a time. A task
 walks its sequence one step at a time with the state ``(m, n~, d~)`` of its ``w`` channels
 in three small arrays (L1-resident), reading each input once and writing ``y`` once: the
 minimum traffic (docs/math.md). For large inputs (``ahead``) each step prefetches, into L2,
@@ -33,6 +33,7 @@ from ..codes import EXP, NO_DISCOUNT
 from . import kernel
 from .fmath import fexp, load, prefetch_row, store
 from .rows import log_decay_row, log_weight_row
+from .sync import next_task
 
 
 @kernel
@@ -91,10 +92,12 @@ def input_row(strides, k, b, t, lo):
 
 
 @kernel
-def forward(task_lo, task_hi, z, a, g, y, state0, final, ck, consts, strides, seq_b, seq_lo,
+def forward(claim, n_tasks, z, a, g, y, state0, final, ck, consts, strides, seq_b, seq_lo,
             seq_hi, ck_off, T, D, chunk, block, attention, discount, reverse, has_init, save,
             ahead):
-    """Forward of tasks ``[task_lo, task_hi)`` of all (sequence, channel block) pairs.
+    """Forward of the ``n_tasks`` (sequence, channel block) pairs, each taken from the
+    counter ``claim`` (``int64 [1]``, shared by every thread running the call, 0 at the
+    start: ``sync.next_task``) until none is left.
 
     Data: ``z, a, g, y`` flat ``(B, T, D)`` in the inputs' type (``uint16`` holds
     bfloat16; ``g`` unused without a discount); ``y`` is contiguous, the inputs' rows may be
@@ -112,7 +115,8 @@ def forward(task_lo, task_hi, z, a, g, y, state0, final, ck, consts, strides, se
     n_seq = seq_b.shape[0]
     n_blk = (D + block - 1) // block
     n_ck = ck.shape[0] // (3 * D) if save else 0
-    for task in range(task_lo, task_hi):
+    task = next_task(claim)
+    while task < n_tasks:
         i, lo = task // n_blk, (task % n_blk) * block
         w = min(block, D - lo)
         m, n, d = np.zeros(w, consts.dtype), np.zeros(w, consts.dtype), np.zeros(w, consts.dtype)
@@ -159,6 +163,7 @@ def forward(task_lo, task_hi, z, a, g, y, state0, final, ck, consts, strides, se
             final[base + j] = m[j]
             final[n_seq * D + base + j] = n[j]
             final[2 * n_seq * D + base + j] = d[j]
+        task = next_task(claim)
 
 
 @kernel

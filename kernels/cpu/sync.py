@@ -1,6 +1,7 @@
 """Work sharing between the parts of one call running on several threads at once (the decode
-step of ``decode.py`` shared among the cores): atomic operations on an ``int64`` array, as
-LLVM instructions (numba has no atomics on the CPU), and the protocol built on them.
+step of ``decode.py`` shared among the cores; the scans' tasks taken one at a time,
+:func:`next_task`): atomic operations on an ``int64`` array, as LLVM instructions (numba
+has no atomics on the CPU), and the protocol built on them.
 
 The caller is part 0; helpers 1 to ``parts - 1`` run the same kernel on other threads. The
 caller starts the work alone and publishes ``READY`` when the first shared phase may begin;
@@ -217,6 +218,14 @@ def park(control):
     """A helper's end of a call: it waits for the next (``wait_posted``), unless it has been
     sent away meanwhile."""
     atomic_swap_if(control, np.uint64(STATE), np.int64(BUSY), np.int64(PARKED))
+
+
+@kernel
+def next_task(claim):
+    """The next task of a call whose threads take tasks one at a time from the counter
+    ``claim[0]`` (a thread that runs slower, its core shared with another program, takes
+    fewer): its index, counted from 0."""
+    return atomic_add(claim, np.uint64(0), np.int64(1))
 
 
 @kernel

@@ -246,30 +246,71 @@ def test_random_shapes(B, T, D, chunk, block, attention, rda, reverse, with_stat
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
 def test_large_calls_split_over_threads_give_the_serial_results(dtype, monkeypatch):
-    """Above SERIAL_BELOW the tasks run in ranges, one on the caller's thread and the others
-    on the pool; the results are bit for bit what one thread gives, forward and backward."""
+    """Above SERIAL_BELOW the caller's thread and the pool's take the tasks one at a time;
+    the results are bit for bit what one thread gives, forward and backward."""
     z, a, g = make_inputs(4, 520, 256, dtype=dtype, seed=12)
     assert z.numel() >= numba_host.SERIAL_BELOW
-    ranges = []
+    taken = []                  # (tasks, the counter after the call) per pool submission
     pool = numba_host.pool
 
     def spying_pool(workers):
         executor = pool(workers)
-        submit = executor.submit
-        monkeypatch.setattr(executor, "submit",
-                            lambda fn, lo, hi, *args: ranges.append((lo, hi)) or
-                            submit(fn, lo, hi, *args))
+        submit = type(executor).submit.__get__(executor)     # (the pool's own, once)
+
+        def spy(fn, claim, n_tasks, *args):
+            def run():
+                fn(claim, n_tasks, *args)
+                taken.append((n_tasks, int(claim[0])))
+            return submit(run)
+        monkeypatch.setattr(executor, "submit", spy)
         return executor
     monkeypatch.setattr(numba_host, "pool", spying_pool)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
     parallel = fastrwa_outputs(z, a, g)
-    assert len(ranges) >= 2 and all(lo < hi for lo, hi in ranges), ranges   # fwd and bwd
+    # fwd and bwd; every task taken (each thread's last claim finds none left)
+    assert len(taken) >= 2 and all(n > 1 and after >= n + 1 for n, after in taken), taken
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
     serial = fastrwa_outputs(z, a, g)
     for x, x1 in zip(parallel, serial):
         assert torch.equal(x, x1)
     y_ref = reference(z.double(), a.double(), g.double(), "sigmoid")[0]
     assert_close(parallel[0].double(), y_ref, TOL[dtype]["y"], "y")
+
+
+def test_a_thread_that_starts_late_leaves_the_tasks_to_the_others(monkeypatch):
+    """A pool thread that starts late (its core busy) finds every task taken by the
+    caller's thread: the call does not wait for it to do a share, and the results are the
+    serial ones."""
+    import threading
+    z, a, g = make_inputs(4, 520, 256, dtype=torch.float32, seed=13)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    serial = fastrwa_outputs(z, a, g)
+    pool, found, done = numba_host.pool, [], threading.Event()
+
+    def late_pool(workers):
+        executor = pool(workers)
+        submit = type(executor).submit.__get__(executor)     # (the pool's own, once)
+
+        def late(fn, claim, n_tasks, *args):
+            def run():
+                done.wait(60)               # (until the caller has taken every task)
+                found.append(int(claim[0]) >= n_tasks)
+                fn(claim, n_tasks, *args)
+            return submit(run)
+        monkeypatch.setattr(executor, "submit", late)
+        return executor
+
+    real = numba_host.forward_kernel
+
+    def caller_side(claim, n_tasks, *args):        # the caller's own part, then the release
+        real(claim, n_tasks, *args)
+        done.set()
+    monkeypatch.setattr(numba_host, "pool", late_pool)
+    monkeypatch.setattr(numba_host, "forward_kernel", caller_side)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    with torch.no_grad():
+        y, _ = fastrwa.rda_scan(z, a, g, "sigmoid")
+    assert found == [True] and torch.equal(y, serial[0])
 
 
 def fastrwa_outputs(z, a, g):
@@ -281,19 +322,22 @@ def fastrwa_outputs(z, a, g):
 @pytest.mark.parametrize("work,n_blk", [([1, 1000], 1), ([1000, 1], 1), ([5, 0, 7], 3),
                                         ([400_000], 2)])
 def test_every_task_runs_once_however_uneven_the_work(work, n_blk, monkeypatch):
-    """The launcher's ranges cover every task exactly once, one range on the caller's thread,
-    also when one task holds almost all the work (then one range: no pool)."""
+    """The threads of a call take every task exactly once from the shared counter
+    (``sync.next_task``), however uneven the work, and the caller's thread takes part."""
     import threading
+    from fastrwa.kernels.cpu.sync import next_task
 
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
-    ran, lock = [], threading.Lock()
+    ran, lock, callers = [], threading.Lock(), []
 
-    def kernel(lo, hi, tag):
-        with lock:
-            ran.extend((t, tag, threading.get_ident()) for t in range(lo, hi))
+    def kernel(claim, n_tasks, tag):
+        callers.append(threading.get_ident())
+        while (t := int(next_task(claim))) < n_tasks:
+            with lock:
+                ran.append((t, tag))
     numba_host._launch(kernel, np.array(work), n_blk, 1 << 17, ("x",))
-    assert sorted(t for t, _, _ in ran) == list(range(len(work) * n_blk))
-    assert threading.get_ident() in {who for _, _, who in ran}
+    assert sorted(t for t, _ in ran) == list(range(len(work) * n_blk))
+    assert threading.get_ident() in callers and len(callers) == min(2, len(work) * n_blk)
 
 
 def test_a_forked_child_makes_its_own_pool(monkeypatch):
