@@ -200,9 +200,9 @@ _pool_lock = threading.Lock()
 
 def pool(workers: int, role: str = "ranges") -> ThreadPoolExecutor:
     """The pool of plain threads for ``role`` with ``workers`` threads or more: "ranges"
-    runs ranges of a call's tasks (the scans, the decode step's batch rows); "helpers" runs
-    the threads that share a small batch's decode step (``decode_host.py``), which must not
-    queue behind ranges."""
+    runs the threads that take a scan's tasks and the decode step's ranges of batch rows;
+    "helpers" runs the threads that share a small batch's decode step (``decode_host.py``),
+    which must not queue behind those."""
     with _pool_lock:
         p = _POOLS.setdefault(role, _Pool())
         if p.executor is None or p.pid != os.getpid() or p.workers < workers:
