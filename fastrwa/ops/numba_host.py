@@ -213,21 +213,25 @@ def pool(workers: int, role: str = "ranges") -> ThreadPoolExecutor:
 
 
 def _launch(kernel, work: np.ndarray, n_blk: int, D: int, args: tuple) -> None:
-    """``kernel(claim, n_tasks, *args)`` over all tasks ``[0, len(work) * n_blk)``: on this
-    thread for small calls, else on this thread and ``threads() - 1`` threads of the pool at
-    once, each taking the next task from the counter ``claim`` until none is left, so that a
-    thread slowed down (its core shared with another program, or with PyTorch's OpenMP
-    threads, which spin after a parallel op) takes fewer."""
-    n_tasks = len(work) * n_blk
+    """``kernel(claim, order, *args)`` over all tasks ``[0, len(work) * n_blk)`` (``work``:
+    steps per sequence; each sequence has ``n_blk`` tasks): on this thread for small calls,
+    else on this thread and ``threads() - 1`` threads of the pool at once, each taking the
+    next task of ``order`` (the longest first) from the counter ``claim`` until none is left,
+    so that a thread slowed down (its core shared with another program, or with PyTorch's
+    OpenMP threads, which spin after a parallel op) takes fewer. A pool thread that has not
+    started when the others are done is not waited for."""
+    per_task = np.repeat(np.maximum(work, 1), n_blk)                    # [n_tasks]
+    order = np.argsort(-per_task, kind="stable").astype(np.int64)       # [n_tasks]
     claim = np.zeros(1, dtype=np.int64)         # [1] the next task's index (sync.next_task)
-    k = min(threads(), n_tasks)
+    k = min(threads(), len(order))
     if k <= 1 or int(work.sum()) * D < SERIAL_BELOW:
-        kernel(claim, n_tasks, *args)
+        kernel(claim, order, *args)
         return
-    futures = [pool(k - 1).submit(kernel, claim, n_tasks, *args) for _ in range(k - 1)]
-    kernel(claim, n_tasks, *args)
+    futures = [pool(k - 1).submit(kernel, claim, order, *args) for _ in range(k - 1)]
+    kernel(claim, order, *args)
     for future in futures:
-        future.result()
+        if not future.cancel():     # (one not started has taken no task: every one is done)
+            future.result()
 
 
 def _index(z, a, g, sequences) -> tuple:

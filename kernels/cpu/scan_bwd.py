@@ -109,12 +109,12 @@ def adjoint_row(rho, sigma, gl, glam, z, z_base, z_st, sd, sy, take, keep, gy, b
 
 
 @kernel
-def backward(claim, n_tasks, z, a, g, gy, gz, ga, gg, state0, g_final, g_init, ck, consts,
+def backward(claim, tasks, z, a, g, gy, gz, ga, gg, state0, g_final, g_init, ck, consts,
              strides, seq_b, seq_lo, seq_hi, ck_off, T, D, chunk, block, attention, discount,
              reverse, has_init, has_g_final, ahead):
     """Gradients into ``gz, ga, gg`` (flat ``(B, T, D)``) and ``g_init`` (``(3, N, D)``),
-    of the ``n_tasks`` tasks, each taken from the counter ``claim`` as
-    :func:`.scan_fwd.forward` takes them.
+    of the tasks of ``tasks``, taken from the counter ``claim`` as :func:`.scan_fwd.forward`
+    takes them.
 
     Arguments as :func:`.scan_fwd.forward` reads them (``gy`` and the gradients contiguous,
     the inputs' rows possibly strided); ``g_final`` holds the ``(2, N, D)`` gradients of the
@@ -129,8 +129,10 @@ def backward(claim, n_tasks, z, a, g, gy, gz, ga, gg, state0, g_final, g_init, c
     n_ck = ck.shape[0] // (3 * D)
     with_decay = discount != NO_DISCOUNT
     dt = consts.dtype
-    task = next_task(claim)
-    while task < n_tasks:
+    n_tasks = tasks.shape[0]
+    taken = next_task(claim)                  # the index in ``tasks`` of this thread's task
+    while taken < n_tasks:
+        task = tasks[taken]
         i, lo = task // n_blk, (task % n_blk) * block
         w = min(block, D - lo)
         m, n, d = np.zeros(w, dt), np.zeros(w, dt), np.zeros(w, dt)
@@ -210,4 +212,4 @@ def backward(claim, n_tasks, z, a, g, gy, gz, ga, gg, state0, g_final, g_init, c
                 g_init[base + j] = w0 * (n0 * rho[j] - d0 * sigma[j])
                 g_init[nd + base + j] = w0 * rho[j]
                 g_init[2 * nd + base + j] = -w0 * sigma[j]
-        task = next_task(claim)
+        taken = next_task(claim)

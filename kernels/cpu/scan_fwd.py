@@ -92,12 +92,14 @@ def input_row(strides, k, b, t, lo):
 
 
 @kernel
-def forward(claim, n_tasks, z, a, g, y, state0, final, ck, consts, strides, seq_b, seq_lo,
+def forward(claim, tasks, z, a, g, y, state0, final, ck, consts, strides, seq_b, seq_lo,
             seq_hi, ck_off, T, D, chunk, block, attention, discount, reverse, has_init, save,
             ahead):
-    """Forward of the ``n_tasks`` (sequence, channel block) pairs, each taken from the
-    counter ``claim`` (``int64 [1]``, shared by every thread running the call, 0 at the
-    start: ``sync.next_task``) until none is left.
+    """Forward of the (sequence, channel block) pairs: task ``tasks[k]`` for each ``k``
+    taken from the counter ``claim`` (``int64 [1]``, shared by every thread running the
+    call, 0 at the start: ``sync.next_task``) until none is left; task ``t`` is sequence
+    ``t // n_blk``, channel block ``t % n_blk``, and ``tasks`` (``int64``) lists every task
+    once (the launcher puts the longest first).
 
     Data: ``z, a, g, y`` flat ``(B, T, D)`` in the inputs' type (``uint16`` holds
     bfloat16; ``g`` unused without a discount); ``y`` is contiguous, the inputs' rows may be
@@ -115,8 +117,10 @@ def forward(claim, n_tasks, z, a, g, y, state0, final, ck, consts, strides, seq_
     n_seq = seq_b.shape[0]
     n_blk = (D + block - 1) // block
     n_ck = ck.shape[0] // (3 * D) if save else 0
-    task = next_task(claim)
-    while task < n_tasks:
+    n_tasks = tasks.shape[0]
+    taken = next_task(claim)                  # the index in ``tasks`` of this thread's task
+    while taken < n_tasks:
+        task = tasks[taken]
         i, lo = task // n_blk, (task % n_blk) * block
         w = min(block, D - lo)
         m, n, d = np.zeros(w, consts.dtype), np.zeros(w, consts.dtype), np.zeros(w, consts.dtype)
@@ -163,7 +167,7 @@ def forward(claim, n_tasks, z, a, g, y, state0, final, ck, consts, strides, seq_
             final[base + j] = m[j]
             final[n_seq * D + base + j] = n[j]
             final[2 * n_seq * D + base + j] = d[j]
-        task = next_task(claim)
+        taken = next_task(claim)
 
 
 @kernel

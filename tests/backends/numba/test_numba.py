@@ -119,7 +119,7 @@ def test_many_chunks_and_ragged_channel_blocks(kind, attention, reverse):
 @pytest.mark.parametrize("reverse", [False, True])
 def test_packed_sequences_across_chunk_edges(reverse, split, monkeypatch):
     """Also split over two threads (threshold lowered): uneven sequences, initial states and
-    gradients in ranges of tasks on the pool."""
+    gradients, the tasks taken by the caller's and the pool's threads."""
     if split:
         monkeypatch.setattr(numba_host, "SERIAL_BELOW", 0)
         monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
@@ -250,25 +250,29 @@ def test_large_calls_split_over_threads_give_the_serial_results(dtype, monkeypat
     the results are bit for bit what one thread gives, forward and backward."""
     z, a, g = make_inputs(4, 520, 256, dtype=dtype, seed=12)
     assert z.numel() >= numba_host.SERIAL_BELOW
-    taken = []                  # (tasks, the counter after the call) per pool submission
+    submitted, taken = [], []   # per pool submission: its tasks; the counter after it ran
     pool = numba_host.pool
 
     def spying_pool(workers):
         executor = pool(workers)
         submit = type(executor).submit.__get__(executor)     # (the pool's own, once)
 
-        def spy(fn, claim, n_tasks, *args):
+        def spy(fn, claim, order, *args):
+            submitted.append(len(order))
+
             def run():
-                fn(claim, n_tasks, *args)
-                taken.append((n_tasks, int(claim[0])))
+                fn(claim, order, *args)
+                taken.append((len(order), int(claim[0])))
             return submit(run)
         monkeypatch.setattr(executor, "submit", spy)
         return executor
     monkeypatch.setattr(numba_host, "pool", spying_pool)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
     parallel = fastrwa_outputs(z, a, g)
-    # fwd and bwd; every task taken (each thread's last claim finds none left)
-    assert len(taken) >= 2 and all(n > 1 and after >= n + 1 for n, after in taken), taken
+    # fwd and bwd went to the pool too; every task taken (each thread's last claim finds
+    # none left) where the pool thread ran
+    assert len(submitted) >= 2 and all(n > 1 for n in submitted), submitted
+    assert all(after >= n + 1 for n, after in taken), taken
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
     serial = fastrwa_outputs(z, a, g)
     for x, x1 in zip(parallel, serial):
@@ -285,25 +289,28 @@ def test_a_thread_that_starts_late_leaves_the_tasks_to_the_others(monkeypatch):
     z, a, g = make_inputs(4, 520, 256, dtype=torch.float32, seed=13)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
     serial = fastrwa_outputs(z, a, g)
-    pool, found, done = numba_host.pool, [], threading.Event()
+    pool, found = numba_host.pool, []
+    started, done = threading.Event(), threading.Event()
 
     def late_pool(workers):
         executor = pool(workers)
         submit = type(executor).submit.__get__(executor)     # (the pool's own, once)
 
-        def late(fn, claim, n_tasks, *args):
+        def late(fn, claim, order, *args):
             def run():
+                started.set()
                 done.wait(60)               # (until the caller has taken every task)
-                found.append(int(claim[0]) >= n_tasks)
-                fn(claim, n_tasks, *args)
+                found.append(int(claim[0]) >= len(order))
+                fn(claim, order, *args)
             return submit(run)
         monkeypatch.setattr(executor, "submit", late)
         return executor
 
     real = numba_host.forward_kernel
 
-    def caller_side(claim, n_tasks, *args):        # the caller's own part, then the release
-        real(claim, n_tasks, *args)
+    def caller_side(claim, order, *args):   # once the pool thread runs: the caller's part,
+        started.wait(60)                    # then the pool thread's release
+        real(claim, order, *args)
         done.set()
     monkeypatch.setattr(numba_host, "pool", late_pool)
     monkeypatch.setattr(numba_host, "forward_kernel", caller_side)
@@ -323,21 +330,25 @@ def fastrwa_outputs(z, a, g):
                                         ([400_000], 2)])
 def test_every_task_runs_once_however_uneven_the_work(work, n_blk, monkeypatch):
     """The threads of a call take every task exactly once from the shared counter
-    (``sync.next_task``), however uneven the work, and the caller's thread takes part."""
+    (``sync.next_task``), the longest first, however uneven the work, and the caller's
+    thread takes part."""
     import threading
     from fastrwa.kernels.cpu.sync import next_task
 
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
     ran, lock, callers = [], threading.Lock(), []
 
-    def kernel(claim, n_tasks, tag):
+    def kernel(claim, order, tag):
         callers.append(threading.get_ident())
-        while (t := int(next_task(claim))) < n_tasks:
+        while (k := int(next_task(claim))) < len(order):
             with lock:
-                ran.append((t, tag))
+                ran.append((k, int(order[k]), tag))
     numba_host._launch(kernel, np.array(work), n_blk, 1 << 17, ("x",))
-    assert sorted(t for t, _ in ran) == list(range(len(work) * n_blk))
-    assert threading.get_ident() in callers and len(callers) == min(2, len(work) * n_blk)
+    assert sorted(t for _, t, _ in ran) == list(range(len(work) * n_blk))
+    steps = [max(1, work[t // n_blk]) for _, t, _ in sorted(ran)]     # in the order taken
+    assert steps == sorted(steps, reverse=True)         # (the longest tasks first)
+    # (a pool thread that had not started when the tasks were done was not waited for)
+    assert threading.get_ident() in callers and 1 <= len(callers) <= 2
 
 
 def test_a_forked_child_makes_its_own_pool(monkeypatch):
