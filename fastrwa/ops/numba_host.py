@@ -220,13 +220,14 @@ def _launch(kernel, work: np.ndarray, n_blk: int, D: int, args: tuple) -> None:
     so that a thread slowed down (its core shared with another program, or with PyTorch's
     OpenMP threads, which spin after a parallel op) takes fewer. A pool thread that has not
     started when the others are done is not waited for."""
+    n_tasks = len(work) * n_blk
+    claim = np.zeros(1, dtype=np.int64)         # [1] the next task's index (sync.next_task)
+    k = min(threads(), n_tasks)
+    if k <= 1 or int(work.sum()) * D < SERIAL_BELOW:    # (one thread: any order will do)
+        kernel(claim, np.arange(n_tasks, dtype=np.int64), *args)
+        return
     per_task = np.repeat(np.maximum(work, 1), n_blk)                    # [n_tasks]
     order = np.argsort(-per_task, kind="stable").astype(np.int64)       # [n_tasks]
-    claim = np.zeros(1, dtype=np.int64)         # [1] the next task's index (sync.next_task)
-    k = min(threads(), len(order))
-    if k <= 1 or int(work.sum()) * D < SERIAL_BELOW:
-        kernel(claim, order, *args)
-        return
     futures = [pool(k - 1).submit(kernel, claim, order, *args) for _ in range(k - 1)]
     kernel(claim, order, *args)
     for future in futures:
