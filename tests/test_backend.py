@@ -49,6 +49,56 @@ def test_importing_fastrwa_imports_neither_triton_nor_numba():
     assert out == ["[]", "False"], out
 
 
+WITHOUT_TRITON = """
+import sys
+class NoTriton:
+    # An import finder for a machine without triton: `import triton` fails as it would there.
+    def find_spec(self, name, path=None, target=None):
+        if name == "triton" or name.startswith("triton."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, NoTriton())
+"""
+
+
+def test_triton_is_not_a_dependency_of_a_cpu_install():
+    """Triton (1 GB) comes with CUDA builds of PyTorch and with the [dev] extra, not with
+    ``pip install fastrwa``."""
+    import pathlib
+    import tomllib
+
+    project = tomllib.loads((pathlib.Path(__file__).resolve().parents[1] / "pyproject.toml")
+                            .read_text())["project"]
+    assert not [d for d in project["dependencies"] if d.startswith("triton")]
+    assert [d for d in project["optional-dependencies"]["dev"] if d.startswith("triton")]
+
+
+def test_without_triton_everything_but_the_triton_backend_works():
+    """On a machine without triton: fastrwa and its layers, models, trainer and generate CLI
+    import, every CPU backend runs, and asking for Triton says how to get it."""
+    import subprocess
+    import sys
+
+    code = WITHOUT_TRITON + """
+import os, torch, fastrwa, fastrwa.nn, fastrwa.models, fastrwa.train, fastrwa.generate
+os.environ["TRITON_INTERPRET"] = "1"
+z, a = torch.randn(2, 5, 3), torch.randn(2, 5, 3)
+for name in ("auto", "numba", "torch"):
+    with fastrwa.use_backend(name):
+        assert fastrwa.rwa_scan(z, a)[0].shape == (2, 5, 3)
+try:
+    with fastrwa.use_backend("triton"):
+        fastrwa.rwa_scan(z, a)
+except ModuleNotFoundError as error:
+    print(error)
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "'triton' needs the triton package" in result.stdout, result.stdout
+    assert "pip install triton" in result.stdout and "CUDA builds of PyTorch" in result.stdout
+    assert "Warning" not in result.stderr, result.stderr
+
+
 def test_numba_backend_refuses_non_cpu_tensors():
     with fastrwa.use_backend("numba"), pytest.raises(RuntimeError, match="numba.*CPU.*meta"):
         dispatch.resolve(torch.device("meta"), torch.float32)

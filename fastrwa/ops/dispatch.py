@@ -234,11 +234,22 @@ def _auto_takes(name: str, device: torch.device) -> bool:
     return device.type == "cpu" if name == "numba" else True
 
 
+TRITON_MISSING = (
+    "fastrwa backend 'triton' needs the triton package, which is not installed: CUDA builds "
+    "of PyTorch bring it, or run `pip install triton` (`pip install 'fastrwa[dev]'` brings it "
+    "for the interpreter tests); the 'numba' and 'torch' backends run without it")
+
+
 @functools.lru_cache(maxsize=None)
 def load(name: str) -> Backend:
     """The module of backend ``name`` (imported on first use: triton and numba are heavy)."""
     if name == "triton":
-        from . import triton_host as module
+        try:
+            from . import triton_host as module
+        except ModuleNotFoundError as error:
+            if error.name != "triton":
+                raise
+            raise ModuleNotFoundError(TRITON_MISSING, name="triton") from error
     elif name == "numba":
         from . import numba_host as module
     elif name == "torch":
