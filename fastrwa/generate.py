@@ -11,7 +11,6 @@ matrices. Needs no training code.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 import time
@@ -20,6 +19,7 @@ from pathlib import Path
 import torch
 
 from .models import WEIGHT_FORMATS, ByteLM, PackedLM, load_pretrained, run_model_dir
+from .models.sampling import check_temperature, check_top_p
 
 
 def _speed(count: int, began: float, first: float | None, end: float) -> str:
@@ -70,13 +70,11 @@ def check_args(args: argparse.Namespace) -> None:
                          f"got {args.beam}")
     if args.max_new < 0:
         raise ValueError(f"--max-new must be 0 or more bytes, got {args.max_new}")
-    if not (math.isfinite(args.temperature) and args.temperature > 0):
-        raise ValueError(f"--temperature must be a finite number above 0, "
-                         f"got {args.temperature}")
+    check_temperature(args.temperature, "--temperature")
     if args.top_k is not None and args.top_k < 1:
         raise ValueError(f"--top-k must be at least 1, got {args.top_k}")
-    if args.top_p is not None and not 0 < args.top_p <= 1:
-        raise ValueError(f"--top-p must be in (0, 1], got {args.top_p}")
+    if args.top_p is not None:
+        check_top_p(args.top_p, "--top-p")
     if not 0 <= args.seed <= MAX_GENERATOR_SEED:
         raise ValueError(f"--seed must be an integer from 0 to {MAX_GENERATOR_SEED} "
                          f"(2**64 - 1), got {args.seed}")

@@ -298,6 +298,62 @@ def test_a_temperature_too_small_for_float32_samples_greedily(temperature):
     assert torch.equal(model.generate(prompt, 5, temperature=temperature), greedy)
 
 
+FLOAT32_LARGEST = 3.4028234663852886e38      # (numpy.finfo(numpy.float32).max)
+
+
+@pytest.mark.parametrize("temperature", [3.5e38, 1e300, 10 ** 400, math.inf])
+def test_a_temperature_beyond_float32_is_refused_naming_it(temperature, tmp_path,
+                                                           capsys):
+    """As the trainer refuses an --lr beyond float32: the sampler divides float32 logits by
+    it, where it is inf (-inf / inf: NaN). Before, the eager step failed with torch's raw
+    "probability tensor contains inf, nan" and the fused step sampled uniformly; an int
+    beyond float64 was an OverflowError. Every way to sample refuses it, the CLI too; the
+    largest float32 samples."""
+    from fastrwa.generate import main as generate_main
+    from fastrwa.models import PackedLM, save_pretrained
+
+    model = tiny_lm()
+    prompt = torch.tensor([[1, 2, 3]])
+    words = r"temperature must be a finite number > 0 and at most 3.403e\+38"
+    for weights in ("eager", "float32", "int8"):
+        with pytest.raises(ValueError, match=words):
+            model.generate(prompt, 3, temperature=temperature, weights=weights)
+        with pytest.raises(ValueError, match=words):
+            next(model.stream(prompt, 3, temperature=temperature, weights=weights))
+        out = model.generate(prompt, 3, temperature=FLOAT32_LARGEST, weights=weights)
+        assert out.shape == (1, 6) and int(out.max()) < 256
+    packed = PackedLM(model)
+    cache = packed.allocate_cache(1)
+    logits = packed.prefill(prompt, cache)
+    with pytest.raises(ValueError, match=words):
+        packed.sample_steps(logits, cache, 2, temperature=temperature)
+    with pytest.raises(ValueError, match=words):
+        RecurrentLM(LMConfig(layer="gru", d_model=8, n_layers=1)).generate(
+            prompt, 2, temperature=temperature)
+    if isinstance(temperature, float):           # (the CLI reads a float)
+        save_pretrained(model, tmp_path / "m")
+        capsys.readouterr()
+        assert generate_main([str(tmp_path / "m"), "--max-new", "2", "--temperature",
+                              repr(temperature)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: --temperature must be a finite number > 0 and at most "
+                              "3.403e+38") and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_top_p_below_the_smallest_float32_is_refused_naming_the_cli_flag(tmp_path,
+                                                                           capsys):
+    """--top-p 1e-46 is 0 in float32 (no id kept): refused as --top-p, not as the Python
+    argument top_p it reached before."""
+    from fastrwa.generate import main as generate_main
+    from fastrwa.models import save_pretrained
+
+    save_pretrained(tiny_lm(), tmp_path / "m")
+    capsys.readouterr()
+    assert generate_main([str(tmp_path / "m"), "--max-new", "2", "--top-p", "1e-46"]) == 2
+    assert capsys.readouterr().err.startswith("error: --top-p must be in (0, 1] and at least "
+                                              "1.4e-45")
+
+
 def test_a_tiny_temperature_shares_the_choice_between_tied_maxima():
     logits = torch.tensor([[1.0, 3.0, 3.0, -2.0, 0.0]])
     draws = {int(sample(logits, 1e-42, None, None, torch.Generator().manual_seed(s), 4))

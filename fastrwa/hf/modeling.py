@@ -17,11 +17,16 @@ from transformers.utils import ModelOutput
 
 from ..models import ByteLM, LMState, load_pretrained
 from ..models import directory as fmt
-from ..models.pretrained import run_model_dir, weights_file
-from ..models.config import BYTE_VOCAB
+from ..models.pretrained import CONFIG, read_config, run_model_dir, weights_file
+from ..models.config import BYTE_VOCAB, LMConfig
+from ..models.sampling import check_temperature
 from .configuration import FastRWAConfig
-from ..models.integrity import sign, verify
+from ..models.integrity import recorded_architecture, sign, verify
 
+
+# What check_architecture calls a configuration passed to from_pretrained (or its keyword
+# arguments) that is not the directory's config.json.
+_GIVEN = "the configuration given to from_pretrained"
 
 # Per thread, the decoder of each model's running generate() (FastRWAForCausalLM._decoding).
 _GENERATING = threading.local()
@@ -146,7 +151,10 @@ class FastRWAForCausalLM(FastRWAPreTrainedModel, GenerationMixin):
         """``PreTrainedModel.from_pretrained``, refusing a weights file that lacks any of the
         model's tensors (rather than leaving them uninitialised with a warning) or, in a
         local directory, does not match the checksum ``save_pretrained`` stored with it
-        (:mod:`fastrwa.models.integrity`; a file without one loads with a warning).
+        (:mod:`fastrwa.models.integrity`; a file without one loads with a warning; a file
+        cut short or with a damaged header is the same error), or was written by a model
+        of another configuration than the one loaded (``config.json`` edited by hand, or a
+        ``config`` given: :func:`fastrwa.models.directory.check_architecture`).
 
         A training run's directory, its ``model/`` or ``best/`` (``model.pt``, no
         safetensors: :mod:`fastrwa.models.directory`) loads through
@@ -164,13 +172,30 @@ class FastRWAForCausalLM(FastRWAPreTrainedModel, GenerationMixin):
                 model = cls._from_model_pt(found, args[1:], kwargs)
                 return (model, {"missing_keys": [], "unexpected_keys": [],
                                 "mismatched_keys": [], "error_msgs": []}) if wanted else model
-            verify(Path(source))
+            verify(found)
+            recorded = recorded_architecture(found)
+            if recorded is not None:          # (before transformers loads mismatched shapes)
+                config, given = cls._config_of(found, kwargs.get("config"))
+                fmt.check_architecture(recorded, config, weights, given)
+        else:
+            recorded = weights = None
         model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
+        fmt.check_architecture(recorded, model.config.to_lm_config(), weights, _GIVEN)
         if info.get("missing_keys"):
             raise ValueError(f"the weights do not hold {sorted(info['missing_keys'])}: a "
                              f"damaged or foreign directory (export it again with "
                              f"python -m fastrwa.hf.export)")
         return (model, info) if wanted else model
+
+    @staticmethod
+    def _config_of(directory: Path, config: object) -> tuple[LMConfig, str]:
+        """The configuration ``from_pretrained`` builds the model of (its ``config``, which
+        the Auto classes read from ``config.json``, else ``config.json``) and what it is,
+        for :func:`fastrwa.models.directory.check_architecture`'s message."""
+        written = read_config(directory)
+        if isinstance(config, FastRWAConfig) and config.to_lm_config() != written:
+            return config.to_lm_config(), _GIVEN
+        return written, str(directory / CONFIG)
 
     # from_pretrained's options that a model.pt directory takes (the others are refused);
     # the Auto classes pass the first ones themselves
@@ -219,7 +244,7 @@ class FastRWAForCausalLM(FastRWAPreTrainedModel, GenerationMixin):
         the directory has one)."""
         self.config.auto_map = dict(fmt.AUTO_MAP)
         out = super().save_pretrained(save_directory, *args, **kwargs)
-        sign(Path(save_directory))
+        sign(Path(save_directory), self.model.config)
         path = Path(save_directory)
         for name in fmt.REMOTE_CODE:
             (path / name).write_text(fmt.remote_code(name))
@@ -255,7 +280,14 @@ class FastRWAForCausalLM(FastRWAPreTrainedModel, GenerationMixin):
         ``self.model``. Greedy, sampling and beam search (``num_beams``: the state is
         reordered between beams; log-probabilities renormalised over the bytes, as
         ``ByteLM``'s beam search, unless ``renormalize_logits`` is given); assisted,
-        contrastive, DoLa, constrained and group beam search are refused."""
+        contrastive, DoLa, constrained and group beam search are refused. A sampling
+        ``temperature`` beyond float32's range is refused, naming it, as
+        ``ByteLM.generate`` refuses it.
+
+        A row whose ``attention_mask`` keeps no token (an empty prompt padded in a batch)
+        starts from BOS, as ``ByteLM.generate`` starts an empty prompt: its last position
+        is BOS (256) with a mask of 1, in the sequences returned too (the tokenizer encodes
+        an empty text so)."""
         if kwargs.get("past_key_values") is not None:
             raise ValueError("generate() builds the state from the prompt: pass the whole "
                              "sequence as input_ids and no past_key_values")
@@ -268,6 +300,11 @@ class FastRWAForCausalLM(FastRWAPreTrainedModel, GenerationMixin):
         config = kwargs.get("generation_config") or self.generation_config
         if (kwargs.get("num_beams") or getattr(config, "num_beams", 1) or 1) > 1:
             kwargs.setdefault("renormalize_logits", True)
+        if kwargs.get("do_sample", getattr(config, "do_sample", False)):
+            temperature = kwargs.get("temperature", getattr(config, "temperature", None))
+            if temperature is not None:
+                check_temperature(temperature)
+        args, kwargs = self._start_empty_rows(args, kwargs)
         if self.generation_config is not None and not self.generation_config.suppress_tokens:
             self.generation_config.suppress_tokens = self._not_bytes
         decoders = _GENERATING.__dict__.setdefault("decoders", {})
@@ -278,6 +315,27 @@ class FastRWAForCausalLM(FastRWAPreTrainedModel, GenerationMixin):
             return super().generate(*args, **kwargs)
         finally:
             del decoders[id(self)]
+
+    def _start_empty_rows(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """``generate()``'s ``args`` and ``kwargs`` with each row whose ``attention_mask``
+        keeps no token reading BOS at its last position (copies; as they were if none)."""
+        mask = kwargs.get("attention_mask")
+        if not isinstance(mask, Tensor) or mask.dim() != 2 or not mask.shape[1]:
+            return args, kwargs
+        empty = ~mask.bool().any(dim=1)
+        if not bool(empty.any()):
+            return args, kwargs
+        name = next((n for n in ("input_ids", "inputs") if n in kwargs), None)
+        ids = args[0] if args else kwargs.get(name) if name else None
+        if not isinstance(ids, Tensor) or ids.shape != mask.shape:
+            return args, kwargs         # (forward refuses a mask of another shape)
+        ids, mask = ids.clone(), mask.clone()
+        ids[empty, -1] = self.model.config.bos_token
+        mask[empty, -1] = 1
+        kwargs = {**kwargs, "attention_mask": mask}
+        if args:
+            return (ids, *args[1:]), kwargs
+        return args, {**kwargs, name: ids}
 
     @classmethod
     def from_bytelm(cls, model: ByteLM) -> "FastRWAForCausalLM":

@@ -8,7 +8,9 @@
   ``tie_word_embeddings`` for ``tie_embeddings``, the special ids, ``auto_map``);
 * the weights: ``model.pt`` (``torch.save``, CRC-32 per record; what a run writes) or
   ``model.safetensors`` (what the export writes, with a SHA-256 in its metadata:
-  :mod:`fastrwa.models.integrity`);
+  :mod:`fastrwa.models.integrity`); each records the configuration the weights were
+  written with (:data:`ARCHITECTURE_KEY`), which every loader compares with
+  ``config.json`` (:func:`check_architecture`);
 * for :class:`ByteLM` also ``generation_config.json`` (ids past the bytes suppressed),
   ``tokenizer_config.json``, the three one-line modules ``auto_map`` names (they import the
   classes from ``fastrwa.hf``: ``trust_remote_code=True`` loads the directory without
@@ -20,9 +22,12 @@ Nothing here imports transformers: a run writes the format without the ``hf`` ex
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 from typing import Any, Optional
 
-from .config import BYTE_VOCAB, LMConfig
+from ..nn.functional import rda_functions
+from .config import BYTE_VOCAB, FIELDS_BEFORE_THEY_EXISTED, LAYER_FIELDS, LMConfig
 
 MODEL_TYPE = "fastrwa"
 TOKENIZER_CLASS = "FastRWAByteTokenizer"
@@ -41,12 +46,7 @@ TOKENIZER_AUTO_MAP = {"AutoTokenizer": [f"tokenization_fastrwa.{TOKENIZER_CLASS}
 # The files save_pretrained writes beside config.json and model.pt for a ByteLM.
 BYTE_LM_FILES = ("generation_config.json", "tokenizer_config.json", *REMOTE_CODE, "README.md")
 
-# Keys of a Hugging Face config.json that are not LMConfig fields (read and ignored).
-HF_KEYS = {"model_type", "architectures", "auto_map", "bos_token_id", "eos_token_id",
-           "pad_token_id", "use_cache", "dtype", "torch_dtype", "transformers_version",
-           "_name_or_path", "output_attentions", "output_hidden_states", "return_dict",
-           "chunk_size_feed_forward", "is_encoder_decoder", "id2label", "label2id",
-           "problem_type", "tie_word_embeddings"}
+LM_FIELDS = tuple(f.name for f in dataclasses.fields(LMConfig))   # (in their order)
 
 
 def remote_code(module: str) -> str:
@@ -68,14 +68,85 @@ def config_json(config: LMConfig) -> dict[str, Any]:
 
 def lm_config_fields(data: dict[str, Any]) -> dict[str, Any]:
     """:class:`LMConfig`'s fields of a ``config.json``: a plain ``LMConfig.to_dict()`` as it
-    is; a Hugging Face one (with ``model_type`` "fastrwa") without its own keys, its
-    ``tie_word_embeddings`` as ``tie_embeddings``."""
+    is (an unknown key is refused by ``LMConfig.from_dict``); of a Hugging Face one (with
+    ``model_type`` "fastrwa") only ``LMConfig``'s fields, its ``tie_word_embeddings`` as
+    ``tie_embeddings``: the keys transformers adds (``transformers_version``, ``dtype``,
+    token ids, generation defaults...) are ignored, as ``FastRWAConfig`` ignores them."""
     if data.get("model_type") != MODEL_TYPE:
         return data
-    fields = {k: v for k, v in data.items() if k not in HF_KEYS}
+    fields = {k: v for k, v in data.items() if k in LM_FIELDS}
     if "tie_word_embeddings" in data:
         fields["tie_embeddings"] = data["tie_word_embeddings"]
     return fields
+
+
+# Where the configuration the weights were written with is recorded (LMConfig.to_dict() as
+# JSON): in model.safetensors' metadata, beside the checksum (fastrwa.models.integrity), and
+# in model.pt's state dict's ``_metadata`` (where torch keeps each module's version; read
+# back by torch.load(weights_only=True), covered by the records' CRC-32s).
+ARCHITECTURE_KEY = "fastrwa_architecture"
+
+# LMConfig fields that only initialise the weights: loaded weights compute the same whatever
+# they say.
+INIT_ONLY_FIELDS = ("discount_init",)
+
+
+def architecture_json(config: LMConfig) -> str:
+    """What :data:`ARCHITECTURE_KEY` records for weights of a model of ``config``."""
+    return json.dumps(config.to_dict(), sort_keys=True)
+
+
+def computed_fields(config: LMConfig) -> dict[str, Any]:
+    """The fields of ``config`` that decide what given weights compute: those every model
+    reads but ``context`` (the transformer's window: only its), the layer's own
+    (:data:`LAYER_FIELDS`) but :data:`INIT_ONLY_FIELDS`; an RDA's ``attention``, ``f_h``
+    and ``f_o`` as its ``preset`` sets them (the preset itself is no field of them)."""
+    names = ("vocab_size", "d_model", "n_layers", "layer", "tie_embeddings",
+             *LAYER_FIELDS[config.layer], *(("context",) if config.layer == "transformer"
+                                             else ()))
+    fields = {name: getattr(config, name) for name in names if name not in INIT_ONLY_FIELDS}
+    if config.layer == "rda":
+        fields["attention"], fields["f_h"], fields["f_o"], *_ = rda_functions(
+            config.attention, config.f_h, config.f_o, config.preset)
+        del fields["preset"]
+    return fields
+
+
+def check_architecture(recorded: object, config: LMConfig, weights: Path, given: str) -> None:
+    """Refuse (``ValueError``, one line naming the field, the value the weights were written
+    with and ``given``'s) a ``config`` that computes otherwise than the configuration
+    ``recorded`` with ``weights`` (:data:`ARCHITECTURE_KEY`): a ``config.json`` edited by
+    hand, or another model's, loaded silently with other logits. ``given`` names where
+    ``config`` comes from (its ``config.json``). Fields that do not change what the weights
+    compute (:func:`computed_fields`) may differ. Weights written before the record existed
+    (``recorded`` ``None``) are not checked: their ``config.json`` is taken as it is."""
+    if recorded is None:
+        return
+    try:
+        saved = json.loads(recorded)
+        unknown = sorted(set(saved) - set(LM_FIELDS))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{weights}: the configuration recorded with the weights cannot be "
+                         f"read ({exc}): the file is damaged") from exc
+    if unknown:
+        raise ValueError(f"{weights} were written by a model with {unknown[0]} "
+                         f"{saved[unknown[0]]!r}, a field this fastrwa does not know (a newer "
+                         f"version wrote them): upgrade fastrwa to load them")
+    try:
+        saved = LMConfig(**{**FIELDS_BEFORE_THEY_EXISTED, **saved})
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{weights}: the configuration recorded with the weights is not a "
+                         f"language-model configuration ({exc}): the file is damaged") from exc
+    want, got = computed_fields(saved), computed_fields(config)
+    for name in LM_FIELDS:
+        if name in want and name in got and want[name] != got[name]:
+            if name in ("attention", "f_h", "f_o") and saved.preset != config.preset:
+                name = "preset"                        # (what sets the three)
+            raise ValueError(f"{given} does not match the weights {weights}: {name} is "
+                             f"{getattr(config, name)!r} there, the weights were written with "
+                             f"{name} {getattr(saved, name)!r} (edited by hand, or another "
+                             f"model's configuration?); set {name} back to "
+                             f"{getattr(saved, name)!r}")
 
 
 def generation_config_json(config: LMConfig) -> dict[str, Any]:

@@ -508,9 +508,12 @@ class ByteLM(nn.Module):
         Args:
             prompt: ``(B, P)`` or ``(P,)`` integer ids; an empty prompt starts from the BOS token.
             max_new_tokens: tokens to add.
-            temperature: softmax temperature (> 0) for sampling; ignored by beam search.
+            temperature: softmax temperature (> 0 and at most float32's largest, 3.4e38: the
+                sampler computes in float32) for sampling; ignored by beam search (but
+                checked).
             top_k: sample among the ``k`` most likely tokens only.
-            top_p: sample from the smallest set of tokens whose probability reaches ``p``.
+            top_p: sample from the smallest set of tokens whose probability reaches ``p``
+                (in ``(0, 1]``, at least float32's smallest, 1.4e-45).
             beam_size: 1 samples; ``> 1`` runs beam search (deterministic, highest total
                 log-probability) and returns the best beam per prompt.
             generator: a ``torch.Generator`` for reproducible sampling.

@@ -125,8 +125,10 @@ def check_archive(path: Path, what: str) -> None:
 
 def save_pretrained(model: nn.Module, directory: str | os.PathLike,
                     training: Optional[dict] = None, results: Optional[dict] = None) -> None:
-    """Write ``model.config`` to ``directory/config.json`` and the weights (tensors only) to
-    ``directory/model.pt``, each through a temporary file and ``os.replace``
+    """Write ``model.config`` to ``directory/config.json`` and the weights (tensors only,
+    with the configuration they are written with in the state dict's metadata:
+    :data:`fastrwa.models.directory.ARCHITECTURE_KEY`) to ``directory/model.pt``, each
+    through a temporary file and ``os.replace``
     (:func:`write_atomically`: a failed write raises :class:`WriteError` and leaves no
     temporary file). For a :class:`ByteLM` the directory is also a Hugging Face model
     (:mod:`fastrwa.models.directory`): ``config.json`` in ``FastRWAConfig``'s keys, the
@@ -149,7 +151,11 @@ def save_pretrained(model: nn.Module, directory: str | os.PathLike,
     for name, text in files.items():
         data = text.encode()
         write_atomically(path / name, lambda f, data=data: f.write(data))
-    write_atomically(path / WEIGHTS, lambda f: save_with_crcs(model.state_dict(), f))
+    state = model.state_dict()
+    if getattr(state, "_metadata", None) is None:     # (nn.Module.state_dict always has it)
+        state._metadata = {}
+    state._metadata[fmt.ARCHITECTURE_KEY] = fmt.architecture_json(model.config)
+    write_atomically(path / WEIGHTS, lambda f: save_with_crcs(state, f))
 
 
 def weights_file(directory: Path) -> Optional[Path]:
@@ -161,24 +167,50 @@ def weights_file(directory: Path) -> Optional[Path]:
     return None
 
 
-def _read_safetensors(path: Path, model: nn.Module) -> dict:
-    """The state dict of a Hugging Face export's ``model.safetensors`` for ``model`` (its
-    checksum verified: :mod:`fastrwa.models.integrity`): the keys without the ``model.``
-    prefix of ``FastRWAForCausalLM``, a tied head (not stored) as the embedding."""
+def read_config(directory: Path) -> LMConfig:
+    """The :class:`LMConfig` of a model directory's ``config.json`` (a field it lacks, its
+    value before the field existed: :data:`FIELDS_BEFORE_THEY_EXISTED`); a ``ValueError``
+    naming the file if it is not one."""
     try:
-        from safetensors.torch import load_file
+        return LMConfig.from_dict({**FIELDS_BEFORE_THEY_EXISTED, **fmt.lm_config_fields(
+            json.loads((directory / CONFIG).read_text()))})
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise ValueError(f"{directory / CONFIG} is not a language-model configuration "
+                         f"({exc})") from exc
 
-        from .integrity import verify
+
+def _read_safetensors(path: Path, config: LMConfig) -> tuple[dict, Optional[str]]:
+    """The state dict of a Hugging Face export's ``model.safetensors`` for a model of
+    ``config`` (its checksum verified: :mod:`fastrwa.models.integrity`): the keys without
+    the ``model.`` prefix of ``FastRWAForCausalLM``, a tied head (not stored) as the
+    embedding; and the configuration recorded with it (``None``: written before that)."""
+    try:
+        from .integrity import read_tensors, recorded_architecture, verify
     except ImportError as exc:
         raise ValueError(f"{path} is a Hugging Face export's weights: reading them needs "
                          f"safetensors (pip install 'fastrwa[hf]')") from exc
     verify(path.parent)
-    stored = load_file(str(path))
-    weights = {k.removeprefix("model."): v for k, v in stored.items()}
-    if getattr(model.config, "tie_embeddings", False) and "head.weight" not in weights \
-            and "embed.weight" in weights:
+    weights = {k.removeprefix("model."): v for k, v in read_tensors(path).items()}
+    if config.tie_embeddings and "head.weight" not in weights and "embed.weight" in weights:
         weights["head.weight"] = weights["embed.weight"]
-    return weights
+    return weights, recorded_architecture(path.parent)
+
+
+def _read_model_pt(path: Path, map_location) -> tuple[object, Optional[str]]:
+    """The state dict in ``model.pt`` (every record's CRC-32 checked first:
+    :func:`check_archive`) and the configuration recorded with it (``None``: written
+    before that)."""
+    check_archive(path, "weights")
+    try:
+        weights = torch.load(path, map_location=map_location, weights_only=True)
+    except OSError:       # no permission, an I/O error: its own message, not "corrupt"
+        raise
+    except Exception as exc:  # any unreadable file is reported the same way
+        raise ValueError(f"weights {path} cannot be read ({type(exc).__name__}: "
+                         f"{str(exc)[:300]})") from exc
+    metadata = getattr(weights, "_metadata", None)
+    return weights, (metadata.get(fmt.ARCHITECTURE_KEY) if isinstance(metadata, dict)
+                     else None)
 
 
 def load_pretrained(directory: str | os.PathLike, map_location=None) -> nn.Module:
@@ -190,7 +222,12 @@ def load_pretrained(directory: str | os.PathLike, map_location=None) -> nn.Modul
     tensors and plain containers only, after every record is checked against its CRC-32
     (:func:`check_archive`): an empty, cut-short or damaged file, or a pickle, is refused
     with a ``ValueError`` naming it, never loaded as different numbers. An export's
-    ``model.safetensors`` is checked against the SHA-256 stored in it.
+    ``model.safetensors`` is checked against the SHA-256 stored in it (a cut-short file or
+    a damaged header is the same error). A ``config.json`` that no longer matches the
+    configuration recorded with the weights (edited by hand: other logits) is a
+    ``ValueError`` naming the field and both values
+    (:func:`fastrwa.models.directory.check_architecture`); weights written before fastrwa
+    recorded it load with their ``config.json`` as it is.
 
     Example:
         >>> import tempfile
@@ -209,23 +246,13 @@ def load_pretrained(directory: str | os.PathLike, map_location=None) -> nn.Modul
                                     f"(written by save_pretrained or the Hugging Face "
                                     f"export, or a run's directory or its model/ or best/)")
     weights_path = weights_file(path)
-    try:
-        config = LMConfig.from_dict({**FIELDS_BEFORE_THEY_EXISTED, **fmt.lm_config_fields(
-            json.loads((path / CONFIG).read_text()))})
-    except (ValueError, TypeError) as exc:
-        raise ValueError(f"{path / CONFIG} is not a language-model configuration ({exc})") from exc
-    model = build(config)
+    config = read_config(path)
     if weights_path.name == SAFETENSORS:
-        weights = _read_safetensors(weights_path, model)
+        weights, recorded = _read_safetensors(weights_path, config)
     else:
-        check_archive(weights_path, "weights")
-        try:
-            weights = torch.load(weights_path, map_location=map_location, weights_only=True)
-        except OSError:       # no permission, an I/O error: its own message, not "corrupt"
-            raise
-        except Exception as exc:  # any unreadable file is reported the same way
-            raise ValueError(f"weights {weights_path} cannot be read ({type(exc).__name__}: "
-                             f"{str(exc)[:300]})") from exc
+        weights, recorded = _read_model_pt(weights_path, map_location)
+    fmt.check_architecture(recorded, config, weights_path, str(path / CONFIG))
+    model = build(config)
     try:
         model.load_state_dict(weights)
     except (RuntimeError, TypeError, AttributeError) as exc:   # another model's, or not a dict

@@ -8,6 +8,10 @@ from typing import Callable, Iterator, NoReturn, Optional
 import torch
 from torch import Tensor
 
+# The largest float32: the sampler computes in float32, so a temperature above it is inf
+# there (and -inf / inf is NaN: every draw failed with a raw "probability tensor" error).
+FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+
 
 def check_generate_args(prompt: object, vocab_size: int, max_new_tokens: object,
                         temperature: object, top_k: object, top_p: object,
@@ -28,24 +32,40 @@ def check_generate_args(prompt: object, vocab_size: int, max_new_tokens: object,
         raise ValueError(f"beam_size must be a positive int, got {beam_size!r}")
 
 
+def check_temperature(temperature: object, name: str = "temperature") -> None:
+    """Raise ``ValueError`` naming the argument ``name`` unless ``temperature`` is a number
+    in ``(0, FLOAT32_MAX]`` (a temperature too small for float32 is fine: it samples
+    greedily, :func:`sample`)."""
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) \
+            or not 0 < temperature <= FLOAT32_MAX:
+        raise ValueError(f"{name} must be a finite number > 0 and at most {FLOAT32_MAX:.4g} "
+                         f"(the largest float32: the sampler computes in float32), "
+                         f"got {temperature!r}")
+
+
 def check_sampling_args(max_new_tokens: object, temperature: object, top_k: object,
                         top_p: object) -> None:
     """Raise ``ValueError`` naming the first of ``generate``'s sampling arguments that is
-    wrong (``top_p`` must be a positive float32 too: a smaller one would keep no id)."""
+    wrong: ``temperature`` must fit float32 (:func:`check_temperature`), and ``top_p``, at
+    most 1, must be a positive float32 too (a smaller one would keep no id)."""
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) \
             or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) \
-            or not 0 < temperature < float("inf"):
-        raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
+    check_temperature(temperature)
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int)
                               or top_k < 1):
         raise ValueError(f"top_k must be a positive int or None, got {top_k!r}")
-    if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float))
-                              or not 0 < top_p <= 1
-                              or torch.tensor(top_p, dtype=torch.float32).item() == 0):
-        raise ValueError(f"top_p must be in (0, 1] (at least 1.4e-45, the smallest float32) "
-                         f"or None, got {top_p!r}")
+    if top_p is not None:
+        check_top_p(top_p)
+
+
+def check_top_p(top_p: object, name: str = "top_p") -> None:
+    """Raise ``ValueError`` naming the argument ``name`` unless ``top_p`` is a number in
+    ``(0, 1]`` that is not 0 in float32 (a smaller one would keep no id)."""
+    if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1 \
+            or torch.tensor(top_p, dtype=torch.float32).item() == 0:
+        raise ValueError(f"{name} must be in (0, 1] and at least 1.4e-45 (the smallest "
+                         f"float32: the sampler computes in float32), got {top_p!r}")
 
 
 def prepare_prompt(prompt: object, vocab_size: int, bos_token: int, max_new_tokens: object,
