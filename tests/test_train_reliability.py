@@ -636,8 +636,9 @@ def test_a_signal_stops_at_a_step_with_a_checkpoint_and_resumes_exactly(tmp_path
 
 def test_a_second_interrupt_exits_at_once(tmp_path):
     """Ctrl-C, then Ctrl-C again while the step runs (slow steps): the second exits at once
-    (status 130, its one line), without the stop's checkpoint; a second SIGTERM (what a
-    scheduler or torchrun's agent sends) does not hurry the stop."""
+    (status 130, its one line), without the stop's checkpoint, and says there is none (it
+    said "the run directory keeps its last checkpoint"); a second SIGTERM (what a scheduler
+    or torchrun's agent sends) does not hurry the stop."""
     run = tmp_path / "run"
     proc = _cli(run, "--steps", "100000", "--seq-len", "3000", "--hidden", "64",
                 "--batch-size", "64", "--log-every", "1")
@@ -648,7 +649,9 @@ def test_a_second_interrupt_exits_at_once(tmp_path):
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=600) == 130
     err = proc.stderr.read()
-    assert "SIGINT again: exiting now" in err and "stopped at step" not in err, err
+    assert "SIGINT again during training: stopped at once" in err, err
+    assert "the run has no checkpoint" in err and "stopped at step" not in err, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     assert not (run / "checkpoint.pt").exists()       # (--checkpoint-every 1000: none yet)
     run = tmp_path / "term"
     proc = _cli(run)
@@ -702,19 +705,35 @@ def test_a_log_line_during_training_is_not_glued_to_the_progress_bar(tmp_path, m
     assert err[at - 1] in "\r\n", repr(err[max(0, at - 40):at + 40])
 
 
+def test_evaluations_show_their_progress(tmp_path, capsys):
+    """Each evaluation shows a progress bar over its batches (the final one, on a whole test
+    split, can take minutes; it showed nothing), gone when it ends; none with
+    --no-progress."""
+    flags = ["--steps", "2", "--seq-len", "10", "--hidden", "4", "--batch-size", "2"]
+    assert train_main([*flags, "--run-dir", str(tmp_path / "shown")]) == 0
+    err = capsys.readouterr().err
+    assert "valid evaluation: 100%" not in err         # (left: the bar is cleared)
+    assert "valid evaluation:   0%" in err and "test evaluation:   0%" in err and "/4 " in err
+    assert train_main([*flags, "--no-progress", "--run-dir", str(tmp_path / "quiet")]) == 0
+    assert "evaluation:" not in capsys.readouterr().err
+
+
 def test_minutes_sizes_the_run_from_a_calibration(tmp_path, monkeypatch, capsys):
     """--minutes M: the steps that fill M minutes at the calibrated seconds per step, the
     schedule decaying over them, recorded in config.json (a resume trains the same run);
     refused with --steps, with --resume, or not positive."""
     from fastrwa.train import budget, cli
-    assert budget.seconds_per_step(cli.RunConfig(seq_len=10, hidden=4, batch_size=2)) > 0
-    monkeypatch.setattr(cli, "seconds_per_step", lambda cfg: 0.5)
+    cal = budget.calibrate(cli.RunConfig(seq_len=10, hidden=4, batch_size=2))
+    assert cal.step_s > 0 and cal.valid_s > 0 and cal.test_s > 0
+    monkeypatch.setattr(cli, "calibrate", lambda cfg: budget.Calibration(0.5, 0.0, 0.0))
     code, run = _run(tmp_path, "run", "--seq-len", 10, "--hidden", 4, "--batch-size", 2,
                      "--minutes", 0.1)
     assert code == 0
     saved = json.loads((run / "config.json").read_text())
-    assert saved["steps"] == saved["decay_steps"] == 12
-    assert "--minutes 0.1: 0.5 s a step here: 12 steps" in capsys.readouterr().err
+    assert saved["steps"] == saved["decay_steps"] in (11, 12)   # (6 s, less the calibration)
+    assert saved["eval_every"] == 2
+    assert f"--minutes 0.1: 0.5 s a step here, 0 s an evaluation: {saved['steps']} steps, " \
+        f"evaluated every 2, warm-up 0" in capsys.readouterr().err
     for flags, words in ((["--minutes", 1, "--steps", 5], "not with --steps"),
                          (["--minutes", 0], "--minutes must be a positive finite number"),
                          (["--minutes", "nan"], "--minutes must be a positive finite number"),

@@ -1,13 +1,26 @@
-"""``--minutes M``: the number of steps that fit a time budget, from a short calibration of
-the run's own model, data and batch (as bench/lm.py sizes its equal-time runs)."""
+"""``--minutes M``: a run that fits a time budget.
+
+A short calibration of the run's own model, data and batch (as bench/lm.py sizes its
+equal-time runs) times a training step and an evaluation batch; the plan gives the steps that
+fill what is left of M minutes after the calibration, with the evaluations and the final
+one, and scales the warm-up and the evaluation, checkpoint and log intervals to them (the
+flags given keep their values). The schedule decays over the planned steps. The run then
+keeps to the wall clock (:class:`Deadline`): when steps run slower than calibrated (another
+process on the machine), it ends early, at the step after which its final evaluation would
+no longer fit, and says so.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
+import math
 import time
+from typing import NamedTuple
 
 import torch
 
-from .config import RunConfig
+from .config import DEFAULTS, RunConfig
 from .device import placement
 from .loop import build_model
 from .models import detach_state
@@ -17,12 +30,31 @@ from .parallel import rows
 from .problems import make_problem
 
 WARM_STEPS, TIMED_STEPS = 4, 8
+WARM_EVAL_BATCHES, TIMED_EVAL_BATCHES = 1, 2
+EVAL_POINTS = 10      # validation points of a budgeted run's learning curve (at most)
+EVAL_SHARE = 0.25     # the most of the budget its evaluations may take (then fewer points)
+LOG_POINTS = 100      # train records of a budgeted run (at most one every default log_every)
 
 
-def seconds_per_step(cfg: RunConfig) -> float:
-    """Seconds one optimizer step of ``cfg``'s run takes here: ``TIMED_STEPS`` timed after
-    ``WARM_STEPS`` (compiles, caches), on a throwaway model with the run's data and batch
-    (one process). Nothing of the run is touched: the run reseeds when it starts."""
+class Calibration(NamedTuple):
+    """Seconds a step of the run takes here, and its evaluations."""
+
+    step_s: float           # one optimizer step
+    valid_s: float          # one validation evaluation (with its sample)
+    test_s: float           # the test evaluation (after the last step)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def calibrate(cfg: RunConfig) -> Calibration:
+    """Time ``TIMED_STEPS`` optimizer steps of ``cfg``'s run after ``WARM_STEPS`` (compiles,
+    caches), on a throwaway model with the run's data and batch (one process), then
+    ``TIMED_EVAL_BATCHES`` batches of an evaluation, scaled to each split's batches (and a
+    language model's sample, which each validation writes). Nothing of the run is touched:
+    the run reseeds when it starts."""
     place = placement(cfg.device, cfg.autocast)
     torch.manual_seed(cfg.seed)
     micro, accum = cfg.batch_size, cfg.accum
@@ -33,8 +65,7 @@ def seconds_per_step(cfg: RunConfig) -> float:
     began = 0.0
     for step in range(WARM_STEPS + TIMED_STEPS):
         if step == WARM_STEPS:
-            if place.device.type == "cuda":
-                torch.cuda.synchronize(place.device)
+            _sync(place.device)
             began = time.perf_counter()
         batch = problem.batch(step, micro * accum)
         optimizer.zero_grad(set_to_none=True)
@@ -47,7 +78,78 @@ def seconds_per_step(cfg: RunConfig) -> float:
             (loss / accum).backward()
             carried[k] = detach_state(state) if problem.stateful else None
         optimizer.step()
-    if place.device.type == "cuda":
-        torch.cuda.synchronize(place.device)
-    return (time.perf_counter() - began) / TIMED_STEPS
+    _sync(place.device)
+    step_s = (time.perf_counter() - began) / TIMED_STEPS
+    model.eval()
+    problem.evaluate(model, micro, "valid", place,
+                     batches=lambda it: itertools.islice(it, WARM_EVAL_BATCHES))
+    timed = min(TIMED_EVAL_BATCHES, problem.evaluation_batches("valid", micro))
+    began = time.perf_counter()
+    problem.evaluate(model, micro, "valid", place, batches=lambda it: itertools.islice(it, timed))
+    _sync(place.device)
+    batch_s = (time.perf_counter() - began) / max(1, timed)
+    began = time.perf_counter()
+    if hasattr(problem, "sample"):          # (a language model's sample at each evaluation)
+        problem.sample(model, 0, place)
+    _sync(place.device)
+    sample_s = time.perf_counter() - began
+    return Calibration(step_s, batch_s * problem.evaluation_batches("valid", micro) + sample_s,
+                       batch_s * problem.evaluation_batches("test", micro))
 
+
+def plan(cfg: RunConfig, given: dict, seconds: float, cal: Calibration) -> RunConfig:
+    """``cfg`` with the steps that fill ``seconds`` at ``cal``'s speed, evaluations
+    included, and the intervals (the flags in ``given`` kept) scaled to them: about
+    ``EVAL_POINTS`` evaluations (fewer when they would take more than ``EVAL_SHARE`` of the
+    time), a checkpoint at each, the warm-up the same share of the steps as in the defaults,
+    at most ``LOG_POINTS`` train records."""
+    room = max(0.0, seconds - cal.test_s - cal.valid_s)        # (the final evaluation)
+    if "eval_every" in given:
+        every = given["eval_every"]
+        steps = max(1, int(room / (cal.step_s + cal.valid_s / every)))
+    else:       # (evaluations before the final one, then the steps that fill the rest)
+        before = max(0, min(EVAL_POINTS, int(EVAL_SHARE * seconds / max(cal.valid_s, 1e-9)))
+                     - 1)
+        steps = max(1, int((room - before * cal.valid_s) / cal.step_s))
+        every = max(1, math.ceil(steps / (before + 1)))
+    kind = DEFAULTS["lm" if cfg.is_lm else "sequence"]
+    scaled = {"steps": steps, "decay_steps": given.get("decay_steps", steps),
+              "eval_every": every,
+              "checkpoint_every": given.get("checkpoint_every", every),
+              "warmup": given.get("warmup", round(kind["warmup"] * steps / kind["steps"])),
+              "log_every": given.get("log_every",
+                                     max(1, min(RunConfig.log_every, steps // LOG_POINTS)))}
+    return dataclasses.replace(cfg, **scaled)
+
+
+class Deadline:
+    """The wall-clock end of a budgeted run (``time.monotonic()``), and the test the loop
+    makes after each step: would one more step and the final evaluation end after it? The
+    steps' pace is followed (a moving average, from the run's second step on: the first
+    may compile); the final evaluation's calibrated time is scaled by how much slower than
+    calibrated the steps run."""
+
+    SMOOTHING = 0.2       # weight of the latest step in the moving average
+
+    def __init__(self, at: float, minutes: float, cal: Calibration):
+        self.at, self.minutes, self.cal = at, minutes, cal
+        self.step_s, self.steps = cal.step_s, 0
+
+    def after_step(self, seconds: float) -> bool:
+        """Record a step of ``seconds``; whether the run must end with it."""
+        self.steps += 1
+        if self.steps > 1:
+            self.step_s += self.SMOOTHING * (seconds - self.step_s)
+        final = (self.cal.valid_s + self.cal.test_s) * max(1.0, self.slowdown)
+        return time.monotonic() + self.step_s + final > self.at
+
+    @property
+    def slowdown(self) -> float:
+        """How many times slower than calibrated the steps run now."""
+        return self.step_s / max(self.cal.step_s, 1e-12)
+
+    def line(self, step: int, steps: int) -> str:
+        """What a run that ends early says (one line)."""
+        return (f"--minutes {self.minutes:g}: the time is up after step {step} of {steps} "
+                f"(steps took {self.step_s:.3g} s, {self.slowdown:.2g}x the calibrated "
+                f"{self.cal.step_s:.3g} s); the run ends here, with its final evaluation")

@@ -19,6 +19,7 @@ from .config import RECORDED_ON_RESUME, RESUMABLE_CHANGES, RunConfig
 from .metrics import read_records
 from .models import with_every_lm_field
 from .rundir import CHECKPOINT, CONFIG, RunDirError, write_run_config
+from .stop import current
 
 # NamedTuples that a carried recurrent state may contain: allowed by weights-only loading.
 torch.serialization.add_safe_globals([ScanState, LayerState, CellState, RRAState, LMState])
@@ -28,8 +29,14 @@ def save_checkpoint(path: Path, payload: dict) -> None:
     """Write atomically: a temporary file in the same directory, flushed to disk, then
     ``os.replace``. A failed write (a full disk: ``torch.save`` raises ``RuntimeError``)
     removes the temporary file, keeps the previous checkpoint and raises
-    :class:`fastrwa.models.pretrained.WriteError` naming the file and the cause."""
-    write_atomically(path, lambda f: save_with_crcs(payload, f))
+    :class:`fastrwa.models.pretrained.WriteError` naming the file and the cause. (The loop
+    writes it inside :meth:`fastrwa.train.stop.StopRequests.uninterrupted`: a signal does
+    not cut it short.)"""
+    def write(f) -> None:
+        save_with_crcs(payload, f)
+        current().pause_point("checkpoint")     # (tests: a signal while the file is written)
+
+    write_atomically(path, write)
 
 
 def load_checkpoint(path: Path) -> dict:

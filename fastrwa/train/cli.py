@@ -15,6 +15,7 @@ import gc
 import json
 import math
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -25,15 +26,16 @@ import torch.distributed as dist
 from ..kernels.codes import ATTENTIONS
 from ..models.pretrained import WriteError
 from .config import (AUTOCASTS, DEFAULTS, DEVICES, LM_ONLY_MODELS, RESUMABLE_CHANGES,
-                     SCHEDULES, RunConfig, parse_lm_field)
-from .budget import seconds_per_step
+                     SCHEDULES, RunConfig, flag_name, parse_lm_field)
+from .budget import Deadline, calibrate, plan
 from .data import check_corpus_path
 from .device import process_group_backend, resolve_device
 from .loop import train
 from .models import LM_LAYERS, MODELS, check_lm_flags
 from .problems import ALL_TASKS, make_problem
-from .rundir import CONFIG, RunDirError, discard_unstarted_run, prepare_run_dir
-from .stop import Stopped
+from .rundir import (CHECKPOINT, CONFIG, PLOT, RunDirError, discard_unstarted_run,
+                     prepare_run_dir)
+from .stop import Interrupted, StopRequests, Stopped, stop_requests
 from .tasks import TASKS
 
 
@@ -77,9 +79,12 @@ def parser() -> argparse.ArgumentParser:
     add("--clip", type=float, help=f"gradient-norm clipping, 0 = off (default {defaults.clip})")
     add("--steps", type=int, help=f"optimizer steps ({per_kind('steps')})")
     p.add_argument("--minutes", type=float, metavar="M",
-                   help="instead of --steps: the steps that fill M minutes of training here, "
-                        "from a short calibration of this run's model and batch (the "
-                        "schedule decays over them)")
+                   help="instead of --steps: a run that ends within M minutes (fractions "
+                        "allowed) of its start, evaluations included: the steps that fill "
+                        "them from a short calibration of this run's model and batch (the "
+                        "schedule decays over them; the warm-up and the intervals not given "
+                        "scale to them); a run whose steps get slower ends earlier, and "
+                        "says so")
     add("--seed", type=int, help=f"default {defaults.seed}")
     add("--bptt", type=int, help=f"byte corpora: segment length (default {defaults.bptt})")
     add("--pack", nargs="?", const="\n\n", type=unescape, metavar="SEP",
@@ -104,38 +109,46 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", dest="progress", action="store_false", default=None,
                    help="no progress bar")
     p.add_argument("--run-dir", type=Path, help="default runs/<task>-<model>-<time>")
-    p.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue this run")
+    p.add_argument("--resume", type=Path, metavar="RUN_DIR",
+                   help="continue this run; it says the step it resumes from (the flags the "
+                        "run started with may be given again, with the same values)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --run-dir")
     return p
 
 
 def _config(args: argparse.Namespace) -> tuple[RunConfig, dict]:
+    """The run's config from the flags, and the flags given. On ``--resume`` the saved run's
+    config is the one trained, the flags given are compared with it (:func:`_resolve_run`),
+    and only those that may change are read here: a flag the run was started with
+    (``--pack SEP``, ``--context-parallel N``) means nothing without its ``--task``."""
     fields = {f.name for f in dataclasses.fields(RunConfig)}
     given = {k: v for k, v in vars(args).items() if k in fields and v is not None}
     if "lm" in given:
         given["lm"] = dict(given["lm"])
-    checked = given
-    if args.resume is not None and "task" not in given:   # --lm fits the saved run's task:
-        checked = {k: v for k, v in given.items() if k != "lm"}   # checked once it is read
-    cfg = RunConfig(**checked)
-    if args.resume is None and cfg.is_lm:
+    if args.resume is not None:
+        return RunConfig(**{k: v for k, v in given.items() if k in RESUMABLE_CHANGES}), given
+    cfg = RunConfig(**given)
+    if cfg.is_lm:
         check_lm_flags(cfg.model, given.get("lm", {}), "attention" in given)
     return cfg, given
 
 
-def _budgeted(args, cfg: RunConfig, given: dict) -> RunConfig:
-    """``cfg`` with the steps that fill ``--minutes`` (:mod:`fastrwa.train.budget`)."""
+def _budgeted(args, cfg: RunConfig, given: dict, started: float) -> tuple[RunConfig, Deadline]:
+    """``cfg`` planned to end ``--minutes`` after ``started`` (``time.monotonic()``), and
+    the deadline the loop keeps to (:mod:`fastrwa.train.budget`)."""
     if not (math.isfinite(args.minutes) and args.minutes > 0):
         raise ValueError(f"--minutes must be a positive finite number, got {args.minutes}")
     if "steps" in given or args.resume is not None:
         raise ValueError("--minutes sets the steps of a new run: not with --steps or --resume")
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise ValueError("--minutes calibrates in one process; under torchrun give --steps")
-    per_step = seconds_per_step(cfg)
-    steps = max(1, int(args.minutes * 60 / per_step))
-    print(f"--minutes {args.minutes:g}: {per_step:.3g} s a step here: {steps} steps",
-          file=sys.stderr)
-    return dataclasses.replace(cfg, steps=steps, decay_steps=given.get("decay_steps", steps))
+    cal = calibrate(cfg)
+    budget = args.minutes * 60
+    planned = plan(cfg, given, budget - (time.monotonic() - started), cal)
+    print(f"--minutes {args.minutes:g}: {cal.step_s:.3g} s a step here, {cal.valid_s:.3g} s "
+          f"an evaluation: {planned.steps} steps, evaluated every {planned.eval_every}, "
+          f"warm-up {planned.warmup}", file=sys.stderr)
+    return planned, Deadline(started + budget, args.minutes, cal)
 
 
 def _resolve_run(args, cfg: RunConfig, given: dict,
@@ -143,7 +156,7 @@ def _resolve_run(args, cfg: RunConfig, given: dict,
     """The run directory and the config to train with; the directory is checked, made or
     reopened and locked for this process (released when ``hold`` closes)."""
     if args.resume is not None:
-        if args.run_dir is not None and args.run_dir != args.resume:
+        if args.run_dir is not None and args.run_dir.resolve() != args.resume.resolve():
             raise RunDirError("--resume RUN_DIR and --run-dir name different directories")
         saved = prepare_run_dir(args.resume, cfg, resume=True, overwrite=False, hold=hold)
         if saved.is_lm:
@@ -153,7 +166,7 @@ def _resolve_run(args, cfg: RunConfig, given: dict,
         # Flags that differ from the saved run are named first: a config built from them
         # could fail on their combination (--task adding with the saved run's --lm).
         before = saved.to_dict()
-        clash = [f"{k}: saved {before[k]!r}, given {v!r}" for k, v in given.items()
+        clash = [f"{flag_name(k)}: saved {before[k]!r}, given {v!r}" for k, v in given.items()
                  if k not in RESUMABLE_CHANGES and before[k] != v]
         if clash:
             raise RunDirError(f"--resume {args.resume}: flags that cannot change on resume: "
@@ -161,8 +174,6 @@ def _resolve_run(args, cfg: RunConfig, given: dict,
         changes = {k: v for k, v in given.items() if k in RESUMABLE_CHANGES}
         return args.resume, dataclasses.replace(saved, **changes)
     run_dir = args.run_dir or Path("runs") / f"{cfg.task}-{cfg.model}-{time.strftime('%Y%m%d-%H%M%S')}"
-    if args.overwrite:     # the data is opened (and refused) before the old run is removed
-        make_problem(cfg, 1)
     return run_dir, prepare_run_dir(run_dir, cfg, resume=False, overwrite=args.overwrite,
                                     hold=hold)
 
@@ -180,20 +191,80 @@ def run_device(args, cfg: RunConfig, given: dict) -> str:
     return saved if saved in DEVICES else cfg.device
 
 
+@dataclasses.dataclass
+class _Run:
+    """Where a run stands, for the line that ends it when a signal stops it at once."""
+
+    resume: Path | None                  # --resume
+    world: int = 1
+    rank: int = 0
+    run_dir: Path | None = None          # once made (or reopened) and locked
+
+    def resume_command(self) -> str:
+        how = "python -m fastrwa.train" if self.world == 1 else \
+            f"torchrun with {self.world} processes, -m fastrwa.train"
+        return f"{how} --resume {self.run_dir}"
+
+    def kept(self, stops: StopRequests) -> str:
+        """What the run directory holds after the stop."""
+        if self.run_dir is None:
+            return "nothing was written" if self.resume is None else \
+                f"{self.resume} is as it was"
+        if not (self.run_dir / CONFIG).is_file():
+            return "nothing was kept (the new run's files are removed)"
+        if stops.phase == "report":
+            return (f"the run had ended: its checkpoint (step {stops.checkpoint}) and "
+                    f"{PLOT} are written")
+        if stops.checkpoint is not None and stops.checkpoint == stops.step:
+            if stops.phase == "final evaluation":
+                return (f"the run had ended: its checkpoint (step {stops.checkpoint}) is "
+                        f"written; python -m fastrwa.train.plot {self.run_dir} draws its "
+                        f"learning curve")
+            return (f"the checkpoint of step {stops.checkpoint} is written; resume with: "
+                    f"{self.resume_command()}")
+        if (self.run_dir / CHECKPOINT).is_file():
+            lost = "no checkpoint was written for this stop; " \
+                if stops.phase in ("training", "final evaluation") else ""
+            at = "" if stops.checkpoint is None else f" (step {stops.checkpoint})"
+            return (f"{lost}{self.run_dir} keeps its last checkpoint{at}; resume with: "
+                    f"{self.resume_command()}")
+        return f"the run has no checkpoint: {self.resume_command()} starts it over"
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    """The CLI; returns the exit status. SIGINT and SIGTERM end it with one line
+    (:mod:`fastrwa.train.stop`): at once before the step loop and on a second SIGINT (exit
+    status 128 + the signal), at a step boundary with a checkpoint in it, and after the
+    last step once the report and the learning curve are written."""
+    started = time.monotonic()
+    with stop_requests() as stops:
+        run = _Run(None, int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0")))
+        try:
+            args = parser().parse_args(argv)
+            run.resume = args.resume
+            return _main(args, stops, run, started)
+        except Interrupted as stop:
+            if run.rank == 0:
+                print(stop.line(run.kept(stops)), file=sys.stderr)
+            return stop.status
+
+
+def _main(args: argparse.Namespace, stops: StopRequests, run: _Run, started: float) -> int:
     try:
         cfg, given = _config(args)
         if cfg.is_lm and args.resume is None:  # (before a run directory is named or made)
             if not cfg.data:
                 raise ValueError(f"--task {cfg.task} needs --data PATH (a corpus file)")
             check_corpus_path(cfg.data)
+        deadline = None
         if args.minutes is not None:
-            cfg = _budgeted(args, cfg, given)
+            stops.enter("calibration")
+            cfg, deadline = _budgeted(args, cfg, given, started)
+            stops.enter("start-up")
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    world = run.world
     if world > 1 and not dist.is_initialized():
         try:
             device = resolve_device(run_device(args, cfg, given))
@@ -203,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
         if device.type == "cuda":
             torch.cuda.set_device(device)
         dist.init_process_group(process_group_backend(device))
-    rank = dist.get_rank() if world > 1 else 0
+    rank = run.rank = dist.get_rank() if world > 1 else 0
     hold = contextlib.ExitStack()      # the run directory's lock, while this run lasts
     run_dir, fresh = None, args.resume is None
     try:
@@ -211,7 +282,11 @@ def main(argv: list[str] | None = None) -> int:
         if rank == 0:
             created = not (args.run_dir is not None and args.run_dir.exists())
             try:
-                answer[:2] = _resolve_run(args, cfg, given, hold)
+                if args.overwrite and args.resume is None:
+                    make_problem(cfg, 1)   # (the data is refused before the old run is removed)
+                with stops.uninterrupted():    # (made, locked and known here as one)
+                    answer[:2] = _resolve_run(args, cfg, given, hold)
+                    run_dir = run.run_dir = answer[0]
             except (RunDirError, ValueError, OSError) as exc:
                 # (OSError: flock's ENOLCK on NFS, an unlink that fails ...: every rank is
                 # told, none waits forever in the broadcast)
@@ -222,19 +297,24 @@ def main(argv: list[str] | None = None) -> int:
         if error:
             run_dir = None             # (nothing was made)
             raise RunDirError(error)
+        run.run_dir = run_dir
         if rank == 0:
             print(f"run directory: {run_dir}", file=sys.stderr)
-        last = train(cfg, run_dir, resume=args.resume is not None)
+        last = train(cfg, run_dir, resume=args.resume is not None, deadline=deadline)
         fresh = False
         if rank == 0:
-            _report(cfg, run_dir, last)
+            _report(cfg, run_dir, last, stops)
+        if stops.signum:               # (received after the last step: noted until here)
+            if rank == 0:
+                print(f"{signal.Signals(stops.signum).name}: the run ended after its last "
+                      f"step ({stops.checkpoint}), with its checkpoint, report and "
+                      f"{PLOT}", file=sys.stderr)
+            return 128 + stops.signum
         return 0
     except Stopped as stop:
         fresh = False
         if rank == 0:
-            how = "python -m fastrwa.train" if world == 1 else \
-                f"torchrun with {world} processes, -m fastrwa.train"
-            print(f"{stop}: the checkpoint is saved; resume with: {how} --resume {run_dir}",
+            print(f"{stop}: the checkpoint is saved; resume with: {run.resume_command()}",
                   file=sys.stderr)
         return 128 + stop.signum
     except (RunDirError, ValueError, FileNotFoundError, WriteError) as exc:
@@ -265,11 +345,16 @@ def _one_line(exc: Exception) -> str:
     return str(exc)
 
 
-def _report(cfg: RunConfig, run_dir: Path, last: dict) -> None:
-    from .plot import plot_runs
+def _report(cfg: RunConfig, run_dir: Path, last: dict, stops: StopRequests) -> None:
+    """The learning curve, then the final records against the task's baseline. The report
+    phase starts with the curve drawn whole (a signal waits for it): a run stopped in it has
+    its curve."""
+    with stops.uninterrupted():
+        stops.enter("report")
+        from .plot import plot_runs
 
+        png = plot_runs([run_dir], run_dir / PLOT)
     problem = make_problem(cfg, 1) if cfg.task in TASKS else None
-    png = plot_runs([run_dir], run_dir / "learning_curve.png")
     for split in ("valid", "test"):
         record = last.get(split)
         if record is None:

@@ -42,6 +42,11 @@ DEFAULTS = {
 }
 
 
+def flag_name(field: str) -> str:
+    """The command-line flag of a :class:`RunConfig` field: ``eval_every`` -> ``--eval-every``."""
+    return "--" + field.replace("_", "-")
+
+
 @dataclasses.dataclass
 class RunConfig:
     """Every flag that shapes a run. Fields left ``None`` take the defaults of the task's
@@ -86,7 +91,7 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         """Refuse values no run can use, naming the flag (``ValueError``)."""
-        flag = lambda name: "--" + name.replace("_", "-")          # noqa: E731
+        flag = flag_name
         for name, value in DEFAULTS["lm" if self.is_lm else "sequence"].items():
             if getattr(self, name) is None:
                 setattr(self, name, value)

@@ -9,6 +9,7 @@ import logging
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -27,7 +28,10 @@ from .packing import packed_loss, packed_slice
 from .optim import lr_factor, make_optimizer, set_lr
 from .problems import make_problem
 from .rundir import BEST, CHECKPOINT, EXPORT, METRICS, SAMPLES, RunDirError, run_id
-from .stop import Stopped, stop_requests
+from .stop import stop_requests
+
+if TYPE_CHECKING:
+    from .budget import Deadline
 
 CPU = Placement(torch.device("cpu"), None)   # where checkpointed states go
 
@@ -82,16 +86,34 @@ def _better(value: float, best, higher_is_better: bool) -> bool:
     return best is None or (value > best if higher_is_better else value < best)
 
 
-def train(cfg: RunConfig, run_dir: Path, resume: bool = False) -> dict:
+def _evaluation_bar(problem, split: str, micro: int, disable: bool):
+    """What ``evaluate(batches=)`` takes to show an evaluation's progress (a bar that goes
+    when the evaluation is done), or ``None`` without a progress bar."""
+    if disable:
+        return None
+    total = problem.evaluation_batches(split, micro)
+    return lambda batches: tqdm(batches, total=total, desc=f"{split} evaluation", leave=False,
+                                dynamic_ncols=True)
+
+
+def train(cfg: RunConfig, run_dir: Path, resume: bool = False,
+          deadline: Deadline | None = None) -> dict:
     """Train as configured; return the latest record per split ("train", "valid", "test").
-    Rank 0 writes the run directory. The test split is evaluated once, after the last step.
-    SIGINT or SIGTERM stops the run at the next step boundary with a checkpoint there
-    (:class:`fastrwa.train.stop.Stopped` is raised); a second one exits at once."""
+    Rank 0 writes the run directory. The test split is evaluated once, after the last step:
+    step ``cfg.steps``, or the step after which ``deadline`` (``--minutes``) leaves no time
+    for another. SIGINT or SIGTERM before the step loop ends the run at once
+    (:class:`fastrwa.train.stop.Interrupted`); in it, they stop the run at the next step
+    boundary with a checkpoint there (:class:`fastrwa.train.stop.Stopped` is raised), or
+    after the last step once its evaluation and checkpoint are written; a second SIGINT
+    exits at once, never in the middle of a file (:mod:`fastrwa.train.stop`)."""
     with contextlib.ExitStack() as stack:
-        return _train(cfg, run_dir, resume, stack)
+        return _train(cfg, run_dir, resume, deadline, stack)
 
 
-def _train(cfg: RunConfig, run_dir: Path, resume: bool, stack: contextlib.ExitStack) -> dict:
+def _train(cfg: RunConfig, run_dir: Path, resume: bool, deadline: Deadline | None,
+           stack: contextlib.ExitStack) -> dict:
+    stops = stack.enter_context(stop_requests())
+    stops.enter("preparation of the run")
     rank, world = _world()
     lay = layout(cfg.context_parallel)
     place = placement(cfg.device, cfg.autocast)
@@ -121,6 +143,7 @@ def _train(cfg: RunConfig, run_dir: Path, resume: bool, stack: contextlib.ExitSt
             model.load_state_dict(ckpt["model"])
             optimizer.load_state_dict(ckpt["optimizer"])
             start, best = ckpt["step"], ckpt.get("best")
+            stops.checkpoint = start
             clock, train_clock = ckpt.get("elapsed", 0.0), ckpt.get("train_elapsed", 0.0)
             if ckpt["carried"]:
                 carried = place.to(list(ckpt["carried"][rank]))
@@ -133,10 +156,14 @@ def _train(cfg: RunConfig, run_dir: Path, resume: bool, stack: contextlib.ExitSt
             raise RunDirError(f"checkpoint {run_dir / CHECKPOINT} carries {len(carried)} "
                               f"states, this run accumulates {accum} micro-batches")
     if rank == 0:
-        truncate_metrics(run_dir / METRICS, start)
-        truncate_samples(run_dir / SAMPLES, start)
+        with stops.uninterrupted():
+            truncate_metrics(run_dir / METRICS, start)
+            truncate_samples(run_dir / SAMPLES, start)
+            if resume:
+                record_resumable_changes(run_dir, cfg, identity)
         if resume:
-            record_resumable_changes(run_dir, cfg, identity)
+            print(f"resuming from step {start}" + ("" if start else " (no checkpoint: the "
+                                                   "run starts over)"), file=sys.stderr)
         count = sum(p.numel() for p in dict.fromkeys(model.parameters()))
         print(f"model: {type(model).__name__} ({cfg.model}), {count:,} parameters, on "
               f"{place.device}" + (f", autocast {cfg.autocast}" if cfg.autocast != "none" else ""),
@@ -153,12 +180,13 @@ def _train(cfg: RunConfig, run_dir: Path, resume: bool, stack: contextlib.ExitSt
     tokens, train_time = 0, 0.0   # since the last train record
     bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, dynamic_ncols=True,
                disable=rank != 0 or not cfg.progress, desc=f"{cfg.task} {cfg.model}")
-    requests = stack.enter_context(stop_requests())
+    stops.enter("training")          # (from here on a signal stops the run at a boundary)
     if not bar.disable:       # (a log line, e.g. the CPU kernels' compile notice, on a line
         # of its own, not glued to the bar's)
         stack.enter_context(logging_redirect_tqdm(loggers=[logging.getLogger("fastrwa")]))
     for step in bar:
         began = time.perf_counter()
+        stops.step = step + 1
         model.train()
         lr = cfg.lr * lr_factor(step, cfg.warmup, cfg.decay_steps, cfg.schedule)
         set_lr(optimizer, lr)
@@ -202,25 +230,35 @@ def _train(cfg: RunConfig, run_dir: Path, resume: bool, stack: contextlib.ExitSt
         if cfg.clip > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
         optimizer.step()
-        train_time += time.perf_counter() - began
-        train_clock += time.perf_counter() - began
+        step_time = time.perf_counter() - began
+        train_time += step_time
+        train_clock += step_time
         done = step + 1
+        final = done == cfg.steps
+        if deadline is not None and not final and deadline.after_step(step_time):
+            final = True
+            if rank == 0:
+                bar.write(deadline.line(done, cfg.steps), file=sys.stderr)
+        if final:
+            stops.enter("final evaluation")
         records = []
-        if done % cfg.log_every == 0 or done == cfg.steps:
+        if done % cfg.log_every == 0 or final:
             records.append({"step": done, "split": "train",
                             "loss": _mean_over_ranks(loss_sum / accum, world, place.device),
                             problem.metric: _mean_over_ranks(metric_sum / accum, world,
                                                              place.device),
                             "lr": lr, "tokens_per_s": tokens / max(train_time, 1e-9)})
             tokens, train_time = 0, 0.0
-        splits = (["valid"] if done % cfg.eval_every == 0 or done == cfg.steps else []) + \
-            (["test"] if done == cfg.steps else [])
+        splits = (["valid"] if done % cfg.eval_every == 0 or final else []) + \
+            (["test"] if final else [])
         for split in splits:
             model.eval()
+            shown = _evaluation_bar(problem, split, micro, bar.disable)
             if getattr(problem, "shards_evaluation", False):
-                result = problem.evaluate(model, micro, split, place, shard=(rank, world))
+                result = problem.evaluate(model, micro, split, place, shard=(rank, world),
+                                          batches=shown)
             else:       # (every process evaluates the same batches)
-                result = problem.evaluate(model, micro, split, place)
+                result = problem.evaluate(model, micro, split, place, batches=shown)
                 for key in ("loss", problem.metric):
                     result[key] = _mean_over_ranks(result[key], world, place.device)
             records.append({"step": done, "split": split, **result})
@@ -229,8 +267,10 @@ def _train(cfg: RunConfig, run_dir: Path, resume: bool, stack: contextlib.ExitSt
             if hasattr(model, "config") and _better(result[problem.metric], best,
                                                     problem.higher_is_better):
                 best = result[problem.metric]
-                save_pretrained(model, run_dir / BEST, _trained(cfg, done),
-                                {f"valid {problem.metric}{_part(cfg)}": best, "at step": done})
+                with stops.uninterrupted():
+                    save_pretrained(model, run_dir / BEST, _trained(cfg, done),
+                                    {f"valid {problem.metric}{_part(cfg)}": best,
+                                     "at step": done})
             text = problem.sample(model, done, place) if hasattr(problem, "sample") else None
             if text is not None:
                 with open(run_dir / SAMPLES, "a", encoding="utf-8") as f:
@@ -250,30 +290,37 @@ def _train(cfg: RunConfig, run_dir: Path, resume: bool, stack: contextlib.ExitSt
         # The final export goes before the final checkpoint: a run killed between the two
         # resumes from the checkpoint before and exports again (the other way round, the
         # checkpoint would say the run is done while model/ is missing).
-        if done == cfg.steps and rank == 0 and hasattr(model, "config"):
-            save_pretrained(model, run_dir / EXPORT, _trained(cfg, done),
-                            {f"{split} {problem.metric}{_part(cfg) if split == 'valid' else ''}":
-                             last[split][problem.metric]
-                             for split in ("valid", "test") if split in last})
-        stop = requests.pending(world, place.device)
-        if done % cfg.checkpoint_every == 0 or done == cfg.steps or stop:
+        if final and rank == 0 and hasattr(model, "config"):
+            with stops.uninterrupted():
+                save_pretrained(model, run_dir / EXPORT, _trained(cfg, done),
+                                {f"{split} {problem.metric}"
+                                 f"{_part(cfg) if split == 'valid' else ''}":
+                                 last[split][problem.metric]
+                                 for split in ("valid", "test") if split in last})
+        stop = stops.pending(world, place.device)
+        if done % cfg.checkpoint_every == 0 or final or stop:
             states = [None] * world
             if world > 1:
                 dist.all_gather_object(states, CPU.to(carried))
             else:
                 states = [CPU.to(carried)]
             if rank == 0:
-                save_checkpoint(run_dir / CHECKPOINT, {
-                    "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                    "step": done, "rng": torch.get_rng_state(), "world_size": world,
-                    "elapsed": clock, "train_elapsed": train_clock, "best": best,
-                    "carried": states if problem.stateful else None,
-                    "run": provenance(cfg, identity, problem.fingerprint)})
-        if stop and done < cfg.steps:
+                with stops.uninterrupted():
+                    save_checkpoint(run_dir / CHECKPOINT, {
+                        "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                        "step": done, "rng": torch.get_rng_state(), "world_size": world,
+                        "elapsed": clock, "train_elapsed": train_clock, "best": best,
+                        "carried": states if problem.stateful else None,
+                        "run": provenance(cfg, identity, problem.fingerprint)})
+                    stops.checkpoint = done
+        if stop and not final:
             if world > 1:         # (no rank leaves before rank 0's checkpoint is written)
                 dist.barrier()
             bar.close()
-            raise Stopped(stop, done)
+            raise stops.stopped(done)
+        if final and done < cfg.steps:        # (--minutes: the time is up)
+            bar.n = done
+            break
     bar.close()
     return last
 

@@ -8,6 +8,7 @@ outputs, evaluates, and says whether the recurrent state is carried from step to
 from __future__ import annotations
 
 import hashlib
+from typing import Callable, Iterable
 
 import torch
 import torch.distributed as dist
@@ -21,6 +22,13 @@ from .tasks import TASKS, Batch, Task, make_task
 
 IMAGE_TASKS = ("mnist", "pmnist")
 ALL_TASKS = tuple(TASKS) + LM_TASKS + IMAGE_TASKS
+# What ``evaluate(..., batches=)`` takes: it wraps the iterable of an evaluation's batches (a
+# progress bar, or the calibration's first few batches); ``None`` keeps it as it is.
+Batches = Callable[[Iterable], Iterable] | None
+
+
+def _each(batches: Batches, iterable: Iterable) -> Iterable:
+    return iterable if batches is None else batches(iterable)
 
 
 class SyntheticProblem:
@@ -41,10 +49,15 @@ class SyntheticProblem:
     def score(self, output: Tensor, batch: Batch) -> tuple[Tensor, float]:
         return self.task.score(output, batch)
 
+    def evaluation_batches(self, split: str, size: int) -> int:
+        """How many batches :meth:`evaluate` runs."""
+        return self.eval_batches
+
     @torch.no_grad()
-    def evaluate(self, model, size: int, split: str, place: Placement) -> dict:
+    def evaluate(self, model, size: int, split: str, place: Placement,
+                 batches: Batches = None) -> dict:
         losses, metrics = [], []
-        for k in range(self.eval_batches):
+        for k in _each(batches, range(self.eval_batches)):
             batch = place.to(self.task.batch(k, size, split))
             with place.autocast():
                 output = model(batch.x)[0]
@@ -98,19 +111,29 @@ class ByteLMProblem:
                                                  batch.target.reshape(-1))
         return loss, _data.bits_per_byte(float(loss.detach()))
 
+    def _scored(self, split: str) -> Tensor:
+        """The bytes of ``split`` an evaluation reads (``eval_bytes`` of "valid")."""
+        data = self.splits[split]
+        return data[:self.eval_bytes + 1] if split != "test" and self.eval_bytes else data
+
+    def evaluation_batches(self, split: str, size: int) -> int:
+        """How many batches :meth:`evaluate` runs (on rank 0, which holds the first row)."""
+        n = len(self._scored(split)) - 1
+        per_row = -(-n // max(1, min(self.eval_streams, n)))               # (whole_split's)
+        return -(-per_row // (4 * self.bptt))
+
     @torch.no_grad()
     def evaluate(self, model, size: int, split: str, place: Placement,
-                 shard: tuple[int, int] = (0, 1)) -> dict:
+                 shard: tuple[int, int] = (0, 1), batches: Batches = None) -> dict:
         """bpc over a held-out split: the whole split for "test", the first ``eval_bytes``
         (0: all) for "valid"; ``bytes`` says how many were scored, ``whole`` whether that is
         the entire split. Under torchrun (``shard=(rank, world)``) each process scores its
         share of the rows and the sums are added up: every process returns the whole
-        result."""
-        data = self.splits[split]
-        if split != "test" and self.eval_bytes:
-            data = data[:self.eval_bytes + 1]
+        result. ``batches`` wraps the iterable of batches (``Batches``)."""
+        data = self._scored(split)
         total, count, state = 0.0, 0, None
-        for x, y in _data.whole_split(data, self.eval_streams, 4 * self.bptt, shard):
+        for x, y in _each(batches, _data.whole_split(data, self.eval_streams, 4 * self.bptt,
+                                                      shard)):
             x, y = place.to((x, y))
             with place.autocast():
                 out, state = model(x, state)
@@ -179,11 +202,16 @@ class ImageProblem:
         loss = torch.nn.functional.cross_entropy(logits, batch.target[batch.mask])
         return loss, float((logits.argmax(-1) == batch.target[batch.mask]).float().mean())
 
+    def evaluation_batches(self, split: str, size: int) -> int:
+        """How many batches :meth:`evaluate` runs."""
+        return -(-min(len(self.test_labels), self.eval_batches * size) // size)
+
     @torch.no_grad()
-    def evaluate(self, model, size: int, split: str, place: Placement) -> dict:
+    def evaluate(self, model, size: int, split: str, place: Placement,
+                 batches: Batches = None) -> dict:
         n = min(len(self.test_labels), self.eval_batches * size)
         losses, correct = [], 0
-        for lo in range(0, n, size):
+        for lo in _each(batches, range(0, n, size)):
             batch = place.to(self._make(self.test_images, self.test_labels,
                                         torch.arange(lo, min(n, lo + size), device="cpu")))
             with place.autocast():

@@ -1,0 +1,70 @@
+"""``--minutes M`` (issue 53, item 11): the plan scales the steps, the warm-up and the
+intervals to the budget, and the run keeps to the wall clock when its steps get slower
+than calibrated, ending early with one line."""
+
+import json
+import time
+
+from fastrwa.train import budget, cli, problems
+from fastrwa.train.cli import main as train_main
+from fastrwa.train.config import RunConfig
+
+TINY = ["--seq-len", "10", "--hidden", "4", "--batch-size", "2", "--no-progress"]
+
+
+def test_the_plan_fills_the_budget_with_steps_and_several_evaluations():
+    """5 minutes at 1 s a step, 3 s an evaluation, 6 s the test: the final evaluations
+    (9 s) and 9 evaluations before them (27 s) leave 264 steps, evaluated and checkpointed
+    every 27 (10 points on the curve; with the defaults' 500 a short run had one), a warm-up
+    of 4% as the LM defaults have (200 of 5000), logs every 2; the flags given keep their
+    values; evaluations that would take more than a quarter of the time are fewer."""
+    cal = budget.Calibration(step_s=1.0, valid_s=3.0, test_s=6.0)
+    lm = RunConfig(task="text", data="corpus.txt")
+    planned = budget.plan(lm, {}, 300.0, cal)
+    assert (planned.steps, planned.decay_steps, planned.eval_every, planned.checkpoint_every,
+            planned.warmup, planned.log_every) == (264, 264, 27, 27, 11, 2)
+    given = {"eval_every": 50, "warmup": 7, "checkpoint_every": 100, "log_every": 5}
+    planned = budget.plan(RunConfig(task="text", data="corpus.txt", **given), given, 300.0, cal)
+    assert (planned.steps, planned.eval_every, planned.warmup, planned.checkpoint_every,
+            planned.log_every) == (274, 50, 7, 100, 5)           # 291 s / (1 + 3 / 50)
+    slow_evals = budget.Calibration(step_s=1.0, valid_s=30.0, test_s=30.0)
+    planned = budget.plan(RunConfig(), {}, 300.0, slow_evals)
+    assert (planned.steps, planned.eval_every, planned.warmup) == (210, 105, 0)  # 2 points
+
+
+def test_minutes_ends_on_the_wall_clock_when_steps_slow_down(tmp_path, monkeypatch, capsys):
+    """Steps that take twice their calibrated time after the calibration (another process
+    on the machine): the run ends at its deadline (it overran by the slowdown), says so in
+    one line, has its final evaluation and several points on its curve, and its schedule
+    still decays over the planned steps."""
+    calibrated = []
+
+    def calibrate(cfg):
+        calibrated.append(budget.calibrate(cfg))
+        return calibrated[0]
+
+    real = problems.SyntheticProblem.batch
+
+    def slower(self, step, size):
+        if calibrated:
+            time.sleep(calibrated[0].step_s)
+        return real(self, step, size)
+
+    monkeypatch.setattr(cli, "calibrate", calibrate)
+    monkeypatch.setattr(problems.SyntheticProblem, "batch", slower)
+    minutes = 0.1
+    began = time.monotonic()
+    assert train_main([*TINY, "--minutes", str(minutes), "--run-dir",
+                       str(tmp_path / "run")]) == 0
+    took = time.monotonic() - began
+    err = capsys.readouterr().err
+    assert took < minutes * 60 + 2.0, (took, err)
+    steps = json.loads((tmp_path / "run" / "config.json").read_text())["steps"]
+    records = [json.loads(line)
+               for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    end = records[-1]["step"]
+    assert 0 < end < steps and records[-1]["split"] == "test"
+    said = [line for line in err.splitlines() if "the time is up" in line]
+    assert len(said) == 1 and said[0].startswith(
+        f"--minutes {minutes:g}: the time is up after step {end} of {steps}"), err
+    assert sum(r["split"] == "valid" for r in records) >= 3

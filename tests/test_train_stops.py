@@ -1,0 +1,183 @@
+"""SIGINT (Ctrl-C) and SIGTERM anywhere in ``python -m fastrwa.train`` (issue 53, items 4
+and 5): one line, exit status 128 + the signal, no traceback, and the files the line
+promises. Phases are hit deterministically: ``FASTRWA_TRAIN_PAUSE_AT=PHASE`` makes a
+process wait for a signal there (subprocesses), or the pause point of that phase sends this
+process the signal itself (in-process runs of the CLI, which installs the same handlers)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from fastrwa.train import stop
+from fastrwa.train.cli import main as train_main
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+FLAGS = ["--seq-len", "10", "--hidden", "4", "--batch-size", "2", "--steps", "3",
+         "--eval-every", "2", "--no-progress"]
+TIMEOUT = 120
+
+
+def _paused(run_dir: Path, phases: str, *flags: str) -> subprocess.Popen:
+    """``python -m fastrwa.train`` that waits at each of ``phases`` (comma-separated);
+    returned once it waits at the first (its stderr lines so far in ``proc.lines``), killed
+    after ``TIMEOUT`` seconds in any case."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fastrwa.train", *flags, "--run-dir", str(run_dir)],
+        env={**ENV, stop.PAUSE: phases}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    proc.watchdog = threading.Timer(TIMEOUT, proc.kill)
+    proc.watchdog.daemon = True
+    proc.watchdog.start()
+    proc.lines = []
+    _next_pause(proc)
+    return proc
+
+
+def _next_pause(proc: subprocess.Popen) -> None:
+    """Read ``proc``'s stderr until it says it waits."""
+    while True:
+        line = proc.stderr.readline()
+        assert line, "the run ended before its pause: " + "".join(proc.lines)
+        proc.lines.append(line)
+        if line.startswith(stop.PAUSED):
+            return
+
+
+def _ended(proc: subprocess.Popen) -> tuple[int, str, list[str]]:
+    """Its status, stdout, and stderr's lines (without the pause's and blank ones)."""
+    out, err = proc.communicate(timeout=TIMEOUT)
+    proc.watchdog.cancel()
+    lines = [line for line in "".join(proc.lines).splitlines() + err.splitlines()
+             if line.strip() and not line.startswith(stop.PAUSED)]
+    return proc.returncode, out, lines
+
+
+def _signal_at(monkeypatch, point: str, signum: int) -> None:
+    """In-process runs: when the run reaches pause point ``point``, this process sends
+    itself ``signum`` (once) and waits until the handler has run."""
+    sent = []
+
+    def pause_point(self, name):
+        if name == point and not sent:
+            sent.append(name)
+            seen = self.received
+            os.kill(os.getpid(), signum)
+            end = time.monotonic() + 10
+            while self.received == seen and time.monotonic() < end:
+                time.sleep(0.001)
+
+    monkeypatch.setattr(stop.StopRequests, "pause_point", pause_point)
+
+
+def test_ctrl_c_during_start_up_is_one_line(tmp_path):
+    """Ctrl-C while ``python -m fastrwa.train`` imports what it runs: one line (it was a
+    KeyboardInterrupt traceback through the imports), status 130, no run directory."""
+    proc = _paused(tmp_path / "run", "start-up", *FLAGS)
+    proc.send_signal(signal.SIGINT)
+    status, _, lines = _ended(proc)
+    assert (status, lines) == (130, ["SIGINT during start-up: stopped at once; nothing was "
+                                     "written"])
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("phase,signum,flags", [
+    ("calibration", signal.SIGINT, ["--minutes", "0.5"]),
+    ("preparation of the run", signal.SIGINT, ["--steps", "3"]),
+    ("preparation of the run", signal.SIGTERM, ["--steps", "3"]),
+])
+def test_a_signal_before_the_first_step_ends_the_run_at_once(tmp_path, monkeypatch, capsys,
+                                                              phase, signum, flags):
+    """In the --minutes calibration, or between making the run directory and the first
+    step (the data, the model): one line naming the phase, status 128 + the signal (it
+    was a KeyboardInterrupt traceback, or for SIGTERM a silent death), and the new run's
+    directory removed, as for a run that failed to start."""
+    _signal_at(monkeypatch, phase, signum)
+    run = tmp_path / "run"
+    code = train_main([*FLAGS[:6], "--no-progress", *flags, "--run-dir", str(run)])
+    err = capsys.readouterr().err
+    name = signal.Signals(signum).name
+    said = [line for line in err.splitlines() if name in line]
+    assert code == 128 + signum and "Traceback" not in err
+    assert said == [err.strip().splitlines()[-1]], err
+    assert said[0].startswith(f"{name} during {phase}: stopped at once;"), err
+    assert not run.exists()
+
+
+def test_a_signal_while_a_resume_prepares_keeps_the_run_as_it_was(tmp_path, monkeypatch,
+                                                                  capsys):
+    run = tmp_path / "run"
+    assert train_main([*FLAGS, "--run-dir", str(run)]) == 0
+    files = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    _signal_at(monkeypatch, "preparation of the run", signal.SIGINT)
+    capsys.readouterr()
+    assert train_main(["--resume", str(run), "--steps", "5", "--no-progress"]) == 130
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line == (f"SIGINT during preparation of the run: stopped at once; {run} keeps its "
+                    f"last checkpoint; resume with: python -m fastrwa.train --resume {run}")
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == files
+
+
+def _finished(run: Path, out: str, lines: list[str]) -> None:
+    """A run stopped after its last step (3): its line last, its report, its files."""
+    assert lines[-1] == ("SIGINT: the run ended after its last step (3), with its "
+                         "checkpoint, report and learning_curve.png"), lines
+    assert not any("Traceback" in line for line in lines)
+    assert "adding: test mse" in out and f"learning curve: {run / 'learning_curve.png'}" in out
+    assert (run / "learning_curve.png").read_bytes()[:4] == b"\x89PNG"
+    assert torch.load(run / "checkpoint.pt")["step"] == 3
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert (records[-1]["step"], records[-1]["split"]) == (3, "test")
+
+
+def test_ctrl_c_in_the_final_evaluation_still_writes_the_report_and_the_curve(tmp_path):
+    """Ctrl-C during the last step's evaluation: the evaluation, checkpoint, report and
+    learning curve are finished, then one line, status 130 (the signal went unanswered:
+    status 0)."""
+    run = tmp_path / "run"
+    proc = _paused(run, "final evaluation", *FLAGS)
+    proc.send_signal(signal.SIGINT)
+    status, out, lines = _ended(proc)
+    assert status == 130
+    _finished(run, out, lines)
+
+
+def test_ctrl_c_in_the_report_still_draws_the_curve(tmp_path, monkeypatch, capsys):
+    """Ctrl-C during the report (it was a KeyboardInterrupt traceback and no plot)."""
+    _signal_at(monkeypatch, "report", signal.SIGINT)
+    run = tmp_path / "run"
+    assert train_main([*FLAGS, "--run-dir", str(run)]) == 130
+    out, err = capsys.readouterr()
+    _finished(run, out, err.strip().splitlines())
+
+
+def test_a_second_ctrl_c_while_the_checkpoint_is_written_finishes_it(tmp_path):
+    """Ctrl-C, then Ctrl-C again while the stop's checkpoint is being written: the write
+    finishes, no checkpoint.pt.tmp is left, and the last line says the checkpoint is there
+    (the second Ctrl-C exited in the middle of the write, leaving the temporary file, and
+    said "the run directory keeps its last checkpoint" of a run that had none)."""
+    run = tmp_path / "run"
+    proc = _paused(run, "training,checkpoint", "--steps", "100000", "--seq-len", "10",
+                   "--hidden", "4", "--batch-size", "2", "--checkpoint-every", "100000",
+                   "--no-progress")
+    proc.send_signal(signal.SIGINT)           # before step 1: the stop's checkpoint after it
+    _next_pause(proc)                         # ... which waits in the middle of its write
+    assert (run / "checkpoint.pt.tmp").is_file() and not (run / "checkpoint.pt").exists()
+    proc.send_signal(signal.SIGINT)
+    status, _, lines = _ended(proc)
+    assert status == 130 and not any("Traceback" in line for line in lines), lines
+    assert torch.load(run / "checkpoint.pt")["step"] == 1
+    assert not (run / "checkpoint.pt.tmp").exists()
+    assert "SIGINT: stopping after this step, with a checkpoint (Ctrl-C again to exit at " \
+        "once)" in lines
+    assert "SIGINT again: exiting once the file being written is complete" in lines
+    assert lines[-1] == (f"SIGINT again during training: stopped at once; the checkpoint of "
+                         f"step 1 is written; resume with: python -m fastrwa.train --resume "
+                         f"{run}"), lines
