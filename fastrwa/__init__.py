@@ -13,16 +13,44 @@ Public API::
 The sequential reference that defines every answer is :mod:`fastrwa.reference`.
 """
 
-from .ops.dispatch import get_backend, use_backend
-from .scan import rda_scan, rda_step, rda_step_, rwa_scan, rwa_step, rwa_step_, weighted_scan
-from .state import ScanState
+import importlib
+import sys
 
-from . import nn  # noqa: E402  (layers and cells: fastrwa.nn.RWA, fastrwa.nn.RDA, ...)
+# The public names and the module each lives in, imported on first use (PEP 562): `import
+# fastrwa` itself imports no PyTorch, so a program such as `python -m fastrwa.train` can set
+# up its signal handlers before the heavy imports (a Ctrl-C there ends in one line).
+_LAZY = {
+    "get_backend": ".ops.dispatch", "use_backend": ".ops.dispatch",
+    **{name: ".scan" for name in ("rda_scan", "rda_step", "rda_step_", "rwa_scan", "rwa_step",
+                                  "rwa_step_", "weighted_scan")},
+    "ScanState": ".state",
+}
+
+
+def __getattr__(name: str):
+    """A public function or class, or a subpackage (``fastrwa.nn``, ``fastrwa.models``, ...),
+    imported when first asked for."""
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+    else:
+        try:
+            value = importlib.import_module(f".{name}", __name__)
+        except ModuleNotFoundError as error:
+            if error.name != f"{__name__}.{name}":
+                raise
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
 
 # The Hugging Face classes register with the Auto classes on import of fastrwa.hf. A program
 # that has imported transformers gets them from `import fastrwa` too; the others do not pay
 # for it (importing transformers' model classes takes ~2 s): docs/hf.md.
-if "transformers" in __import__("sys").modules:
+if "transformers" in sys.modules:
     try:
         from . import hf  # noqa: F401
     except Exception as exc:     # (another transformers: fastrwa works, the classes not)

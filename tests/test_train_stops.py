@@ -88,6 +88,17 @@ def test_ctrl_c_during_start_up_is_one_line(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def test_the_signal_handlers_come_before_any_heavy_import():
+    """``python -m fastrwa.train`` imports the packages above it (``fastrwa``,
+    ``fastrwa.train``) and ``stop`` before it installs its handlers: none of them may import
+    PyTorch (seconds, during which a Ctrl-C would print a traceback through the imports)."""
+    code = ("import sys, fastrwa, fastrwa.train, fastrwa.train.stop; "
+            "print(sorted(m for m in ('torch', 'numpy', 'numba') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=120).stdout.strip()
+    assert out == "[]", out
+
+
 @pytest.mark.parametrize("phase,signum,flags", [
     ("calibration", signal.SIGINT, ["--minutes", "0.5"]),
     ("preparation of the run", signal.SIGINT, ["--steps", "3"]),
