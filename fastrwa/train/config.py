@@ -9,6 +9,7 @@ import math
 from typing import Any, Optional
 
 from ..models.config import BYTE_VOCAB, LMConfig, heads_split_evenly
+from ..models.sampling import FLOAT32_MAX   # the largest float32: the largest usable --lr
 
 # Flags that may change when a run is resumed (they do not change what has been computed).
 RESUMABLE_CHANGES = ("steps", "eval_every", "log_every", "checkpoint_every", "progress",
@@ -25,7 +26,6 @@ LM_FLAG_FIELDS = ("layer", "d_model", "n_layers", "attention", "context")
 DEVICES = ("auto", "cpu", "cuda")
 SCHEDULES = ("constant", "cosine")
 AUTOCASTS = ("none", "bf16")
-FLOAT32_MAX = 3.4028234663852886e38   # the largest float32: the largest usable --lr
 MAX_TRAIN_SEED = 2 ** 32 - 1          # seeds derived from --seed must fit torch's 64 bits
 
 # Defaults per kind of task, for the fields left as None. The synthetic and image tasks
