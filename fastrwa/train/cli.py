@@ -37,6 +37,7 @@ from .rundir import (CHECKPOINT, CONFIG, PLOT, RunDirError, discard_unstarted_ru
                      prepare_run_dir)
 from .stop import Interrupted, StopRequests, Stopped, stop_requests
 from .tasks import TASKS
+from .threads import parse_threads, pick
 
 
 def unescape(text: str) -> str:
@@ -113,6 +114,12 @@ def parser() -> argparse.ArgumentParser:
                    help="continue this run; it says the step it resumes from (the flags the "
                         "run started with may be given again, with the same values)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --run-dir")
+    p.add_argument("--threads", type=parse_threads, default="auto", metavar="N",
+                   help="CPU threads (not recorded: a machine's setting); auto: PyTorch's "
+                        "count less the cores other programs keep busy when the run starts "
+                        "(threads sharing a busy core make steps several times slower; "
+                        "docs/training.md). A resume is bit-identical on the same count "
+                        "(default auto)")
     return p
 
 
@@ -237,7 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     status 128 + the signal), at a step boundary with a checkpoint in it, and after the
     last step once the report and the learning curve are written."""
     started = time.monotonic()
-    with stop_requests() as stops:
+    threads = torch.get_num_threads()   # (restored at the end: main may be called from a program)
+    with stop_requests() as stops, _restored_threads(threads):
         run = _Run(None, int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0")))
         try:
             args = parser().parse_args(argv)
@@ -252,6 +260,8 @@ def main(argv: list[str] | None = None) -> int:
 def _main(args: argparse.Namespace, stops: StopRequests, run: _Run, started: float) -> int:
     try:
         cfg, given = _config(args)
+        if run.world == 1 and resolve_device(run_device(args, cfg, given)).type == "cpu":
+            _set_threads(args.threads)
         if cfg.is_lm and args.resume is None:  # (before a run directory is named or made)
             if not cfg.data:
                 raise ValueError(f"--task {cfg.task} needs --data PATH (a corpus file)")
@@ -336,6 +346,22 @@ def _main(args: argparse.Namespace, stops: StopRequests, run: _Run, started: flo
             # could abort the process: "terminate called without an active exception")
             gc.collect()
             dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def _restored_threads(threads: int):
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _set_threads(flag: int | str) -> None:
+    """``--threads``, before anything is timed (the ``--minutes`` calibration) or run."""
+    threads, line = pick(flag, torch.get_num_threads())
+    if line is not None:
+        print(line, file=sys.stderr)
+    torch.set_num_threads(threads)
 
 
 def _one_line(exc: Exception) -> str:

@@ -1,0 +1,77 @@
+"""``--threads``: a CPU run leaves the cores other programs keep busy to them (threads that
+share a busy core made a training step 7-14x slower; bench/busy_core.py)."""
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from fastrwa.train import threads as threads_module
+from fastrwa.train.cli import main as train_main
+
+FLAGS = ["--steps", "2", "--seq-len", "10", "--hidden", "8", "--batch-size", "4",
+         "--no-progress"]
+
+
+@pytest.mark.parametrize("available,others,cores,expected", [
+    (2, 1.0, 2, 1),        # one of two cores busy: the other one
+    (2, 0.7, 2, 1),        # most of a core busy
+    (2, 0.1, 2, 2),        # background noise: both
+    (2, 2.0, 2, 1),        # every core busy: still one
+    (16, 3.2, 16, 13),
+    (4, 0.0, 8, 4),        # never more than PyTorch would use
+])
+def test_auto_leaves_the_busy_cores(available, others, cores, expected):
+    assert threads_module.choose(available, others, cores) == expected
+
+
+def test_busy_cores_reads_the_other_programs_work(tmp_path, monkeypatch):
+    """From /proc/stat's first line (user nice system idle iowait irq softirq steal) over
+    the sleep: 150 of 400 jiffies busy on 2 cores is 0.75 of a core."""
+    stat = tmp_path / "stat"
+    lines = lambda user, idle: (f"cpu  {user} 0 0 {idle} 0 0 0 0 0 0\n"   # noqa: E731
+                                f"cpu0 0 0 0 0 0 0 0 0 0 0\ncpu1 0 0 0 0 0 0 0 0 0 0\n")
+    stat.write_text(lines(1000, 5000))
+    monkeypatch.setattr(time, "sleep", lambda s: stat.write_text(lines(1150, 5250)))
+    assert threads_module.busy_cores(stat=stat) == (0.75, 2)
+    assert threads_module.busy_cores(stat=tmp_path / "none") is None
+
+
+def test_threads_flag_is_checked_and_set_for_the_run_only(tmp_path, capsys, monkeypatch):
+    before = torch.get_num_threads()
+    seen = []
+    monkeypatch.setattr("fastrwa.train.cli.train",
+                        lambda *a, **k: seen.append(torch.get_num_threads()) or {})
+    monkeypatch.setattr("fastrwa.train.cli._report", lambda *a, **k: None)
+    assert train_main([*FLAGS, "--threads", "1", "--run-dir", str(tmp_path / "r")]) == 0
+    assert seen == [1] and torch.get_num_threads() == before
+    for bad in ("0", "-1", "two"):
+        with pytest.raises(SystemExit) as exit_:
+            train_main([*FLAGS, "--threads", bad])
+        assert exit_.value.code == 2
+        assert f"argument --threads: expected 'auto' or a positive int, got '{bad}'" in \
+            capsys.readouterr().err
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2 or torch.get_num_threads() < 2,
+                    reason="needs a second core to keep busy")
+def test_a_busy_core_is_left_to_its_program(tmp_path):
+    """With a loop spinning on one core, ``--threads auto`` uses fewer threads and says so
+    in one line."""
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        result = subprocess.run([sys.executable, "-m", "fastrwa.train", *FLAGS,
+                                 "--run-dir", str(tmp_path / "r")],
+                                capture_output=True, text=True, timeout=300)
+    finally:
+        spinner.kill()
+        spinner.wait()
+    assert result.returncode == 0, result.stderr
+    (line,) = [l for l in result.stderr.splitlines() if l.startswith("threads: ")]
+    used, available = map(int, line.split()[1:4:2])
+    assert used < available, line
+    assert f"--threads {available} uses them all" in line
