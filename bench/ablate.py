@@ -12,7 +12,9 @@ full-size comparison (``bench/lm.py``).
 Writes ``OUT/ablate.json`` (every run's records) and prints a markdown table: what, parameters,
 validation bpc on the first ``--eval-bytes`` of the split and test bpc on the whole test split
 (the mean over the seeds, then each seed's), s/step. ``--only NAME,...`` runs a subset;
-``--table OUT/ablate.json`` reprints a table.
+``--table OUT/ablate.json`` reprints a table. ``--out``: by default ``bench-results/ablate``,
+which git ignores; the committed study, bench/results/ablate, only with ``--record`` (and
+never from ``--quick`` or ``--only``).
 docs/lm.md records a run.
 """
 
@@ -26,7 +28,10 @@ import sys
 import torch
 
 from lm import matched_width, params, run, table_or_missing_data  # (puts the repo on sys.path)
-from fastrwa.train.config import parse_lm_field  # noqa: E402
+from cli import (add_out, check_out, check_record, choices_list,  # noqa: E402
+                 existing_file, in_records, make_dir, nonnegative_int, positive_int,
+                 results_dir, scratch_dir)
+from fastrwa.train.config import RunConfig, parse_lm_field  # noqa: E402
 
 # The study's base: the defaults with the output gate off (its row turns it on).
 BASE_LM = ["output_gate=false"]
@@ -54,54 +59,83 @@ ROWS = {
 }
 
 
-def results_dir() -> pathlib.Path:
-    """Where the committed study is kept (``--out``'s default)."""
-    return pathlib.Path(__file__).parent / "results" / "ablate"
-
-
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace | None:
+    """The flags, every bad value refused (one ``error:`` line, exit 2), ``args.names`` (the
+    rows) and ``--out`` settled; ``--quick``'s sizes applied. ``None`` when ``--table`` printed
+    its table (done)."""
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", type=pathlib.Path, help="a byte corpus file (required)")
-    p.add_argument("--d-model", type=int, default=128)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--steps", type=int, default=400)
-    p.add_argument("--warmup", type=int, default=40)
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--bptt", type=int, default=128)
-    p.add_argument("--eval-bytes", type=int, default=100_000)
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
-    p.add_argument("--only", help="comma-separated row names (default: every row)")
-    p.add_argument("--out", type=pathlib.Path,
-                   default=results_dir())
+    p.add_argument("--data", type=existing_file, help="a byte corpus file (required)")
+    p.add_argument("--d-model", type=positive_int, default=128)
+    p.add_argument("--layers", type=positive_int, default=4)
+    p.add_argument("--steps", type=positive_int, default=400)
+    p.add_argument("--warmup", type=nonnegative_int, default=40)
+    p.add_argument("--batch-size", type=positive_int, default=32)
+    p.add_argument("--bptt", type=positive_int, default=128)
+    p.add_argument("--eval-bytes", type=positive_int, default=100_000)
+    p.add_argument("--seeds", type=nonnegative_int, nargs="+", default=[0, 1])
+    p.add_argument("--only", type=choices_list(list(ROWS)),
+                   help="comma-separated row names (default: every row)")
+    add_out(p, "ablate", "ablate.json and the runs")
     p.add_argument("--quick", action="store_true", help="tiny runs of two rows (CI)")
     p.add_argument("--table", type=pathlib.Path, metavar="ABLATE_JSON",
                    help="print the table of an earlier run's ablate.json and stop")
-    p.add_argument("--retime", type=pathlib.Path, metavar="ABLATE_JSON",
+    p.add_argument("--retime", type=existing_file, metavar="ABLATE_JSON",
                    help="time each row of an earlier run again on an idle machine (30 steps, "
-                        "steps 10-30 timed, no evaluation), update its s/step and stop")
+                        "steps 10-30 timed, no evaluation), update its s/step and stop (a "
+                        "file under bench/results/ only with --record)")
     args = p.parse_args(argv)
-    if args.retime:
-        return retime(args.retime, args.out)
-    done = table_or_missing_data(args, table)
-    if done is not None:
-        return done
-    names = list(ROWS) if not args.only else args.only.split(",")
-    unknown = [n for n in names if n not in ROWS]
-    if unknown:
-        print(f"error: --only: unknown rows {unknown}; known: {list(ROWS)}", file=sys.stderr)
-        return 2
-    committed = results_dir()
-    if args.only and not args.quick and args.out.resolve() == committed.resolve():
-        print(f"error: --only writes an ablate.json of those rows alone: give --out elsewhere "
-              f"({committed} keeps the whole study)", file=sys.stderr)
-        return 2
+    if args.retime:                # (rewrites that file; --out holds the retiming's runs)
+        check_record(p, "--retime", args.retime, args.record, ["--quick"] * args.quick)
+        args.out = args.out or scratch_dir("ablate")
+        if in_records(args.out):
+            check_record(p, "--out", args.out, args.record)
+        _check_retime(p, args.retime)
+        make_dir(p, "--out", args.out)
+        return args
+    if table_or_missing_data(p, args, table, "an ablate.json of bench/ablate.py"):
+        return None
+    if args.only and args.record and (args.out is None or args.out.resolve()
+                                      == results_dir("ablate").resolve()):
+        p.error("--only writes an ablate.json of those rows alone, and bench/results/ablate "
+                "keeps the whole study: --record them with --out elsewhere")
+    try:
+        for seed in args.seeds:
+            RunConfig(task="text", data=str(args.data), model="rda-scan", hidden=args.d_model,
+                      layers=args.layers, batch_size=args.batch_size, bptt=args.bptt,
+                      steps=args.steps, warmup=args.warmup, seed=seed,
+                      eval_bytes=args.eval_bytes, lm=_fields())
+    except ValueError as exc:
+        p.error(str(exc))
+    check_out(p, args, "ablate")
+    args.names = args.only or list(ROWS)
     if args.quick:
         args.d_model, args.steps, args.warmup, args.batch_size = 16, 4, 1, 4
         args.bptt, args.eval_bytes = 16, 2000
-        names = names if args.only else ["base", "2 layers at equal params"]
+        args.names = args.names if args.only else ["base", "2 layers at equal params"]
         args.seeds = args.seeds[:1]
-    args.out.mkdir(parents=True, exist_ok=True)
+    return args
+
+
+def _check_retime(p: argparse.ArgumentParser, path: pathlib.Path) -> None:
+    """Refuse a ``--retime`` file that is not an ablate.json, or whose corpus is gone."""
+    try:
+        for row in json.loads(path.read_text())["rows"]:
+            corpus = pathlib.Path(row["flags"][row["flags"].index("--data") + 1])
+            if not corpus.is_file():
+                p.error(f"--retime {path}: the corpus of row {row['name']!r}, {corpus}, is gone")
+    except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
+        p.error(f"--retime {path} is not an ablate.json of bench/ablate.py "
+                f"({type(exc).__name__}: {exc})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args is None:
+        return 0
+    if args.retime:
+        return retime(args.retime, args.out)
+    names = args.names
     base = ["--task", "text", "--data", args.data, "--model", "rda-scan", "--batch-size",
             args.batch_size, "--bptt", args.bptt, "--steps", args.steps, "--warmup",
             args.warmup, "--eval-every", max(1, args.steps // 4), "--eval-bytes",
@@ -172,7 +206,8 @@ def _fields(lm: list[str] = ()) -> dict:
 def _settings(args) -> dict:
     return dict(torch=torch.__version__, threads=torch.get_num_threads(),
                 data=f"{args.data.name} ({args.data.stat().st_size:,} bytes)",
-                **{k: str(v) for k, v in vars(args).items() if k not in ("data", "out")})
+                **{k: str(v) for k, v in vars(args).items()
+                   if k not in ("data", "out", "record", "names")})
 
 
 def table(summary: dict) -> str:

@@ -17,7 +17,9 @@ Two measurements, each process a fresh one (gloo over local TCP, CPU tensors):
   (f_a = sigmoid, f_h = identity) forward+backward at T = 2^18: the projection splits
   without overhead, the scan as above.
 
-Prints a table and writes ``OUT/context_parallel.json``.
+Prints a table and writes ``OUT/context_parallel.json`` (``--out``: by default
+``bench-results/context_parallel``, which git ignores; the committed record,
+bench/results/context_parallel, only with ``--record``, and only at full size).
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+from cli import add_out, check_out, int_at_least  # (bench/cli.py, beside this file)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -124,16 +128,27 @@ def launch(mode: str, world: int, threads: int, T: int, D: int) -> list[dict]:
     return [json.loads(out.strip().splitlines()[-1]) for out in outs]
 
 
-def main(argv=None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The flags, every bad value refused (one ``error:`` line, exit 2), ``--out`` settled
+    (not for a ``--worker``, which writes nothing)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--worker", nargs=6, metavar=("MODE", "RANK", "WORLD", "STORE", "T", "D"))
-    p.add_argument("--T-log2", type=int, default=20, help="the long sequence's log2 T (20)")
-    p.add_argument("--layer-T-log2", type=int, default=18, help="the layer's log2 T (18)")
+    p.add_argument("--worker", nargs=6, metavar=("MODE", "RANK", "WORLD", "STORE", "T", "D"),
+                   help=argparse.SUPPRESS)                 # (launch's: one process's part)
+    p.add_argument("--T-log2", type=int_at_least(1), default=20,
+                   help="the long sequence's log2 T (20)")
+    p.add_argument("--layer-T-log2", type=int_at_least(1), default=18,
+                   help="the layer's log2 T (18)")
     p.add_argument("--quick", action="store_true",
                    help="tiny sizes (seconds), to check that the script runs")
-    p.add_argument("--out", type=pathlib.Path,
-                   default=ROOT / "bench" / "results" / "context_parallel")
+    add_out(p, "context_parallel", "context_parallel.json")
     args = p.parse_args(argv)
+    if not args.worker:
+        check_out(p, args, "context_parallel", sizes=["T_log2", "layer_T_log2"])
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     if args.worker:
         mode, rank, world, store, T, D = args.worker
         print(json.dumps(worker(mode, int(rank), int(world), store, int(T), int(D))),
@@ -169,7 +184,6 @@ def main(argv=None) -> int:
             peaks = ", ".join(f"{r['peak_rss_mib']:.0f}" for r in ranks)
             steps = ", ".join(f"{r['peak_rss_mib'] - r['rss_before_mib']:.0f}" for r in ranks)
             print(f"{label:>26} {T / seconds:>10,.0f} {peaks:>22} {steps:>18}")
-    args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "context_parallel.json").write_text(json.dumps(record, indent=1) + "\n")
     return 0
 

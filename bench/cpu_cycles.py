@@ -4,9 +4,11 @@ The numba backend's forward of ``rwa_scan``, ``weighted_scan`` (a log decay), ``
 (exp and sigmoid attention) and, for scale, ``torch.addcmul`` (three inputs read, one output
 written: the fair reference of bench/cpu_fair.py), float32, one thread, interleaved round by
 round, at two sizes (``--sizes``): by default inputs that fit in the cache (4 x 1024 x 256,
-12 MB) and inputs that do not (16 x 4096 x 256, 268 MB). Nanoseconds per element, median of ``--rounds``. In cache the
-numbers are the kernels' arithmetic; out of it they add the memory's time. Prints a table and
-writes ``OUT/cpu_cycles.json``.
+12 MB) and inputs that do not (16 x 4096 x 256, 268 MB). Nanoseconds per element, median of
+``--rounds``. In cache the numbers are the kernels' arithmetic; out of it they add the
+memory's time. Prints a table and writes ``OUT/cpu_cycles.json`` (``--out``: by default
+``bench-results/cpu_cycles``, which git ignores; the committed record, bench/results/cpu_cycles,
+only with ``--record``, and only at full size).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import fastrwa  # noqa: E402
+from cli import add_out, check_out, positive_int, shapes  # noqa: E402  (bench/cli.py)
 from common import seconds  # noqa: E402  (bench/common.py, beside this file)
 
 SIZES = ("in cache", "out of cache")
@@ -41,28 +44,28 @@ def calls(B: int, T: int, D: int) -> dict:
             "torch.addcmul": lambda: torch.addcmul(z, a, g)}
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The flags, every bad value refused (one ``error:`` line, exit 2), ``--out`` settled."""
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rounds", type=int, default=15)
-    p.add_argument("--sizes", default="4,1024,256;16,4096,256",
-                   help="B,T,D of the in-cache and the out-of-cache inputs")
-    p.add_argument("--out", type=pathlib.Path,
-                   default=pathlib.Path(__file__).parent / "results" / "cpu_cycles")
+    p.add_argument("--rounds", type=positive_int, default=15)
+    p.add_argument("--sizes", type=shapes(len(SIZES)), default=[(4, 1024, 256), (16, 4096, 256)],
+                   help="B,T,D of the in-cache and the out-of-cache inputs, separated by ';'")
+    add_out(p, "cpu_cycles", "cpu_cycles.json")
     args = p.parse_args(argv)
-    try:
-        shapes = [tuple(int(n) for n in s.split(",")) for s in args.sizes.split(";")]
-    except ValueError:
-        shapes = []
-    if len(shapes) != 2 or any(len(s) != 3 or min(s) < 1 for s in shapes):
-        p.error(f"--sizes: two B,T,D shapes separated by ';', got {args.sizes!r}")
+    check_out(p, args, "cpu_cycles", sizes=["sizes"])
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     result = dict(threads=1, torch=torch.__version__,
                   date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), ns_per_element={})
     previous = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         with fastrwa.use_backend("numba"), torch.no_grad():
-            for size, shape in zip(SIZES, shapes):
+            for size, shape in zip(SIZES, args.sizes):
                 fns = calls(*shape)
                 for fn in fns.values():                      # (compiles, caches)
                     fn()
@@ -76,7 +79,6 @@ def main(argv: list[str] | None = None) -> int:
                     **{name: 1e9 * statistics.median(t) / n for name, t in times.items()}}
     finally:
         torch.set_num_threads(previous)
-    args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "cpu_cycles.json").write_text(json.dumps(result, indent=1))
     print(f"float32 forward, numba backend, 1 thread, ns per element, median of {args.rounds}")
     sizes = list(result["ns_per_element"])

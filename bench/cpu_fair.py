@@ -16,8 +16,9 @@ compared):
 
 The ratio is the reference's time over the op's (1.0: the op moves its bytes as fast as
 PyTorch's own elementwise ops move theirs). Median of ``--rounds`` rounds per cell. Prints a
-table and writes ``OUT/cpu_fair.json``. Issue 44's target: >= 0.8 forward and forward +
-backward.
+table and writes ``OUT/cpu_fair.json`` (``--out``: by default ``bench-results/cpu_fair``,
+which git ignores; the committed record, bench/results/cpu_fair, only with ``--record``, and
+only at full size). Issue 44's target: >= 0.8 forward and forward + backward.
 
 A third call per cell, timed in the same rounds, splits the reference's time: the same ops
 writing into outputs allocated once before the rounds (``out=``, ``zero_()``). Its time is
@@ -43,6 +44,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import fastrwa  # noqa: E402
+from cli import add_out, check_out, positive_int, shape  # noqa: E402  (bench/cli.py)
 from common import seconds  # noqa: E402  (bench/common.py, beside this file)
 
 
@@ -86,18 +88,24 @@ def cells(op: str, B: int, T: int, D: int) -> dict:
             "forward+backward": (op_fwd_bwd, ref_fwd_bwd, lambda: ref_fwd_bwd(kept))}
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The flags, every bad value refused (one ``error:`` line, exit 2), ``--out`` settled."""
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--shape", default="16,4096,256", help="B,T,D")
-    p.add_argument("--rounds", type=int, default=15)
-    p.add_argument("--threads", type=int, default=None, help="default: torch's")
-    p.add_argument("--out", type=pathlib.Path,
-                   default=pathlib.Path(__file__).parent / "results" / "cpu_fair")
+    p.add_argument("--shape", type=shape, default=(16, 4096, 256), help="B,T,D")
+    p.add_argument("--rounds", type=positive_int, default=15)
+    p.add_argument("--threads", type=positive_int, default=None, help="default: torch's")
+    add_out(p, "cpu_fair", "cpu_fair.json")
     args = p.parse_args(argv)
+    check_out(p, args, "cpu_fair", sizes=["shape"])
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    B, T, D = (int(n) for n in args.shape.split(","))
+    B, T, D = args.shape
     result = dict(shape=[B, T, D], threads=torch.get_num_threads(), torch=torch.__version__,
                   cpu_count=os.cpu_count(), date=time.strftime("%Y-%m-%d %H:%M UTC",
                                                                time.gmtime()), cells={})
@@ -116,7 +124,6 @@ def main(argv: list[str] | None = None) -> int:
                 o, r, k = (statistics.median(t) for t in ts)
                 result["cells"][f"{op} {name}"] = dict(op_ms=1e3 * o, reference_ms=1e3 * r,
                                                        reference_kept_ms=1e3 * k, ratio=r / o)
-    args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "cpu_fair.json").write_text(json.dumps(result, indent=1))
     print(f"{B} x {T} x {D} float32, numba backend, {result['threads']} threads, median of "
           f"{args.rounds} interleaved rounds")

@@ -30,7 +30,10 @@ floor under both, the first call of the smallest cached kernel
 (``kernels/cpu/scan_fwd.py``'s ``time_index``): numba's own start in a process.
 
 Speed does not depend on the weights' values: the model is freshly initialised. Prints a
-table and writes ``OUT/generation.json``.
+table and writes ``OUT/generation.json`` (``--out``: by default ``bench-results/generation``
+or, ``--model large``, ``bench-results/generation-large``, which git ignores; the committed
+records, bench/results/generation and bench/results/generation-large, only with
+``--record``, and never from ``--quick`` or a smaller model or stream).
 """
 
 from __future__ import annotations
@@ -48,15 +51,19 @@ import torch
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from cli import (add_out, check_out, choices_list, int_at_least, int_list,  # noqa: E402
+                 nonnegative_int, positive_int)
 from fastrwa.models import WEIGHT_FORMATS, ByteLM, LMConfig, PackedLM  # noqa: E402
+from fastrwa.train.config import parse_lm_field  # noqa: E402
 
 
 # --model: the sizes, and for the large one a run that fits minutes (a step reads 429 MB)
 PRESETS = {
     "default": dict(d_model=256, layers=4),
-    "large": dict(d_model=1024, layers=6, bytes=60, rss_bytes=0, batches="8",
-                  weights="float32,bfloat16,int8", cold_runs=0),
+    "large": dict(d_model=1024, layers=6, bytes=60, rss_bytes=0, batches=[8],
+                  weights=list(WEIGHT_FORMATS), cold_runs=0),
 }
+WEIGHTS = ("eager", *WEIGHT_FORMATS)       # --weights: the eager step and the packed formats
 
 
 def rss_mb() -> float:
@@ -219,7 +226,9 @@ def cold_start(runs: int) -> dict:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The flags, every bad value refused (one ``error:`` line, exit 2), ``--model``'s sizes
+    and ``--quick``'s applied, ``args.config`` made and ``--out`` settled."""
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", choices=sorted(PRESETS), default="default",
@@ -227,41 +236,60 @@ def main(argv: list[str] | None = None) -> int:
                         "machine's L3); large: 1024 x 6 (107M parameters, 429 MB: read from "
                         "DRAM), with fewer bytes, batches 8, no eager step and no cold start "
                         "unless given")
-    p.add_argument("--d-model", type=int, default=None, help="overrides --model's")
-    p.add_argument("--layers", type=int, default=None, help="overrides --model's")
-    p.add_argument("--bytes", type=int, default=3000, help="bytes streamed at batch 1")
-    p.add_argument("--rss-bytes", type=int, default=10000,
-                   help="bytes streamed while watching resident memory")
-    p.add_argument("--threads", default="1,2", help="thread counts at batch 1")
-    p.add_argument("--batches", default="8,64", help="larger batches (max threads)")
-    p.add_argument("--weights", default=",".join(("eager", *WEIGHT_FORMATS)))
-    p.add_argument("--lm", action="append", default=[], metavar="KEY=VALUE",
+    p.add_argument("--d-model", type=positive_int, default=None, help="overrides --model's")
+    p.add_argument("--layers", type=positive_int, default=None, help="overrides --model's")
+    p.add_argument("--bytes", type=int_at_least(2), default=3000,
+                   help="bytes streamed at batch 1 (the rate is taken after the first)")
+    p.add_argument("--rss-bytes", type=nonnegative_int, default=10000,
+                   help="bytes streamed while watching resident memory (0: not watched)")
+    p.add_argument("--threads", type=int_list(), default=[1, 2],
+                   help="thread counts at batch 1 (comma-separated)")
+    p.add_argument("--batches", type=int_list(empty=True), default=[8, 64],
+                   help="larger batches (max threads; '' for none)")
+    p.add_argument("--weights", type=choices_list(WEIGHTS), default=list(WEIGHTS),
+                   help="the steps measured (comma-separated)")
+    p.add_argument("--lm", action="append", type=parse_lm_field, default=[], metavar="KEY=VALUE",
                    help="LMConfig fields (as the trainer's --lm)")
-    p.add_argument("--cold-runs", type=int, default=3, help="fresh processes (0: none)")
-    p.add_argument("--out", type=pathlib.Path,
-                   default=pathlib.Path(__file__).parent / "results" / "generation")
+    p.add_argument("--cold-runs", type=nonnegative_int, default=3,
+                   help="fresh processes (0: none)")
+    add_out(p, "generation", "generation.json (with --model large: generation-large)")
     p.add_argument("--quick", action="store_true", help="a tiny model, a few bytes (CI)")
     args = p.parse_args(argv)
     preset = PRESETS[args.model]
+    full = {name: p.get_default(name) for name in ("bytes", "rss_bytes")} | preset
     for name, value in preset.items():
         if getattr(args, name) is None or (name not in ("d_model", "layers")
                                            and getattr(args, name) == p.get_default(name)):
             setattr(args, name, value)
-    repeats = 200 if args.model == "default" else 20
+    small = [f"--{name.replace('_', '-')}" for name in ("d_model", "layers", "bytes", "rss_bytes")
+             if getattr(args, name) < full[name]]
+    args.repeats = 200 if args.model == "default" else 20
     if args.quick:
         args.d_model, args.layers, args.bytes, args.rss_bytes = 32, 2, 50, 0
-        args.batches, args.cold_runs, repeats = "8", 0, 5
-    from fastrwa.train.config import parse_lm_field
-    config = LMConfig(d_model=args.d_model, n_layers=args.layers,
-                      **dict(parse_lm_field(item) for item in args.lm))
+        args.batches, args.cold_runs, args.repeats = [8], 0, 5
+    fields = dict(args.lm)
+    taken = sorted(set(fields) & {"d_model", "n_layers"})
+    if taken:
+        p.error(f"--lm {taken[0]}=...: set by --d-model and --layers; use those flags")
+    try:
+        args.config = LMConfig(d_model=args.d_model, n_layers=args.layers, **fields)
+    except (TypeError, ValueError) as exc:
+        p.error(f"--lm: {exc}")
+    name = "generation" if args.model == "default" else f"generation-{args.model}"
+    check_out(p, args, name, small=small)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    config, repeats = args.config, args.repeats
     torch.manual_seed(0)
     model = ByteLM(config).eval()
     params = sum(p.numel() for p in dict.fromkeys(model.parameters()))
-    threads = [int(t) for t in args.threads.split(",")]
-    batches = [int(b) for b in args.batches.split(",") if b]
+    threads, batches = args.threads, args.batches
     flops = gemm_flops(repeats // 10 + 1)
     formats = {}
-    for weights in args.weights.split(","):
+    for weights in args.weights:
         formats[weights] = measure(model, weights, threads, args.bytes if weights != "eager"
                                    else min(args.bytes, 500), batches,
                                    args.rss_bytes if weights != "eager" else 0, repeats, flops)
@@ -271,7 +299,6 @@ def main(argv: list[str] | None = None) -> int:
     result = dict(config=config.to_dict(), params=params, torch=torch.__version__,
                   cpu_count=os.cpu_count(), gemm_flops=flops, formats=formats, cold_start=cold,
                   hugging_face=hf, date=time.strftime("%Y-%m-%d"))
-    args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "generation.json").write_text(json.dumps(result, indent=1))
     print(f"ByteLM d_model {args.d_model} x {args.layers} blocks ({params:,} parameters); "
           f"torch.mm peak {flops / 1e9:.0f} GFLOP/s")

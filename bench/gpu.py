@@ -21,7 +21,9 @@ Sections (all by default):
 
 ``--training`` adds a bench/lm.py result (a GPU training run) to the report. Writes
 ``DIR/gpu-<device>.json`` (the shape in bench/gpu_report.py) after every section, so a run cut
-short keeps what it measured, and ``DIR/gpu-<device>.png``. Exits 2 when no CUDA GPU is
+short keeps what it measured, and ``DIR/gpu-<device>.png`` (``--out DIR``: by default
+``bench-results/gpu``, which git ignores; a folder under bench/results only with
+``--record``). Exits 2 when no CUDA GPU is
 visible (nothing is measured on a CPU). bench/gpu_run.sh is the whole device command.
 """
 
@@ -39,24 +41,23 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import gpu_report  # noqa: E402
+from cli import add_out, check_out, choices_list, existing_file  # noqa: E402
 
 SECTIONS = ("checks", "ops", "peers", "kernels", "layers", "streaming", "sweep", "crossover")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The flags, every bad value refused (one ``error:`` line, exit 2), ``--out`` settled."""
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default="bench-results/gpu", help="folder for the JSON and the PNG")
-    p.add_argument("--only", default=",".join(SECTIONS),
+    add_out(p, "gpu", "the JSON and the PNG", record=False)
+    p.add_argument("--only", type=choices_list(SECTIONS), default=list(SECTIONS),
                    help=f"comma-separated sections, of {', '.join(SECTIONS)}")
-    p.add_argument("--training", help="a bench/lm.py lm.json to add under 'training'")
+    p.add_argument("--training", type=existing_file,
+                   help="a bench/lm.py lm.json to add under 'training'")
     args = p.parse_args(argv)
-    args.sections = [s for s in args.only.split(",") if s]
-    unknown = sorted(set(args.sections) - set(SECTIONS))
-    if unknown:
-        p.error(f"--only: unknown sections {unknown}; choose from {list(SECTIONS)}")
-    if args.training and not os.path.isfile(args.training):
-        p.error(f"--training: no file {args.training}")
+    args.sections = args.only
+    check_out(p, args, "gpu", record=False, make=False)    # (made once a GPU is seen)
     return args
 
 

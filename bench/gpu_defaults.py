@@ -9,6 +9,9 @@ time over the defaults' per (shape, dtype, op), forward and forward+backward (``
 Results: docs/benchmarks.md, "GPU".
 
     python bench/gpu_defaults.py [--out DIR] [--shapes 0 2] [--candidates bt32 ...]
+
+``--out``: by default ``$OUT`` where set, else ``bench-results/gpu``, which git ignores; a
+folder under bench/results only with ``--record``.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import sys
 import torch
 
 import fastrwa
+from cli import add_out, check_out, out_dir
 from common import OPS
 from fastrwa.testing import backend_options
 from gpu_ops import DTYPES, SHAPES, fastrwa_fn, random_inputs, timed
@@ -57,12 +61,18 @@ def ratios(entries: list[dict]) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", default=os.environ.get("OUT", "bench-results/gpu"))
+    add_out(p, "gpu", "defaults.jsonl ($OUT where set)", record=False)
     p.add_argument("--candidates", nargs="+", default=list(CANDIDATES), choices=list(CANDIDATES),
                    help="knob sets to time beside the defaults")
     p.add_argument("--shapes", nargs="+", type=int, default=list(range(len(SHAPES))),
                    choices=range(len(SHAPES)), help="indices into gpu_ops.SHAPES")
     args = p.parse_args(argv)
+    if args.out is None and os.environ.get("OUT"):     # (the device tool's output folder)
+        try:
+            args.out = out_dir(os.environ["OUT"])
+        except argparse.ArgumentTypeError as exc:
+            p.error(f"$OUT: {exc}")
+    check_out(p, args, "gpu", record=False, make=False)    # (made once a GPU is seen)
     if not torch.cuda.is_available():
         print("bench/gpu_defaults.py needs a CUDA GPU, and torch sees none here; nothing was "
               "measured.", file=sys.stderr)

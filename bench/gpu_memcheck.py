@@ -9,12 +9,14 @@ shapes with partial chunks and channel blocks. Exits 2 without a CUDA GPU.
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 import torch
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    argparse.ArgumentParser(description=__doc__.split("\n")[0]).parse_args(argv)  # (no flags)
     if not torch.cuda.is_available():
         print("bench/gpu_memcheck.py needs a CUDA GPU", file=sys.stderr)
         return 2

@@ -8,12 +8,14 @@ compiles and warms up (ncu skips its two launches), the second is profiled.
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 import torch
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    argparse.ArgumentParser(description=__doc__.split("\n")[0]).parse_args(argv)  # (no flags)
     import fastrwa
 
     if not torch.cuda.is_available():

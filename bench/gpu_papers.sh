@@ -10,9 +10,10 @@
 # <run>.log, packed into one file, OUT/papers-gpu.tar.gz (the device tool brings back only a
 # few files); stopped early (SIGTERM), it stops the runs and packs their logs, and the
 # papers.json of those that had finished. Unpack it and
-#     python bench/papers.py --join DIR/*/papers.json
-# adds the runs to bench/results/papers. (DEVICE=cpu LIMIT=2 checks the script without a GPU,
-# in an environment where fastrwa is installed.)
+#     python bench/papers.py --join DIR/*/papers.json --record
+# adds the runs to bench/results/papers (without --record: to bench-results/papers).
+# (DEVICE=cpu LIMIT=2 checks the script without a GPU, in an environment where fastrwa is
+# installed.)
 # The exit status is the number of runs that failed (99: the package did not install).
 set -uo pipefail
 cd "$(dirname "$0")/.."

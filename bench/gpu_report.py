@@ -13,7 +13,10 @@ Extra keys are allowed beside these (the run adds "sweep", "crossover", "streami
 
 The run is split over several device calls (bench/gpu_run.sh); their reports are joined with
 
-    python bench/gpu_report.py merge A.json B.json ... [--training lm.json] --out bench/results
+    python bench/gpu_report.py merge A.json B.json ... [--training lm.json] --out DIR [--record]
+
+(``--out``: by default ``bench-results/gpu``, which git ignores; a folder under bench/results
+only with ``--record``.)
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ import math
 import os
 import sys
 from typing import Any, Iterable
+
+from cli import add_out, check_out, existing_file  # (bench/cli.py, beside this file)
 
 WHATS = ("op", "layer", "peer")
 PASSES = ("fwd", "fwd+bwd")
@@ -165,23 +170,35 @@ def merge(reports: list[dict]) -> dict:
     return out
 
 
+def _load(p: argparse.ArgumentParser, flag: str, path) -> dict:
+    """The JSON object in ``path``, or one ``error:`` line naming ``flag`` (exit 2)."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError) as exc:
+        p.error(f"{flag} {path}: not a JSON file ({exc})")
+    if not isinstance(data, dict):
+        p.error(f"{flag} {path}: not a JSON object")
+    return data
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="Join the GPU run's reports: python "
                                             "bench/gpu_report.py merge A.json B.json --out DIR")
     p.add_argument("command", choices=["merge"])
-    p.add_argument("reports", nargs="+")
-    p.add_argument("--out", required=True, help="folder for gpu-<device>.json and .png")
-    p.add_argument("--training", help="a bench/lm.py lm.json (the train step) to add")
+    p.add_argument("reports", nargs="+", type=existing_file)
+    add_out(p, "gpu", "gpu-<device>.json and .png", record=False)
+    p.add_argument("--training", type=existing_file,
+                   help="a bench/lm.py lm.json (the train step) to add")
     args = p.parse_args(argv)
-    reports = []
-    for path in args.reports:
-        with open(path) as f:
-            reports.append(json.load(f))
-    merged = merge(reports)
+    reports = [_load(p, "report", path) for path in args.reports]
+    try:
+        merged = merge(reports)
+    except ValueError as exc:
+        p.error(f"reports: {exc}")
     if args.training:
-        with open(args.training) as f:
-            merged["training"] = json.load(f)
-    os.makedirs(args.out, exist_ok=True)
+        merged["training"] = _load(p, "--training", args.training)
+    check_out(p, args, "gpu", record=False)
     path = write_json(merged, args.out)
     plot(merged, path[:-len(".json")] + ".png")
     print(table(merged))

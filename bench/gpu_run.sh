@@ -26,6 +26,9 @@ cd "$(dirname "$0")/.."
 steps=${1:-kernels,tests,ncu}
 out=${OUT:-bench-results/gpu}
 mkdir -p "$out"
+# An $OUT under bench/results/ (the committed records) is written with --record (bench/cli.py).
+record=()
+case "$(realpath -m "$out")/" in "$(pwd -P)/bench/results/"*) record=(--record) ;; esac
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 if ls .whl/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -64,7 +67,8 @@ step tune && sections="${sections:+$sections,}sweep,crossover"
 section_run() {  # section_run LIMIT_S SECTIONS DIR: bench/gpu.py's sections, report in DIR
     note "bench/gpu.py --only $2"
     timeout "$1" python3 bench/gpu.py --out "$3" --only "$2" ${training[@]+"${training[@]}"} \
-        2>&1 | tee -a "$out/log.txt" | grep -v '^{' || failed=$((failed + 1))
+        ${record[@]+"${record[@]}"} 2>&1 | tee -a "$out/log.txt" | grep -v '^{' \
+        || failed=$((failed + 1))
 }
 step kernels && section_run 300 kernels "$out/kernels"
 if step tests; then
@@ -80,7 +84,8 @@ step layers && section_run 60 layers,streaming "$out/layers"
 # one report of every call (a call cut by its limit keeps what it wrote after each shape)
 reports=$(ls "$out"/{kernels,checks,layers,other}/gpu-*.json 2>/dev/null)
 if [ -n "$reports" ]; then
-    python3 bench/gpu_report.py merge $reports --out "$out" 2>&1 | tail -n 60 | tee -a "$out/log.txt"
+    python3 bench/gpu_report.py merge $reports --out "$out" ${record[@]+"${record[@]}"} 2>&1 \
+        | tail -n 60 | tee -a "$out/log.txt"
 fi
 if step ncu; then
     ncu_bin=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -n 1)

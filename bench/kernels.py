@@ -38,6 +38,8 @@ os.environ.pop("TRITON_INTERPRET", None)        # compile for real, not for the 
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 
 import sass  # noqa: E402  (bench/sass.py, beside this file)
+from cli import (below_defaults, check_record, make_dir, out_file,  # noqa: E402  (bench/cli.py)
+                 positive_int, results_dir)
 
 ARCHS = {"sm_80": 80, "sm_90a": 90}
 DTYPES = {"float32": "fp32", "bfloat16": "bf16"}
@@ -179,37 +181,71 @@ def compile_one(job):
                 shared=field("SHARED") + kernel.metadata.shared, **cost)
 
 
-def options_from(items: list[str]):
-    """``["block_t=4", ...]`` -> the backend's Options with those knobs (checked)."""
+def knob(text: str) -> tuple[str, int]:
+    """A ``type=`` for ``--option``: ``KNOB=INT`` -> ``(knob, value)``."""
+    key, sep, value = text.partition("=")
+    try:
+        if not (key and sep):
+            raise ValueError
+        return key, int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be KNOB=INT, got {text!r}") from None
+
+
+def options_from(items: list[tuple[str, int]]):
+    """``[("block_t", 4), ...]`` -> the backend's Options with those knobs; ``ValueError``
+    for a knob it does not have or a value it refuses."""
     import dataclasses
 
     from fastrwa.ops import triton_host as tb
-    knobs = {}
-    for item in items:
-        key, _, value = item.partition("=")
+    knobs = dict(items)
+    for key in knobs:
         if key not in {f.name for f in dataclasses.fields(tb.Options)} or key == "algorithm":
-            raise SystemExit(f"--option {item!r}: not a launch knob of the Triton backend")
-        knobs[key] = int(value)
+            raise ValueError(f"--option {key}: not a launch knob of the Triton backend")
     opts = dataclasses.replace(tb.Options(), **knobs)
-    tb._check(opts)
+    try:
+        tb._check(opts)
+    except ValueError as exc:
+        raise ValueError(f"--option: {exc}") from None
     return opts
 
 
-def main() -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The flags, every bad value refused (one ``error:`` line, exit 2) before any compile;
+    ``args.opts`` (the launch knobs) made, ``--json``'s file settled."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true",
                    help="compile the one-pass forward and backward of rda-exp only")
-    p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
-    p.add_argument("--channels", type=int, default=1024, metavar="D",
+    p.add_argument("--workers", type=positive_int, default=os.cpu_count() or 1)
+    p.add_argument("--channels", type=positive_int, default=1024, metavar="D",
                    help="D, a compile-time constant of the kernels (default 1024)")
-    p.add_argument("--json", metavar="FILE", help="also write the rows to FILE as JSON")
-    p.add_argument("--option", action="append", default=[], metavar="KNOB=INT",
+    p.add_argument("--json", type=out_file, metavar="FILE",
+                   help="also write the rows to FILE as JSON (bench/results/kernels.json, the "
+                        "committed table, only with --record, and --record's default)")
+    p.add_argument("--record", action="store_true",
+                   help="write the committed table, bench/results/kernels.json (or --json "
+                        "under bench/results/); refused for --quick, a smaller D, --option")
+    p.add_argument("--option", action="append", type=knob, default=[], metavar="KNOB=INT",
                    help="a launch knob of the Triton backend's Options instead of its default, "
                         "e.g. --option block_t=4 (repeatable)")
-    args = p.parse_args()
-    if args.channels < 1:
-        p.error(f"--channels must be >= 1, got {args.channels}")
-    todo = jobs(args.quick, options_from(args.option), args.channels)
+    args = p.parse_args(argv)
+    try:
+        args.opts = options_from(args.option)
+    except ValueError as exc:
+        p.error(str(exc))
+    if args.record and args.json is None:
+        args.json = results_dir("kernels.json")
+    if args.json is not None:
+        small = ["--quick"] * args.quick + below_defaults(p, args, ["channels"]) + \
+            ["--option"] * bool(args.option)
+        check_record(p, "--json", args.json, args.record, small)
+        make_dir(p, "--json's folder", args.json.parent)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    todo = jobs(args.quick, args.opts, args.channels)
     header = f"{'kernel':<20}{'variant':<22}{'arch':<8}{'dtype':<10}{'warps':>6}{'BTxBD':>7}" \
              f"{'instr/el':>9}{'EX2':>6}{'LG2':>6}{'RCP':>6}{'BAR':>5}{'SHFL':>5}{'LDS+STS':>8}" \
              f"{'use':>5}{'regs':>6}{'spill B':>9}{'stack':>7}{'local':>7}{'shared B':>10}"

@@ -16,9 +16,10 @@ Two comparisons:
 
 Writes the runs under ``OUT/runs/``, ``OUT/lm.json`` (every run's records and settings),
 ``OUT/lm.png`` (validation bpc against step and against training seconds) and prints a
-markdown table: parameters,
-steps, s/step, tokens/s, the ratio of tokens/s to LSTM's, final validation bpc on the first
-``--eval-bytes`` of the split, and test bpc on the whole test split. docs/lm.md records a run.
+markdown table: parameters, steps, s/step, tokens/s, the ratio of tokens/s to LSTM's, final
+validation bpc on the first ``--eval-bytes`` of the split, and test bpc on the whole test
+split. ``--out``: by default ``bench-results/lm``, which git ignores; the committed record,
+bench/results/lm, only with ``--record``, never from ``--quick``. docs/lm.md records a run.
 ``--quick`` runs each model for 4 steps (equal steps: no calibration runs) on a slice (CI).
 """
 
@@ -26,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import pathlib
 import subprocess
@@ -38,9 +38,12 @@ import torch
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from cli import (add_out, check_out, choices_list, existing_file,  # noqa: E402
+                 nonnegative_int, positive_float, positive_int)
 from fastrwa.models import LMConfig, build  # noqa: E402
 from fastrwa.models.config import LAYER_FIELDS, OPTIONAL_FIELDS  # noqa: E402
 from fastrwa.train.config import RunConfig, parse_lm_field  # noqa: E402
+from fastrwa.train.device import resolve_device  # noqa: E402
 from fastrwa.train.models import LM_LAYERS as LAYER  # noqa: E402
 
 BLOCKS = ("rda", "rwa", "transformer", "mingru")     # layers with ByteLM's depth
@@ -82,62 +85,48 @@ def target_params(models: list[str], d_model: int, n_layers: int, lm: dict) -> i
     return params(fast[0] if fast else "rda-scan", d_model, n_layers, lm)
 
 
-def table_or_missing_data(args, table) -> int | None:
-    """``--table JSON``: print that run's table (exit status 0; 2 with one ``error:`` line
-    for a file that is missing or not an lm.json); no ``--data`` file: say so (status 2);
-    else ``None``: go on."""
+def table_or_missing_data(p: argparse.ArgumentParser, args: argparse.Namespace, table,
+                          kind: str = "an lm.json of bench/lm.py") -> bool:
+    """``--table JSON``: print that run's table and return ``True`` (the script is done); a
+    file that is missing or not ``kind`` is refused (``p.error``: one ``error:`` line, exit
+    2), and so is a run without ``--data``. ``False``: go on."""
     if args.table:
         try:
-            print(table(json.loads(args.table.read_text())))
+            text = table(json.loads(args.table.read_text()))
         except OSError as exc:
-            print(f"error: --table {args.table}: {exc.strerror or exc}", file=sys.stderr)
-            return 2
+            p.error(f"--table {args.table}: {exc.strerror or exc}")
         except (ValueError, KeyError, TypeError, IndexError) as exc:
-            print(f"error: --table {args.table} is not an lm.json of bench/lm.py "
-                  f"({type(exc).__name__}: {exc})", file=sys.stderr)
-            return 2
-        return 0
-    if args.data is None or not args.data.is_file():
-        print(f"error: --data FILE: a byte corpus is needed, got {args.data}", file=sys.stderr)
-        return 2
-    return None
+            p.error(f"--table {args.table} is not {kind} ({type(exc).__name__}: {exc})")
+        print(text)
+        return True
+    if args.data is None:
+        p.error("--data FILE: a byte corpus is needed")
+    return False
 
 
 def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> dict:
     """Refuse, before any work, every value a run would fail on (``p.error``: one ``error:``
-    line, exit 2): the models, the sizes, the ``--lm`` fields (as ``LMConfig`` takes them),
-    the trainer's own checks of every run (its ``RunConfig``), ``--out``. Returns the
-    ``--lm`` fields."""
-    models = args.models.split(",")
-    unknown = [m for m in models if m not in LAYER]
-    if unknown:
-        p.error(f"--models: unknown {unknown}; a comma-separated list of {sorted(LAYER)}")
-    if len(set(models)) != len(models):
-        p.error(f"--models: each model once, got {args.models}")
-    for name in ("steps", "d_model", "layers", "baseline_layers", "batch_size", "bptt",
-                 "evals", "eval_bytes"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
-    if not (math.isfinite(args.minutes) and args.minutes > 0):
-        p.error(f"--minutes must be a positive finite number, got {args.minutes}")
+    line, exit 2) beyond what the flags' types refuse: the ``--lm`` fields (as ``LMConfig``
+    takes them), the trainer's own checks of every run (its ``RunConfig``), ``--out`` (a
+    check run never writes the record). Returns the ``--lm`` fields."""
     try:
         lm = dict(parse_lm_field(item) for item in args.lm)
-        for m in models:
+        for m in args.models:
             if LAYER[m] in ("rda", "rwa"):
                 params(m, args.d_model, args.layers, lm)         # LMConfig refuses a field
+    except (TypeError, ValueError, argparse.ArgumentTypeError) as exc:
+        p.error(f"--lm: {exc}")
+    try:
+        resolve_device(args.device)                  # (--device cuda where there is none)
+        for m in args.models:
             RunConfig(task="text", data=str(args.data), model=m, hidden=args.d_model,
                       layers=args.layers, batch_size=args.batch_size, bptt=args.bptt,
                       lr=args.lr, seed=args.seed, eval_bytes=args.eval_bytes,
                       device=args.device, autocast=args.autocast, steps=args.steps,
                       lm=own_fields(m, lm))
-    except (TypeError, ValueError, argparse.ArgumentTypeError) as exc:
+    except ValueError as exc:
         p.error(str(exc))
-    if args.out.exists() and not args.out.is_dir():
-        p.error(f"--out {args.out} is a file, not a folder")
-    try:
-        args.out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        p.error(f"--out {args.out}: cannot create the folder ({exc.strerror or exc})")
+    check_out(p, args, "lm")
     return lm
 
 
@@ -167,44 +156,57 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
-def _main(argv: list[str] | None) -> int:
+def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, dict | None]:
+    """The flags, every bad value refused (one ``error:`` line, exit 2), ``--out`` settled,
+    and the ``--lm`` fields; ``None`` for them when ``--table`` printed its table (done)."""
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", type=pathlib.Path, help="a byte corpus file (required)")
+    p.add_argument("--data", type=existing_file, help="a byte corpus file (required)")
     p.add_argument("--equal", choices=("time", "steps"), default="time")
-    p.add_argument("--minutes", type=float, default=20.0, help="training time per model")
-    p.add_argument("--steps", type=int, default=1000, help="--equal steps: steps per model")
-    p.add_argument("--models", default="rda-scan,lstm,gru,transformer,mingru")
-    p.add_argument("--d-model", type=int, default=256, help="the fastrwa model's width")
-    p.add_argument("--layers", type=int, default=4, help="the fastrwa model's blocks")
-    p.add_argument("--baseline-layers", type=int, default=2, help="LSTM and GRU layers")
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--bptt", type=int, default=128)
-    p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--seed", type=int, default=0, help="every run's seed")
+    p.add_argument("--minutes", type=positive_float, default=20.0,
+                   help="training time per model")
+    p.add_argument("--steps", type=positive_int, default=1000,
+                   help="--equal steps: steps per model")
+    p.add_argument("--models", type=choices_list(sorted(LAYER)),
+                   default=["rda-scan", "lstm", "gru", "transformer", "mingru"],
+                   help="comma-separated (default rda-scan,lstm,gru,transformer,mingru)")
+    p.add_argument("--d-model", type=positive_int, default=256,
+                   help="the fastrwa model's width")
+    p.add_argument("--layers", type=positive_int, default=4, help="the fastrwa model's blocks")
+    p.add_argument("--baseline-layers", type=positive_int, default=2,
+                   help="LSTM and GRU layers")
+    p.add_argument("--batch-size", type=positive_int, default=32)
+    p.add_argument("--bptt", type=positive_int, default=128)
+    p.add_argument("--lr", type=positive_float, default=2e-3)
+    p.add_argument("--seed", type=nonnegative_int, default=0, help="every run's seed")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--autocast", choices=("none", "bf16"), default="none",
                    help="bf16: the forward in bfloat16 autocast (a GPU run)")
-    p.add_argument("--evals", type=int, default=10, help="evaluations per run")
-    p.add_argument("--eval-bytes", type=int, default=100_000)
+    p.add_argument("--evals", type=positive_int, default=10, help="evaluations per run")
+    p.add_argument("--eval-bytes", type=positive_int, default=100_000)
     p.add_argument("--lm", action="append", default=[], metavar="KEY=VALUE",
                    help="LMConfig fields of the fastrwa models (each takes those it reads)")
-    p.add_argument("--out", type=pathlib.Path, default=ROOT / "bench" / "results" / "lm")
+    add_out(p, "lm", "lm.json, lm.png and the runs")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--table", type=pathlib.Path, metavar="LM_JSON",
                    help="print the table of an earlier run's lm.json and stop")
     args = p.parse_args(argv)
-    done = table_or_missing_data(args, table)
-    if done is not None:
-        return done
-    lm = check_args(p, args)
+    if table_or_missing_data(p, args, table):
+        return args, None
+    return args, check_args(p, args)
+
+
+def _main(argv: list[str] | None) -> int:
+    args, lm = parse_args(argv)
+    if lm is None:
+        return 0
     if args.quick:              # seconds: tiny models on the corpus's first 100 KB
         args.equal, args.steps, args.d_model, args.layers = "steps", 4, 32, 2
         args.batch_size, args.bptt, args.evals, args.eval_bytes = 4, 32, 2, 2000
         sliced = args.out / "corpus-100k.txt"
         sliced.write_bytes(args.data.read_bytes()[:100_000])
         args.data = sliced
-    models = args.models.split(",")
+    models = args.models
     target = target_params(models, args.d_model, args.layers, lm)
     depth = {m: args.layers if LAYER[m] in BLOCKS else args.baseline_layers for m in models}
     shapes = {m: (args.d_model, depth[m]) if LAYER[m] in ("rda", "rwa") else
@@ -247,8 +249,9 @@ def _main(argv: list[str] | None) -> int:
     summary = dict(equal=args.equal, minutes=args.minutes,
                    data=f"{args.data.name} ({args.data.stat().st_size:,} bytes)",
                    torch=torch.__version__, threads=torch.get_num_threads(),
-                   cpu=os.cpu_count(), settings={k: str(v) for k, v in vars(args).items()
-                                                 if k not in ("data", "out")},
+                   cpu=os.cpu_count(), settings={k: ",".join(v) if k == "models" else str(v)
+                                                 for k, v in vars(args).items()
+                                                 if k not in ("data", "out", "record")},
                    runs=results)
     (args.out / "lm.json").write_text(json.dumps(summary, indent=1))
     _plot(results, args.out / "lm.png")

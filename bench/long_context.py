@@ -12,7 +12,9 @@ of ``--window`` bytes (a training run's BPTT), two ways:
 
 The loss of every byte is bucketed by its position in the stretch (``[0, W)``, ``[W, 2W)``,
 ``[2W, 4W)``, ... for ``W = --window``) and reported as bits per byte per bucket: a table
-(markdown), ``OUT/long_context.json`` and ``OUT/long_context.png``. A byte far into the
+(markdown), ``OUT/long_context.json`` and ``OUT/long_context.png`` (``--out``: by default
+``bench-results/long_context``, which git ignores; the committed record,
+bench/results/long_context, only with ``--record``, and only at full size). A byte far into the
 stretch predicted better "carried" than "reset" is where the state beyond a window pays;
 the Transformer's "carried" row is its context's limit. ``--quick`` checks the script with
 tiny untrained models (CI).
@@ -31,6 +33,8 @@ import torch
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from cli import (add_out, below_defaults, check_out, existing_dir,  # noqa: E402
+                 existing_file, positive_int)
 from fastrwa.models import LMConfig, build, load_pretrained, run_model_dir  # noqa: E402
 from fastrwa.train.data import open_corpus, split_corpus  # noqa: E402
 
@@ -38,10 +42,11 @@ MODES = ("carried", "reset")
 
 
 def stretches(path: pathlib.Path, docs: int, length: int) -> torch.Tensor:
-    """``(docs, length + 1)`` int64 bytes of the test split, evenly spaced."""
+    """``(docs, length + 1)`` int64 bytes of the test split, evenly spaced; ``ValueError``
+    when the test split is shorter than a stretch."""
     test = split_corpus(open_corpus(path).data)["test"]
     if len(test) < length + 1:
-        raise SystemExit(f"error: --length {length}: the test split has {len(test):,} bytes")
+        raise ValueError(f"--length {length}: the test split of {path} has {len(test):,} bytes")
     starts = torch.linspace(0, len(test) - length - 1, docs).long()
     return torch.stack([test[int(s):int(s) + length + 1] for s in starts]).long()
 
@@ -68,23 +73,23 @@ def buckets(length: int, window: int) -> list[tuple[int, int]]:
     return list(zip(edges, edges[1:]))
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The flags, every bad value refused (one ``error:`` line, exit 2) before any scoring:
+    ``args.models`` loaded (name -> model), ``args.stretches`` read, ``--out`` settled."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--data", type=pathlib.Path, required=True, help="a byte corpus file")
-    p.add_argument("--models", nargs="+", type=pathlib.Path, default=[],
+    p.add_argument("--data", type=existing_file, required=True, help="a byte corpus file")
+    p.add_argument("--models", nargs="+", type=existing_dir, default=[],
                    help="training runs (their model/ export) or saved model directories")
-    p.add_argument("--length", type=int, default=8192, help="bytes per stretch")
-    p.add_argument("--docs", type=int, default=16, help="stretches")
-    p.add_argument("--window", type=int, default=128, help="bytes per window (the BPTT)")
-    p.add_argument("--out", type=pathlib.Path,
-                   default=ROOT / "bench" / "results" / "long_context")
+    p.add_argument("--length", type=positive_int, default=8192, help="bytes per stretch")
+    p.add_argument("--docs", type=positive_int, default=16, help="stretches")
+    p.add_argument("--window", type=positive_int, default=128,
+                   help="bytes per window (the BPTT)")
+    add_out(p, "long_context", "long_context.json and long_context.png")
     p.add_argument("--quick", action="store_true", help="tiny untrained models (CI)")
     args = p.parse_args(argv)
-    for flag in ("length", "docs", "window"):
-        if getattr(args, flag) < 1:
-            p.error(f"--{flag} must be a positive number, got {getattr(args, flag)}")
     if args.window > args.length:
         p.error(f"--window ({args.window}) must not be longer than --length ({args.length})")
+    small = below_defaults(p, args, ["length", "docs"])
     if args.quick:
         args.length, args.docs, args.window = 256, 2, 32
         torch.manual_seed(0)
@@ -96,14 +101,28 @@ def main(argv: list[str] | None = None) -> int:
             p.error("--models RUN_DIR ... is required (or --quick)")
         models = {}
         for path in args.models:
-            model = load_pretrained(run_model_dir(path)).eval()
+            try:
+                model = load_pretrained(run_model_dir(path)).eval()
+            except (OSError, ValueError, KeyError, RuntimeError) as exc:
+                p.error(f"--models {path}: {exc}")
             models[f"{model.config.layer} ({path.name})"] = model
+    try:
+        args.stretches = stretches(args.data, args.docs, args.length)
+    except (OSError, ValueError) as exc:
+        p.error(f"--data {args.data}: {exc}")
+    check_out(p, args, "long_context", small=small)
+    args.models = models
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    models, data = args.models, args.stretches
     for name, model in models.items():
         context = getattr(model.config, "context", None)
         if model.config.layer == "transformer" and context != args.window:
             print(f"note: {name} has a context of {context} bytes, read in windows of "
                   f"{args.window}", file=sys.stderr)
-    data = stretches(args.data, args.docs, args.length)
     spans = buckets(args.length, args.window)
     rows = []
     for name, model in models.items():
@@ -113,7 +132,6 @@ def main(argv: list[str] | None = None) -> int:
                              bpc=[float(bits[lo:hi].mean()) for lo, hi in spans]))
             print(f"{name:28} {mode:8} " + " ".join(f"{b:.3f}" for b in rows[-1]["bpc"]),
                   flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
     summary = dict(data=str(args.data.name), length=args.length, docs=args.docs,
                    window=args.window, buckets=spans, rows=rows, torch=torch.__version__)
     (args.out / "long_context.json").write_text(json.dumps(summary, indent=1) + "\n")

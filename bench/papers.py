@@ -36,6 +36,7 @@ from fastrwa.train.models import SequenceNet  # noqa: E402
 from fastrwa.train.device import placement  # noqa: E402
 from fastrwa.train.tasks import make_task  # noqa: E402
 from fastrwa.nn import RDA  # noqa: E402
+import cli  # noqa: E402  (bench/cli.py, beside this file)
 
 PAPER_LR = 1e-3            # the RDA paper's Adam learning rate
 
@@ -65,16 +66,6 @@ MODELS = {
     "lstm": ("lstm", None, "lstm"),
 }
 SCAN_MODELS = ("rwa-scan", "rda-exp-tanh", "rda-sigmoid-id")
-
-
-def results_dir() -> pathlib.Path:
-    """Where the measured runs are kept (written only with ``--record``; check runs never)."""
-    return ROOT / "bench" / "results" / "papers"
-
-
-def scratch_dir() -> pathlib.Path:
-    """``--out``'s default: a folder git ignores."""
-    return ROOT / "bench-results" / "papers"
 
 
 def met(task: str, value: float) -> bool:
@@ -243,9 +234,9 @@ def joined(paths: list, out: pathlib.Path, error) -> list:
                      quick=r.get("quick", record.get("quick", False)))
             if "seq_len" not in r and "seq_len" in record:
                 r["seq_len"] = record["seq_len"]
-            if r["quick"] and out.resolve() == results_dir().resolve():
-                error(f"--join: {path} holds --quick check runs, which bench/results/papers "
-                      "does not take")
+            if r["quick"] and cli.in_records(out):
+                error(f"--join: {path} holds --quick check runs, which bench/results/ does "
+                      "not take")
             runs.append(r)
     return runs
 
@@ -293,38 +284,14 @@ def plot(results: list, tasks: set, out: pathlib.Path) -> None:
         plt.close(fig)
 
 
-def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Refuse every impossible value, and a record written by accident, before anything runs
-    (``p.error``: one ``error:`` line, exit 2)."""
-    record = results_dir().resolve()
-    if args.out is None:
-        args.out = results_dir() if args.record else scratch_dir()
-    out = args.out.resolve()
-    if out == record and not args.record:
-        p.error("--out is bench/results/papers, the committed record: add --record to write "
-                "there")
-    if args.record and out != record:
-        p.error(f"--record writes bench/results/papers; --out points at {args.out}")
-    if args.quick and out == record:
-        p.error("--quick needs --out elsewhere: bench/results/papers keeps the measured runs, "
-                "which T = 20 check runs would join")
+def check_args(p: argparse.ArgumentParser, args: argparse.Namespace, given: list[str]) -> None:
+    """Refuse every impossible value the flags' types let through, and a record written by
+    accident, before anything runs (``p.error``: one ``error:`` line, exit 2); ``given``:
+    the command line's flags."""
     try:
         placement(args.device, "none")
     except ValueError as exc:
         p.error(str(exc))
-    if args.layers < 1:
-        p.error(f"--layers must be at least 1, got {args.layers}")
-    if not (math.isfinite(args.lr) and args.lr > 0):
-        p.error(f"--lr must be a positive finite number, got {args.lr}")
-    if args.eval_every < 1:
-        p.error(f"--eval-every must be at least 1, got {args.eval_every}")
-    if not (math.isfinite(args.time_limit) and args.time_limit > 0):
-        p.error(f"--time-limit must be a positive finite number of seconds, got "
-                f"{args.time_limit}")
-    if args.max_steps is not None and args.max_steps < 1:
-        p.error(f"--max-steps must be at least 1, got {args.max_steps}")
-    if any(seed < 0 for seed in args.seeds):
-        p.error(f"--seeds must be integers >= 0, got {args.seeds}")
     if not args.quick and not args.join:
         for task in args.tasks:
             try:
@@ -336,26 +303,34 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
             RDA(1, 2).set_discount_timescales(*args.discount_timescales)
         except ValueError as exc:
             p.error(f"--discount-timescales SHORT LONG: {exc}")
-    if out.exists() and not out.is_dir():
-        p.error(f"--out {args.out} is a file, not a folder")
+    if args.join:
+        kept = ("--join", "--out", "--record")
+        ignored = [f for f in given if f.startswith("--") and f.split("=")[0] not in kept]
+        if ignored:
+            p.error(f"--join trains nothing and takes only --out and --record; drop "
+                    f"{' '.join(ignored)}")
+    cli.check_out(p, args, "papers", make=False)
 
 
-def main(argv=None) -> int:
+def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list]:
+    """The flags, every bad value refused (one ``error:`` line, exit 2), ``--out`` settled
+    and made, ``--quick``'s sizes applied; and the runs of ``--join``'s files."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     p.add_argument("--tasks", nargs="+", default=list(PAPER), choices=list(PAPER))
     p.add_argument("--models", nargs="+", default=list(SCAN_MODELS), choices=list(MODELS))
-    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
-    p.add_argument("--max-steps", type=int, default=None,
+    p.add_argument("--seeds", nargs="+", type=cli.nonnegative_int, default=[0, 1])
+    p.add_argument("--max-steps", type=cli.positive_int, default=None,
                    help="per run (default: the paper's limit for the task)")
-    p.add_argument("--eval-every", type=int, default=10)
+    p.add_argument("--eval-every", type=cli.positive_int, default=10)
     p.add_argument("--seq-len", type=int, default=1000)
-    p.add_argument("--time-limit", type=float, default=3600.0, help="seconds per run")
+    p.add_argument("--time-limit", type=cli.positive_float, default=3600.0,
+                   help="seconds per run")
     p.add_argument("--discount-timescales", nargs=2, type=float, metavar=("SHORT", "LONG"),
                    help="an ablation: initialise the RDA scan layers' discounts to memory "
                         "lengths from SHORT to LONG tokens (default: the paper's bias 1)")
-    p.add_argument("--layers", type=int, default=1,
+    p.add_argument("--layers", type=cli.positive_int, default=1,
                    help="an ablation: stacked recurrent layers (default: the paper's 1)")
-    p.add_argument("--lr", type=float, default=PAPER_LR,
+    p.add_argument("--lr", type=cli.positive_float, default=PAPER_LR,
                    help="an ablation: Adam's learning rate (default: the paper's 1e-3)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                    help="where the models train (default cpu)")
@@ -364,28 +339,19 @@ def main(argv=None) -> int:
                    help="train nothing: add the runs saved in these papers.json files (made "
                         "elsewhere, e.g. by bench/gpu_papers.sh) to --out's, then table and "
                         "plot them")
-    p.add_argument("--out", type=pathlib.Path, default=None,
-                   help="the folder for papers.json and the plots (default bench-results/papers; "
-                        "bench/results/papers, the committed record, only with --record)")
-    p.add_argument("--record", action="store_true",
-                   help="write into the committed record, bench/results/papers (--out's "
-                        "default then)")
+    cli.add_out(p, "papers", "papers.json and the plots")
     args = p.parse_args(argv)
-    check_args(p, args)
+    check_args(p, args, sys.argv[1:] if argv is None else list(argv))
+    results = joined(args.join, args.out, p.error) if args.join else []
+    cli.make_dir(p, "--out", args.out)
     if args.quick:
         args.seq_len, args.max_steps, args.eval_every, args.seeds = 20, 3, 1, [0]
+    return args, results
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, results = parse_args(argv)
     given = sys.argv[1:] if argv is None else list(argv)
-    if args.join:
-        kept = ("--join", "--out", "--record")
-        ignored = [f for f in given if f.startswith("--") and f.split("=")[0] not in kept]
-        if ignored:
-            p.error(f"--join trains nothing and takes only --out and --record; drop "
-                    f"{' '.join(ignored)}")
-    results = joined(args.join, args.out, p.error) if args.join else []
-    try:
-        args.out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        p.error(f"--out {args.out}: cannot create the folder ({exc.strerror or exc})")
     for task in (args.tasks if not args.join else []):
         for model in args.models:
             for seed in args.seeds:

@@ -1,6 +1,8 @@
 """Where fastrwa stands, in one run: ``python bench/run.py [--quick] [--out DIR]``.
 
-Prints five tables and writes ``DIR/results.json`` and ``DIR/throughput_vs_length.png``:
+Prints five tables and writes ``DIR/results.json`` and ``DIR/throughput_vs_length.png``
+(``--out DIR``: by default ``bench-results``, which git ignores; a folder under
+bench/results only with ``--record``, never from ``--quick``):
 
 1. throughput: each path (sequential reference, "torch" chunked, "numba" compiled CPU, and
    "triton" on a GPU) x op x forward / forward+backward x dtype: elements/s and the ratio
@@ -46,6 +48,7 @@ if not torch.cuda.is_available():       # the Triton correctness note runs in th
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import sections  # noqa: E402  (bench/sections.py)
+from cli import add_out, check_out  # noqa: E402  (bench/cli.py)
 
 FULL = dict(B=16, T=4096, D=256, T_reference=256, repeats=9, rnn=dict(B=16, T=1024, H=256),
             lengths=[1 << k for k in range(10, 21, 2)], lm=dict(d_model=256, n_layers=4),
@@ -80,28 +83,39 @@ def _first_write_ms() -> float:
     return sorted(times[-5:])[2]
 
 
-def main(argv=None) -> dict:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The flags, every bad value refused (one ``error:`` line, exit 2), ``--out`` settled,
+    ``args.cfg`` (the shapes and paths measured) made."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="tiny shapes (CI: keeps it from rotting)")
-    p.add_argument("--out", default="bench-results", help="directory for results.json and the PNG")
-    p.add_argument("--only", nargs="*", choices=sections.NAMES, help="run only these sections")
-    p.add_argument("--paths", nargs="*", choices=["reference", "torch", "numba", "triton"],
-                   help="measure only these paths")
+    add_out(p, "", "results.json and the PNG", record=False)
+    p.add_argument("--only", nargs="+", choices=sections.NAMES, help="run only these sections")
+    p.add_argument("--paths", nargs="+", choices=["reference", "torch", "numba", "triton"],
+                   help="measure only these paths (triton: on a CUDA GPU)")
     p.add_argument("--system-allocator", action="store_true",
                    help="keep glibc's allocator defaults (see the module docstring)")
     args = p.parse_args(argv)
+    if args.paths and "triton" in args.paths and not torch.cuda.is_available():
+        p.error("--paths triton: the Triton path runs on a CUDA GPU, and torch sees none here")
+    check_out(p, args, "", record=False)
     cfg = dict(QUICK if args.quick else FULL)
     if torch.cuda.is_available():
         cfg["paths"] = cfg["paths"] + ["triton"]
     if args.paths:
-        cfg["paths"] = [p for p in args.paths if p != "triton" or torch.cuda.is_available()]
+        cfg["paths"] = list(dict.fromkeys(args.paths))
+    args.cfg = cfg
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    cfg = args.cfg
     results = dict(machine=machine(), config=cfg, quick=args.quick)
     print(f"fastrwa benchmarks ({'quick' if args.quick else 'full'}): {results['machine']}")
     for name in args.only or sections.NAMES:
         results[name] = getattr(sections, name)(cfg)
-    out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = args.out
     (out / "results.json").write_text(json.dumps(results, indent=1))
     if "scaling" in results:
         sections.plot_scaling(results["scaling"], out / "throughput_vs_length.png")

@@ -116,8 +116,10 @@ def test_papers_join_adds_runs_saved_elsewhere(tmp_path, monkeypatch, capsys):
     to OUT/papers.json beside the runs already there (of two alike, the last), and refuses
     --quick check runs bound for bench/results/papers and training options."""
     import json
+
+    import cli
     import papers
-    monkeypatch.setattr(papers, "ROOT", tmp_path)      # a refusal that fails writes here
+    monkeypatch.setattr(cli, "ROOT", tmp_path)         # a refusal that fails writes here
     run = {"task": "adding", "model": "rwa-scan", "seed": 0, "timescales": None, "layers": 1,
            "lr": 1e-3, "device": "cuda", "steps_to_threshold": 5, "steps_run": 5,
            "seconds": 1.0, "curve": [[5, 0.0005]], "seq_len": 1000}
@@ -159,10 +161,10 @@ def test_papers_join_adds_runs_saved_elsewhere(tmp_path, monkeypatch, capsys):
 
 
 @pytest.mark.parametrize("flags,message", [
-    (["--time-limit", "-1"], "--time-limit must be a positive finite"),
-    (["--time-limit", "nan"], "--time-limit must be a positive finite"),
-    (["--max-steps", "-3"], "--max-steps must be at least 1"),
-    (["--seeds", "-1"], "--seeds must be integers >= 0"),
+    (["--time-limit", "-1"], "argument --time-limit: must be a finite number above 0"),
+    (["--time-limit", "nan"], "argument --time-limit: must be a finite number above 0"),
+    (["--max-steps", "-3"], "argument --max-steps: must be an integer >= 1"),
+    (["--seeds", "-1"], "argument --seeds: must be an integer >= 0"),
     (["--seq-len", "1"], "--seq-len must be an int >= 2"),
     (["--seq-len", "0"], "--seq-len must be an int >= 2"),
     (["--discount-timescales", "5", "2"], "longest (2.0) must be >= shortest"),
@@ -170,15 +172,17 @@ def test_papers_join_adds_runs_saved_elsewhere(tmp_path, monkeypatch, capsys):
     (["--out", "FILE"], "is a file, not a folder"),
     (["--out", "/proc/x"], "cannot create the folder"),
     (["--out", "RECORD"], "add --record to write there"),
-    (["--record", "--out", "ELSEWHERE"], "--record writes bench/results/papers"),
+    (["--record", "--out", "ELSEWHERE"], "--record writes under bench/results/"),
+    (["--record", "--quick"], "--record takes full-size runs only"),
 ])
 def test_papers_refuses_impossible_values_before_anything_runs(tmp_path, monkeypatch, capsys,
                                                                flags, message):
     """Every impossible value is one error: line before any training, and nothing is
     written; the committed record takes runs only with --record (a run of --time-limit -1
     once replaced a measured run there with one of no steps)."""
+    import cli
     import papers
-    monkeypatch.setattr(papers, "ROOT", tmp_path)
+    monkeypatch.setattr(cli, "ROOT", tmp_path)
     (tmp_path / "FILE").write_text("")
     record = tmp_path / "bench" / "results" / "papers"
     names = {"FILE": str(tmp_path / "FILE"), "RECORD": str(record),
@@ -250,14 +254,16 @@ def test_ablate_rows_can_each_be_chosen_with_only(tmp_path, capsys, monkeypatch)
     could not be run alone), an unknown name is refused with the known ones listed, and a
     subset is refused where it would replace the committed study's ablate.json."""
     import ablate
-    study = tmp_path / "study"                   # a refusal that fails trains into here
-    monkeypatch.setattr(ablate, "results_dir", lambda: study)
+    import cli
+    monkeypatch.setattr(cli, "ROOT", tmp_path)   # a refusal that fails trains in here
+    study = cli.results_dir("ablate")
     assert all("," not in name for name in ablate.ROWS)
     out = tmp_path / "a"
-    assert ablate.main(["--only", "base,no such row", "--data", __file__,
-                        "--out", str(out)]) == 2
+    with pytest.raises(SystemExit):
+        ablate.main(["--only", "base,no such row", "--data", __file__, "--out", str(out)])
     assert "no such row" in capsys.readouterr().err and not out.exists()
-    assert ablate.main(["--only", "base", "--data", __file__, "--steps", "1"]) == 2
+    with pytest.raises(SystemExit):
+        ablate.main(["--only", "base", "--data", __file__, "--steps", "1", "--record"])
     assert "--out" in capsys.readouterr().err and not study.exists()
 
 
@@ -273,16 +279,18 @@ def test_lm_baselines_alone_are_matched_to_bytelm():
 
 
 @pytest.mark.parametrize("flags,message", [
-    (["--models", "bogus"], "--models: unknown ['bogus']"),
-    (["--models", ""], "--models: unknown ['']"),
-    (["--models", "lstm,lstm"], "--models: each model once"),
-    (["--lm", "bogus=1"], "bogus"),
+    (["--models", "bogus"], "argument --models: must be comma-separated names of"),
+    (["--models", ""], "argument --models: must be comma-separated names of"),
+    (["--models", "lstm,lstm"], "each once, got 'lstm,lstm'"),
+    (["--lm", "bogus=1"], "--lm: LMConfig.__init__() got an unexpected keyword argument 'bogus'"),
     (["--lm", "nonsense"], "expected KEY=VALUE"),
-    (["--baseline-layers", "0"], "--baseline-layers must be at least 1"),
-    (["--minutes", "-1"], "--minutes must be a positive finite number"),
-    (["--minutes", "0"], "--minutes must be a positive finite number"),
-    (["--lr", "-1"], "--lr must be a finite number above 0"),
-    (["--seed", "-1"], "--seed must be an integer from 0"),
+    (["--baseline-layers", "0"], "argument --baseline-layers: must be an integer >= 1"),
+    (["--minutes", "-1"], "argument --minutes: must be a finite number above 0"),
+    (["--minutes", "0"], "argument --minutes: must be a finite number above 0"),
+    (["--lr", "-1"], "argument --lr: must be a finite number above 0"),
+    (["--lr", "1e40"], "--lr must be a finite number above 0 and at most"),
+    (["--seed", "-1"], "argument --seed: must be an integer >= 0"),
+    (["--seed", "4294967296"], "--seed must be an integer from 0"),
     (["--out", "FILE"], "is a file, not a folder"),
 ])
 def test_lm_refuses_bad_flags_before_any_run(tmp_path, monkeypatch, capsys, flags, message):
@@ -303,10 +311,13 @@ def test_lm_table_of_a_missing_or_foreign_file_is_one_error(tmp_path, capsys):
     import lm
     bad = tmp_path / "bad.json"
     bad.write_text('{"runs": [{"model": "x"}]}')
-    assert lm.main(["--table", str(bad)]) == 2
+    with pytest.raises(SystemExit) as exit_:
+        lm.main(["--table", str(bad)])
+    assert exit_.value.code == 2
     assert "is not an lm.json of bench/lm.py" in capsys.readouterr().err
-    assert lm.main(["--table", str(tmp_path / "nope.json")]) == 2
-    assert "--table" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        lm.main(["--table", str(tmp_path / "nope.json")])
+    assert exit_.value.code == 2 and "--table" in capsys.readouterr().err
 
 
 def test_lm_a_failed_training_run_is_one_error(tmp_path, capsys):

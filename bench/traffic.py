@@ -26,6 +26,8 @@ from triton.runtime import interpreter  # noqa: E402
 from fastrwa.ops import triton_host as triton_backend  # noqa: E402
 from fastrwa.ops.dispatch import ScanArgs  # noqa: E402
 
+from cli import positive_int  # noqa: E402  (bench/cli.py, beside this file)
+
 COUNTS = {"bytes": 0, "launches": 0}
 _load = interpreter.InterpreterBuilder.create_masked_load
 _store = interpreter.InterpreterBuilder.create_masked_store
@@ -87,12 +89,17 @@ def measure(op: str, algorithm: str, dtype: torch.dtype, B: int, T: int, D: int)
     return rows
 
 
-def main() -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The flags, every bad value refused (one ``error:`` line, exit 2)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--batch", type=int, default=2)
-    p.add_argument("--length", type=int, default=128)
-    p.add_argument("--channels", type=int, default=32)
-    args = p.parse_args()
+    p.add_argument("--batch", type=positive_int, default=2)
+    p.add_argument("--length", type=positive_int, default=128)
+    p.add_argument("--channels", type=positive_int, default=32)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     B, T, D = args.batch, args.length, args.channels
     opts = triton_backend.Options()
     print(f"B={B} T={T} D={D}, BT={opts.block_t}, BD={opts.block_d} (backward "

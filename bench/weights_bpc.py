@@ -7,7 +7,9 @@ multiplies by (``PackedLM.dequantized()``) scores the first ``--bytes`` of the c
 validation split (the trainer's 90/5/5 split) in parallel, the state carried from segment to
 segment, as the trainer's evaluation does. ``--check-steps`` more bytes are then stepped with
 the packed model itself and its logits compared with that model's (the two are the same
-function). Prints a table and writes ``OUT/weights_bpc.json``.
+function). Prints a table and writes ``OUT/weights_bpc.json`` (``--out``: by default
+``bench-results/generation``, which git ignores; the committed record,
+bench/results/generation, only with ``--record``, and only at full size).
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ import torch.nn.functional as F
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from fastrwa.models import WEIGHT_FORMATS, PackedLM, load_pretrained  # noqa: E402
+from cli import (add_out, check_out, existing_dir, existing_file,  # noqa: E402
+                 int_at_least, positive_int)
+from fastrwa.models import WEIGHT_FORMATS, ByteLM, PackedLM, load_pretrained  # noqa: E402
 from fastrwa.train.data import bits_per_byte, read_corpus, split_corpus, whole_split  # noqa: E402
 
 
@@ -52,20 +56,48 @@ def packed_gap(packed: PackedLM, reference, tokens: torch.Tensor) -> float:
     return worst
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The flags, every bad value refused (one ``error:`` line, exit 2) before any scoring:
+    ``args.model`` loaded, ``args.valid`` (the validation bytes scored) read, ``--out``
+    settled."""
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("model_dir", type=pathlib.Path)
-    p.add_argument("--data", required=True, help="the corpus the model was trained on")
-    p.add_argument("--bytes", type=int, default=100_000, help="validation bytes scored")
-    p.add_argument("--streams", type=int, default=16)
-    p.add_argument("--segment", type=int, default=512)
-    p.add_argument("--check-steps", type=int, default=300)
-    p.add_argument("--out", type=pathlib.Path,
-                   default=pathlib.Path(__file__).parent / "results" / "generation")
+    p.add_argument("model_dir", type=existing_dir, help="a save_pretrained directory")
+    p.add_argument("--data", type=existing_file, required=True,
+                   help="the corpus the model was trained on")
+    p.add_argument("--bytes", type=int_at_least(2), default=100_000,
+                   help="validation bytes scored")
+    p.add_argument("--streams", type=positive_int, default=16)
+    p.add_argument("--segment", type=positive_int, default=512)
+    p.add_argument("--check-steps", type=int_at_least(2), default=300,
+                   help="bytes stepped with the packed model")
+    add_out(p, "generation", "weights_bpc.json")
     args = p.parse_args(argv)
-    model = load_pretrained(args.model_dir).eval()
-    valid = split_corpus(read_corpus(args.data))["valid"][:args.bytes]
+    if args.check_steps > args.bytes:
+        p.error(f"--check-steps ({args.check_steps}) must not exceed --bytes ({args.bytes}): "
+                f"the steps read the bytes scored")
+    try:
+        args.model = load_pretrained(args.model_dir).eval()
+    except (OSError, ValueError, KeyError, RuntimeError) as exc:
+        p.error(f"model_dir {args.model_dir}: {exc}")
+    if not isinstance(args.model, ByteLM):
+        p.error(f"model_dir {args.model_dir}: a {type(args.model).__name__}; the packed formats "
+                f"are ByteLM's")
+    try:
+        valid = split_corpus(read_corpus(args.data))["valid"]
+    except (OSError, ValueError) as exc:
+        p.error(f"--data {args.data}: {exc}")
+    if args.bytes > len(valid):
+        p.error(f"--bytes {args.bytes}: the validation split of {args.data} has "
+                f"{len(valid):,} bytes")
+    args.valid = valid[:args.bytes]
+    check_out(p, args, "generation", sizes=["bytes", "check_steps"])
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    model, valid = args.model, args.valid
     rows = {}
     for weights in WEIGHT_FORMATS:
         packed = PackedLM(model, weights)
@@ -77,7 +109,6 @@ def main(argv: list[str] | None = None) -> int:
     base = rows["float32"]["bpc"]
     result = dict(model_dir=str(args.model_dir), data=str(args.data), bytes=len(valid),
                   formats=rows)
-    args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "weights_bpc.json").write_text(json.dumps(result, indent=1))
     print(f"{args.model_dir}: validation bpc on the first {len(valid):,} bytes")
     for weights, r in rows.items():
