@@ -90,6 +90,9 @@ def assert_one_error(err: str, flag: str) -> None:
 
 # (script, arguments, what the error line names); DATA, FILE, ... are root's
 BAD = [
+    ("busy_core", ["--seconds", "0"], "argument --seconds"),
+    ("busy_core", ["--hidden", "-1"], "argument --hidden"),
+    ("busy_core", ["--out", "FILE"], "argument --out"),
     ("cpu_fair", ["--rounds", "0"], "argument --rounds"),
     ("cpu_fair", ["--shape", "0,0,0"], "argument --shape"),
     ("cpu_fair", ["--shape", "1,2"], "argument --shape"),
@@ -234,7 +237,8 @@ def test_traffic_refuses_a_bad_size():
 
 # The scripts that write results: (name, arguments of a run, its scratch and record folder,
 # arguments that make it a check run)
-RECORDED = {"cpu_fair": ([], ["--shape", "2,64,8"]),
+RECORDED = {"busy_core": ([], ["--seconds", "1"]),
+            "cpu_fair": ([], ["--shape", "2,64,8"]),
             "cpu_cycles": ([], ["--sizes", "1,16,8;2,32,8"]),
             "generation": ([], ["--bytes", "100"]),
             "generation-large": (["--model", "large"], ["--d-model", "64"]),
