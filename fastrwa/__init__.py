@@ -25,6 +25,9 @@ _LAZY = {
                                   "rwa_step_", "weighted_scan")},
     "ScanState": ".state",
 }
+# The subpackages and modules reached as attributes (``fastrwa.nn.RDA``), imported then too.
+_SUBMODULES = {"checks", "hf", "kernels", "models", "nn", "ops", "reference", "scan", "state",
+               "testing", "train"}
 
 
 def __getattr__(name: str):
@@ -32,13 +35,10 @@ def __getattr__(name: str):
     imported when first asked for."""
     if name in _LAZY:
         value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+    elif name in _SUBMODULES:
+        value = importlib.import_module(f".{name}", __name__)
     else:
-        try:
-            value = importlib.import_module(f".{name}", __name__)
-        except ModuleNotFoundError as error:
-            if error.name != f"{__name__}.{name}":
-                raise
-            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     globals()[name] = value
     return value
 

@@ -314,7 +314,7 @@ def test_a_temperature_beyond_float32_is_refused_naming_it(temperature, tmp_path
 
     model = tiny_lm()
     prompt = torch.tensor([[1, 2, 3]])
-    words = r"temperature must be a finite number > 0 and at most 3.403e\+38"
+    words = r"temperature must be a finite number > 0 and at most 3.4028234663852886e\+38"
     for weights in ("eager", "float32", "int8"):
         with pytest.raises(ValueError, match=words):
             model.generate(prompt, 3, temperature=temperature, weights=weights)
@@ -337,7 +337,7 @@ def test_a_temperature_beyond_float32_is_refused_naming_it(temperature, tmp_path
                               repr(temperature)]) == 2
         err = capsys.readouterr().err
         assert err.startswith("error: --temperature must be a finite number > 0 and at most "
-                              "3.403e+38") and len(err.strip().splitlines()) == 1, err
+                              "3.4028234663852886e+38") and len(err.strip().splitlines()) == 1, err
 
 
 def test_a_top_p_below_the_smallest_float32_is_refused_naming_the_cli_flag(tmp_path,

@@ -85,3 +85,18 @@ def test_torchrun_resume_with_the_context_parallel_flag(tmp_path, capsys):
     ckpt = torch.load(run / "checkpoint.pt")
     assert (ckpt["step"], ckpt["world_size"]) == (2, 2)
     assert json.loads((run / "config.json").read_text())["context_parallel"] == 2
+
+
+def test_resume_with_the_minutes_command_the_run_started_with(tmp_path, capsys):
+    """A --minutes run continued by its whole command plus --resume (it was refused: "not
+    with --resume"): the plan made at the start stands (here, a run of 2 steps given one
+    more), and the resume says so."""
+    flags = ["--task", "adding", "--seq-len", "10", "--hidden", "8", "--batch-size", "4",
+             "--no-progress", "--threads", "1"]
+    run = tmp_path / "run"
+    assert train_main([*flags, "--steps", "2", "--run-dir", str(run)]) == 0
+    capsys.readouterr()
+    assert train_main([*flags, "--minutes", "0.5", "--resume", str(run), "--steps", "3"]) == 0
+    err = capsys.readouterr().err
+    assert "--minutes 0.5: the run's steps were planned when it started" in err
+    assert "resuming from step 2" in err

@@ -1,5 +1,5 @@
 """``--threads``: a CPU run leaves the cores other programs keep busy to them (threads that
-share a busy core made a training step 7-14x slower; bench/busy_core.py)."""
+share a busy core made a training step about 6x slower; bench/busy_core.py)."""
 
 import os
 import subprocess
@@ -29,14 +29,27 @@ def test_auto_leaves_the_busy_cores(available, others, cores, expected):
 
 
 def test_busy_cores_reads_the_other_programs_work(tmp_path, monkeypatch):
-    """From /proc/stat's first line (user nice system idle iowait irq softirq steal) over
-    the sleep: 150 of 400 jiffies busy on 2 cores is 0.75 of a core."""
+    """From /proc/stat's per-core lines (user nice system idle iowait irq softirq steal) of
+    the cores this process may use, over the sleep: core 0 busy 150 of 200 jiffies, core 1
+    idle, is 0.75 of a core; core 2, outside the affinity, is left out; so is what this
+    process itself computed meanwhile."""
     stat = tmp_path / "stat"
-    lines = lambda user, idle: (f"cpu  {user} 0 0 {idle} 0 0 0 0 0 0\n"   # noqa: E731
-                                f"cpu0 0 0 0 0 0 0 0 0 0 0\ncpu1 0 0 0 0 0 0 0 0 0 0\n")
-    stat.write_text(lines(1000, 5000))
-    monkeypatch.setattr(time, "sleep", lambda s: stat.write_text(lines(1150, 5250)))
+    lines = lambda busy, idle, idle1: (f"cpu  0 0 0 0 0 0 0 0 0 0\n"         # noqa: E731
+                                       f"cpu0 {busy} 0 0 {idle} 0 0 0 0 0 0\n"
+                                       f"cpu1 0 0 0 {idle1} 0 0 0 0 0 0\n"
+                                       f"cpu2 {busy * 7} 0 0 0 0 0 0 0 0 0\nintr 1 2 3\n")
+    stat.write_text(lines(1000, 5000, 6000))
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(time, "sleep", lambda s: stat.write_text(lines(1150, 5050, 6200)))
+    ticks, walls = iter([10.0, 10.0, 10.0, 10.3]), iter([0.0, 1.0, 0.0, 1.0])
+    monkeypatch.setattr(time, "process_time", lambda: next(ticks))
+    monkeypatch.setattr(time, "monotonic", lambda: next(walls))
     assert threads_module.busy_cores(stat=stat) == (0.75, 2)
+    stat.write_text(lines(1000, 5000, 6000))      # (this process computed 0.3 s meanwhile)
+    others, cores = threads_module.busy_cores(stat=stat)
+    assert (round(others, 9), cores) == (0.45, 2)
+    monkeypatch.setattr(time, "process_time", lambda: 0.0)
+    monkeypatch.setattr(time, "monotonic", lambda: 0.0)
     assert threads_module.busy_cores(stat=tmp_path / "none") is None
 
 
@@ -48,6 +61,10 @@ def test_threads_flag_is_checked_and_set_for_the_run_only(tmp_path, capsys, monk
     monkeypatch.setattr("fastrwa.train.cli._report", lambda *a, **k: None)
     assert train_main([*FLAGS, "--threads", "1", "--run-dir", str(tmp_path / "r")]) == 0
     assert seen == [1] and torch.get_num_threads() == before
+    # (an explicit count holds wherever the run computes: auto only looks at a CPU run)
+    monkeypatch.setattr("fastrwa.train.cli.resolve_device", lambda name: torch.device("cuda"))
+    assert train_main([*FLAGS, "--threads", "1", "--run-dir", str(tmp_path / "g")]) == 0
+    assert seen == [1, 1] and torch.get_num_threads() == before
     for bad in ("0", "-1", "two"):
         with pytest.raises(SystemExit) as exit_:
             train_main([*FLAGS, "--threads", bad])

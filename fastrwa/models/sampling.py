@@ -38,7 +38,7 @@ def check_temperature(temperature: object, name: str = "temperature") -> None:
     greedily, :func:`sample`)."""
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) \
             or not 0 < temperature <= FLOAT32_MAX:
-        raise ValueError(f"{name} must be a finite number > 0 and at most {FLOAT32_MAX:.4g} "
+        raise ValueError(f"{name} must be a finite number > 0 and at most {FLOAT32_MAX!r} "
                          f"(the largest float32: the sampler computes in float32), "
                          f"got {temperature!r}")
 

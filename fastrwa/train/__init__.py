@@ -1,6 +1,9 @@
 """Training: ``python -m fastrwa.train`` (see :mod:`fastrwa.train.cli`)."""
 
 __all__ = ["RunConfig", "train"]
+_MODULES = {"budget", "checkpoints", "cli", "config", "data", "device", "loop", "metrics",
+            "models", "optim", "packing", "parallel", "plot", "problems", "rundir", "stop",
+            "tasks", "threads"}
 
 
 def __getattr__(name: str):
@@ -12,4 +15,7 @@ def __getattr__(name: str):
     if name == "train":
         from .loop import train
         return train
+    if name in _MODULES:             # (fastrwa.train.config, ...: imported on first use too)
+        import importlib
+        return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -115,8 +115,9 @@ def parser() -> argparse.ArgumentParser:
                         "run started with may be given again, with the same values)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --run-dir")
     p.add_argument("--threads", type=parse_threads, default="auto", metavar="N",
-                   help="CPU threads (not recorded: a machine's setting); auto: PyTorch's "
-                        "count less the cores other programs keep busy when the run starts "
+                   help="CPU threads of each process (not recorded: a machine's setting); "
+                        "auto: PyTorch's count, less, in a one-process CPU run, the cores "
+                        "other programs keep busy when the run starts "
                         "(threads sharing a busy core make steps several times slower; "
                         "docs/training.md). A resume is bit-identical on the same count "
                         "(default auto)")
@@ -143,10 +144,8 @@ def _config(args: argparse.Namespace) -> tuple[RunConfig, dict]:
 def _budgeted(args, cfg: RunConfig, given: dict, started: float) -> tuple[RunConfig, Deadline]:
     """``cfg`` planned to end ``--minutes`` after ``started`` (``time.monotonic()``), and
     the deadline the loop keeps to (:mod:`fastrwa.train.budget`)."""
-    if not (math.isfinite(args.minutes) and args.minutes > 0):
-        raise ValueError(f"--minutes must be a positive finite number, got {args.minutes}")
-    if "steps" in given or args.resume is not None:
-        raise ValueError("--minutes sets the steps of a new run: not with --steps or --resume")
+    if "steps" in given:
+        raise ValueError("--minutes sets the steps of a new run: not with --steps")
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise ValueError("--minutes calibrates in one process; under torchrun give --steps")
     cal = calibrate(cfg)
@@ -260,14 +259,24 @@ def main(argv: list[str] | None = None) -> int:
 def _main(args: argparse.Namespace, stops: StopRequests, run: _Run, started: float) -> int:
     try:
         cfg, given = _config(args)
-        if run.world == 1 and resolve_device(run_device(args, cfg, given)).type == "cpu":
+        if args.threads != "auto":
+            torch.set_num_threads(args.threads)
+        elif run.world == 1 and resolve_device(run_device(args, cfg, given)).type == "cpu":
             _set_threads(args.threads)
         if cfg.is_lm and args.resume is None:  # (before a run directory is named or made)
             if not cfg.data:
                 raise ValueError(f"--task {cfg.task} needs --data PATH (a corpus file)")
             check_corpus_path(cfg.data)
         deadline = None
-        if args.minutes is not None:
+        if args.minutes is not None and not (math.isfinite(args.minutes) and args.minutes > 0):
+            raise ValueError(f"--minutes must be a positive finite number, got {args.minutes}")
+        if args.minutes is not None and args.resume is not None:
+            # (the whole command of a --minutes run with --resume added: its plan was made
+            # when it started, and config.json keeps it)
+            print(f"--minutes {args.minutes:g}: the run's steps were planned when it started; "
+                  f"the resume trains the planned steps left, without a deadline",
+                  file=sys.stderr)
+        elif args.minutes is not None:
             stops.enter("calibration")
             cfg, deadline = _budgeted(args, cfg, given, started)
             stops.enter("start-up")
@@ -357,7 +366,8 @@ def _restored_threads(threads: int):
 
 
 def _set_threads(flag: int | str) -> None:
-    """``--threads``, before anything is timed (the ``--minutes`` calibration) or run."""
+    """``--threads auto`` of a one-process CPU run, before anything is timed (the
+    ``--minutes`` calibration) or run."""
     threads, line = pick(flag, torch.get_num_threads())
     if line is not None:
         print(line, file=sys.stderr)

@@ -123,7 +123,7 @@ class RunConfig:
             raise ValueError(f"--eval-bytes must be 0 (all) or more, got {self.eval_bytes}")
         if not (math.isfinite(self.lr) and 0 < self.lr <= FLOAT32_MAX):
             raise ValueError(f"--lr must be a finite number above 0 and at most "
-                             f"{FLOAT32_MAX:.4g} (the parameters are float32), got {self.lr}")
+                             f"{FLOAT32_MAX!r} (the parameters are float32), got {self.lr}")
         if not (math.isfinite(self.clip) and self.clip >= 0):
             raise ValueError(f"--clip must be a finite number, 0 (off) or more, got {self.clip}")
         # AdamW multiplies the weights by 1 - lr * weight_decay every step: from a product

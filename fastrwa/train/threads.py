@@ -3,8 +3,9 @@
 PyTorch's OpenMP threads spin while they wait for each other, and fastrwa's scans split
 their work over the same number of threads. Where another program keeps a core busy, a
 thread that shares that core holds up every parallel op: on a 2-core machine with one core
-busy, a training step took 7x (ByteLM) to 14x (the Transformer) its idle time on 2 threads,
-and 1.7-1.9x on 1 thread, the core that is left (``bench/busy_core.py``, docs/training.md).
+busy, a training step took 5.8x (ByteLM) and 6.1x (the Transformer) its idle time on 2
+threads, and 1.7-1.9x on 1 thread, the core that is left (``bench/busy_core.py``,
+docs/training.md).
 ``--threads auto`` (the default) therefore looks at how busy the machine is when a run starts
 and leaves the busy cores to their programs.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import time
 from pathlib import Path
 
@@ -35,29 +37,41 @@ def parse_threads(text: str) -> int | str:
     return value
 
 
-def _cpu_times(stat: Path) -> tuple[int, int, int] | None:
-    """``(busy, total, cores)`` from ``/proc/stat``: the jiffies of every core spent busy and
-    in all, and the number of cores; ``None`` where the file is not there (not Linux)."""
+def _cpu_times(stat: Path, cpus: set[int] | None) -> tuple[int, int, int] | None:
+    """``(busy, total, cores)`` from ``/proc/stat``: the jiffies the cores in ``cpus`` (every
+    core for ``None``) spent busy and in all, and how many they are; ``None`` where the file
+    is not there (not Linux) or names none of them."""
     try:
         lines = stat.read_text().splitlines()
     except OSError:
         return None
-    fields = [int(v) for v in lines[0].split()[1:]]
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)      # idle + iowait
-    total = sum(fields[:8])                                        # (guest time is in user)
-    cores = sum(1 for line in lines if line.startswith("cpu") and line[3:4].isdigit())
-    return total - idle, total, cores
+    busy = total = cores = 0
+    for line in lines:
+        name, *values = line.split()
+        if not (name.startswith("cpu") and name[3:].isdigit()):
+            continue
+        if cpus is not None and int(name[3:]) not in cpus:
+            continue
+        fields = [int(v) for v in values[:8]]       # (guest time is counted in user)
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)          # idle + iowait
+        busy, total, cores = busy + sum(fields) - idle, total + sum(fields), cores + 1
+    return (busy, total, cores) if cores else None
 
 
 def busy_cores(seconds: float = 0.15, stat: Path = STAT) -> tuple[float, int] | None:
-    """How many cores' worth of work other programs did over the next ``seconds`` (this
-    process sleeps meanwhile), and the machine's cores; ``None`` where it cannot tell."""
-    before = _cpu_times(stat)
+    """How many cores' worth of work other programs did over the next ``seconds`` on the
+    cores this process may run on (its affinity), and how many those are; ``None`` where it
+    cannot tell. This process sleeps meanwhile; what its other threads did is left out."""
+    cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    before, own, wall = _cpu_times(stat, cpus), time.process_time(), time.monotonic()
     time.sleep(seconds)
-    after = _cpu_times(stat)
-    if before is None or after is None or after[1] <= before[1]:
+    after = _cpu_times(stat, cpus)
+    own, wall = time.process_time() - own, time.monotonic() - wall
+    if before is None or after is None or after[1] <= before[1] or after[2] != before[2]:
         return None
-    return (after[0] - before[0]) / (after[1] - before[1]) * after[2], after[2]
+    cores = after[2]
+    seen = (after[0] - before[0]) / (after[1] - before[1]) * cores
+    return max(0.0, seen - own / max(wall, 1e-9)), cores
 
 
 def choose(available: int, others: float, cores: int) -> int:
