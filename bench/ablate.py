@@ -14,7 +14,7 @@ validation bpc on the first ``--eval-bytes`` of the split and test bpc on the wh
 (the mean over the seeds, then each seed's), s/step. ``--only NAME,...`` runs a subset;
 ``--table OUT/ablate.json`` reprints a table. ``--out``: by default ``bench-results/ablate``,
 which git ignores; the committed study, bench/results/ablate, only with ``--record`` (and
-never from ``--quick`` or ``--only``).
+never from ``--quick``, ``--only``, fewer ``--seeds`` or sizes below the defaults).
 docs/lm.md records a run.
 """
 
@@ -57,6 +57,11 @@ ROWS = {
     "2 layers at equal params": ([], [], 2),
     "8 layers at equal params": ([], [], 8),
 }
+
+
+# the flags (dests) below whose defaults a run is a check run (--record refuses it): the
+# study's size, and fewer seeds (--warmup and --only choose a variant, not a size)
+SIZES = ("d_model", "layers", "steps", "batch_size", "bptt", "eval_bytes", "seeds")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace | None:
@@ -107,7 +112,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace | None:
                       eval_bytes=args.eval_bytes, lm=_fields())
     except ValueError as exc:
         p.error(str(exc))
-    check_out(p, args, "ablate")
+    check_out(p, args, "ablate", sizes=SIZES)
     args.names = args.only or list(ROWS)
     if args.quick:
         args.d_model, args.steps, args.warmup, args.batch_size = 16, 4, 1, 4

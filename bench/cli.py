@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import math
 import pathlib
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -183,15 +183,34 @@ def add_out(p: argparse.ArgumentParser, name: str, what: str, record: bool = Tru
                         f"; refused for a check run (--quick, smaller sizes)")
 
 
+def smaller(value, full) -> bool:
+    """Whether ``value`` makes a run smaller or narrower than one at ``full`` (a full run's
+    value; ``None`` on either side: not comparable, not smaller): a number below it; a shape
+    (a tuple, or a list of shapes) with fewer dimensions or smaller in any; a list (thread
+    counts, batches, seeds, names) with fewer distinct items, names missing one of the full
+    run's, or numbers below the full run's rank by rank (both sorted)."""
+    if value is None or full is None:
+        return False
+    if isinstance(full, (list, tuple)):
+        value = list(value)
+        if isinstance(full, tuple) or (full and all(isinstance(f, (list, tuple)) for f in full)):
+            return len(value) < len(full) or any(smaller(v, f) for v, f in zip(value, full))
+        if len(set(value)) < len(set(full)):
+            return True
+        if all(isinstance(f, str) for f in full):
+            return not set(full) <= set(value)
+        return any(v < f for v, f in zip(sorted(set(value)), sorted(set(full))))
+    return value < full
+
+
 def below_defaults(p: argparse.ArgumentParser, args: argparse.Namespace,
-                   names: Sequence[str]) -> list[str]:
-    """The flags among ``names`` (dests) set below their defaults: a run smaller than a full
-    one (a shape: in any dimension)."""
-    def below(value, default) -> bool:
-        if isinstance(default, (list, tuple)):
-            return any(below(v, d) for v, d in zip(value, default))
-        return value is not None and default is not None and value < default
-    return [f"--{n.replace('_', '-')}" for n in names if below(getattr(args, n), p.get_default(n))]
+                   names: Sequence[str] | Mapping[str, object]) -> list[str]:
+    """The flags among ``names`` (dests) set below a full run's value (:func:`smaller`): the
+    flag's default, or where ``names`` maps a dest to a value other than ``None``, that value
+    (the smallest a full run takes)."""
+    floors = dict(names) if isinstance(names, Mapping) else dict.fromkeys(names)
+    return [f"--{n.replace('_', '-')}" for n, floor in floors.items()
+            if smaller(getattr(args, n), p.get_default(n) if floor is None else floor)]
 
 
 def check_record(p: argparse.ArgumentParser, flag: str, path: pathlib.Path, record: bool,
@@ -212,12 +231,14 @@ def check_record(p: argparse.ArgumentParser, flag: str, path: pathlib.Path, reco
 
 
 def check_out(p: argparse.ArgumentParser, args: argparse.Namespace, name: str,
-              record: bool = True, sizes: Sequence[str] = (), small: Sequence[str] = (),
+              record: bool = True, sizes: Sequence[str] | Mapping[str, object] = (),
+              small: Sequence[str] = (),
               make: bool = True) -> pathlib.Path:
     """Settle ``args.out`` (``bench/results/<name>`` with ``--record`` where the script keeps a
     record there, ``record``; else ``bench-results/<name>``), refuse what :func:`check_record`
     refuses and, with ``make``, make the folder (:func:`make_dir`). A check run is
-    ``--quick``, a flag of ``sizes`` (dests) below its default or a flag named in ``small``.
+    ``--quick``, a flag of ``sizes`` (dests; or dests mapped to a full run's smallest value,
+    :func:`below_defaults`) below its default or a flag named in ``small``.
     Returns ``args.out``."""
     if args.out is None:
         if args.record and not record:

@@ -8,7 +8,8 @@ round, at two sizes (``--sizes``): by default inputs that fit in the cache (4 x 
 ``--rounds``. In cache the numbers are the kernels' arithmetic; out of it they add the
 memory's time. Prints a table and writes ``OUT/cpu_cycles.json`` (``--out``: by default
 ``bench-results/cpu_cycles``, which git ignores; the committed record, bench/results/cpu_cycles,
-only with ``--record``, and only at full size).
+only with ``--record``, and only at full size: no smaller ``--sizes``, no fewer
+``--rounds``).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="B,T,D of the in-cache and the out-of-cache inputs, separated by ';'")
     add_out(p, "cpu_cycles", "cpu_cycles.json")
     args = p.parse_args(argv)
-    check_out(p, args, "cpu_cycles", sizes=["sizes"])
+    check_out(p, args, "cpu_cycles", sizes=["sizes", "rounds"])
     return args
 
 

@@ -18,7 +18,8 @@ The ratio is the reference's time over the op's (1.0: the op moves its bytes as 
 PyTorch's own elementwise ops move theirs). Median of ``--rounds`` rounds per cell. Prints a
 table and writes ``OUT/cpu_fair.json`` (``--out``: by default ``bench-results/cpu_fair``,
 which git ignores; the committed record, bench/results/cpu_fair, only with ``--record``, and
-only at full size). Issue 44's target: >= 0.8 forward and forward + backward.
+only at full size: no smaller ``--shape``, no fewer ``--rounds``). Issue 44's target: >= 0.8
+forward and forward + backward.
 
 A third call per cell, timed in the same rounds, splits the reference's time: the same ops
 writing into outputs allocated once before the rounds (``out=``, ``zero_()``). Its time is
@@ -97,7 +98,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=positive_int, default=None, help="default: torch's")
     add_out(p, "cpu_fair", "cpu_fair.json")
     args = p.parse_args(argv)
-    check_out(p, args, "cpu_fair", sizes=["shape"])
+    check_out(p, args, "cpu_fair", sizes=["shape", "rounds"])
     return args
 
 

@@ -33,7 +33,8 @@ Speed does not depend on the weights' values: the model is freshly initialised. 
 table and writes ``OUT/generation.json`` (``--out``: by default ``bench-results/generation``
 or, ``--model large``, ``bench-results/generation-large``, which git ignores; the committed
 records, bench/results/generation and bench/results/generation-large, only with
-``--record``, and never from ``--quick`` or a smaller model or stream).
+``--record``, and never from ``--quick``, a smaller model or stream, or fewer thread counts,
+batches, weight formats or cold runs than the full run's).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from cli import (add_out, check_out, choices_list, int_at_least, int_list,  # noqa: E402
-                 nonnegative_int, positive_int)
+                 nonnegative_int, positive_int, smaller)
 from fastrwa.models import WEIGHT_FORMATS, ByteLM, LMConfig, PackedLM  # noqa: E402
 from fastrwa.train.config import parse_lm_field  # noqa: E402
 
@@ -256,13 +257,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="a tiny model, a few bytes (CI)")
     args = p.parse_args(argv)
     preset = PRESETS[args.model]
-    full = {name: p.get_default(name) for name in ("bytes", "rss_bytes")} | preset
+    sized = ("d_model", "layers", "bytes", "rss_bytes", "threads", "batches", "weights",
+             "cold_runs")                   # (a full run's values: the defaults, the preset's)
+    full = {name: p.get_default(name) for name in sized[2:]} | preset
     for name, value in preset.items():
         if getattr(args, name) is None or (name not in ("d_model", "layers")
                                            and getattr(args, name) == p.get_default(name)):
             setattr(args, name, value)
-    small = [f"--{name.replace('_', '-')}" for name in ("d_model", "layers", "bytes", "rss_bytes")
-             if getattr(args, name) < full[name]]
+    small = [f"--{name.replace('_', '-')}" for name in sized
+             if smaller(getattr(args, name), full[name])]
     args.repeats = 200 if args.model == "default" else 20
     if args.quick:
         args.d_model, args.layers, args.bytes, args.rss_bytes = 32, 2, 50, 0

@@ -19,7 +19,10 @@ Writes the runs under ``OUT/runs/``, ``OUT/lm.json`` (every run's records and se
 markdown table: parameters, steps, s/step, tokens/s, the ratio of tokens/s to LSTM's, final
 validation bpc on the first ``--eval-bytes`` of the split, and test bpc on the whole test
 split. ``--out``: by default ``bench-results/lm``, which git ignores; the committed record,
-bench/results/lm, only with ``--record``, never from ``--quick``. docs/lm.md records a run.
+bench/results/lm, only with ``--record``, never from a check run: ``--quick``, ``--minutes``
+(equal time) or the batch, BPTT, ``--evals``, ``--eval-bytes``, ``--baseline-layers`` below
+the defaults, ``--steps`` below 600 (equal steps), a model of 5% fewer parameters than
+256 x 4's (``--d-model``, ``--layers``). docs/lm.md records a run.
 ``--quick`` runs each model for 4 steps (equal steps: no calibration runs) on a slice (CI).
 """
 
@@ -126,8 +129,37 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> dict:
                       lm=own_fields(m, lm))
     except ValueError as exc:
         p.error(str(exc))
-    check_out(p, args, "lm")
+    check_out(p, args, "lm", sizes=run_sizes(args), small=smaller_model(p, args, lm))
     return lm
+
+
+# --equal steps: the fewest steps of a full run (docs/lm.md's equal-steps records: 600)
+FULL_STEPS = 600
+
+
+def run_sizes(args: argparse.Namespace) -> dict:
+    """The flags (dests) that make a run a check run below a full run's value (``None``: the
+    default): ``--minutes`` at equal time, ``--steps`` below 600 at equal steps, the batch,
+    BPTT, evaluations and the baselines' depth. Not ``--models``: the records are of chosen
+    sets of models (bench/results/lm/lm.json's is three of the five)."""
+    return {"minutes" if args.equal == "time" else "steps":
+            None if args.equal == "time" else FULL_STEPS,
+            "baseline_layers": None, "batch_size": None, "bptt": None, "evals": None,
+            "eval_bytes": None}
+
+
+def smaller_model(p: argparse.ArgumentParser, args: argparse.Namespace, lm: dict) -> list[str]:
+    """``--d-model``/``--layers`` where the model every one is matched to has 5% fewer
+    parameters than at the defaults (a check run; depth traded for width at equal
+    parameters, docs/lm.md's 360 x 2 against 256 x 4, is not one)."""
+    if not args.record:
+        return []
+    full = target_params(args.models, p.get_default("d_model"), p.get_default("layers"), lm)
+    if target_params(args.models, args.d_model, args.layers, lm) >= 0.95 * full:
+        return []
+    shrunk = [f"--{n.replace('_', '-')}" for n in ("d_model", "layers")
+              if getattr(args, n) < p.get_default(n)]
+    return shrunk or ["--d-model", "--layers"]
 
 
 class RunFailed(Exception):

@@ -284,6 +284,13 @@ def plot(results: list, tasks: set, out: pathlib.Path) -> None:
         plt.close(fig)
 
 
+# --record refuses a check run: below these a run is one (the smallest that a committed run
+# of bench/results/papers took: the classify-length runs' 600 steps, the GPU runs' 270 s, the
+# multicopy diagnosis's T = 200). Fewer tasks, models or seeds are not: a run replaces only
+# the runs of its own configuration in the record (merged()).
+FULL_RUN = {"max_steps": 600, "time_limit": 270.0, "seq_len": 200}
+
+
 def check_args(p: argparse.ArgumentParser, args: argparse.Namespace, given: list[str]) -> None:
     """Refuse every impossible value the flags' types let through, and a record written by
     accident, before anything runs (``p.error``: one ``error:`` line, exit 2); ``given``:
@@ -309,7 +316,7 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace, given: list
         if ignored:
             p.error(f"--join trains nothing and takes only --out and --record; drop "
                     f"{' '.join(ignored)}")
-    cli.check_out(p, args, "papers", make=False)
+    cli.check_out(p, args, "papers", sizes=FULL_RUN, make=False)
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list]:

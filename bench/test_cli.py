@@ -319,3 +319,118 @@ def test_a_default_run_leaves_the_record_as_it_was(root, tmp_path, capsys):
     assert records(tmp_path) == before
     assert (cli.scratch_dir("cpu_fair") / "cpu_fair.json").is_file()
     assert str(cli.scratch_dir("cpu_fair") / "cpu_fair.json") in capsys.readouterr().out
+
+
+# Every flag that makes a run smaller or narrower than a full one, by itself: with --record
+# each is a check run, refused (one error line naming the flag) before any work; RECORDED's
+# arguments come first ("" is an empty value)
+CHECK_RUNS = [
+    ("busy_core", ["--hidden", "16"], "--hidden"),
+    ("busy_core", ["--layers", "1"], "--layers"),
+    ("busy_core", ["--batch-size", "4"], "--batch-size"),
+    ("busy_core", ["--bptt", "16"], "--bptt"),
+    ("cpu_fair", ["--rounds", "1"], "--rounds"),
+    ("cpu_fair", ["--shape", "16,4096,8"], "--shape"),
+    ("cpu_cycles", ["--rounds", "1"], "--rounds"),
+    ("generation", ["--threads", "1"], "--threads"),
+    ("generation", ["--threads", "2,2"], "--threads"),
+    ("generation", ["--batches", ""], "--batches"),
+    ("generation", ["--batches", "8"], "--batches"),
+    ("generation", ["--batches", "8,32"], "--batches"),
+    ("generation", ["--weights", "int8"], "--weights"),
+    ("generation", ["--weights", "eager,float32,bfloat16"], "--weights"),
+    ("generation", ["--cold-runs", "0"], "--cold-runs"),
+    ("generation", ["--rss-bytes", "0"], "--rss-bytes"),
+    ("generation", ["--layers", "2"], "--layers"),
+    ("generation-large", ["--bytes", "30"], "--bytes"),
+    ("generation-large", ["--threads", "2"], "--threads"),
+    ("generation-large", ["--weights", "int8"], "--weights"),
+    ("context_parallel", ["--layer-T-log2", "10"], "--layer-T-log2"),
+    ("long_context", ["--docs", "2"], "--docs"),
+    ("weights_bpc", ["--check-steps", "100"], "--check-steps"),
+    ("lm", ["--minutes", "0.05"], "--minutes"),
+    ("lm", ["--equal", "steps", "--steps", "4"], "--steps"),
+    ("lm", ["--equal", "steps", "--steps", "599"], "--steps"),
+    ("lm", ["--d-model", "16"], "--d-model"),
+    ("lm", ["--layers", "2"], "--layers"),
+    ("lm", ["--baseline-layers", "1"], "--baseline-layers"),
+    ("lm", ["--batch-size", "4"], "--batch-size"),
+    ("lm", ["--bptt", "32"], "--bptt"),
+    ("lm", ["--evals", "2"], "--evals"),
+    ("lm", ["--eval-bytes", "2000"], "--eval-bytes"),
+    ("ablate", ["--d-model", "16"], "--d-model"),
+    ("ablate", ["--layers", "2"], "--layers"),
+    ("ablate", ["--steps", "4"], "--steps"),
+    ("ablate", ["--batch-size", "4"], "--batch-size"),
+    ("ablate", ["--bptt", "16"], "--bptt"),
+    ("ablate", ["--eval-bytes", "2000"], "--eval-bytes"),
+    ("ablate", ["--seeds", "0"], "--seeds"),
+    ("ablate", ["--seeds", "1", "1"], "--seeds"),
+    ("papers", ["--max-steps", "3"], "--max-steps"),
+    ("papers", ["--time-limit", "1"], "--time-limit"),
+    ("papers", ["--seq-len", "20"], "--seq-len"),
+]
+
+
+@pytest.mark.parametrize("name,flags,flag", CHECK_RUNS,
+                         ids=[f"{n} {' '.join(a)}" for n, a, _ in CHECK_RUNS])
+def test_record_refuses_every_flag_that_makes_a_check_run(root, tmp_path, capsys, name, flags,
+                                                          flag):
+    """Each was accepted with --record and its partial results replaced the record (lm.py
+    and ablate.py checked no size at all, generation.py not its lists, cpu_fair.py and
+    cpu_cycles.py not --rounds, and a shorter list never counted as smaller)."""
+    before = records(tmp_path)
+    argv = [root.get(a, a) for a in RECORDED[name][0]]
+    with pytest.raises(SystemExit) as exit_:
+        run_args(name, [*argv, *flags, "--record"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert_one_error(err, "--record takes full-size runs only")
+    assert flag in err.strip().splitlines()[-1].split("drop ")[1], err
+    assert records(tmp_path) == before
+
+
+# Runs that are full size though not the defaults: --record takes them (papers.py merges a
+# run into its record by configuration, lm.py's records are chosen models and variants that
+# docs/lm.md describes: equal steps at 600, 2 blocks of 360 at equal parameters)
+FULL_RUNS = [
+    ("lm", ["--equal", "steps", "--steps", "600", "--models", "rda-scan,transformer,mingru"]),
+    ("lm", ["--equal", "steps", "--steps", "600", "--models", "rda-scan", "--layers", "2",
+            "--d-model", "360"]),
+    ("lm", ["--equal", "steps", "--minutes", "0.05"]),          # (minutes unused)
+    ("lm", ["--minutes", "21", "--models", "lstm", "--steps", "4"]),  # (steps unused)
+    ("ablate", ["--seeds", "2", "3"]),
+    ("ablate", ["--warmup", "0"]),
+    ("papers", ["--tasks", "classify-length", "--models", "rwa-scan", "--max-steps", "600",
+                "--time-limit", "600", "--lr", "3e-3"]),
+    ("papers", ["--tasks", "multicopy", "--seeds", "0", "--seq-len", "200",
+                "--time-limit", "300"]),
+    ("generation", ["--threads", "1,2,4"]),
+    ("generation", ["--batches", "8,64,128", "--weights", "int8,eager,bfloat16,float32"]),
+    ("generation-large", ["--threads", "2,1"]),
+    ("cpu_fair", ["--rounds", "30", "--shape", "32,4096,256"]),
+]
+
+
+@pytest.mark.parametrize("name,flags", FULL_RUNS,
+                         ids=[f"{n} {' '.join(a)}" for n, a in FULL_RUNS])
+def test_record_takes_a_full_run_that_is_not_the_defaults(root, tmp_path, name, flags):
+    before = records(tmp_path)
+    argv = [root.get(a, a) for a in RECORDED[name][0]]
+    folder = FOLDER.get(name, name)
+    assert run_args(name, [*argv, *flags, "--record"]).out == cli.results_dir(folder)
+    assert records(tmp_path) == before
+
+
+@pytest.mark.parametrize("value,full,expected", [
+    (3, 4, True), (4, 4, False), (None, 4, False), (4, None, False),
+    ((16, 64, 8), (16, 64, 256), True), ((32, 64, 256), (16, 64, 256), False),
+    ([(1, 2, 3), (4, 5, 6)], [(1, 2, 3), (4, 5, 7)], True),
+    ([1], [1, 2], True), ([], [8, 64], True), ([2, 2], [1, 2], True), ([2, 1], [1, 2], False),
+    ([1, 2, 4], [1, 2], False), ([2, 4], [1, 2], False),
+    (["a"], ["a", "b"], True), (["b", "a"], ["a", "b"], False), (["a", "c"], ["a", "b"], True),
+    (["a", "b", "c"], ["a", "b"], False)])
+def test_smaller(value, full, expected):
+    """A shorter list, or a list of names missing one of the full run's, is smaller (zip
+    once let both through)."""
+    assert cli.smaller(value, full) is expected
