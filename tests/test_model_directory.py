@@ -16,7 +16,7 @@ import torch
 
 from fastrwa.generate import main as generate_main
 from fastrwa.models import ByteLM, LMConfig, build, load_pretrained, save_pretrained
-from fastrwa.models.pretrained import save_with_crcs, weights_file
+from fastrwa.models.pretrained import save_with_crcs, weights_file, write_atomically
 
 PROMPT = torch.tensor([[104, 105, 33]])
 
@@ -220,3 +220,22 @@ def test_the_files_written_honour_the_umask(model, tmp_path, umask, mode):
         modes = {p.name: oct(stat.S_IMODE(p.stat().st_mode)) for p in directory.iterdir()}
         assert set(modes.values()) == {oct(mode)}, (directory.name, modes)
     assert stat.S_IMODE((tmp_path / "hf").stat().st_mode) == 0o777 & ~umask
+
+
+# -- write_atomically --------------------------------------------------------------------
+@pytest.mark.parametrize("raised", [KeyboardInterrupt, ZeroDivisionError])
+def test_an_interrupted_write_leaves_no_tmp_file(tmp_path, raised):
+    """A ``KeyboardInterrupt`` (or any exception but the ``OSError``/``RuntimeError`` that
+    become a :class:`WriteError`) in the middle of a write removes ``NAME.tmp`` and is
+    raised as it is; the earlier file is kept (it left ``config.json.tmp`` behind)."""
+    path = tmp_path / "config.json"
+    path.write_bytes(b"earlier")
+
+    def write(f):
+        f.write(b"half")
+        raise raised
+
+    with pytest.raises(raised):
+        write_atomically(path, write)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json"]
+    assert path.read_bytes() == b"earlier"

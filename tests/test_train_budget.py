@@ -68,3 +68,48 @@ def test_minutes_ends_on_the_wall_clock_when_steps_slow_down(tmp_path, monkeypat
     assert len(said) == 1 and said[0].startswith(
         f"--minutes {minutes:g}: the time is up after step {end} of {steps}"), err
     assert sum(r["split"] == "valid" for r in records) >= 3
+
+
+def test_the_deadline_counts_the_evaluation_due_and_the_checkpoints():
+    """After a step, the run goes on only if what this step still has to do (its
+    evaluation, its checkpoint), one more step and the final evaluation and checkpoint fit
+    before the deadline (it counted the step and the final evaluation only: a run could end
+    an evaluation and a checkpoint after its --minutes). A checkpoint takes what the latest
+    writes took; the calibration estimates the first; the plan leaves room for them."""
+    cal = budget.Calibration(step_s=1.0, valid_s=10.0, test_s=10.0, write_s=2.0)
+    deadline = budget.Deadline(time.monotonic() + 24.0, 0.4, cal)
+    assert not deadline.after_step(1.0)                   # 1 + 20 + 2 = 23 s
+    assert deadline.after_step(1.0, evaluates=True)       # + 10 s of evaluation due
+    assert deadline.after_step(1.0, writes=True)          # + 2 s of checkpoint due
+    deadline.wrote(0.5)
+    assert not deadline.after_step(1.0, writes=True)      # 1 + 20 + 0.5 + 0.5 = 22 s
+    deadline.wrote(5.0)
+    assert deadline.after_step(1.0)                       # 1 + 20 + 5 = 26 s
+    planned = budget.plan(RunConfig(task="text", data="corpus.txt"), {}, 300.0,
+                          budget.Calibration(step_s=1.0, valid_s=3.0, test_s=6.0, write_s=1.0))
+    assert (planned.steps, planned.eval_every) == (254, 26)   # (300 - 6 - 10 x 4) / 1
+
+
+def test_minutes_keeps_to_the_clock_when_checkpoints_are_slow(tmp_path, monkeypatch, capsys):
+    """Checkpoints that take 1 s each (a slow disk; the calibration serializes to memory):
+    the run's last checkpoint is written before its deadline (it overran by a checkpoint or
+    two: each check counted neither the one due at that step nor the final one)."""
+    from fastrwa.train import loop
+
+    real, ended = loop.save_checkpoint, []
+
+    def save_checkpoint(path, payload):
+        time.sleep(1.0)
+        real(path, payload)
+        ended.append(time.monotonic())
+
+    monkeypatch.setattr(loop, "save_checkpoint", save_checkpoint)
+    minutes = 0.05
+    began = time.monotonic()
+    assert train_main([*TINY, "--minutes", str(minutes), "--run-dir",
+                       str(tmp_path / "run")]) == 0
+    err = capsys.readouterr().err
+    assert ended and ended[-1] - began < minutes * 60 + 0.25, (ended[-1] - began, err)
+    records = [json.loads(line)
+               for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert records[-1]["split"] == "test"

@@ -721,7 +721,8 @@ def test_evaluations_show_their_progress(tmp_path, capsys):
 def test_minutes_sizes_the_run_from_a_calibration(tmp_path, monkeypatch, capsys):
     """--minutes M: the steps that fill M minutes at the calibrated seconds per step, the
     schedule decaying over them, recorded in config.json (a resume trains the same run);
-    refused with --steps, with --resume, or not positive."""
+    refused with --steps or not positive (with --resume the plan made at the start stands:
+    tests/test_train_resume_flags.py)."""
     from fastrwa.train import budget, cli
     cal = budget.calibrate(cli.RunConfig(seq_len=10, hidden=4, batch_size=2))
     assert cal.step_s > 0 and cal.valid_s > 0 and cal.test_s > 0
@@ -737,6 +738,7 @@ def test_minutes_sizes_the_run_from_a_calibration(tmp_path, monkeypatch, capsys)
     for flags, words in ((["--minutes", 1, "--steps", 5], "not with --steps"),
                          (["--minutes", 0], "--minutes must be a positive finite number"),
                          (["--minutes", "nan"], "--minutes must be a positive finite number"),
-                         (["--minutes", 1, "--resume", run], "not with --steps or --resume")):
+                         (["--minutes", -1, "--resume", run],
+                          "--minutes must be a positive finite number")):
         code, _ = _run(tmp_path, "other", *flags)
         assert code == 2 and words in capsys.readouterr().err

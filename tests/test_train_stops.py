@@ -192,3 +192,106 @@ def test_a_second_ctrl_c_while_the_checkpoint_is_written_finishes_it(tmp_path):
     assert lines[-1] == (f"SIGINT again during training: stopped at once; the checkpoint of "
                          f"step 1 is written; resume with: python -m fastrwa.train --resume "
                          f"{run}"), lines
+
+
+def _signal_in_step(monkeypatch, index: int, signum: int) -> None:
+    """In-process runs: while the run makes step ``index`` (0-based: it takes its batch),
+    this process sends itself ``signum`` (once) and waits until the handler has run. (The
+    handler's notices go to file descriptor 2: ``capfd``, not ``capsys``.)"""
+    from fastrwa.train import problems
+
+    real = problems.SyntheticProblem.batch
+
+    def batch(self, step, size):
+        if step == index:
+            requests = stop.current()
+            seen = requests.received
+            os.kill(os.getpid(), signum)
+            end = time.monotonic() + 10
+            while requests.received == seen and time.monotonic() < end:
+                time.sleep(0.001)
+        return real(self, step, size)
+
+    monkeypatch.setattr(problems.SyntheticProblem, "batch", batch)
+
+
+def test_ctrl_c_in_the_last_step_says_the_final_evaluation_comes_first(tmp_path, monkeypatch,
+                                                                       capfd):
+    """Ctrl-C while the last step runs: "stopping after this step" is said at once (the
+    step is not known to be the last: a --minutes run decides after it), then, when the
+    final evaluation starts, a line that says it is finished first (it was silent: the
+    run went on for its whole final evaluation after saying it would stop)."""
+    _signal_in_step(monkeypatch, 2, signal.SIGINT)
+    run = tmp_path / "run"
+    assert train_main([*FLAGS, "--run-dir", str(run)]) == 130
+    out, err = capfd.readouterr()
+    lines = [line for line in err.splitlines() if line.startswith("SIGINT")]
+    assert lines == ["SIGINT: stopping after this step, with a checkpoint (Ctrl-C again to "
+                     "exit at once)",
+                     "SIGINT: that step was the last: finishing the final evaluation first "
+                     "(Ctrl-C again to exit at once)",
+                     "SIGINT: the run ended after its last step (3), with its checkpoint, "
+                     "report and learning_curve.png"], err
+    _finished(run, out, err.strip().splitlines())
+
+
+def test_ctrl_c_in_a_step_before_the_last_says_nothing_more(tmp_path, monkeypatch, capfd):
+    """(The follow-up line is for the last step only: a stop before it is one notice.)"""
+    _signal_in_step(monkeypatch, 1, signal.SIGTERM)
+    run = tmp_path / "run"
+    assert train_main([*FLAGS, "--run-dir", str(run)]) == 143
+    lines = [line for line in capfd.readouterr().err.splitlines() if "SIGTERM" in line]
+    assert lines == ["SIGTERM: stopping after this step, with a checkpoint",
+                     f"stopped at step 2 by SIGTERM: the checkpoint is saved; resume with: "
+                     f"python -m fastrwa.train --resume {run}"]
+
+
+def test_a_signal_owed_by_a_write_that_fails_still_ends_the_run_with_its_status(
+        tmp_path, monkeypatch, capsys):
+    """Ctrl-C while a resume repairs its logs (a signal then ends the run once the write is
+    complete), and the write fails (a full disk): one line with the signal, the error and
+    what the run directory holds, status 130 (the signal was dropped: "error: ...", status
+    2)."""
+    from fastrwa.models.pretrained import WriteError
+    from fastrwa.train import loop
+
+    run = tmp_path / "run"
+    assert train_main([*FLAGS, "--run-dir", str(run)]) == 0
+    capsys.readouterr()
+
+    def truncate_metrics(path, step):
+        requests = stop.current()
+        os.kill(os.getpid(), signal.SIGINT)
+        end = time.monotonic() + 10
+        while not requests.received and time.monotonic() < end:
+            time.sleep(0.001)
+        raise WriteError(f"cannot write {path}: No space left on device")
+
+    monkeypatch.setattr(loop, "truncate_metrics", truncate_metrics)
+    assert train_main(["--resume", str(run), "--steps", "5", "--no-progress"]) == 130
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "error:" not in err.replace("; error:", ""), err
+    assert err.strip().splitlines()[-1] == (
+        f"SIGINT during preparation of the run: stopped at once; error: cannot write "
+        f"{run / 'metrics.jsonl'}: No space left on device; {run} keeps its last checkpoint "
+        f"(step 3); resume with: python -m fastrwa.train --resume {run}"), err
+
+
+def test_uninterrupted_raises_the_owed_signal_from_the_error():
+    """The unit: the error is the Interrupted's cause; without a signal owed, the error
+    goes through as it is; nested blocks owe it at the outermost."""
+    requests = stop.StopRequests()
+    with pytest.raises(ZeroDivisionError):
+        with requests.uninterrupted():
+            1 / 0
+    requests.enter("calibration")
+    with pytest.raises(stop.Interrupted) as caught:
+        with requests.uninterrupted():
+            with pytest.raises(ZeroDivisionError):
+                with requests.uninterrupted():
+                    requests._handle(signal.SIGINT, None)
+                    1 / 0
+            raise OSError("disk full")
+    assert (caught.value.status, str(caught.value.__cause__)) == (130, "disk full")
+    assert caught.value.line("nothing was written") == (
+        "SIGINT during calibration: stopped at once; error: disk full; nothing was written")

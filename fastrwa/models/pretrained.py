@@ -55,7 +55,9 @@ def write_atomically(path: Path, write: Callable[[BinaryIO], None]) -> None:
     """Write ``path`` through ``path.tmp``: ``write(file)``, flush to disk, ``os.replace``.
 
     A failure (``OSError``, or the ``RuntimeError`` that ``torch.save`` raises for a full
-    disk) removes ``path.tmp``, leaves ``path`` as it was and raises :class:`WriteError`."""
+    disk) removes ``path.tmp``, leaves ``path`` as it was and raises :class:`WriteError`;
+    anything else raised in the middle (a ``KeyboardInterrupt``, a bug in ``write``) also
+    removes ``path.tmp`` and is raised as it is."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     try:
@@ -75,6 +77,10 @@ def write_atomically(path: Path, write: Callable[[BinaryIO], None]) -> None:
             free = ""
         raise WriteError(f"cannot write {path}: {cause}{free}; nothing was left half-written "
                          f"({tmp.name} is removed, an earlier {path.name} is kept)") from exc
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def save_with_crcs(obj, f) -> None:

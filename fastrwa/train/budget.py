@@ -1,18 +1,20 @@
 """``--minutes M``: a run that fits a time budget.
 
 A short calibration of the run's own model, data and batch (as bench/lm.py sizes its
-equal-time runs) times a training step and an evaluation batch; the plan gives the steps that
-fill what is left of M minutes after the calibration, with the evaluations and the final
-one, and scales the warm-up and the evaluation, checkpoint and log intervals to them (the
-flags given keep their values). The schedule decays over the planned steps. The run then
+equal-time runs) times a training step, an evaluation batch and a checkpoint's
+serialization; the plan gives the steps that fill what is left of M minutes after the
+calibration, with the evaluations and the final one and the checkpoint each comes with, and
+scales the warm-up and the evaluation, checkpoint and log intervals to them (the flags given
+keep their values). The schedule decays over the planned steps. The run then
 keeps to the wall clock (:class:`Deadline`): when steps run slower than calibrated (another
-process on the machine), it ends early, at the step after which its final evaluation would
-no longer fit, and says so.
+process on the machine), it ends early, at the step after which its final evaluation and
+checkpoint would no longer fit, and says so.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import io
 import itertools
 import math
 import time
@@ -23,6 +25,7 @@ import torch
 from .config import DEFAULTS, RunConfig
 from .device import placement
 from .loop import build_model
+from ..models.pretrained import save_with_crcs
 from .models import detach_state
 from .packing import model_inputs
 from .optim import make_optimizer
@@ -42,6 +45,8 @@ class Calibration(NamedTuple):
     step_s: float           # one optimizer step
     valid_s: float          # one validation evaluation (with its sample)
     test_s: float           # the test evaluation (after the last step)
+    write_s: float = 0.0    # a checkpoint's serialization (to memory: the disk's part is
+    #                         not in it; the run's first checkpoint times the whole write)
 
 
 def _sync(device: torch.device) -> None:
@@ -53,8 +58,9 @@ def calibrate(cfg: RunConfig) -> Calibration:
     """Time ``TIMED_STEPS`` optimizer steps of ``cfg``'s run after ``WARM_STEPS`` (compiles,
     caches), on a throwaway model with the run's data and batch (one process), then
     ``TIMED_EVAL_BATCHES`` batches of an evaluation, scaled to each split's batches (and a
-    language model's sample, which each validation writes). Nothing of the run is touched:
-    the run reseeds when it starts."""
+    language model's sample, which each validation writes), then a checkpoint of the model
+    and optimizer serialized to memory. Nothing of the run is touched: the run reseeds when
+    it starts."""
     place = placement(cfg.device, cfg.autocast)
     torch.manual_seed(cfg.seed)
     micro, accum = cfg.batch_size, cfg.accum
@@ -93,24 +99,28 @@ def calibrate(cfg: RunConfig) -> Calibration:
         problem.sample(model, 0, place)
     _sync(place.device)
     sample_s = time.perf_counter() - began
+    began = time.perf_counter()
+    save_with_crcs({"model": model.state_dict(), "optimizer": optimizer.state_dict()},
+                   io.BytesIO())
+    write_s = time.perf_counter() - began
     return Calibration(step_s, batch_s * problem.evaluation_batches("valid", micro) + sample_s,
-                       batch_s * problem.evaluation_batches("test", micro))
+                       batch_s * problem.evaluation_batches("test", micro), write_s)
 
 
 def plan(cfg: RunConfig, given: dict, seconds: float, cal: Calibration) -> RunConfig:
-    """``cfg`` with the steps that fill ``seconds`` at ``cal``'s speed, evaluations
-    included, and the intervals (the flags in ``given`` kept) scaled to them: about
-    ``EVAL_POINTS`` evaluations (fewer when they would take more than ``EVAL_SHARE`` of the
-    time), a checkpoint at each, the warm-up the same share of the steps as in the defaults,
-    at most ``LOG_POINTS`` train records."""
-    room = max(0.0, seconds - cal.test_s - cal.valid_s)        # (the final evaluation)
+    """``cfg`` with the steps that fill ``seconds`` at ``cal``'s speed, evaluations (each
+    with its checkpoint) included, and the intervals (the flags in ``given`` kept) scaled to
+    them: about ``EVAL_POINTS`` evaluations (fewer when they would take more than
+    ``EVAL_SHARE`` of the time), a checkpoint at each, the warm-up the same share of the
+    steps as in the defaults, at most ``LOG_POINTS`` train records."""
+    each = cal.valid_s + cal.write_s        # an evaluation and the checkpoint after it
+    room = max(0.0, seconds - cal.test_s - each)        # (the final evaluation)
     if "eval_every" in given:
         every = given["eval_every"]
-        steps = max(1, int(room / (cal.step_s + cal.valid_s / every)))
+        steps = max(1, int(room / (cal.step_s + each / every)))
     else:       # (evaluations before the final one, then the steps that fill the rest)
-        before = max(0, min(EVAL_POINTS, int(EVAL_SHARE * seconds / max(cal.valid_s, 1e-9)))
-                     - 1)
-        steps = max(1, int((room - before * cal.valid_s) / cal.step_s))
+        before = max(0, min(EVAL_POINTS, int(EVAL_SHARE * seconds / max(each, 1e-9))) - 1)
+        steps = max(1, int((room - before * each) / cal.step_s))
         every = max(1, math.ceil(steps / (before + 1)))
     kind = DEFAULTS["lm" if cfg.is_lm else "sequence"]
     scaled = {"steps": steps, "decay_steps": given.get("decay_steps", steps),
@@ -124,24 +134,36 @@ def plan(cfg: RunConfig, given: dict, seconds: float, cal: Calibration) -> RunCo
 
 class Deadline:
     """The wall-clock end of a budgeted run (``time.monotonic()``), and the test the loop
-    makes after each step: would one more step and the final evaluation end after it? The
+    makes after each step: would what is still due at this step (its evaluation, its
+    checkpoint), one more step, and the final evaluation and checkpoint end after it? The
     steps' pace is followed (a moving average, from the run's second step on: the first
-    may compile); the final evaluation's calibrated time is scaled by how much slower than
-    calibrated the steps run."""
+    may compile); the evaluations' calibrated times are scaled by how much slower than
+    calibrated the steps run; a checkpoint takes what the latest step's writes took
+    (:meth:`wrote`; until the first, the calibration's estimate)."""
 
     SMOOTHING = 0.2       # weight of the latest step in the moving average
 
     def __init__(self, at: float, minutes: float, cal: Calibration):
         self.at, self.minutes, self.cal = at, minutes, cal
         self.step_s, self.steps = cal.step_s, 0
+        self.write_s = cal.write_s
 
-    def after_step(self, seconds: float) -> bool:
-        """Record a step of ``seconds``; whether the run must end with it."""
+    def after_step(self, seconds: float, evaluates: bool = False, writes: bool = False) -> bool:
+        """Record a step of ``seconds``; whether the run must end with it, given that, if it
+        does not, this step still has a validation evaluation (``evaluates``) and a
+        checkpoint (``writes``) to make."""
         self.steps += 1
         if self.steps > 1:
             self.step_s += self.SMOOTHING * (seconds - self.step_s)
-        final = (self.cal.valid_s + self.cal.test_s) * max(1.0, self.slowdown)
-        return time.monotonic() + self.step_s + final > self.at
+        slow = max(1.0, self.slowdown)
+        due = self.cal.valid_s * slow * evaluates + self.write_s * writes
+        final = (self.cal.valid_s + self.cal.test_s) * slow + self.write_s
+        return time.monotonic() + due + self.step_s + final > self.at
+
+    def wrote(self, seconds: float) -> None:
+        """Record what a step's files (its checkpoint, ``best/``, ``model/``) took to write:
+        the next checkpoints are expected to take as long."""
+        self.write_s = seconds
 
     @property
     def slowdown(self) -> float:

@@ -14,7 +14,8 @@ One :class:`StopRequests` per process holds the handlers, from the start of
 * inside :meth:`StopRequests.uninterrupted` (every file the run writes atomically: the
   checkpoint, the exports, ``config.json``, the repaired logs; and the learning curve) a
   signal takes effect when the write is complete, so that no temporary file is left and no
-  line claims a file that is not there.
+  line claims a file that is not there; a write that fails then still ends the run on the
+  signal (its line names the error).
 
 Python runs a handler between two bytecodes of the main thread: a process blocked inside
 a C call (a collective) needs SIGKILL. ``FASTRWA_TRAIN_PAUSE_AT=PHASE[,PHASE...]`` (for
@@ -66,8 +67,14 @@ class Interrupted(KeyboardInterrupt):
         return 128 + self.signum
 
     def line(self, outcome: str) -> str:
-        """The one line the run ends with: the signal, the phase, then ``outcome``."""
-        return f"{self}: stopped at once; {outcome}"
+        """The one line the run ends with: the signal, the phase, the error that came with
+        it (its ``__cause__``: a write that failed in :meth:`StopRequests.uninterrupted`),
+        then ``outcome``."""
+        error = self.__cause__
+        if error is None:
+            return f"{self}: stopped at once; {outcome}"
+        text = " ".join(str(error).split()) or type(error).__name__
+        return f"{self}: stopped at once; error: {text}; {outcome}"
 
 
 class StopRequests:
@@ -86,6 +93,7 @@ class StopRequests:
         self._writing = 0         # depth of uninterrupted() blocks
         self._raise = None        # the Interrupted an uninterrupted() block owes at its end
         self._ending = False      # an Interrupted or Stopped is on its way: nothing more
+        self._told = None         # the phase whose notice the handler wrote
 
     # -- the handler --------------------------------------------------------------------
     def _handle(self, signum: int, frame) -> None:
@@ -107,6 +115,7 @@ class StopRequests:
                 return
             self._ending = True
             raise stop
+        self._told = self.phase
         if self.phase == "training":
             self._say(f"{_name(signum)}: stopping after this step, with a checkpoint"
                       + (" (Ctrl-C again to exit at once)" if signum == signal.SIGINT else ""))
@@ -125,20 +134,35 @@ class StopRequests:
         if phase not in PHASES:
             raise ValueError(f"no phase {phase!r}: one of {PHASES}")
         self.phase = phase
+        if phase == "final evaluation" and self._told == "training" and not self._ending:
+            # (the signal came during the step that turned out to be the last: what was
+            # said, "stopping after this step", is not all that happens)
+            self._told = phase
+            self._say(f"{_name(self.signum)}: that step was the last: finishing the final "
+                      f"evaluation first"
+                      + (" (Ctrl-C again to exit at once)" if self.signum == signal.SIGINT
+                         else ""))
         self.pause_point(phase)
 
     @contextlib.contextmanager
     def uninterrupted(self) -> Iterator[None]:
         """A block (a file written) that no signal cuts short: a signal that would end the
-        run at once does so when the block is complete."""
+        run at once does so when the block is complete, also when the block fails (a
+        :class:`~fastrwa.models.pretrained.WriteError`): the :class:`Interrupted` is raised
+        then, the error as its ``__cause__`` (one line, status 128 + the signal)."""
         self._writing += 1
+        error = None
         try:
             yield
+        except Exception as exc:      # (raised below, unless a signal is owed)
+            error = exc
         finally:
             self._writing -= 1
         if not self._writing and self._raise is not None:
             stop, self._raise, self._ending = self._raise, None, True
-            raise stop
+            raise stop from error
+        if error is not None:
+            raise error
 
     def pending(self, world: int, device) -> int:
         """The signal to stop on, agreed by every process (the largest any received), or 0:
