@@ -8,7 +8,7 @@ import torch
 
 from .kernels.codes import ATTENTIONS
 from .ops.autograd import check_offsets
-from .ops.dispatch import state_dtype
+from .ops.contract import state_dtype
 from .state import ScanState
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)

@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from . import rda_scan, rda_step, rwa_scan, weighted_scan
+from .scan import rda_scan, rda_step, rwa_scan, weighted_scan
 from .kernels.codes import ATTENTIONS
 from .reference import rda_scan_reference, rwa_scan_reference, weighted_scan_reference
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .ops.dispatch import state_dtype as _compute_dtype
+from .ops.contract import state_dtype as _compute_dtype
 from .state import ScanState
 
 

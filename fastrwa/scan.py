@@ -13,7 +13,8 @@ from .checks import (check_attention, check_context_group, check_cu_seqlens, che
                      check_inputs, check_no_overlap, check_state)
 from .ops.autograd import step_inplace, weighted_scan_op
 from .ops.context import context_parallel_scan, packed_over_ranks, refuse_together
-from .ops.dispatch import ScanArgs, resolve, state_dtype
+from .ops.contract import ScanArgs, state_dtype
+from .ops.dispatch import resolve
 from .state import ScanState
 
 

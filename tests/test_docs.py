@@ -82,5 +82,5 @@ def test_the_check_finds_a_missing_file():
     text = "see fastrwa/ops/registry.py and kernels/cpu/team.py, or docs/math.md."
     assert sorted(p for p in cited_paths(text) if not _exists(p)) == [
         "fastrwa/ops/registry.py", "kernels/cpu/team.py"]
-    assert not _imports("fastrwa.ops.contract") and _imports("fastrwa.ops.dispatch.ScanArgs")
+    assert not _imports("fastrwa.ops.registry") and _imports("fastrwa.ops.contract.ScanArgs")
     assert LINK.findall("[math](math.md#sec) [x](https://x.org)") == ["math.md", "https://x.org"]

@@ -24,7 +24,7 @@ from safetensors.torch import load_file, save
 
 from .config import LMConfig
 from .directory import ARCHITECTURE_KEY, architecture_json
-from .pretrained import write_atomically
+from .files import write_atomically
 
 DIGEST_KEY = "fastrwa_sha256"
 

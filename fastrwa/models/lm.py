@@ -16,7 +16,7 @@ from ..nn.functional import rms_norm_into
 from ..nn import RDA, RWA, LayerState
 from ..nn.masks import last_kept
 from ..ops.context import CALL_MODEL, agree, fingerprint, refuse_together, same_everywhere
-from ..ops.dispatch import state_dtype
+from ..ops.contract import state_dtype
 from ..state import ScanState
 from .checks import check_tokens
 from .config import LMConfig

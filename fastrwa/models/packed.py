@@ -11,7 +11,7 @@ from torch import Tensor
 from ..kernels.codes import (ATTENTION_CODE, DISCOUNT_CODE, OUTPUT_FUNCTION_CODE)
 from ..ops import decode_host
 from ..ops.decode_host import WEIGHT_FORMATS, Shapes, Weights, dequantize, quantize
-from ..ops.numba_host import flat
+from ..ops.numba_common import flat
 from .lm import ByteLM, InferenceCache
 from .sampling import check_sampling_args, refuse_logits
 

@@ -5,20 +5,19 @@ training code needed."""
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
 import os
-import shutil
 import warnings
 import zipfile
 from pathlib import Path
-from typing import BinaryIO, Callable, Optional
+from typing import Optional
 
 import torch
 from torch import nn
 
 from . import directory as fmt
+from .files import WriteError, write_atomically  # noqa: F401 (WriteError: callers import it here)
 from .config import FIELDS_BEFORE_THEY_EXISTED, LMConfig
 
 WEIGHTS, CONFIG = "model.pt", "config.json"
@@ -44,43 +43,6 @@ def build(config: LMConfig | dict) -> nn.Module:
     model = {"lstm": RecurrentLM, "gru": RecurrentLM, "transformer": TransformerLM,
              "mingru": MinGRULM}.get(config.layer, ByteLM)
     return model(config)
-
-
-class WriteError(OSError):
-    """A file that could not be written (a full disk, no permission): the message names the
-    file and the cause; the temporary file is removed and the earlier file, if any, kept."""
-
-
-def write_atomically(path: Path, write: Callable[[BinaryIO], None]) -> None:
-    """Write ``path`` through ``path.tmp``: ``write(file)``, flush to disk, ``os.replace``.
-
-    A failure (``OSError``, or the ``RuntimeError`` that ``torch.save`` raises for a full
-    disk) removes ``path.tmp``, leaves ``path`` as it was and raises :class:`WriteError`;
-    anything else raised in the middle (a ``KeyboardInterrupt``, a bug in ``write``) also
-    removes ``path.tmp`` and is raised as it is."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except (OSError, RuntimeError) as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        cause = (exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)) or \
-            type(exc).__name__
-        try:
-            free = f"; {shutil.disk_usage(path.parent).free:,} bytes free on its disk"
-        except OSError:
-            free = ""
-        raise WriteError(f"cannot write {path}: {cause}{free}; nothing was left half-written "
-                         f"({tmp.name} is removed, an earlier {path.name} is kept)") from exc
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 def save_with_crcs(obj, f) -> None:

@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from .. import scan as _scan
 from ..checks import check_flag, check_state
-from ..ops.dispatch import state_dtype
+from ..ops.contract import state_dtype
 from ..state import ScanState
 from .checks import check_size, check_state_tensor, check_step_input
 from .functional import NamedActivations, rda_functions

@@ -15,7 +15,7 @@ from einops import rearrange, repeat
 from torch import Tensor, nn
 
 from .. import scan as _scan
-from ..ops.dispatch import state_dtype
+from ..ops.contract import state_dtype
 from ..state import ScanState
 from ..checks import check_context_group, check_cu_seqlens, check_no_overlap
 from ..ops.context import (CALL_LAYER, DTYPES, after, agree, fingerprint, previous_input,

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from . import dispatch
-from .dispatch import ScanArgs, state_dtype
+from .contract import ScanArgs, state_dtype
 
 _NONE = "none"   # the op schema has no Optional[str]: "none" stands for no discount
 

@@ -32,7 +32,7 @@ from torch import Tensor
 
 from ..kernels.codes import ATTENTION_CODE, DISCOUNT_CODE
 from .autograd import weighted_scan_op
-from .dispatch import ScanArgs, state_dtype
+from .contract import ScanArgs, state_dtype
 from .transforms import log_decay
 
 

@@ -39,7 +39,7 @@ from ..kernels.cpu.decode import check_tokens, decode as decode_kernel, serve
 from ..kernels.cpu.sampling import sample_rows
 from ..kernels.cpu.sync import (BUSY, CONTROL_SIZE, MAX_PARTS, PARKED, POSTED, STATE,
                                 SYNC_SIZE, cancel, claim_parked, dismiss, post)
-from .numba_host import flat, kernel_consts, pool, threads
+from .numba_common import flat, kernel_consts, pool, threads
 
 WEIGHT_FORMATS = ("float32", "bfloat16", "int8")
 INT8_LEVELS = 127

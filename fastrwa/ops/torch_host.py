@@ -19,7 +19,7 @@ import dataclasses
 import torch
 
 from .buffers import empty as _empty
-from .dispatch import ForwardResult, Gradients, Knobs, ScanArgs, state_dtype
+from .contract import ForwardResult, Gradients, Knobs, ScanArgs, state_dtype
 from . import chunked
 from .chunked import decayed_max, exp_nonpositive_, safe_average
 from .transforms import attention_grad, decay_grad, log_decay, log_weight

@@ -32,7 +32,7 @@ from ..kernels.codes import (ATTENTION_CODE, DISCOUNT_CODE, ONE_PASS, OUTPUT, RE
                              SOFTPLUS, SUMMARY)
 from ..kernels.triton import scan_bwd, scan_fwd, step
 from .buffers import empty, empty_like
-from .dispatch import ForwardResult, Gradients, Knobs, ScanArgs, state_dtype
+from .contract import ForwardResult, Gradients, Knobs, ScanArgs, state_dtype
 
 PROGRAMS_PER_SM = 2
 # The "segments" algorithm aims at this many programs per SM, with segments of at least

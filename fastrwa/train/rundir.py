@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..models.config import FIELDS_BEFORE_THEY_EXISTED
 from ..models.directory import BYTE_LM_FILES
-from ..models.pretrained import write_atomically
+from ..models.files import write_atomically
 from .config import RunConfig
 from .models import with_every_lm_field
 
