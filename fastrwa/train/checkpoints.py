@@ -12,7 +12,8 @@ from pathlib import Path
 import torch
 
 from ..models import LMState
-from ..models.pretrained import check_archive, save_with_crcs, write_atomically
+from ..models.files import write_atomically
+from ..models.pretrained import check_archive, save_with_crcs
 from ..nn import CellState, LayerState, RRAState
 from ..state import ScanState
 from .config import RECORDED_ON_RESUME, RESUMABLE_CHANGES, RunConfig
@@ -29,7 +30,7 @@ def save_checkpoint(path: Path, payload: dict) -> None:
     """Write atomically: a temporary file in the same directory, flushed to disk, then
     ``os.replace``. A failed write (a full disk: ``torch.save`` raises ``RuntimeError``)
     removes the temporary file, keeps the previous checkpoint and raises
-    :class:`fastrwa.models.pretrained.WriteError` naming the file and the cause. (The loop
+    :class:`fastrwa.models.files.WriteError` naming the file and the cause. (The loop
     writes it inside :meth:`fastrwa.train.stop.StopRequests.uninterrupted`: a signal does
     not cut it short.)"""
     def write(f) -> None:

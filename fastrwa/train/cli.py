@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from ..kernels.codes import ATTENTIONS
-from ..models.pretrained import WriteError
+from ..models.files import WriteError
 from .config import (AUTOCASTS, DEFAULTS, DEVICES, LM_ONLY_MODELS, RESUMABLE_CHANGES,
                      SCHEDULES, RunConfig, flag_name, parse_lm_field)
 from .budget import Deadline, calibrate, plan

@@ -148,7 +148,7 @@ class StopRequests:
     def uninterrupted(self) -> Iterator[None]:
         """A block (a file written) that no signal cuts short: a signal that would end the
         run at once does so when the block is complete, also when the block fails (a
-        :class:`~fastrwa.models.pretrained.WriteError`): the :class:`Interrupted` is raised
+        :class:`~fastrwa.models.files.WriteError`): the :class:`Interrupted` is raised
         then, the error as its ``__cause__`` (one line, status 128 + the signal)."""
         self._writing += 1
         error = None
