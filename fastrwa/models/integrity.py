@@ -77,7 +77,7 @@ def sign(directory: Path, config: LMConfig) -> None:
     """Rewrite every ``*.safetensors`` of ``directory`` with its digest and ``config`` (the
     configuration its weights were written with) in the metadata (the tensors and the other
     metadata unchanged), through a temporary file renamed into place
-    (:func:`fastrwa.models.pretrained.write_atomically`: mode 0666 less the umask, as an
+    (:func:`fastrwa.models.files.write_atomically`: mode 0666 less the umask, as an
     ordinary file; safetensors' own writer leaves 0600)."""
     for path in sorted(Path(directory).glob("*.safetensors")):
         tensors = read_tensors(path)
