@@ -86,6 +86,24 @@ def _better(value: float, best, higher_is_better: bool) -> bool:
     return best is None or (value > best if higher_is_better else value < best)
 
 
+class _Writes:
+    """``with writes:`` a file write that a signal does not cut short
+    (``stops.uninterrupted()``), its time added to :attr:`seconds` (what a step spent
+    writing: ``--minutes``' deadline counts it)."""
+
+    def __init__(self, stops):
+        self.stops, self.seconds = stops, 0.0
+
+    @contextlib.contextmanager
+    def __call__(self):
+        began = time.perf_counter()
+        try:
+            with self.stops.uninterrupted():
+                yield
+        finally:
+            self.seconds += time.perf_counter() - began
+
+
 def _evaluation_bar(problem, split: str, micro: int, disable: bool):
     """What ``evaluate(batches=)`` takes to show an evaluation's progress (a bar that goes
     when the evaluation is done), or ``None`` without a progress bar."""
@@ -235,7 +253,7 @@ def _train(cfg: RunConfig, run_dir: Path, resume: bool, deadline: Deadline | Non
         train_clock += step_time
         done = step + 1
         final = done == cfg.steps
-        written = 0.0             # (seconds this step spends writing files: --minutes)
+        writing = _Writes(stops)  # (what this step spends writing files: --minutes)
         if deadline is not None and not final and deadline.after_step(
                 step_time, evaluates=done % cfg.eval_every == 0,
                 writes=done % cfg.checkpoint_every == 0 or done % cfg.eval_every == 0):
@@ -270,12 +288,10 @@ def _train(cfg: RunConfig, run_dir: Path, resume: bool, deadline: Deadline | Non
             if hasattr(model, "config") and _better(result[problem.metric], best,
                                                     problem.higher_is_better):
                 best = result[problem.metric]
-                wrote = time.perf_counter()
-                with stops.uninterrupted():
+                with writing():
                     save_pretrained(model, run_dir / BEST, _trained(cfg, done),
                                     {f"valid {problem.metric}{_part(cfg)}": best,
                                      "at step": done})
-                written += time.perf_counter() - wrote
             text = problem.sample(model, done, place) if hasattr(problem, "sample") else None
             if text is not None:
                 with open(run_dir / SAMPLES, "a", encoding="utf-8") as f:
@@ -296,14 +312,12 @@ def _train(cfg: RunConfig, run_dir: Path, resume: bool, deadline: Deadline | Non
         # resumes from the checkpoint before and exports again (the other way round, the
         # checkpoint would say the run is done while model/ is missing).
         if final and rank == 0 and hasattr(model, "config"):
-            wrote = time.perf_counter()
-            with stops.uninterrupted():
+            with writing():
                 save_pretrained(model, run_dir / EXPORT, _trained(cfg, done),
                                 {f"{split} {problem.metric}"
                                  f"{_part(cfg) if split == 'valid' else ''}":
                                  last[split][problem.metric]
                                  for split in ("valid", "test") if split in last})
-            written += time.perf_counter() - wrote
         stop = stops.pending(world, place.device)
         if done % cfg.checkpoint_every == 0 or final or stop:
             states = [None] * world
@@ -312,8 +326,7 @@ def _train(cfg: RunConfig, run_dir: Path, resume: bool, deadline: Deadline | Non
             else:
                 states = [CPU.to(carried)]
             if rank == 0:
-                wrote = time.perf_counter()
-                with stops.uninterrupted():
+                with writing():
                     save_checkpoint(run_dir / CHECKPOINT, {
                         "model": model.state_dict(), "optimizer": optimizer.state_dict(),
                         "step": done, "rng": torch.get_rng_state(), "world_size": world,
@@ -321,9 +334,8 @@ def _train(cfg: RunConfig, run_dir: Path, resume: bool, deadline: Deadline | Non
                         "carried": states if problem.stateful else None,
                         "run": provenance(cfg, identity, problem.fingerprint)})
                     stops.checkpoint = done
-                written += time.perf_counter() - wrote
-        if deadline is not None and written:
-            deadline.wrote(written)
+        if deadline is not None and writing.seconds:
+            deadline.wrote(writing.seconds)
         if stop and not final:
             if world > 1:         # (no rank leaves before rank 0's checkpoint is written)
                 dist.barrier()

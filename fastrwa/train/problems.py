@@ -202,14 +202,18 @@ class ImageProblem:
         loss = torch.nn.functional.cross_entropy(logits, batch.target[batch.mask])
         return loss, float((logits.argmax(-1) == batch.target[batch.mask]).float().mean())
 
+    def _scored(self, size: int) -> int:
+        """The test images an evaluation reads."""
+        return min(len(self.test_labels), self.eval_batches * size)
+
     def evaluation_batches(self, split: str, size: int) -> int:
         """How many batches :meth:`evaluate` runs."""
-        return -(-min(len(self.test_labels), self.eval_batches * size) // size)
+        return -(-self._scored(size) // size)
 
     @torch.no_grad()
     def evaluate(self, model, size: int, split: str, place: Placement,
                  batches: Batches = None) -> dict:
-        n = min(len(self.test_labels), self.eval_batches * size)
+        n = self._scored(size)
         losses, correct = [], 0
         for lo in _each(batches, range(0, n, size)):
             batch = place.to(self._make(self.test_images, self.test_labels,
