@@ -110,22 +110,23 @@ class StopRequests:
                 if self._raise is None:
                     self._raise = stop
                     if again:
-                        self._say(f"{_name(signum)} again: exiting once the file being "
-                                  f"written is complete")
+                        os.write(2, f"\n{_name(signum)} again: exiting once the file being "
+                                    f"written is complete\n".encode())
                 return
             self._ending = True
             raise stop
         self._told = self.phase
         if self.phase == "training":
-            self._say(f"{_name(signum)}: stopping after this step, with a checkpoint"
-                      + (" (Ctrl-C again to exit at once)" if signum == signal.SIGINT else ""))
+            self._say(signum, "stopping after this step, with a checkpoint")
         else:
-            self._say(f"{_name(signum)}: finishing the {self.phase} first"
-                      + (" (Ctrl-C again to exit at once)" if signum == signal.SIGINT else ""))
+            self._say(signum, f"finishing the {self.phase} first")
 
     @staticmethod
-    def _say(text: str) -> None:
-        os.write(2, f"\n{text}\n".encode())
+    def _say(signum: int, what: str) -> None:
+        """A notice on standard error: the signal, what the run does now, and for SIGINT how
+        to exit at once."""
+        again = " (Ctrl-C again to exit at once)" if signum == signal.SIGINT else ""
+        os.write(2, f"\n{_name(signum)}: {what}{again}\n".encode())
 
     # -- the phases -----------------------------------------------------------------------
     def enter(self, phase: str) -> None:
@@ -138,10 +139,8 @@ class StopRequests:
             # (the signal came during the step that turned out to be the last: what was
             # said, "stopping after this step", is not all that happens)
             self._told = phase
-            self._say(f"{_name(self.signum)}: that step was the last: finishing the final "
-                      f"evaluation first"
-                      + (" (Ctrl-C again to exit at once)" if self.signum == signal.SIGINT
-                         else ""))
+            self._say(self.signum, "that step was the last: finishing the final evaluation "
+                                   "first")
         self.pause_point(phase)
 
     @contextlib.contextmanager
