@@ -259,9 +259,8 @@ def main(argv: list[str] | None = None) -> int:
 def _main(args: argparse.Namespace, stops: StopRequests, run: _Run, started: float) -> int:
     try:
         cfg, given = _config(args)
-        if args.threads != "auto":
-            torch.set_num_threads(args.threads)
-        elif run.world == 1 and resolve_device(run_device(args, cfg, given)).type == "cpu":
+        if args.threads != "auto" or (
+                run.world == 1 and resolve_device(run_device(args, cfg, given)).type == "cpu"):
             _set_threads(args.threads)
         if cfg.is_lm and args.resume is None:  # (before a run directory is named or made)
             if not cfg.data:
@@ -366,8 +365,8 @@ def _restored_threads(threads: int):
 
 
 def _set_threads(flag: int | str) -> None:
-    """``--threads auto`` of a one-process CPU run, before anything is timed (the
-    ``--minutes`` calibration) or run."""
+    """``--threads`` (``auto`` only for a one-process CPU run), before anything is timed
+    (the ``--minutes`` calibration) or run."""
     threads, line = pick(flag, torch.get_num_threads())
     if line is not None:
         print(line, file=sys.stderr)
