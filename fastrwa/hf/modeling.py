@@ -17,7 +17,7 @@ from transformers.utils import ModelOutput
 
 from ..models import ByteLM, LMState, load_pretrained
 from ..models import directory as fmt
-from ..models.pretrained import CONFIG, read_config, run_model_dir, weights_file
+from ..models.storage import CONFIG, read_config, run_model_dir, weights_file
 from ..models.config import BYTE_VOCAB, LMConfig
 from ..models.sampling import check_temperature
 from .configuration import FastRWAConfig

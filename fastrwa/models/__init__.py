@@ -5,10 +5,13 @@
 
 from .baseline import RecurrentLM
 from .config import LMConfig
-from .lm import Block, ByteLM, InferenceCache, LMState
+from .block import Block
+from .cache import InferenceCache, LMState
+from .lm import ByteLM
 from .mingru import MinGRULM
 from .packed import WEIGHT_FORMATS, PackedLM
-from .pretrained import build, load_pretrained, run_model_dir, save_pretrained
+from .pretrained import build, load_pretrained
+from .storage import run_model_dir, save_pretrained
 from .transformer import TransformerLM
 
 __all__ = ["LMConfig", "ByteLM", "Block", "InferenceCache", "LMState", "RecurrentLM",

@@ -10,7 +10,9 @@ from ..nn.functional import ACTIVATIONS, RDA_PRESETS
 from ..kernels.codes import ATTENTIONS
 
 BYTE_VOCAB = 256
-LAYERS = ("rda", "rwa", "lstm", "gru", "transformer", "mingru")
+# The layers of a ByteLM (its blocks' scan layer); the others are the baselines'.
+SCAN_LAYERS = ("rda", "rwa")
+LAYERS = SCAN_LAYERS + ("lstm", "gru", "transformer", "mingru")
 DISCOUNT_INITS = ("paper", "spread")
 # The fields each layer reads beyond those every model reads (vocab_size, d_model, n_layers,
 # layer, tie_embeddings, and context, which a training run sets to its BPTT for every model).

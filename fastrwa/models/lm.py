@@ -5,132 +5,23 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Iterator, NamedTuple, Optional
+from typing import Iterator, Optional
 
 import torch
 from torch import Tensor, nn
 
-from ..checks import check_context_group, check_no_overlap
-from ..nn.checks import check_buffer, check_count, check_input_dtype
+from ..checks import check_context_group
 from ..nn.functional import rms_norm_into
-from ..nn import RDA, RWA, LayerState
 from ..nn.masks import last_kept
 from ..ops.context import CALL_MODEL, agree, fingerprint, refuse_together, same_everywhere
-from ..ops.contract import state_dtype
-from ..state import ScanState
+from .block import Block, longest_timescale  # noqa: F401 (longest_timescale: callers import it here)
+from .cache import InferenceCache, LMState
 from .checks import check_tokens
-from .config import LMConfig
-from .pretrained import load_pretrained, save_pretrained
+from .config import SCAN_LAYERS, LMConfig
+from .graphed import CUDAGraphDecoder
+from .packed import WEIGHT_FORMATS, PackedLM, unsupported_reason
 from .sampling import check_logits, collect, prepare_prompt, sample_fused, sample_loop
-
-
-def longest_timescale(depth: int, n_layers: int) -> float:
-    """``discount_init="spread"``: block ``depth``'s longest memory, 16 tokens in the first
-    block to 1024 in the last (log-spaced)."""
-    return 2.0 ** (4 + 6 * depth / max(1, n_layers - 1))
-
-
-class LMState(NamedTuple):
-    """The model's streaming state: one :class:`fastrwa.nn.LayerState` per block."""
-
-    layers: tuple
-
-
-class Block(nn.Module):
-    """Pre-norm -> scan layer (times ``sigmoid(gate(x))`` with ``output_gate``) -> residual
-    -> pre-norm -> MLP -> residual."""
-
-    def __init__(self, config: LMConfig):
-        super().__init__()
-        d = config.d_model
-        self.norm1 = nn.RMSNorm(d)
-        if config.layer == "rwa":
-            self.mix = RWA(d, d, token_shift=config.token_shift,
-                           learn_initial_state=config.learn_initial_state)
-        else:
-            self.mix = RDA(d, d, attention=config.attention, f_h=config.f_h, f_o=config.f_o,
-                           preset=config.preset, token_shift=config.token_shift,
-                           learn_initial_state=config.learn_initial_state,
-                           discount_groups=config.discount_groups)
-        self.gate = nn.Linear(d, d) if config.output_gate else None
-        self.norm2 = nn.RMSNorm(d)
-        self.mlp = nn.Sequential(nn.Linear(d, config.mlp_ratio * d), nn.GELU(),
-                                 nn.Linear(config.mlp_ratio * d, d))
-
-    def forward(self, x: Tensor, state: Optional[LayerState], mask: Optional[Tensor] = None,
-                context_group=None, cu_seqlens: Optional[Tensor] = None
-                ) -> tuple[Tensor, LayerState]:
-        normed = self.norm1(x)
-        h, state = self.mix(normed, state, mask, context_group=context_group,
-                            cu_seqlens=cu_seqlens)
-        x = x + self._gated(h, normed)
-        return x + self.mlp(self.norm2(x)), state
-
-    def step(self, x: Tensor, state: LayerState) -> tuple[Tensor, LayerState]:
-        normed = self.norm1(x)
-        h, state = self.mix.step(normed, state)
-        x = x + self._gated(h, normed)
-        return x + self.mlp(self.norm2(x)), state
-
-    def _gated(self, h: Tensor, normed: Tensor) -> Tensor:
-        return h if self.gate is None else h * torch.sigmoid(self.gate(normed))
-
-    def step_workspace(self, batch: int, dtype: torch.dtype) -> dict:
-        """Buffers for :meth:`step_` (``batch`` rows of ``dtype``), allocated once per decode."""
-        d, dev = self.norm1.normalized_shape[0], self.mlp[0].weight.device
-        mix = self.mix.step_workspace(batch, dtype)           # (checks batch)
-        new = lambda *shape: torch.empty(*shape, dtype=dtype, device=dev)  # noqa: E731
-        return dict(mix=mix, normed=new(batch, d), h=new(batch, d), gate=new(batch, d),
-                    hidden=new(batch, self.mlp[0].out_features),
-                    rstd=torch.empty(batch, 1, dtype=state_dtype(dtype), device=dev),
-                    wide=torch.empty(batch, d, dtype=state_dtype(dtype), device=dev))
-
-    @torch.no_grad()
-    def step_(self, x: Tensor, state: LayerState, work: dict) -> Tensor:
-        """:meth:`step` in place: the residual stream ``x`` ``(B, d)`` and ``state`` are
-        updated where they lie, and nothing is allocated (CPU). Inference only: it runs
-        without autograd. Every argument is checked before anything is written (``x`` in
-        the block's dtype, ``work`` from :meth:`step_workspace` for ``B`` rows, ``state`` as
-        :meth:`fastrwa.nn.RDA.step_` checks it): a refused call leaves ``x`` and ``state``
-        as they were."""
-        self._check_step_(x, state, work)
-        return self._step_into(x, state, work)
-
-    def _check_step_(self, x: object, state: object, work: object) -> None:
-        d, param = self.norm1.normalized_shape[0], self.mlp[0].weight
-        if not isinstance(x, Tensor) or x.dim() != 2 or x.shape[1] != d:
-            got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
-            raise ValueError(f"x must be a tensor of shape (B, d_model) = (B, {d}), got {got}")
-        check_input_dtype(x, "x", param, "block", autocast=False)
-        B, dtype, dev = x.shape[0], x.dtype, x.device
-        sdt = state_dtype(dtype)
-        buffers = dict(normed=(d, dtype), h=(d, dtype), gate=(d, dtype),
-                       hidden=(self.mlp[0].out_features, dtype), rstd=(1, sdt), wide=(d, sdt))
-        if not isinstance(work, dict) or not {"mix", *buffers} <= work.keys():
-            got = sorted(work) if isinstance(work, dict) else type(work).__name__
-            raise TypeError(f"work must be the dict of step_workspace(B, dtype) for this block "
-                            f"(with {sorted(['mix', *buffers])}), got {got}")
-        for name, (width, buffer_dtype) in buffers.items():
-            check_buffer(work[name], f"work[{name!r}]", (B, width), buffer_dtype, dev)
-        self.mix._check_step_(work["normed"], state, work["h"], work["mix"], "work['mix']")
-        if not torch.compiler.is_compiling():
-            check_no_overlap([("x", x)], [])
-
-    def _step_into(self, x: Tensor, state: LayerState, work: dict) -> Tensor:
-        """The computation of :meth:`step_`, on arguments it has checked."""
-        normed, h = work["normed"], work["h"]
-        rms_norm_into(x, self.norm1, normed, work["rstd"], work["wide"])
-        self.mix._step_into(normed, state, h, work["mix"])
-        if self.gate is not None:
-            torch.addmm(self.gate.bias, normed, self.gate.weight.t(), out=work["gate"])
-            h.mul_(work["gate"].sigmoid_())
-        x.add_(h)
-        rms_norm_into(x, self.norm2, normed, work["rstd"], work["wide"])
-        up, down = self.mlp[0], self.mlp[2]
-        torch.addmm(up.bias, normed, up.weight.t(), out=work["hidden"])
-        torch.ops.aten.gelu_(work["hidden"])
-        torch.addmm(down.bias, work["hidden"], down.weight.t(), out=h)
-        return x.add_(h)
+from .storage import load_weights, read_pretrained, save_pretrained
 
 
 @torch.compiler.disable
@@ -142,118 +33,6 @@ def _check_ids(token: Tensor, vocab_size: int, out: Tensor) -> None:
     if low.item() < 0 or high.item() >= vocab_size:
         raise ValueError(f"token must be ids in [0, {vocab_size}), got values in "
                          f"[{low.item()}, {high.item()}]")
-
-
-class InferenceCache:
-    """Streaming state allocated once and updated in place (in the style of mamba's cache).
-
-    Holds, per block, the scan state ``m, n, d`` ``(B, d_model)`` and the previous token's
-    input ``(B, d_model)``: ``layers * (3 + 1) * B * d_model`` floats, whatever the length.
-    ``load_`` copies a state in (after a prefill), ``reorder_`` permutes the batch (beam
-    search); :meth:`ByteLM.step_` updates it in place. The next prefill can reuse it.
-    """
-
-    def __init__(self, model: "ByteLM", batch: int):
-        check_count(batch, "batch")
-        d, dev = model.config.d_model, model.embed.weight.device
-        dtype = model.embed.weight.dtype
-        sdt = state_dtype(dtype)
-        self.batch, self.device = batch, dev
-        # what the buffers were sized for: ByteLM.step_ and prefill refuse another model's
-        self.layout = model._cache_layout()
-        # One (layers, B, d_model) tensor per quantity (the fused decode step of PackedLM
-        # reads them so); each block's state is a view of its row.
-        L, shift = len(model.blocks), model.config.token_shift
-        scan = [torch.zeros(L, batch, d, dtype=sdt, device=dev) for _ in range(3)]
-        last = torch.zeros(L if shift else 0, batch, d, dtype=dtype, device=dev)
-        self.stacked = (*scan, last)
-        self.scan = [tuple(t[i] for t in scan) for i in range(L)]
-        self.last = [last[i] if shift else None for i in range(L)]
-        # Work buffers of ByteLM.step_ (intermediates, not state): a step allocates nothing.
-        self.work = dict(x=torch.empty(batch, d, dtype=dtype, device=dev),
-                         normed=torch.empty(batch, d, dtype=dtype, device=dev),
-                         rstd=torch.empty(batch, 1, dtype=state_dtype(dtype), device=dev),
-                         wide=torch.empty(batch, d, dtype=state_dtype(dtype), device=dev),
-                         logits=torch.empty(batch, model.config.vocab_size, dtype=dtype,
-                                            device=dev),
-                         token_range=torch.empty(2, dtype=torch.long, device=dev),
-                         blocks=[block.step_workspace(batch, dtype) for block in model.blocks])
-        # A fresh cache holds the state before the first token: each layer's learned prior.
-        self.load_(LMState(tuple(block.mix.initial_state(batch) for block in model.blocks)))
-
-    @property
-    def state(self) -> LMState:
-        """The cached state as an :class:`LMState` of views of the buffers."""
-        return LMState(tuple(LayerState(ScanState(*s), last)
-                             for s, last in zip(self.scan, self.last)))
-
-    @torch.no_grad()
-    def load_(self, state: LMState) -> None:
-        """Copy ``state`` (an :class:`LMState` of this cache's batch and width, e.g. a
-        forward's) into the buffers: its values, not its autograd graph, converted to the
-        buffers' dtype and device. Every tensor is checked before any is copied (a refused
-        state leaves the cache as it was): no broadcasting, no partial load."""
-        if not isinstance(state, LMState) or not isinstance(state.layers, (tuple, list)):
-            raise TypeError(f"state must be a fastrwa.models.LMState (as returned by the "
-                            f"model), got {type(state).__name__}")
-        if len(state.layers) != len(self.scan):
-            raise ValueError(f"state must hold {len(self.scan)} layer states (one per block), "
-                             f"got {len(state.layers)}")
-        for i, (layer, bufs, last) in enumerate(zip(state.layers, self.scan, self.last)):
-            where = f"state.layers[{i}]"
-            if not isinstance(layer, LayerState) or not isinstance(layer.scan, (tuple, list)) \
-                    or len(layer.scan) != 3:
-                raise TypeError(f"{where} must be a fastrwa.nn.LayerState with a ScanState, "
-                                f"got {type(layer).__name__}")
-            named = [(f"{where}.scan.{f}", t, buf)
-                     for f, t, buf in zip(ScanState._fields, layer.scan, bufs)]
-            if last is not None:
-                named.append((f"{where}.last_input", layer.last_input, last))
-            for name, value, buf in named:
-                shape = tuple(buf.shape)
-                if not isinstance(value, Tensor) or tuple(value.shape) != shape:
-                    got = tuple(value.shape) if isinstance(value, Tensor) else value
-                    raise ValueError(f"{name} must have shape {shape} (the cache's batch "
-                                     f"and d_model), got {got!r}")
-                if not value.is_floating_point():
-                    raise TypeError(f"{name} must have a floating dtype, got {value.dtype}")
-        for bufs, last, layer in zip(self.scan, self.last, state.layers):
-            for buf, value in zip(bufs, layer.scan):
-                buf.copy_(value)
-            if last is not None:
-                last.copy_(layer.last_input)
-
-    @torch.no_grad()
-    def reorder_(self, index: Tensor, check: bool = True) -> None:
-        """``buffer <- buffer[index]`` along the batch, in place: ``index`` ``(B,)`` int32 or
-        int64, the cache's row each row is taken from (beam search). ``check=False`` skips the
-        range check of the values (a read back to the host); the others always run, before
-        anything is written."""
-        B = self.batch
-        if not isinstance(index, Tensor):
-            raise TypeError(f"index must be a torch.Tensor of shape (B,) = ({B},), "
-                            f"got {type(index).__name__}")
-        if index.dtype not in (torch.int32, torch.int64):
-            raise TypeError(f"index must hold integer batch positions (int32 or int64), "
-                            f"got {index.dtype}")
-        if tuple(index.shape) != (B,):
-            raise ValueError(f"index must have shape (B,) = ({B},), one source row per row "
-                             f"of the cache, got {tuple(index.shape)}")
-        if index.device != self.device:
-            raise ValueError(f"index must be on the cache's device {self.device}, "
-                             f"got {index.device}")
-        if check and B and not torch.compiler.is_compiling():
-            low, high = (int(v) for v in torch.aminmax(index))
-            if low < 0 or high >= B:
-                raise ValueError(f"index must be in [0, {B}) (rows of the cache), "
-                                 f"got values in [{low}, {high}]")
-        for buf in self.stacked:
-            buf.copy_(buf.index_select(1, index))
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the streaming state (scan states and previous inputs), work buffers aside."""
-        return sum(t.numel() * t.element_size() for t in self.stacked)
 
 
 class ByteLM(nn.Module):
@@ -476,7 +255,6 @@ class ByteLM(nn.Module):
             >>> type(ByteLM(LMConfig(d_model=16, n_layers=1)).decoder("eager")).__name__
             'ByteLM'
         """
-        from .packed import WEIGHT_FORMATS, PackedLM, unsupported_reason
         if isinstance(weights, PackedLM):
             if weights.model is not self:
                 raise ValueError("weights is a PackedLM of another model: pack this one "
@@ -484,7 +262,6 @@ class ByteLM(nn.Module):
             return weights
         if isinstance(weights, str) and weights in ("graph", "auto") \
                 and self.embed.weight.is_cuda:
-            from .graphed import CUDAGraphDecoder
             return CUDAGraphDecoder(self)
         if weights == "graph":
             raise ValueError(f"weights='graph' replays the step from a CUDA graph: the model "
@@ -610,9 +387,11 @@ class ByteLM(nn.Module):
 
     @classmethod
     def load(cls, directory: str | os.PathLike, map_location=None) -> "ByteLM":
-        """Load a model written by :meth:`save_pretrained` (:func:`fastrwa.models.load_pretrained`,
-        which reads tensors only: ``torch.load(weights_only=True)``)."""
-        model = load_pretrained(directory, map_location)
-        if not isinstance(model, cls):
-            raise ValueError(f"{directory} holds a {type(model).__name__}, not a {cls.__name__}")
-        return model
+        """Load a model written by :meth:`save_pretrained`, with the checks of
+        :func:`fastrwa.models.load_pretrained` (which reads tensors only:
+        ``torch.load(weights_only=True)``), in eval mode."""
+        saved = read_pretrained(directory, map_location)
+        if saved.config.layer not in SCAN_LAYERS:
+            raise ValueError(f"{directory} holds a {saved.config.layer!r} model, not a "
+                             f"{cls.__name__}: load it with fastrwa.models.load_pretrained")
+        return load_weights(cls(saved.config), saved)

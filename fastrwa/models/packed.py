@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterator, Optional
+from typing import TYPE_CHECKING, Iterator, Optional
 
 import numpy as np
 import torch
@@ -12,13 +12,22 @@ from ..kernels.codes import (ATTENTION_CODE, DISCOUNT_CODE, OUTPUT_FUNCTION_CODE
 from ..ops import decode_host
 from ..ops.decode_host import WEIGHT_FORMATS, Shapes, Weights, dequantize, quantize
 from ..ops.numba_common import flat
-from .lm import ByteLM, InferenceCache
+from .block import Block
+from .cache import InferenceCache
 from .sampling import check_sampling_args, refuse_logits
+
+if TYPE_CHECKING:
+    from .lm import ByteLM
 
 
 def unsupported_reason(model: object) -> Optional[str]:
     """Why ``model`` cannot be packed, or ``None``."""
-    if not isinstance(model, ByteLM):
+    # (what packing reads: a ByteLM's embedding, blocks, norm and head; this module sits
+    # below ByteLM, which decodes through it)
+    blocks = getattr(model, "blocks", None)
+    if not (isinstance(model, torch.nn.Module) and isinstance(blocks, torch.nn.ModuleList)
+            and all(isinstance(block, Block) for block in blocks)
+            and all(hasattr(model, name) for name in ("embed", "norm", "head", "config"))):
         return f"model must be a fastrwa.models.ByteLM, got {type(model).__name__}"
     weight = model.embed.weight
     if weight.device.type != "cpu":
@@ -60,7 +69,7 @@ class PackedLM:
         torch.Size([1, 6])
     """
 
-    def __init__(self, model: ByteLM, weights: str = "float32"):
+    def __init__(self, model: "ByteLM", weights: str = "float32"):
         problem = unsupported_reason(model)
         if problem:
             raise ValueError(problem)
@@ -121,12 +130,12 @@ class PackedLM:
         """Bytes of weight matrices one step reads: the bound of a step at batch 1."""
         return self._weights.matrix_bytes
 
-    def dequantized(self) -> ByteLM:
+    def dequantized(self) -> "ByteLM":
         """The model as it was packed, with its matrices exactly what this pack multiplies
         by (``q * scale`` for int8, the bfloat16 values in float32): its eager forward is the
         reference of the packed step, and measures the validation loss of the format in
         parallel. A new ``ByteLM`` (float32, CPU), sharing nothing with the model."""
-        model = ByteLM(self.model.config)
+        model = type(self.model)(self.model.config)
         model.load_state_dict(self._snapshot)
         model.train(self.model.training)
         with torch.no_grad():
@@ -156,8 +165,8 @@ class PackedLM:
         """An :class:`InferenceCache` for ``batch`` rows (the model's)."""
         if self.model._cache_layout() != self.layout:
             raise ValueError(f"the model changed since it was packed (now "
-                             f"{ByteLM.describe_layout(self.model._cache_layout())}, packed "
-                             f"{ByteLM.describe_layout(self.layout)}): pack it again")
+                             f"{self.model.describe_layout(self.model._cache_layout())}, packed "
+                             f"{self.model.describe_layout(self.layout)}): pack it again")
         return self.model.allocate_cache(batch)
 
     def _check_cache(self, cache: object) -> InferenceCache:
@@ -167,8 +176,8 @@ class PackedLM:
                             f"packed.allocate_cache(B)), got {type(cache).__name__}")
         if cache.layout != self.layout:
             raise ValueError(f"cache was allocated by a model of another shape, dtype or "
-                             f"device ({ByteLM.describe_layout(cache.layout)}); this pack holds "
-                             f"{ByteLM.describe_layout(self.layout)}: allocate one with "
+                             f"device ({self.model.describe_layout(cache.layout)}); this pack holds "
+                             f"{self.model.describe_layout(self.layout)}: allocate one with "
                              f"packed.allocate_cache(B)")
         return cache
 

@@ -13,7 +13,7 @@ import torch
 
 from ..models import LMState
 from ..models.files import write_atomically
-from ..models.pretrained import check_archive, save_with_crcs
+from ..models.storage import check_archive, save_with_crcs
 from ..nn import CellState, LayerState, RRAState
 from ..state import ScanState
 from .config import RECORDED_ON_RESUME, RESUMABLE_CHANGES, RunConfig
@@ -23,7 +23,12 @@ from .rundir import CHECKPOINT, CONFIG, RunDirError, write_run_config
 from .stop import current
 
 # NamedTuples that a carried recurrent state may contain: allowed by weights-only loading.
-torch.serialization.add_safe_globals([ScanState, LayerState, CellState, RRAState, LMState])
+# Checkpoints written before LMState moved to fastrwa.models.cache name it as it was,
+# fastrwa.models.lm.LMState (a name torch >= 2.6 can allow for the class).
+SAFE_GLOBALS = [ScanState, LayerState, CellState, RRAState, LMState]
+if torch.__version__ >= "2.6":
+    SAFE_GLOBALS.append((LMState, "fastrwa.models.lm.LMState"))
+torch.serialization.add_safe_globals(SAFE_GLOBALS)
 
 
 def save_checkpoint(path: Path, payload: dict) -> None:
