@@ -69,6 +69,25 @@ def decayed_max(m: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
     return (m + lam).masked_fill_(torch.isneginf(lam), float("-inf"))
 
 
+def combine_weights(decayed: torch.Tensor, m_b: torch.Tensor,
+                    exp: Callable[[torch.Tensor], torch.Tensor] = exp_nonpositive_
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The stabilised combine of a state whose decayed log-max is ``decayed`` with what
+    follows it, of log-max ``m_b``: ``(m_new, keep, take)``, with ``m_new = max(decayed,
+    m_b)`` and every value of the combined state ``keep * v + take * x`` (docs/math.md).
+    ``exp`` maps the non-positive exponents in place or not: :func:`exp_nonpositive_` (the
+    scan: no autograd) or ``torch.exp`` (context parallelism, with autograd). The one
+    PyTorch copy of the combine's infinite limits."""
+    m_new = torch.maximum(decayed, m_b)                  # (NaN in, NaN out)
+    # Shift by m_new, or by the lowest finite float where m_new = -inf (nothing seen yet),
+    # so that exp(-inf - shift) = 0 instead of exp(-inf + inf) = NaN. A +inf log-weight
+    # equal to m_new = +inf gets exp(0) = 1 (the limit: it dominates), not exp(inf - inf).
+    shift = torch.clamp(m_new, min=torch.finfo(m_new.dtype).min)
+    keep = exp(torch.sub(decayed, shift).masked_fill_(torch.isposinf(decayed), 0))
+    take = exp(torch.sub(m_b, shift).masked_fill_(torch.isposinf(m_b), 0))
+    return m_new, keep, take
+
+
 def _combine(state: State, decay, m_b, xs_b: Sequence[torch.Tensor], d_b) -> State:
     """``state`` decayed by ``decay`` then followed by a segment ``(m_b, xs_b, d_b)``.
 
@@ -77,13 +96,7 @@ def _combine(state: State, decay, m_b, xs_b: Sequence[torch.Tensor], d_b) -> Sta
     """
     m, vals, d = state
     decayed = m if decay is None else decayed_max(m, decay)
-    m_new = torch.maximum(decayed, m_b)                  # (NaN in, NaN out)
-    # Shift by m_new, or by the lowest finite float where m_new = -inf (nothing seen yet),
-    # so that exp(-inf - shift) = 0 instead of exp(-inf + inf) = NaN. A +inf log-weight
-    # equal to m_new = +inf gets exp(0) = 1 (the limit: it dominates), not exp(inf - inf).
-    shift = torch.clamp(m_new, min=torch.finfo(m_new.dtype).min)
-    keep = exp_nonpositive_(torch.sub(decayed, shift).masked_fill_(torch.isposinf(decayed), 0))
-    take = exp_nonpositive_(torch.sub(m_b, shift).masked_fill_(torch.isposinf(m_b), 0))
+    m_new, keep, take = combine_weights(decayed, m_b)
     for v, x in zip(vals, xs_b):
         v.mul_(keep).addcmul_(x, take)
     if d is not None:

@@ -31,6 +31,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from ..kernels.codes import ATTENTION_CODE, DISCOUNT_CODE
+from .chunked import combine_weights, decayed_max
 from .autograd import weighted_scan_op
 from .contract import ScanArgs, state_dtype
 from .transforms import log_decay
@@ -84,11 +85,7 @@ def combine(state: tuple, lam: Tensor, own: tuple) -> tuple:
     past; an empty state, ``m = -inf``, weighs nothing). Out of place, with autograd."""
     m0, n0, d0 = state
     m1, n1, d1 = own
-    decayed = (m0 + lam).masked_fill(torch.isneginf(lam), float("-inf"))
-    m = torch.maximum(decayed, m1)
-    shift = m.clamp(min=torch.finfo(m.dtype).min)      # (nothing seen: exp(-inf - shift) = 0)
-    keep = torch.exp((decayed - shift).masked_fill(torch.isposinf(decayed), 0.0))
-    take = torch.exp((m1 - shift).masked_fill(torch.isposinf(m1), 0.0))
+    m, keep, take = combine_weights(decayed_max(m0, lam), m1, torch.exp)
     return m, n0 * keep + n1 * take, d0 * keep + d1 * take
 
 
