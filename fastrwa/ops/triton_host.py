@@ -128,22 +128,32 @@ class _Layout:
     chunk_offsets: torch.Tensor | None   # int64 (n_seq,): first chunk of each sequence
     lengths: torch.Tensor | None     # int64 (n_seq,)
 
-    def pointers(self, like: torch.Tensor) -> tuple:
-        """``(cu, chunk_offsets)`` for a launch; an empty tensor where dense."""
-        dummy = like.new_empty(0, dtype=torch.int64)
-        return tuple(dummy if x is None else x for x in (self.cu, self.chunk_offsets))
+    def sequences(self, like: torch.Tensor) -> dict:
+        """The packed sequences' tables a launch reads, by argument name: ``cu_ptr`` (their
+        offsets) and ``co_ptr`` (the first chunk of each); :func:`unused` where dense."""
+        return dict(cu_ptr=unused(like, self.cu), co_ptr=unused(like, self.chunk_offsets))
 
-    def segments(self, cps: int, BT: int, like: torch.Tensor) -> tuple:
-        """``(count, first segment of each sequence, sequence of each segment)`` for segments
-        of ``cps`` chunks (kernels/triton/sequence.py ``segments``: at least one a sequence);
-        the tables are empty tensors where dense."""
-        dummy = like.new_empty(0, dtype=torch.int64)
+    def segments(self, cps: int, BT: int, like: torch.Tensor) -> tuple[int, dict]:
+        """The count of segments of ``cps`` chunks (kernels/triton/sequence.py ``segments``:
+        at least one a sequence) and the tables a launch reads, by argument name: ``so_ptr``
+        (the first segment of each sequence) and ``ss_ptr`` (the sequence of each segment);
+        :func:`unused` where dense."""
         if self.lengths is None:
-            return self.n_seq * max(1, triton.cdiv(triton.cdiv(self.T, BT), cps)), dummy, dummy
+            count = self.n_seq * max(1, triton.cdiv(triton.cdiv(self.T, BT), cps))
+            return count, dict(so_ptr=unused(like), ss_ptr=unused(like))
         per_seq = torch.clamp((self.lengths + BT * cps - 1) // (BT * cps), min=1)
         offsets = torch.cumsum(per_seq, 0) - per_seq
         seq = torch.repeat_interleave(torch.arange(self.n_seq, device=like.device), per_seq)
-        return int(per_seq.sum()), offsets, seq
+        return int(per_seq.sum()), dict(so_ptr=offsets, ss_ptr=seq)
+
+
+def unused(like: torch.Tensor, tensor: torch.Tensor | None = None,
+           dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    """``tensor``, or where it is ``None`` an empty tensor of ``dtype`` on ``like``'s device:
+    what a launch passes for a pointer its constexpr flags never read (a ``PHASE`` or
+    ``IS_VARLEN`` that does not use it). Kept a real pointer, not ``None``, so that every
+    launch compiles the signature the static SASS report counts (``bench/kernels.py``)."""
+    return like.new_empty(0, dtype=dtype) if tensor is None else tensor
 
 
 def _layout(z: torch.Tensor, cu_seqlens: torch.Tensor | None, BT: int) -> _Layout:
@@ -191,43 +201,48 @@ def forward(args: ScanArgs, *, output_final_state: bool, save: bool) -> ForwardR
     lay = _layout(z, cu_seqlens, BT)
     ATTN, DISCOUNT = _codes(attention, discount, g)
     z, a = z.contiguous(), a.contiguous()
-    g = z if g is None else g.contiguous()          # placeholder pointer when DISCOUNT == 0
+    # (without a discount, DISCOUNT == 0: no g is read)
+    g = unused(z, g.contiguous() if g is not None else None, z.dtype)
     y = empty_like(z)
     f32 = state_dtype(z.dtype)
-    h0 = torch.stack(init).contiguous() if init is not None else z.new_empty(0, dtype=f32)
+    h0 = unused(z, torch.stack(init).contiguous() if init is not None else None, f32)
     need_final = output_final_state or save_for_backward or (T == 1 and cu_seqlens is None)
-    ht = empty((3, lay.n_seq, D), f32, z.device) if need_final else h0
+    ht = empty((3, lay.n_seq, D), f32, z.device) if need_final else unused(z, dtype=f32)
     hc = empty((3, lay.rows, D), f32, z.device)
-    cu, co = lay.pointers(z)
     algorithm = choose_algorithm(lay.n_seq, D, lay.max_len, opts, z.device)
-    flags = dict(D=D, IS_VARLEN=cu_seqlens is not None, BT=BT, BD=BD)
     launch = _launch(opts.warps, opts.stages)
+    flags = dict(D=D, IS_VARLEN=cu_seqlens is not None, BT=BT, BD=BD, **launch)
     n_d = triton.cdiv(D, BD)
-    scan = dict(ATTN=ATTN, DISCOUNT=DISCOUNT, REVERSE=reverse, SAVE_CHUNKS=save_for_backward,
-                **launch, **flags)
+    tensors = dict(z_ptr=z, a_ptr=a, g_ptr=g, y_ptr=y, h0_ptr=h0, ht_ptr=ht, hc_ptr=hc,
+                   **lay.sequences(z))
+    scan = dict(tensors, ATTN=ATTN, DISCOUNT=DISCOUNT, REVERSE=reverse,
+                SAVE_CHUNKS=save_for_backward, **flags)
     if T == 1 and cu_seqlens is None and not save_for_backward:
         # Streaming inference: one fused step launch.
-        step.step_kernel[(B, n_d)](z, a, g, y, h0, ht, B, D=D, ATTN=ATTN, DISCOUNT=DISCOUNT,
+        step.step_kernel[(B, n_d)](z_ptr=z, a_ptr=a, g_ptr=g, y_ptr=y, h0_ptr=h0, ht_ptr=ht,
+                                   NS=B, D=D, ATTN=ATTN, DISCOUNT=DISCOUNT,
                                    HAS_INIT=init is not None, BD=BD, **launch)
     elif algorithm == "looped":
         scan_fwd.fwd_kernel[(lay.n_seq, n_d)](
-            z, a, g, y, h0, ht, hc, h0, cu, co, co, co, lay.T, 1, lay.n_seq, lay.rows,
-            lay.n_seq, PHASE=ONE_PASS, HAS_INIT=init is not None, STORE_FINAL=need_final, **scan)
+            **scan, s_ptr=unused(z, dtype=f32), so_ptr=unused(z), ss_ptr=unused(z), T=lay.T,
+            CPS=1, NS=lay.n_seq, NCT=lay.rows, NSEG=lay.n_seq, PHASE=ONE_PASS,
+            HAS_INIT=init is not None, STORE_FINAL=need_final)
     else:
         cps = segment_chunks(lay.n_seq, D, lay.max_len, opts, z.device)
-        n_seg, so, ss = lay.segments(cps, BT, z)
+        n_seg, segs = lay.segments(cps, BT, z)
         summary = empty((4, n_seg, D), f32, z.device)      # (m, n~, d~, G) of every segment
         incoming = empty((3, n_seg, D), f32, z.device)     # the state entering every segment
-        sizes = (lay.T, cps, lay.n_seq, lay.rows, n_seg)
+        sizes = dict(T=lay.T, CPS=cps, NS=lay.n_seq, NSEG=n_seg)
         scan_fwd.fwd_kernel[(n_seg, n_d)](
-            z, a, g, y, h0, ht, hc, summary, cu, co, so, ss, *sizes, PHASE=SUMMARY,
-            HAS_INIT=False, STORE_FINAL=False, **scan)
+            **scan, **segs, **sizes, s_ptr=summary, NCT=lay.rows, PHASE=SUMMARY,
+            HAS_INIT=False, STORE_FINAL=False)
         scan_fwd.fwd_carry_kernel[(lay.n_seq, n_d)](
-            summary, incoming, h0, ht, cu, co, so, lay.T, cps, lay.n_seq, n_seg,
-            HAS_INIT=init is not None, STORE_FINAL=need_final, **launch, **flags)
+            s_ptr=summary, hs_ptr=incoming, h0_ptr=h0, ht_ptr=ht, **lay.sequences(z),
+            so_ptr=segs["so_ptr"], **sizes, HAS_INIT=init is not None,
+            STORE_FINAL=need_final, **flags)
         scan_fwd.fwd_kernel[(n_seg, n_d)](
-            z, a, g, y, h0, ht, hc, incoming, cu, co, so, ss, *sizes, PHASE=OUTPUT,
-            HAS_INIT=False, STORE_FINAL=False, **scan)
+            **scan, **segs, **sizes, s_ptr=incoming, NCT=lay.rows, PHASE=OUTPUT,
+            HAS_INIT=False, STORE_FINAL=False)
     final = tuple(x.clone() for x in ht.unbind(0)) if output_final_state else None
     saved = [hc] if save_for_backward else []
     return ForwardResult(y, final, saved)
@@ -271,45 +286,47 @@ def backward(args: ScanArgs, saved: list, m_final, gy, g_final) -> Gradients:
     ATTN, DISCOUNT = _codes(attention, discount, g)
     has_g = g is not None
     z, a = z.contiguous(), a.contiguous()
-    g = z if g is None else g.contiguous()
+    g = unused(z, g.contiguous() if has_g else None, z.dtype)   # (DISCOUNT == 0: not read)
     gy = torch.zeros_like(z) if gy is None else gy.contiguous()
     f32 = hc.dtype
     gz, ga = empty_like(z), empty_like(a)
-    gg = empty_like(g) if has_g else gz
-    h0 = torch.stack(init).contiguous() if init is not None else z.new_empty(0, dtype=f32)
+    gg = empty_like(g) if has_g else unused(z, dtype=z.dtype)
+    h0 = unused(z, torch.stack(init).contiguous() if init is not None else None, f32)
     dh0 = empty_like(h0)
     has_final_grad = g_final is not None and any(x is not None for x in g_final)
     if has_final_grad:      # (3, N, D): row 0 (m) unused, then the gradients of n~ and d~
         zeros = torch.zeros((lay.n_seq, D), dtype=f32, device=z.device)
         dht = torch.stack([zeros] + [zeros if x is None else x for x in g_final]).contiguous()
     else:
-        dht = h0
-    cu, co = lay.pointers(z)
+        dht = unused(z, dtype=f32)
     algorithm = choose_algorithm(lay.n_seq, D, lay.max_len, opts, z.device)
-    flags = dict(D=D, IS_VARLEN=cu_seqlens is not None, BT=BT, BD=BD)
     launch = _launch(opts.warps_backward, opts.stages)
+    flags = dict(D=D, IS_VARLEN=cu_seqlens is not None, BT=BT, BD=BD, **launch)
     n_d = triton.cdiv(D, BD)
-    scan = dict(ATTN=ATTN, DISCOUNT=DISCOUNT, REVERSE=reverse,
-                LOOKAHEAD=backward_lookahead(ATTN, opts), **launch, **flags)
-    grads = (z, a, g, gy, gz, ga, gg, h0, dh0, dht, hc)
+    scan = dict(z_ptr=z, a_ptr=a, g_ptr=g, gy_ptr=gy, gz_ptr=gz, ga_ptr=ga, gg_ptr=gg,
+                h0_ptr=h0, dh0_ptr=dh0, dht_ptr=dht, hc_ptr=hc, **lay.sequences(z),
+                ATTN=ATTN, DISCOUNT=DISCOUNT, REVERSE=reverse,
+                LOOKAHEAD=backward_lookahead(ATTN, opts), **flags)
     if algorithm == "looped":
         scan_bwd.bwd_kernel[(lay.n_seq, n_d)](
-            *grads, h0, cu, co, co, co, lay.T, 1, lay.n_seq, lay.rows, lay.n_seq,
-            PHASE=ONE_PASS, HAS_INIT=init is not None, HAS_FINAL_GRAD=has_final_grad, **scan)
+            **scan, s_ptr=unused(z, dtype=f32), so_ptr=unused(z), ss_ptr=unused(z), T=lay.T,
+            CPS=1, NS=lay.n_seq, NCT=lay.rows, NSEG=lay.n_seq, PHASE=ONE_PASS,
+            HAS_INIT=init is not None, HAS_FINAL_GRAD=has_final_grad)
     else:
         cps = segment_chunks(lay.n_seq, D, lay.max_len, opts, z.device)
-        n_seg, so, ss = lay.segments(cps, BT, z)
+        n_seg, segs = lay.segments(cps, BT, z)
         summary = empty((3, n_seg, D), f32, z.device)      # (K, W, V) of every segment
         entering = empty((2, n_seg, D), f32, z.device)     # (W, V) entering every segment
-        sizes = (lay.T, cps, lay.n_seq, lay.rows, n_seg)
+        sizes = dict(T=lay.T, CPS=cps, NS=lay.n_seq, NSEG=n_seg)
         scan_bwd.bwd_kernel[(n_seg, n_d)](
-            *grads, summary, cu, co, so, ss, *sizes, PHASE=SUMMARY, HAS_INIT=False,
-            HAS_FINAL_GRAD=False, **scan)
+            **scan, **segs, **sizes, s_ptr=summary, NCT=lay.rows, PHASE=SUMMARY,
+            HAS_INIT=False, HAS_FINAL_GRAD=False)
         scan_bwd.bwd_carry_kernel[(lay.n_seq, n_d)](
-            summary, entering, h0, dh0, dht, cu, co, so, lay.T, cps, lay.n_seq, n_seg,
-            HAS_INIT=init is not None, HAS_FINAL_GRAD=has_final_grad, **launch, **flags)
+            s_ptr=summary, ac_ptr=entering, h0_ptr=h0, dh0_ptr=dh0, dht_ptr=dht,
+            **lay.sequences(z), so_ptr=segs["so_ptr"], **sizes, HAS_INIT=init is not None,
+            HAS_FINAL_GRAD=has_final_grad, **flags)
         scan_bwd.bwd_kernel[(n_seg, n_d)](
-            *grads, entering, cu, co, so, ss, *sizes, PHASE=OUTPUT, HAS_INIT=False,
-            HAS_FINAL_GRAD=False, **scan)
+            **scan, **segs, **sizes, s_ptr=entering, NCT=lay.rows, PHASE=OUTPUT,
+            HAS_INIT=False, HAS_FINAL_GRAD=False)
     g_init = tuple(x.clone() for x in dh0.unbind(0)) if init is not None else None
     return Gradients(gz, ga, (gg if has_g else None), g_init)
