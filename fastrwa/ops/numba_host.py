@@ -25,6 +25,7 @@ import collections
 import dataclasses
 import functools
 import threading
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -128,7 +129,8 @@ def _state(init, n_seq, D, cdt):
 
 
 def _launch(kernel, work: np.ndarray, n_blk: int, D: int, args: tuple) -> None:
-    """``kernel(claim, order, *args)`` over all tasks ``[0, len(work) * n_blk)`` (``work``:
+    """``kernel(claim, order, *args)`` (``args``: a :class:`ForwardLaunch` or
+    :class:`BackwardLaunch`) over all tasks ``[0, len(work) * n_blk)`` (``work``:
     steps per sequence; each sequence has ``n_blk`` tasks): on this thread for small calls,
     else on this thread and ``threads() - 1`` threads of the pool at once, each taking the
     next task of ``order`` (the longest first) from the counter ``claim`` until none is left,
@@ -150,14 +152,92 @@ def _launch(kernel, work: np.ndarray, n_blk: int, D: int, args: tuple) -> None:
             future.result()
 
 
-def _index(z, a, g, sequences) -> tuple:
-    """The kernels' index arguments: row strides, then per sequence its batch row, first and
-    last step, first chunk-state row."""
-    return (_row_strides(z, a, g), *sequences)
+class _Common(NamedTuple):
+    """What both scan kernels take after their data: the index arrays (per sequence its
+    batch row, first and last step, first chunk-state row), the sizes and the variant."""
+
+    strides: np.ndarray         # (6,) int64: the B and T element strides of z, a, g
+    seq_b: np.ndarray           # (N,) int64
+    seq_lo: np.ndarray          # (N,) int64
+    seq_hi: np.ndarray          # (N,) int64
+    ck_off: np.ndarray          # (N,) int64
+    T: int
+    D: int
+    chunk: int
+    block: int
+    attention: int              # ATTENTION_CODE
+    discount: int               # DISCOUNT_CODE
+    reverse: bool
 
 
-def _codes(args: ScanArgs) -> tuple:
-    return ATTENTION_CODE[args.attention], DISCOUNT_CODE[args.discount], args.reverse
+def _common(args: ScanArgs, z, a, g, layout, T: int, D: int, chunk: int, block: int) -> dict:
+    seq_b, lo, hi, ck_off, _ = layout
+    return _Common(_row_strides(z, a, g), seq_b, lo, hi, ck_off, T, D, chunk, block,
+                   ATTENTION_CODE[args.attention], DISCOUNT_CODE[args.discount],
+                   args.reverse)._asdict()
+
+
+class ForwardLaunch(NamedTuple):
+    """The arguments of ``kernels/cpu/scan_fwd.forward`` after ``(claim, tasks)``, named,
+    in its order (tests/backends/numba checks the names against the kernel's): built by
+    name, passed by position (a compiled kernel's call takes positions)."""
+
+    z: np.ndarray
+    a: np.ndarray
+    g: np.ndarray               # (a where there is no g: never read then)
+    y: np.ndarray
+    state0: np.ndarray
+    final: np.ndarray
+    ck: np.ndarray
+    consts: np.ndarray
+    strides: np.ndarray
+    seq_b: np.ndarray
+    seq_lo: np.ndarray
+    seq_hi: np.ndarray
+    ck_off: np.ndarray
+    T: int
+    D: int
+    chunk: int
+    block: int
+    attention: int
+    discount: int
+    reverse: bool
+    has_init: bool
+    save: bool
+    ahead: int
+
+
+class BackwardLaunch(NamedTuple):
+    """The arguments of ``kernels/cpu/scan_bwd.backward`` after ``(claim, tasks)``, as
+    :class:`ForwardLaunch` is the forward's."""
+
+    z: np.ndarray
+    a: np.ndarray
+    g: np.ndarray               # (a where there is no g: never read then)
+    gy: np.ndarray
+    gz: np.ndarray
+    ga: np.ndarray
+    gg: np.ndarray              # (ga where there is no g: never written then)
+    state0: np.ndarray
+    g_final: np.ndarray
+    g_init: np.ndarray
+    ck: np.ndarray
+    consts: np.ndarray
+    strides: np.ndarray
+    seq_b: np.ndarray
+    seq_lo: np.ndarray
+    seq_hi: np.ndarray
+    ck_off: np.ndarray
+    T: int
+    D: int
+    chunk: int
+    block: int
+    attention: int
+    discount: int
+    reverse: bool
+    has_init: bool
+    has_g_final: bool
+    ahead: int
 
 
 def forward(args: ScanArgs, *, output_final_state: bool, save: bool) -> ForwardResult:
@@ -171,7 +251,8 @@ def forward(args: ScanArgs, *, output_final_state: bool, save: bool) -> ForwardR
     B, T, D = z.shape
     cdt = state_dtype(dtype)
     chunk = options().chunk
-    seq_b, lo, hi, ck_off, n_ck = _layout(z, cu_seqlens, chunk)
+    layout = _layout(z, cu_seqlens, chunk)
+    seq_b, lo, hi, _, _ = layout
     n_seq = len(seq_b)
     state0, has_init = _state(init, n_seq, D, cdt)
     y = _empty(z.shape, z.dtype, z.device)
@@ -180,11 +261,10 @@ def forward(args: ScanArgs, *, output_final_state: bool, save: bool) -> ForwardR
                      dtype=cdt)
     block = _block(n_seq, D)
     g_in = a if g is None else g        # any array of the data type where there is no g
-    _launch(forward_kernel, hi - lo, -(-D // block), D, (
-        flat(z), flat(a), flat(g_in), flat(y),
-        flat(state0), flat(final), flat(ck), kernel_consts(cdt),
-        *_index(z, a, g_in, (seq_b, lo, hi, ck_off)),
-        T, D, chunk, block, *_codes(args), has_init, save, _ahead(z, a, g)))
+    _launch(forward_kernel, hi - lo, -(-D // block), D, ForwardLaunch(
+        z=flat(z), a=flat(a), g=flat(g_in), y=flat(y), state0=flat(state0), final=flat(final),
+        ck=flat(ck), consts=kernel_consts(cdt), has_init=has_init, save=save,
+        ahead=_ahead(z, a, g), **_common(args, z, a, g_in, layout, T, D, chunk, block)))
     # separate tensors: a custom op's outputs may not alias one another
     out_final = tuple(x.clone() for x in final.unbind(0)) if output_final_state else None
     saved = [ck, torch.tensor([chunk], dtype=torch.int64)] if save else []
@@ -213,7 +293,8 @@ def backward(args: ScanArgs, saved: list, m_final, gy, g_final) -> Gradients:
     gy = torch.zeros_like(z) if gy is None else gy.to(z.dtype).contiguous()
     cdt = state_dtype(dtypes[0])
     ck, chunk = saved[0].contiguous(), int(saved[1].item())
-    seq_b, lo, hi, ck_off, _ = _layout(z, cu_seqlens, chunk)
+    layout = _layout(z, cu_seqlens, chunk)
+    seq_b, lo, hi, _, _ = layout
     n_seq = len(seq_b)
     state0, has_init = _state(init, n_seq, D, cdt)
     gn, gd = (None, None) if g_final is None else g_final
@@ -228,12 +309,12 @@ def backward(args: ScanArgs, saved: list, m_final, gy, g_final) -> Gradients:
     g_init = torch.zeros((3, n_seq, D), dtype=cdt)
     block = _block(n_seq, D)
     g_in = a if g is None else g
-    _launch(backward_kernel, hi - lo, -(-D // block), D, (
-        flat(z), flat(a), flat(g_in), flat(gy), flat(gz), flat(ga),
-        flat(ga if gg is None else gg),
-        flat(state0), flat(g_fin), flat(g_init), flat(ck), kernel_consts(cdt),
-        *_index(z, a, g_in, (seq_b, lo, hi, ck_off)),
-        T, D, chunk, block, *_codes(args), has_init, has_g_final, _ahead(z, a, g)))
+    _launch(backward_kernel, hi - lo, -(-D // block), D, BackwardLaunch(
+        z=flat(z), a=flat(a), g=flat(g_in), gy=flat(gy), gz=flat(gz), ga=flat(ga),
+        gg=flat(ga if gg is None else gg), state0=flat(state0), g_final=flat(g_fin),
+        g_init=flat(g_init), ck=flat(ck), consts=kernel_consts(cdt), has_init=has_init,
+        has_g_final=has_g_final, ahead=_ahead(z, a, g),
+        **_common(args, z, a, g_in, layout, T, D, chunk, block)))
     gz, ga = gz.to(dtypes[0]), ga.to(dtypes[1])
     gg = None if gg is None else gg.to(dtypes[2])
     return Gradients(gz, ga, gg,
