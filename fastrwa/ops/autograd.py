@@ -27,7 +27,17 @@ from .contract import ScanArgs, state_dtype
 _NONE = "none"   # the op schema has no Optional[str]: "none" stands for no discount
 
 
+def _op_inputs(args: ScanArgs) -> tuple:
+    """``args`` as the ops' leading schema arguments ``(z, a, g, m0, n0, d0, cu_seqlens,
+    attention, discount, reverse)``: the one place a call is flattened (an op's schema
+    takes tensors, strings and flags); :func:`_args` rebuilds it inside the op."""
+    m0, n0, d0 = (None, None, None) if args.initial_state is None else args.initial_state
+    return (args.z, args.a, args.g, m0, n0, d0, args.cu_seqlens, args.attention,
+            _NONE if args.discount is None else args.discount, args.reverse)
+
+
 def _args(z, a, g, m0, n0, d0, cu_seqlens, attention, discount, reverse) -> ScanArgs:
+    """The inverse of :func:`_op_inputs`."""
     return ScanArgs(z, a, g, attention, None if discount == _NONE else discount,
                     None if m0 is None else (m0, n0, d0), reverse, cu_seqlens)
 
@@ -53,7 +63,7 @@ def check_offsets(cu_seqlens: Optional[Tensor], T: int) -> None:
 # these calls dispatch to the implementation directly. Schemas and the pt2-compliant tag
 # as custom_op gives them. What custom_op also checked at run time, that no output aliases
 # an input or another output, is the implementations' contract, checked by
-# torch.library.opcheck in tests/test_compile.py; fastrwa::step_ mutates its state in place
+# torch.library.opcheck in tests/op/test_compile.py; fastrwa::step_ mutates its state in place
 # without bumping version counters (called directly; the layers call its implementation).
 _PT2 = (torch.Tag.pt2_compliant_tag,)
 torch.library.define(
@@ -174,19 +184,16 @@ NO_FUNCTORCH = (
 def weighted_scan_op(args: ScanArgs, backend: str) -> tuple[Tensor, tuple]:
     """Run the op on validated ``args`` on ``backend``; ``(y, (m, n, d))``. Saves for the
     backward only when a gradient can flow."""
-    z, a, g, attention, discount, state, reverse, cu_seqlens = args
     if torch._C._are_functorch_transforms_active():
         raise RuntimeError(NO_FUNCTORCH)
-    m0, n0, d0 = (None, None, None) if state is None else state
-    save = torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in (z, a, g, m0, n0, d0))
+    inputs = (args.z, args.a, args.g, *(args.initial_state or ()))
+    save = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs)
     if not save and not torch.compiler.is_compiling():
         # Inference in eager mode: the same backend call the op makes, without the custom-op
         # dispatch (tens of microseconds, a quarter of a B=1, T=1K call).
         y, final, _ = dispatch.load(backend).forward(args, output_final_state=True, save=False)
         return y, final
-    y, m, n, d, _ = scan_op(z, a, g, m0, n0, d0, cu_seqlens, attention,
-                            _NONE if discount is None else discount, reverse, save, backend)
+    y, m, n, d, _ = scan_op(*_op_inputs(args), save, backend)
     return y, (m, n, d)
 
 
