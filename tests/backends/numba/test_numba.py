@@ -562,3 +562,20 @@ def test_a_forked_child_runs_after_the_parent_used_the_pool():
         return [bool(torch.equal(x, want)) for x, want in zip(fastrwa_outputs(z, a, g), y)]
 
     assert in_forked_child(child) == [True] * 4, "the child's results differ from the parent's"
+
+
+@pytest.mark.parametrize("plan,kernel", [("ForwardLaunch", "scan_fwd.forward"),
+                                         ("BackwardLaunch", "scan_bwd.backward")])
+def test_a_launch_names_the_kernels_arguments_in_their_order(plan, kernel):
+    # The launcher builds a kernel's arguments by name and passes them by position: the
+    # names and their order must be the kernel's (after the task counter and order).
+    import importlib
+    import inspect
+
+    from fastrwa.ops import numba_host
+
+    module, name = kernel.split(".")
+    compiled = getattr(importlib.import_module(f"fastrwa.kernels.cpu.{module}"), name)
+    wanted = list(inspect.signature(compiled.py_func).parameters)
+    assert wanted[:2] == ["claim", "tasks"]
+    assert list(getattr(numba_host, plan)._fields) == wanted[2:]
