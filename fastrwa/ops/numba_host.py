@@ -178,7 +178,7 @@ def _common(args: ScanArgs, z, a, g, layout, T: int, D: int, chunk: int, block: 
 
 
 class ForwardLaunch(NamedTuple):
-    """The arguments of ``kernels/cpu/scan_fwd.forward`` after ``(claim, tasks)``, named,
+    """The arguments of ``forward`` of ``kernels/cpu/scan_fwd.py`` after ``(claim, tasks)``, named,
     in its order (tests/backends/numba checks the names against the kernel's): built by
     name, passed by position (a compiled kernel's call takes positions)."""
 
@@ -208,7 +208,7 @@ class ForwardLaunch(NamedTuple):
 
 
 class BackwardLaunch(NamedTuple):
-    """The arguments of ``kernels/cpu/scan_bwd.backward`` after ``(claim, tasks)``, as
+    """The arguments of ``backward`` of ``kernels/cpu/scan_bwd.py`` after ``(claim, tasks)``, as
     :class:`ForwardLaunch` is the forward's."""
 
     z: np.ndarray
