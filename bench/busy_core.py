@@ -2,8 +2,8 @@
 an idle machine and beside a busy loop that holds one core, with the thread settings a user
 can choose (issue: the first hour on a shared machine; results in docs/training.md).
 
-    python bench/busy_core.py                       # both models, every setting (~4 minutes)
-    python bench/busy_core.py --seconds 2 --quick   # a check that it runs
+    python -m bench.busy_core                       # both models, every setting (~4 minutes)
+    python -m bench.busy_core --seconds 2 --quick   # a check that it runs
 
 Each setting runs in a fresh process (``OMP_WAIT_POLICY`` is read when PyTorch's OpenMP
 starts), timing whole training steps (forward, cross-entropy, backward, clipping, AdamW) on
@@ -19,13 +19,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import pathlib
 import subprocess
 import sys
 import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from cli import add_out, check_out, positive_float, positive_int  # noqa: E402  (bench/cli.py)
+from bench.cli import add_out, check_out, positive_float, positive_int
 
 # (name, busy loop on the other core, torch threads, extra environment)
 # (SCAN_THREADS=1: fastrwa's scans on the calling thread alone, PyTorch's ops on 2: what of

@@ -1,4 +1,4 @@
-"""Context parallelism on this machine: ``python bench/context_parallel.py``.
+"""Context parallelism on this machine: ``python -m bench.context_parallel``.
 
 Two measurements, each process a fresh one (gloo over local TCP, CPU tensors):
 
@@ -34,9 +34,7 @@ import sys
 import tempfile
 import time
 
-from cli import add_out, check_out, int_at_least  # (bench/cli.py, beside this file)
-
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+from bench.cli import ROOT, add_out, check_out, int_at_least
 
 
 def _peak_rss_mib() -> float:
@@ -115,13 +113,13 @@ def worker(mode: str, rank: int, world: int, store: str, T: int, D: int) -> dict
 
 
 def launch(mode: str, world: int, threads: int, T: int, D: int) -> list[dict]:
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "NUMBA_NUM_THREADS": str(threads),
-           "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "NUMBA_NUM_THREADS": str(threads)}
     with tempfile.TemporaryDirectory() as tmp:
         store = str(pathlib.Path(tmp) / "store")
-        procs = [subprocess.Popen([sys.executable, __file__, "--worker", mode, str(rank),
-                                   str(world), store, str(T), str(D)], env=env,
-                                  stdout=subprocess.PIPE, text=True) for rank in range(world)]
+        procs = [subprocess.Popen([sys.executable, "-m", "bench.context_parallel", "--worker",
+                                   mode, str(rank), str(world), store, str(T), str(D)], env=env,
+                                  cwd=ROOT, stdout=subprocess.PIPE, text=True)
+                 for rank in range(world)]
         outs = [p.communicate()[0] for p in procs]
     if any(p.returncode for p in procs):
         raise RuntimeError(f"{mode} T={T} world={world}: a worker failed")

@@ -1,4 +1,4 @@
-"""Where the CPU forward's time goes: ``python bench/cpu_cycles.py``.
+"""Where the CPU forward's time goes: ``python -m bench.cpu_cycles``.
 
 The numba backend's forward of ``rwa_scan``, ``weighted_scan`` (a log decay), ``rda_scan``
 (exp and sigmoid attention) and, for scale, ``torch.addcmul`` (three inputs read, one output
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import pathlib
 import statistics
 import sys
 import time
@@ -24,12 +23,9 @@ import time
 import torch
 import torch.nn.functional as F
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-import fastrwa  # noqa: E402
-from cli import add_out, check_out, positive_int, shapes  # noqa: E402  (bench/cli.py)
-from common import seconds  # noqa: E402  (bench/common.py, beside this file)
+import fastrwa
+from bench.cli import add_out, check_out, positive_int, shapes
+from bench.common import seconds
 
 SIZES = ("in cache", "out of cache")
 

@@ -1,4 +1,4 @@
-"""The CPU op against its fair limit: ``python bench/cpu_fair.py``.
+"""The CPU op against its fair limit: ``python -m bench.cpu_fair``.
 
 ``rda_scan`` (exp attention) and ``rwa_scan`` on the numba backend, float32, ``B x T x D`` =
 16 x 4096 x 256 by default, against PyTorch elementwise ops that read the same inputs and
@@ -34,19 +34,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import pathlib
 import statistics
 import sys
 import time
 
 import torch
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-import fastrwa  # noqa: E402
-from cli import add_out, check_out, positive_int, shape  # noqa: E402  (bench/cli.py)
-from common import seconds  # noqa: E402  (bench/common.py, beside this file)
+import fastrwa
+from bench.cli import add_out, check_out, positive_int, shape
+from bench.common import seconds
 
 
 def cells(op: str, B: int, T: int, D: int) -> dict:

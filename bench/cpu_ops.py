@@ -1,4 +1,5 @@
-"""The sections of ``bench/run.py``; each takes the run's config and returns JSON-able rows."""
+"""The CPU run's sections (``python -m bench.ops --device cpu``, bench/ops.py): each takes the
+run's config and returns JSON-able rows."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import statistics
 import torch
 
 import fastrwa
-from common import (DTYPES, OPS, forward_backward_fn, forward_fn, inputs,
-                    interleaved, median_seconds, min_bytes, seconds)
+from bench.common import (DTYPES, OPS, forward_backward_fn, forward_fn, inputs,
+                          interleaved, median_seconds, min_bytes, seconds)
 from fastrwa.testing import NewStorageCounter, storages
 from fastrwa.models import ByteLM, LMConfig
 

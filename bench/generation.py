@@ -1,4 +1,4 @@
-"""Streaming generation of the byte LM against the machine's limit: ``python bench/generation.py``
+"""Streaming generation of the byte LM against the machine's limit: ``python -m bench.generation``
 (``--model large``: a ByteLM of 107M parameters, 429 MB of float32 weights, whose every step
 reads DRAM, not the cache).
 
@@ -42,20 +42,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import pathlib
 import subprocess
 import sys
 import time
 
 import torch
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from cli import (add_out, check_out, choices_list, int_at_least, int_list,  # noqa: E402
-                 nonnegative_int, positive_int, smaller)
-from fastrwa.models import WEIGHT_FORMATS, ByteLM, LMConfig, PackedLM  # noqa: E402
-from fastrwa.train.config import parse_lm_field  # noqa: E402
+from bench.cli import (ROOT, add_out, check_out, choices_list, int_at_least, int_list,
+                       nonnegative_int, positive_int, smaller)
+from fastrwa.models import WEIGHT_FORMATS, ByteLM, LMConfig, PackedLM
+from fastrwa.train.config import parse_lm_field
 
 
 # --model: the sizes, and for the large one a run that fits minutes (a step reads 429 MB)

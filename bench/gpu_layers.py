@@ -14,8 +14,8 @@ import torch
 
 import fastrwa
 from fastrwa.models import ByteLM, LMConfig
-from gpu_ops import bench_ms
-from gpu_report import row
+from bench.gpu_ops import bench_ms
+from bench.gpu_report import row
 
 LAYER_SHAPE = (16, 4096, 1024)
 

@@ -1,6 +1,6 @@
 """A small run of every Triton launch path, for ``compute-sanitizer --tool memcheck``.
 
-    compute-sanitizer --tool memcheck --error-exitcode 1 python bench/gpu_memcheck.py
+    compute-sanitizer --tool memcheck --error-exitcode 1 python -m bench.gpu_memcheck
 
 Forward and backward of rwa_scan and rda_scan (every attention), both forward algorithms,
 reversed, with initial and final states, packed sequences (varlen), and the step kernel, at

@@ -3,7 +3,7 @@ backward at 16 x 4096 x 1024 float32, at the launcher's defaults, twice: the fir
 compiles and warms up (ncu skips its two launches), the second is profiled.
 
     ncu -k "regex:fwd_kernel|bwd_kernel" --launch-skip 2 --launch-count 2 ... \\
-        python3 bench/gpu_ncu.py
+        python3 -m bench.gpu_ncu
 """
 
 from __future__ import annotations

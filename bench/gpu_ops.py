@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 
 import fastrwa
-from common import OPS, min_bytes
-from gpu_report import row
+from bench.common import OPS, min_bytes
+from bench.gpu_report import row
 
 # The target shapes first (a run cut short keeps the shapes it finished), then a
 # B x D too small to fill the card.

@@ -1,4 +1,5 @@
-"""The GPU run's report: its rows, the JSON file, the plot and the short table.
+"""The GPU runs' report (``bench/ops.py --device cuda``, bench/gpu_sweep.py): its rows, the JSON
+file, the plot and the short table, and the loop over sections that writes it.
 
 JSON shape (read by tools; checked by :func:`validate`)::
 
@@ -13,7 +14,7 @@ Extra keys are allowed beside these (the run adds "sweep", "crossover", "streami
 
 The run is split over several device calls (bench/gpu_run.sh); their reports are joined with
 
-    python bench/gpu_report.py merge A.json B.json ... [--training lm.json] --out DIR [--record]
+    python -m bench.gpu_report merge A.json B.json ... [--training lm.json] --out DIR [--record]
 
 (``--out``: by default ``bench-results/gpu``, which git ignores; a folder under bench/results
 only with ``--record``.)
@@ -26,9 +27,10 @@ import json
 import math
 import os
 import sys
+import time
 from typing import Any, Iterable
 
-from cli import add_out, check_out, existing_file  # (bench/cli.py, beside this file)
+from bench.cli import add_out, check_out, existing_file
 
 WHATS = ("op", "layer", "peer")
 PASSES = ("fwd", "fwd+bwd")
@@ -170,6 +172,63 @@ def merge(reports: list[dict]) -> dict:
     return out
 
 
+def empty_report(device: str, torch_version: str, triton_version: str) -> dict:
+    return dict(device=device, torch=torch_version, triton=triton_version, rows=[],
+                lstm_ratio=None, started=time.strftime("%Y-%m-%d %H:%M:%S"))
+
+
+def log(entry: dict) -> None:
+    """One measurement as it is made: a JSON line (bench/gpu_run.sh keeps them in its log)."""
+    print(json.dumps(entry, default=str), flush=True)
+
+
+def started(out) -> dict:
+    """A GPU run's empty report (device, versions, SMs), with the folder ``out`` made."""
+    import torch
+    import triton
+
+    os.makedirs(out, exist_ok=True)
+    report = empty_report(torch.cuda.get_device_name(0), torch.__version__, triton.__version__)
+    report["sms"] = torch.cuda.get_device_properties(0).multi_processor_count
+    return report
+
+
+def run_sections(report: dict, sections: list[str], out, measure) -> list[str]:
+    """``measure(section)`` for each section, the report written into ``out`` after each: a
+    section that raises is recorded under ``section_errors`` and the next still runs; each
+    one's seconds go under ``section_seconds``. Returns the sections that failed."""
+    import torch
+
+    failed = []
+    for section in sections:
+        began = time.perf_counter()
+        print(f"== {section}", flush=True)
+        try:
+            measure(section)
+        except Exception as e:  # noqa: BLE001 (one broken section must not lose the others)
+            failed.append(section)
+            report.setdefault("section_errors", {})[section] = f"{type(e).__name__}: {e}"
+            print(f"section {section} failed: {type(e).__name__}: {e}", flush=True)
+        report.setdefault("section_seconds", {})[section] = time.perf_counter() - began
+        torch.cuda.empty_cache()
+        write_json(report, out)
+    return failed
+
+
+def finished(report: dict, out, failed: list[str], training=None) -> int:
+    """Write the report, its plot and the table printed last (``training``: an lm.json to
+    add under "training"); 1 if a section failed, else 0."""
+    if training:
+        with open(training) as f:
+            report["training"] = json.load(f)
+    path = write_json(report, out)
+    plot(report, path[:-len(".json")] + ".png")
+    print(table(report))
+    if failed:
+        print(f"sections that failed: {failed} (see section_errors in {path})")
+    return 1 if failed else 0
+
+
 def _load(p: argparse.ArgumentParser, flag: str, path) -> dict:
     """The JSON object in ``path``, or one ``error:`` line naming ``flag`` (exit 2)."""
     try:
@@ -189,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("reports", nargs="+", type=existing_file)
     add_out(p, "gpu", "gpu-<device>.json and .png", record=False)
     p.add_argument("--training", type=existing_file,
-                   help="a bench/lm.py lm.json (the train step) to add")
+                   help="a bench/experiments/lm.py lm.json (the train step) to add")
     args = p.parse_args(argv)
     reports = [_load(p, "report", path) for path in args.reports]
     try:

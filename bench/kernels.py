@@ -6,10 +6,10 @@ loop its value is first read, at the least (bench/sass.py ``load_use``: what a l
 load to arrive while the warp issues other work; a load used in the next iteration counts the
 rest of this one).
 
-    python bench/kernels.py            # the full table: every kernel x constexpr variant x arch x dtype
-    python bench/kernels.py --quick    # the one-pass forward and backward of rda-exp, float32,
+    python -m bench.kernels            # the full table: every kernel x constexpr variant x arch x dtype
+    python -m bench.kernels --quick    # the one-pass forward and backward of rda-exp, float32,
                                        # sm_90a (what the test suite runs)
-    python bench/kernels.py --option block_t=4 --option block_d=4 --option block_d_backward=2
+    python -m bench.kernels --option block_t=4 --option block_d=4 --option block_d_backward=2
                                        # the blocks of the op tests' Triton columns
 
 Exits 1 on any compile failure or spill. Instruction counts come from ``cuobjdump -sass``
@@ -37,8 +37,8 @@ import tempfile
 os.environ.pop("TRITON_INTERPRET", None)        # compile for real, not for the interpreter
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 
-import sass  # noqa: E402  (bench/sass.py, beside this file)
-from cli import (below_defaults, check_record, make_dir, out_file,  # noqa: E402  (bench/cli.py)
+from bench import sass  # noqa: E402
+from bench.cli import (below_defaults, check_record, make_dir, out_file,  # noqa: E402
                  positive_int, results_dir)
 
 ARCHS = {"sm_80": 80, "sm_90a": 90}

@@ -1,6 +1,6 @@
 """pytest-benchmark cases: ``pytest bench/ --benchmark-only`` (``--benchmark-disable`` runs each
 once, as CI does, so they cannot rot). Timings are reported, never asserted; the ratios to
-``copy_`` and to ``torch.nn.LSTM`` come from ``python bench/run.py``.
+``copy_`` and to ``torch.nn.LSTM`` come from ``python -m bench.ops --device cpu``.
 """
 
 import math
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import fastrwa
-from common import OPS, forward_backward_fn, forward_fn, inputs
+from bench.common import OPS, forward_backward_fn, forward_fn, inputs
 from fastrwa.models import ByteLM, LMConfig
 
 SHAPE = (4, 2048, 256)          # 8 MB per float32 tensor
@@ -63,9 +63,9 @@ def test_lm_streaming_step(benchmark):
 
 
 def test_long_context_carried_windows_read_as_one_pass():
-    """bench/long_context.py: windows that carry the state score each byte as one forward
-    pass over the stretch does; reset windows differ after the first window."""
-    import long_context
+    """bench/experiments/long_context.py: windows that carry the state score each byte as one
+    forward pass over the stretch does; reset windows differ after the first window."""
+    from bench.experiments import long_context
 
     torch.manual_seed(0)
     model = ByteLM(LMConfig(d_model=16, n_layers=1)).eval()
@@ -87,7 +87,7 @@ def test_papers_results_merge_across_invocations(tmp_path):
     discount initialisation, layers and learning rate; runs saved by older versions (no
     length, timescales, quick, layers or lr fields) load with the record's values or the
     defaults."""
-    import papers
+    from bench.experiments import papers
     path = tmp_path / "papers.json"
     path.write_text('{"seq_len": 1000, "quick": false, "results": ['
                     '{"task": "adding", "model": "rwa-scan", "seed": 0, "steps_run": 5},'
@@ -117,8 +117,8 @@ def test_papers_join_adds_runs_saved_elsewhere(tmp_path, monkeypatch, capsys):
     --quick check runs bound for bench/results/papers and training options."""
     import json
 
-    import cli
-    import papers
+    from bench import cli
+    from bench.experiments import papers
     monkeypatch.setattr(cli, "ROOT", tmp_path)         # a refusal that fails writes here
     run = {"task": "adding", "model": "rwa-scan", "seed": 0, "timescales": None, "layers": 1,
            "lr": 1e-3, "device": "cuda", "steps_to_threshold": 5, "steps_run": 5,
@@ -180,8 +180,8 @@ def test_papers_refuses_impossible_values_before_anything_runs(tmp_path, monkeyp
     """Every impossible value is one error: line before any training, and nothing is
     written; the committed record takes runs only with --record (a run of --time-limit -1
     once replaced a measured run there with one of no steps)."""
-    import cli
-    import papers
+    from bench import cli
+    from bench.experiments import papers
     monkeypatch.setattr(cli, "ROOT", tmp_path)
     (tmp_path / "FILE").write_text("")
     record = tmp_path / "bench" / "results" / "papers"
@@ -198,7 +198,7 @@ def test_papers_refuses_impossible_values_before_anything_runs(tmp_path, monkeyp
                                    ["--discount-timescales", "2", "2000", "--layers", "2"]])
 def test_papers_valid_flags_reach_the_runs(tmp_path, monkeypatch, flags):
     """The refusals above refuse nothing valid: these calls reach the first run."""
-    import papers
+    from bench.experiments import papers
 
     class Reached(Exception):
         pass
@@ -212,7 +212,7 @@ def test_papers_valid_flags_reach_the_runs(tmp_path, monkeypatch, flags):
 
 def test_papers_a_run_that_measured_nothing_replaces_no_record(tmp_path, capsys):
     import json
-    import papers
+    from bench.experiments import papers
     path = tmp_path / "papers.json"
     run = {"task": "adding", "model": "rwa-scan", "seed": 0, "steps_to_threshold": 800,
            "steps_run": 1490, "curve": [[10, 0.1]], "seq_len": 1000}
@@ -226,7 +226,7 @@ def test_papers_a_run_that_measured_nothing_replaces_no_record(tmp_path, capsys)
 
 
 def test_long_context_refuses_empty_windows(tmp_path):
-    import long_context
+    from bench.experiments import long_context
     corpus = tmp_path / "c.txt"
     corpus.write_bytes(b"abc " * 100)
     for flags in (["--window", "0"], ["--length", "16", "--window", "32"], ["--docs", "-1"]):
@@ -238,7 +238,7 @@ def test_papers_accuracy_exactly_at_the_threshold_is_not_above_it():
     """Multicopy's rule is accuracy > 0.99: 99 right of 100 must not pass (a float32 mean of
     0.99 is 0.9900000095 and did)."""
     import types
-    import papers
+    from bench.experiments import papers
     target = torch.arange(100) % 8
     logits = torch.nn.functional.one_hot(target, 9).float()
     logits[0] = torch.nn.functional.one_hot((target[0] + 1) % 8, 9).float()    # one wrong
@@ -253,8 +253,8 @@ def test_ablate_rows_can_each_be_chosen_with_only(tmp_path, capsys, monkeypatch)
     """``--only`` takes comma-separated names: no row's name may hold a comma (one did, and
     could not be run alone), an unknown name is refused with the known ones listed, and a
     subset is refused where it would replace the committed study's ablate.json."""
-    import ablate
-    import cli
+    from bench.experiments import ablate
+    from bench import cli
     monkeypatch.setattr(cli, "ROOT", tmp_path)   # a refusal that fails trains in here
     study = cli.results_dir("ablate")
     assert all("," not in name for name in ablate.ROWS)
@@ -268,10 +268,10 @@ def test_ablate_rows_can_each_be_chosen_with_only(tmp_path, capsys, monkeypatch)
 
 
 def test_lm_baselines_alone_are_matched_to_bytelm():
-    """``bench/lm.py --models lstm,gru`` (no fastrwa model) matches the baselines to ByteLM's
-    parameter count at --d-model x --layers, as a run with ByteLM would (it matched them to
-    an LSTM of that shape, half ByteLM's count)."""
-    import lm
+    """``bench/experiments/lm.py --models lstm,gru`` (no fastrwa model) matches the baselines
+    to ByteLM's parameter count at --d-model x --layers, as a run with ByteLM would (it
+    matched them to an LSTM of that shape, half ByteLM's count)."""
+    from bench.experiments import lm
     bytelm = lm.params("rda-scan", 64, 2, {})
     assert lm.target_params(["lstm", "gru"], 64, 2, {}) == bytelm
     assert lm.target_params(["transformer", "rda-scan"], 64, 2, {}) == bytelm
@@ -294,9 +294,9 @@ def test_lm_baselines_alone_are_matched_to_bytelm():
     (["--out", "FILE"], "is a file, not a folder"),
 ])
 def test_lm_refuses_bad_flags_before_any_run(tmp_path, monkeypatch, capsys, flags, message):
-    """bench/lm.py: every flag a run would fail on is one error: line, exit 2, before any
-    training (these were tracebacks, or a calibration of every model first)."""
-    import lm
+    """bench/experiments/lm.py: every flag a run would fail on is one error: line, exit 2,
+    before any training (these were tracebacks, or a calibration of every model first)."""
+    from bench.experiments import lm
     corpus = tmp_path / "c.txt"
     corpus.write_bytes(b"abc " * 1000)
     (tmp_path / "FILE").write_text("")
@@ -308,22 +308,22 @@ def test_lm_refuses_bad_flags_before_any_run(tmp_path, monkeypatch, capsys, flag
 
 
 def test_lm_table_of_a_missing_or_foreign_file_is_one_error(tmp_path, capsys):
-    import lm
+    from bench.experiments import lm
     bad = tmp_path / "bad.json"
     bad.write_text('{"runs": [{"model": "x"}]}')
     with pytest.raises(SystemExit) as exit_:
         lm.main(["--table", str(bad)])
     assert exit_.value.code == 2
-    assert "is not an lm.json of bench/lm.py" in capsys.readouterr().err
+    assert "is not an lm.json of bench/experiments/lm.py" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_:
         lm.main(["--table", str(tmp_path / "nope.json")])
     assert exit_.value.code == 2 and "--table" in capsys.readouterr().err
 
 
 def test_lm_a_failed_training_run_is_one_error(tmp_path, capsys):
-    """A run the trainer refuses ends bench/lm.py with one error: line (status 1), not a
+    """A run the trainer refuses ends bench/experiments/lm.py with one error: line (status 1), not a
     CalledProcessError traceback."""
-    import lm
+    from bench.experiments import lm
     with pytest.raises(lm.RunFailed, match="the x run failed"):
         lm.run("x", ["--task", "text", "--data", str(tmp_path / "none.txt")], tmp_path)
 
@@ -332,7 +332,7 @@ def test_cpu_fair_reports_every_cell_with_a_positive_ratio(tmp_path, capsys):
     """bench/cpu_fair.py runs end to end at a tiny shape and writes what it prints."""
     import json
 
-    import cpu_fair
+    from bench import cpu_fair
 
     assert cpu_fair.main(["--shape", "2,64,8", "--rounds", "1", "--out", str(tmp_path)]) == 0
     result = json.loads((tmp_path / "cpu_fair.json").read_text())
@@ -348,7 +348,7 @@ def test_cpu_cycles_reports_every_call_at_both_sizes(tmp_path, capsys):
     the thread count as it found it."""
     import json
 
-    import cpu_cycles
+    from bench import cpu_cycles
 
     threads = torch.get_num_threads()
     assert cpu_cycles.main(["--sizes", "1,16,8;2,32,8", "--rounds", "1",

@@ -5,8 +5,9 @@ a scratch folder git ignores, and a record under bench/results/ changes only wit
 
 Every script runs here with ``cli.ROOT`` moved into a temporary folder (its bench/results/
 holds a record per script, written before), so nothing here can write the repository's
-records; run.py, kernels.py and traffic.py set Triton's variables when imported (the first
-two are imported with the environment restored after; traffic.py runs in a subprocess)."""
+records; kernels.py and traffic.py set Triton's variables when imported (kernels.py is
+imported with the environment restored after; traffic.py runs in a subprocess). The scripts
+are modules of the ``bench`` package (``bench.experiments`` for the model-quality ones)."""
 
 from __future__ import annotations
 
@@ -20,9 +21,10 @@ from typing import Callable
 import pytest
 import torch
 
-import cli
+from bench import cli
 
-BENCH = pathlib.Path(__file__).resolve().parent
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+EXPERIMENTS = ("lm", "ablate", "long_context", "papers", "weights_bpc", "steps_to_baseline")
 CORPUS = b"the quick brown fox jumps over the lazy dog. " * 50_000     # 2.25 MB: a split of
 # 112 KB, more than the defaults read (weights_bpc.py's 100,000 bytes, long_context.py's 16
 # stretches of 8192)
@@ -32,7 +34,8 @@ def script(name: str):
     """The bench script ``name`` imported, with the environment left as it was."""
     saved = dict(os.environ)
     try:
-        return importlib.import_module(name)
+        return importlib.import_module(
+            f"bench.experiments.{name}" if name in EXPERIMENTS else f"bench.{name}")
     finally:
         for key in set(os.environ) | set(saved):
             if key not in saved:
@@ -171,10 +174,10 @@ BAD = [
     ("papers", ["--layers", "0"], "argument --layers"),
     ("papers", ["--lr", "0"], "argument --lr"),
     ("papers", ["--join", "MISSING"], "--join"),
-    ("run", ["--out", "FILE"], "argument --out"),
-    ("run", ["--only"], "argument --only"),
-    ("run", ["--paths"], "argument --paths"),
-    ("run", ["--only", "bogus"], "argument --only"),
+    ("ops", ["--device", "cpu", "--out", "FILE"], "argument --out"),
+    ("ops", ["--device", "cpu", "--only"], "argument --only"),
+    ("ops", ["--device", "cpu", "--paths"], "argument --paths"),
+    ("ops", ["--device", "cpu", "--only", "bogus"], "argument --only"),
     ("kernels", ["--workers", "0"], "argument --workers"),
     ("kernels", ["--channels", "0"], "argument --channels"),
     ("kernels", ["--json", "EMPTY"], "argument --json"),
@@ -193,13 +196,13 @@ BAD = [
     ("steps_to_baseline", ["--margin", "1"], "argument --margin"),
     ("steps_to_baseline", ["--reuse", "--out", "EMPTY"], "--reuse"),
     ("steps_to_baseline", ["--out", "FILE"], "argument --out"),
-    ("gpu", ["--only", "bogus"], "argument --only"),
-    ("gpu", ["--only", ""], "argument --only"),
-    ("gpu", ["--training", "MISSING"], "argument --training"),
-    ("gpu", ["--out", "FILE"], "argument --out"),
-    ("gpu_defaults", ["--shapes", "9"], "argument --shapes"),
-    ("gpu_defaults", ["--candidates", "bogus"], "argument --candidates"),
-    ("gpu_defaults", ["--out", "FILE"], "argument --out"),
+    ("ops", ["--device", "cuda", "--only", "bogus"], "argument --only"),
+    ("ops", ["--device", "cuda", "--only", ""], "argument --only"),
+    ("ops", ["--device", "cuda", "--training", "MISSING"], "argument --training"),
+    ("ops", ["--device", "cuda", "--out", "FILE"], "argument --out"),
+    ("gpu_sweep", ["--only", "defaults", "--shapes", "9"], "argument --shapes"),
+    ("gpu_sweep", ["--only", "defaults", "--candidates", "bogus"], "argument --candidates"),
+    ("gpu_sweep", ["--out", "FILE"], "argument --out"),
     ("gpu_report", ["merge", "MISSING"], "argument reports"),
     ("gpu_report", ["merge", "FILE"], "report"),
     ("gpu_report", ["merge", "R1", "R2"], "cannot merge"),
@@ -229,7 +232,7 @@ def test_a_bad_value_is_one_error_line_before_any_work(root, tmp_path, capsys, n
 def test_traffic_refuses_a_bad_size():
     """(a subprocess: importing traffic.py turns Triton's interpreter on)"""
     pytest.importorskip("triton")
-    done = subprocess.run([sys.executable, str(BENCH / "traffic.py"), "--batch", "0"],
+    done = subprocess.run([sys.executable, "-m", "bench.traffic", "--batch", "0"], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert_one_error(done.stderr, "argument --batch")
@@ -282,8 +285,9 @@ def test_results_go_to_scratch_and_the_record_takes_full_runs_only(root, tmp_pat
     assert records(tmp_path) == before
 
 
-@pytest.mark.parametrize("name,argv", [("run", []), ("steps_to_baseline", []),
-                                       ("gpu", []), ("gpu_report", ["merge", "R1"])])
+@pytest.mark.parametrize("name,argv", [("ops", ["--device", "cpu"]), ("steps_to_baseline", []),
+                                       ("ops", ["--device", "cuda"]),
+                                       ("gpu_report", ["merge", "R1"])])
 def test_a_script_without_a_record_takes_record_only_with_out_under_it(root, tmp_path, capsys,
                                                                        name, argv):
     argv = [root.get(a, a) for a in argv]

@@ -8,11 +8,9 @@ import subprocess
 import pytest
 import torch
 
-import gpu
-import gpu_defaults
-import gpu_report
+from bench import gpu_report, gpu_sweep, ops
 
-BENCH = pathlib.Path(__file__).resolve().parent
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def report(**over):
@@ -21,7 +19,7 @@ def report(**over):
                            "fwd+bwd", 3.0, 0.4),
             gpu_report.row("layer", "nn.RDA", "float32", (16, 4096, 1024), None, "fwd+bwd", 9.0,
                            tokens_per_s=7e6)]
-    return dict(gpu.empty_report("NVIDIA H100 80GB HBM3", "2.11.0", "3.6.0"), rows=rows,
+    return dict(gpu_report.empty_report("NVIDIA H100 80GB HBM3", "2.11.0", "3.6.0"), rows=rows,
                 lstm_ratio=12.5) | over
 
 
@@ -69,23 +67,30 @@ def test_table_and_plot(tmp_path):
 
 def test_arguments_are_checked(capsys):
     with pytest.raises(SystemExit):
-        gpu.parse_args(["--only", "ops,speed"])
+        ops.parse_args(["--device", "cuda", "--only", "ops,speed"])
     assert "argument --only: must be comma-separated names of checks" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        gpu.parse_args(["--training", "/no/such/lm.json"])
-    assert gpu.parse_args(["--only", "ops,peers"]).sections == ["ops", "peers"]
+        ops.parse_args(["--device", "cuda", "--training", "/no/such/lm.json"])
+    assert ops.parse_args(["--device", "cuda", "--only", "ops,peers"]).sections == ["ops", "peers"]
 
 
 def test_without_cuda_it_says_so_and_measures_nothing(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert gpu.main(["--out", str(tmp_path / "out")]) == 2
+    assert ops.main(["--device", "cuda", "--out", str(tmp_path / "out")]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("script", ["gpu_run.sh", "gpu_prepare.sh"])
-def test_shell_scripts_parse(script):
-    subprocess.run(["bash", "-n", str(BENCH / script)], check=True)
+def test_shell_script_parses():
+    subprocess.run(["bash", "-n", str(ROOT / "bench" / "gpu_run.sh")], check=True)
+
+
+def test_prepare_without_a_corpus_says_how():
+    """bench/gpu_run.sh's prepare mode names its argument."""
+    done = subprocess.run(["bash", str(ROOT / "bench" / "gpu_run.sh"), "prepare"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert "usage: bash bench/gpu_run.sh prepare CORPUS_FILE" in done.stderr
 
 
 def test_reports_of_several_calls_merge(tmp_path):
@@ -131,16 +136,16 @@ def test_defaults_ratios_pair_each_candidate_with_its_defaults():
         entry("bt16", "bfloat16", 1.0, 1.0),
     ]
     assert [(r["op"], r["dtype"], r["candidate"], r["fwd"], r["fwd_bwd"])
-            for r in gpu_defaults.ratios(entries)] == [
+            for r in gpu_sweep.ratios(entries)] == [
         ("rwa", "float32", "bt16", 0.5, 1.25), ("rwa", "bfloat16", "bt16", 0.5, 0.25),
         ("rwa", "float32", "bt16", 0.25, 0.5)]
 
 
 def test_the_committed_defaults_run_gives_the_docs_numbers():
-    path = BENCH / "results" / "gpu" / "defaults-nvidia-h100-80gb-hbm3.jsonl"
+    path = ROOT / "bench" / "results" / "gpu" / "defaults-nvidia-h100-80gb-hbm3.jsonl"
     entries = [json.loads(line) for line in path.read_text().splitlines()]
     got = {(tuple(r["shape"]), r["dtype"], r["op"], r["candidate"]): (r["fwd"], r["fwd_bwd"])
-           for r in gpu_defaults.ratios(entries)}
+           for r in gpu_sweep.ratios(entries)}
     # docs/benchmarks.md, "launch defaults": three-phase at one 1M-step sequence with BT 16,
     # and looped rda_scan training with BT 16, BD 16, 2 warps.
     assert got[((1, 1048576, 256), "float32", "rda-exp", "bt16")] == (1.732, 1.548)
@@ -149,6 +154,6 @@ def test_the_committed_defaults_run_gives_the_docs_numbers():
 
 def test_defaults_without_cuda_measures_nothing(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert gpu_defaults.main(["--out", str(tmp_path / "out")]) == 2
+    assert gpu_sweep.main(["--only", "defaults", "--out", str(tmp_path / "out")]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()

@@ -1,6 +1,6 @@
 """bench/sass.py on a small hand-written listing (the shape ``cuobjdump -sass`` prints)."""
 
-import sass
+from bench import sass
 
 LISTING = """
         /*0000*/                   MOV R1, c[0x0][0x28] ;                      /* 0x0 */

@@ -1,6 +1,6 @@
 """Global-memory traffic and launches of each Triton path, counted under the interpreter.
 
-    python bench/traffic.py [--batch 2 --length 128 --channels 32]
+    python -m bench.traffic [--batch 2 --length 128 --channels 32]
 
 Every load and store the kernels issue is counted (masked-off lanes excluded) at the
 element size of the pointer, with no cache: a re-read counts again. The ratio is bytes moved
@@ -26,7 +26,7 @@ from triton.runtime import interpreter  # noqa: E402
 from fastrwa.ops import triton_host as triton_backend  # noqa: E402
 from fastrwa.ops.dispatch import ScanArgs  # noqa: E402
 
-from cli import positive_int  # noqa: E402  (bench/cli.py, beside this file)
+from bench.cli import positive_int  # noqa: E402
 
 COUNTS = {"bytes": 0, "launches": 0}
 _load = interpreter.InterpreterBuilder.create_masked_load

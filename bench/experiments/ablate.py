@@ -1,4 +1,4 @@
-"""The ByteLM ablation, in one command: ``python bench/ablate.py --data FILE``.
+"""The ByteLM ablation, in one command: ``python -m bench.experiments.ablate --data FILE``.
 
 Trains the fastrwa byte LM once per row through the trainer's CLI, each row one change from
 a base (the defaults with the output gate off): an ``LMConfig`` field, the learning rate, the
@@ -7,7 +7,7 @@ steps and schedule, each row once per seed (``--seeds``, 0 and 1 by default: the
 the two is the run-to-run variation a row has to beat). The study runs at a reduced size
 (``--d-model 128 --layers 4`` by default, about 0.2 s/step on two cores) so that its
 eighteen rows fit in about 35 minutes per seed; a choice it favours is then checked in the
-full-size comparison (``bench/lm.py``).
+full-size comparison (``bench/experiments/lm.py``).
 
 Writes ``OUT/ablate.json`` (every run's records) and prints a markdown table: what, parameters,
 validation bpc on the first ``--eval-bytes`` of the split and test bpc on the whole test split
@@ -27,11 +27,11 @@ import sys
 
 import torch
 
-from lm import matched_width, params, run, table_or_missing_data  # (puts the repo on sys.path)
-from cli import (add_out, check_out, check_record, choices_list,  # noqa: E402
-                 existing_file, in_records, make_dir, nonnegative_int, positive_int,
-                 results_dir, scratch_dir)
-from fastrwa.train.config import RunConfig, parse_lm_field  # noqa: E402
+from bench.cli import (add_out, check_out, check_record, choices_list,
+                       existing_file, in_records, make_dir, nonnegative_int, positive_int,
+                       results_dir, scratch_dir)
+from bench.experiments.lm import matched_width, params, run, table_or_missing_data
+from fastrwa.train.config import RunConfig, parse_lm_field
 
 # The study's base: the defaults with the output gate off (its row turns it on).
 BASE_LM = ["output_gate=false"]
@@ -98,7 +98,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace | None:
         _check_retime(p, args.retime)
         make_dir(p, "--out", args.out)
         return args
-    if table_or_missing_data(p, args, table, "an ablate.json of bench/ablate.py"):
+    if table_or_missing_data(p, args, table, "an ablate.json of bench/experiments/ablate.py"):
         return None
     if args.only and args.record and (args.out is None or args.out.resolve()
                                       == results_dir("ablate").resolve()):
@@ -130,7 +130,7 @@ def _check_retime(p: argparse.ArgumentParser, path: pathlib.Path) -> None:
             if not corpus.is_file():
                 p.error(f"--retime {path}: the corpus of row {row['name']!r}, {corpus}, is gone")
     except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
-        p.error(f"--retime {path} is not an ablate.json of bench/ablate.py "
+        p.error(f"--retime {path} is not an ablate.json of bench/experiments/ablate.py "
                 f"({type(exc).__name__}: {exc})")
 
 

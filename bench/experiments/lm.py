@@ -1,4 +1,4 @@
-"""The language-model comparison, in one command: ``python bench/lm.py [--minutes M]``.
+"""The language-model comparison, in one command: ``python -m bench.experiments.lm [--minutes M]``.
 
 Trains the fastrwa byte LM (``ByteLM``, RDA blocks) and the baselines (``RecurrentLM``'s
 LSTM and GRU; ``TransformerLM``, a nanoGPT-style Transformer whose context is the BPTT;
@@ -38,16 +38,13 @@ import time
 
 import torch
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from cli import (add_out, check_out, choices_list, existing_file,  # noqa: E402
-                 nonnegative_int, positive_float, positive_int)
-from fastrwa.models import LMConfig, build  # noqa: E402
-from fastrwa.models.config import LAYER_FIELDS, OPTIONAL_FIELDS  # noqa: E402
-from fastrwa.train.config import RunConfig, parse_lm_field  # noqa: E402
-from fastrwa.train.device import resolve_device  # noqa: E402
-from fastrwa.train.models import LM_LAYERS as LAYER  # noqa: E402
+from bench.cli import (ROOT, add_out, check_out, choices_list, existing_file,
+                       nonnegative_int, positive_float, positive_int)
+from fastrwa.models import LMConfig, build
+from fastrwa.models.config import LAYER_FIELDS, OPTIONAL_FIELDS
+from fastrwa.train.config import RunConfig, parse_lm_field
+from fastrwa.train.device import resolve_device
+from fastrwa.train.models import LM_LAYERS as LAYER
 
 BLOCKS = ("rda", "rwa", "transformer", "mingru")     # layers with ByteLM's depth
 
@@ -89,7 +86,7 @@ def target_params(models: list[str], d_model: int, n_layers: int, lm: dict) -> i
 
 
 def table_or_missing_data(p: argparse.ArgumentParser, args: argparse.Namespace, table,
-                          kind: str = "an lm.json of bench/lm.py") -> bool:
+                          kind: str = "an lm.json of bench/experiments/lm.py") -> bool:
     """``--table JSON``: print that run's table and return ``True`` (the script is done); a
     file that is missing or not ``kind`` is refused (``p.error``: one ``error:`` line, exit
     2), and so is a run without ``--data``. ``False``: go on."""

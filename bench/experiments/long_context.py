@@ -1,5 +1,5 @@
 """Where a carried state pays: bits per byte as a function of the position in a long stretch
-of text, ``python bench/long_context.py --data CORPUS --models RUN_DIR [RUN_DIR ...]``.
+of text, ``python -m bench.experiments.long_context --data CORPUS --models RUN_DIR [RUN_DIR ...]``.
 
 Each model reads ``--docs`` stretches of ``--length`` bytes of the corpus's test split (evenly
 spaced; a stretch may cross the boundary between two of the corpus's documents) in windows
@@ -30,13 +30,10 @@ import sys
 
 import torch
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from cli import (add_out, below_defaults, check_out, existing_dir,  # noqa: E402
-                 existing_file, positive_int)
-from fastrwa.models import LMConfig, build, load_pretrained, run_model_dir  # noqa: E402
-from fastrwa.train.data import open_corpus, split_corpus  # noqa: E402
+from bench.cli import (add_out, below_defaults, check_out, existing_dir,
+                       existing_file, positive_int)
+from fastrwa.models import LMConfig, build, load_pretrained, run_model_dir
+from fastrwa.train.data import open_corpus, split_corpus
 
 MODES = ("carried", "reset")
 

@@ -1,4 +1,4 @@
-"""The RDA paper's steps-to-threshold tables, measured here: ``python bench/papers.py``.
+"""The RDA paper's steps-to-threshold tables, measured here: ``python -m bench.experiments.papers``.
 
 The RDA paper ("Efficiently applying attention to sequential data with the Recurrent
 Discounted Attention unit") trains each model on each task with one recipe and reports the
@@ -13,8 +13,9 @@ and one learning-curve PNG per task (``OUT/<task>.png``).
 Models: ``rwa-scan``, ``rda-exp-tanh``, ``rda-sigmoid-id`` (the scan layers, the RDA
 presets), ``rwa-cell``, ``rda-cell`` (the faithful cells) and ``gru``, ``lstm``
 (PyTorch's). ``--quick`` runs every task for 3 steps at T = 20 (to check the script).
-``--device cuda`` trains on a GPU (bench/gpu_papers.sh: the runs this project's CPUs cannot
-afford); ``--join`` adds runs saved elsewhere to ``OUT/papers.json`` without training.
+``--device cuda`` trains on a GPU (``bash bench/gpu_run.sh papers``: the runs this project's
+CPUs cannot afford); ``--join`` adds runs saved elsewhere to ``OUT/papers.json`` without
+training.
 """
 
 from __future__ import annotations
@@ -29,14 +30,11 @@ import time
 
 import torch
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from fastrwa.train.models import SequenceNet  # noqa: E402
-from fastrwa.train.device import placement  # noqa: E402
-from fastrwa.train.tasks import make_task  # noqa: E402
-from fastrwa.nn import RDA  # noqa: E402
-import cli  # noqa: E402  (bench/cli.py, beside this file)
+from bench import cli
+from fastrwa.train.models import SequenceNet
+from fastrwa.train.device import placement
+from fastrwa.train.tasks import make_task
+from fastrwa.nn import RDA
 
 PAPER_LR = 1e-3            # the RDA paper's Adam learning rate
 
@@ -344,8 +342,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list]
     p.add_argument("--quick", action="store_true", help="3 steps per run at T = 20")
     p.add_argument("--join", nargs="+", type=pathlib.Path, metavar="JSON",
                    help="train nothing: add the runs saved in these papers.json files (made "
-                        "elsewhere, e.g. by bench/gpu_papers.sh) to --out's, then table and "
-                        "plot them")
+                        "elsewhere, e.g. by bash bench/gpu_run.sh papers) to --out's, then "
+                        "table and plot them")
     cli.add_out(p, "papers", "papers.json and the plots")
     args = p.parse_args(argv)
     check_args(p, args, sys.argv[1:] if argv is None else list(argv))

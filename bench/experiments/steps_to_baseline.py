@@ -1,6 +1,7 @@
 """Steps until a model's validation metric beats the task's naive baseline.
 
-    python bench/steps_to_baseline.py --task adding --seq-len 100 --models rda-scan lstm \
+    python -m bench.experiments.steps_to_baseline --task adding --seq-len 100 \
+        --models rda-scan lstm \
         --max-steps 1000 --eval-every 50 [--lr 1e-3] [--out DIR]
 
 Runs ``python -m fastrwa.train`` once per model (papers' defaults unless overridden) and
@@ -22,8 +23,8 @@ import sys
 import time
 from pathlib import Path
 
-from cli import (add_out, check_out, fraction, nonnegative_int, positive_float,  # (bench/)
-                 positive_int, scratch_dir)
+from bench.cli import (add_out, check_out, fraction, nonnegative_int, positive_float,
+                       positive_int, scratch_dir)
 from fastrwa.train.config import RunConfig
 from fastrwa.train.models import MODELS
 from fastrwa.train.tasks import TASKS, make_task

@@ -1,5 +1,5 @@
 """What storing a trained model's weight matrices as bfloat16 or int8 costs in validation bpc:
-``python bench/weights_bpc.py MODEL_DIR --data CORPUS``.
+``python -m bench.experiments.weights_bpc MODEL_DIR --data CORPUS``.
 
 ``MODEL_DIR`` is a ``save_pretrained`` directory (a run's ``model/`` or ``best/``). For each
 format of ``fastrwa.models.PackedLM`` the model whose matrices are the ones the fused step
@@ -16,19 +16,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import pathlib
 import sys
 
 import torch
 import torch.nn.functional as F
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from cli import (add_out, check_out, existing_dir, existing_file,  # noqa: E402
-                 int_at_least, positive_int)
-from fastrwa.models import WEIGHT_FORMATS, ByteLM, PackedLM, load_pretrained  # noqa: E402
-from fastrwa.train.data import bits_per_byte, read_corpus, split_corpus, whole_split  # noqa: E402
+from bench.cli import (add_out, check_out, existing_dir, existing_file,
+                       int_at_least, positive_int)
+from fastrwa.models import WEIGHT_FORMATS, ByteLM, PackedLM, load_pretrained
+from fastrwa.train.data import bits_per_byte, read_corpus, split_corpus, whole_split
 
 
 @torch.no_grad()

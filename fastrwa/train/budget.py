@@ -1,6 +1,6 @@
 """``--minutes M``: a run that fits a time budget.
 
-A short calibration of the run's own model, data and batch (as bench/lm.py sizes its
+A short calibration of the run's own model, data and batch (as bench/experiments/lm.py sizes its
 equal-time runs) times a training step, an evaluation batch and a checkpoint's
 serialization; the plan gives the steps that fill what is left of M minutes after the
 calibration, with the evaluations and the final one and the checkpoint each comes with, and

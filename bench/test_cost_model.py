@@ -1,0 +1,114 @@
+"""bench/cost_model.py without a GPU and without compiling: the launch plan, the control-bit
+decoding, the in-order replay and the terms, on a hand-written SASS listing (the shape
+``cuobjdump -sass`` prints, control words included). Structural facts only: no timing."""
+
+import dataclasses
+
+import pytest
+
+from bench import cost_model as cm
+
+# A loop of 4 instructions: a load (scoreboard 0), a MUFU waiting on it (scoreboard 1), an
+# FFMA waiting on the MUFU, the backward branch. Control words: stall in bits 41-44 of the
+# second word, write barrier 46-48, read barrier 49-51, wait mask 52-57.
+
+
+def _word(stall, wbar=7, rbar=7, wait=0):
+    return f"0x{(stall | 1 << 4 | wbar << 5 | rbar << 8 | wait << 11) << 41:016x}"
+
+
+LISTING = "\n".join(f"        /*{addr:04x}*/                   {text} ;   /* 0x0000000000000000 */\n"
+                    f"                                                  /* {word} */"
+                    for addr, text, word in [
+                        (0x00, "MOV R1, c[0x0][0x28]", _word(2)),
+                        (0x10, "LDG.E R2, desc[UR4][R4.64]", _word(1, wbar=0)),
+                        (0x20, "MUFU.EX2 R3, R2", _word(1, wbar=1, wait=0b01)),
+                        (0x30, "FFMA R6, R3, R3, R3", _word(4, wait=0b10)),
+                        (0x40, "@P1 BRA 0x10", _word(5)),
+                        (0x50, "EXIT", _word(5)),
+                        (0x60, "BRA 0x60", _word(0)),
+                    ])
+
+
+def test_control_bits_and_loop_split():
+    ins = cm.control(LISTING)
+    assert [x.stall for x in ins[:5]] == [2, 1, 1, 4, 5]
+    assert (ins[1].wbar, ins[2].wbar, ins[2].wait, ins[3].wait) == (0, 1, 1, 2)
+    body, rest = cm.split_loop(ins)
+    assert [x.addr for x in body] == [0x10, 0x20, 0x30, 0x40]
+    assert [x.addr for x in rest] == [0x00, 0x50]
+
+
+def test_replay_adds_each_exposed_latency_once_per_iteration():
+    body, _ = cm.split_loop(cm.control(LISTING))
+    # the MUFU issues when the load's scoreboard is released (L cycles after the load), the
+    # FFMA VARIABLE_LATENCY after the MUFU, then the FFMA's and the branch's stalls (4 + 5)
+    L = 300
+    assert cm.replay(body, L) == pytest.approx(L + cm.VARIABLE_LATENCY + 4 + 5)
+    assert cm.replay(body, 0) == pytest.approx(1 + cm.VARIABLE_LATENCY + 4 + 5)
+    assert cm.replay(body, 2 * L) - cm.replay(body, L) == pytest.approx(L)
+
+
+def _launch(**more):
+    base = dict(label="k", kernel="scan_fwd.fwd_kernel", const=(("BD", 32), ("BT", 16)), ints=(),
+                dtype="float32", warps=1, stages=3, maxnreg=255, programs=512, iterations=256,
+                bytes=10 ** 9, chunk_load_bytes=6144, depth=1)
+    return cm.Launch(**{**base, **more})
+
+
+def _counted(regs=158):
+    ins = cm.control(LISTING)
+    body, rest = cm.split_loop(ins)
+    return cm.Counted(len(body), 1, regs, 0, body, rest, {})
+
+
+def test_terms_are_positive_and_the_time_is_their_max():
+    card, bw = cm.CARDS["h100"], 3.0e12
+    t = cm.terms(_launch(), _counted(), card, bw, card.clock_hz, card.latency_ns)
+    parts = [t.issue, t.mufu, t.chain, t.little, t.dram]
+    assert all(x > 0 for x in parts)
+    assert t.time == max(parts)
+    assert t.dram == pytest.approx(1e9 / bw)                    # bytes / bandwidth
+    # 512 one-warp programs on 132 SMs: 4 an SM, one warp a scheduler, one wave
+    assert (t.programs_per_sm, t.warps_per_scheduler, t.waves) == (4, 1, 1)
+    assert t.issue == pytest.approx((256 * 4 + 2) / card.clock_hz)  # w * (n * N + rest)
+    assert t.mufu == pytest.approx(256 * 1 * 8 / card.clock_hz)
+    assert t.little == pytest.approx(256 * card.latency_ns * 1e-9)
+    assert t.inflight_kib == pytest.approx(4 * 6144 / 1024)
+
+
+def test_more_programs_than_fit_take_waves_and_more_warps_a_scheduler():
+    card = cm.CARDS["h100"]
+    # 192 registers: 2 one-warp programs a scheduler, 8 an SM
+    assert cm.resident(192, 1) == 8 and cm.resident(158, 1) == 12 and cm.resident(32, 1) == 32
+    t = cm.terms(_launch(programs=132 * 8 * 3), _counted(192), card, 3e12, card.clock_hz, 500)
+    assert (t.programs_per_sm, t.warps_per_scheduler, t.waves) == (8, 2, 3)
+    one = cm.terms(_launch(programs=132 * 8), _counted(192), card, 3e12, card.clock_hz, 500)
+    assert t.issue == pytest.approx(3 * one.issue) and t.chain == pytest.approx(3 * one.chain)
+
+
+def test_plan_follows_the_launcher():
+    k = cm.Knobs()
+    assert cm.choose_algorithm(16, 1024, 4096, k, 132) == "looped"
+    assert cm.choose_algorithm(1, 256, 1 << 20, k, 132) == "segments"
+    assert cm.segment_chunks(1, 256, 1 << 20, k, 132) == 249      # docs/kernels.md
+    assert cm.segment_chunks(16, 1024, 4096, k, 132) == 52
+    fwd = cm.plan("rda-exp", (16, 4096, 1024), "float32", "looped", "fwd", k, 132)
+    assert [x.label for x in fwd] == ["fwd[one_pass]"]
+    assert fwd[0].programs == 512 and fwd[0].iterations == 256
+    assert fwd[0].bytes == 4 * 16 * 4096 * 1024 * 4               # z, a, g read, y written
+    both = cm.plan("rda-exp", (1, 1 << 20, 256), "bfloat16", "segments", "fwd+bwd", k, 132)
+    assert [x.label for x in both] == ["fwd[summary]", "fwd_carry", "fwd[output,save]",
+                                       "bwd[summary]", "bwd_carry", "bwd[output]"]
+    assert dict(both[3].const)["LOOKAHEAD"] == 1 and both[3].depth == 1
+    assert dict(both[0].ints)["CPS"] == 249 and both[0].programs == 264 * 8
+    rwa = cm.plan("rwa", (16, 4096, 1024), "float32", "looped", "fwd+bwd",
+                  dataclasses.replace(k, lookahead=0), 132)
+    assert dict(rwa[1].const)["LOOKAHEAD"] == 0 and rwa[1].depth == 0
+
+
+def test_ncu_report_is_read():
+    kernels = cm.ncu_kernels(cm.ROOT / cm.CARDS["h100"].ncu)
+    assert [k["kernel"] for k in kernels] == ["fwd_kernel", "bwd_kernel"]
+    assert kernels[0]["regs"] == 158 and kernels[1]["cpi"] == pytest.approx(7.07)
+    assert kernels[1]["seconds"] == pytest.approx(2.18e-3)
