@@ -23,7 +23,7 @@ class FastRWAConfig(PreTrainedConfig):
 
     model_type = "fastrwa"
 
-    # LMConfig's fields, with its defaults (tests/test_hf.py checks that none is missing)
+    # LMConfig's fields, with its defaults (tests/hf/test_hf.py checks that none is missing)
     vocab_size: int = LMConfig.vocab_size
     d_model: int = LMConfig.d_model
     n_layers: int = LMConfig.n_layers

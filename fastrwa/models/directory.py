@@ -58,7 +58,7 @@ def remote_code(module: str) -> str:
 
 def config_json(config: LMConfig) -> dict[str, Any]:
     """``config.json`` of a :class:`ByteLM` of ``config``: the keys Hugging Face's
-    ``FastRWAConfig.save_pretrained`` writes (``tests/test_hf.py`` compares them)."""
+    ``FastRWAConfig.save_pretrained`` writes (``tests/hf/test_hf.py`` compares them)."""
     fields = config.to_dict()
     fields["tie_word_embeddings"] = fields.pop("tie_embeddings")
     return {"architectures": ["FastRWAForCausalLM"], "auto_map": dict(AUTO_MAP),

@@ -208,7 +208,7 @@ class ByteLM(nn.Module):
 
         Allocates nothing on CPU: every intermediate lives in ``cache.work``, and the
         returned ``(B, vocab_size)`` logits are ``cache.work["logits"]``, overwritten by the
-        next step (clone them to keep them). Matches :meth:`step` (tests/test_lm.py).
+        next step (clone them to keep them). Matches :meth:`step` (tests/models/test_lm.py).
         ``check=False`` skips the range check of the ids, which reads them back to the host:
         then the step can be captured in a CUDA graph (an id out of range is then an indexing
         error of the device, not a ValueError). A cache allocated by a model of another shape,

@@ -8,7 +8,7 @@ head as :class:`fastrwa.models.ByteLM`.
     h_t = (1 - z_t) * h_{t-1} + z_t * h~_t
 
 ``g`` keeps ``h~`` positive, so ``log h_t`` is a cumulative log-sum-exp (:func:`min_gru_scan`;
-tests/test_baselines.py checks it against the recurrence, one step at a time).
+tests/models/test_baselines.py checks it against the recurrence, one step at a time).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def min_gru_scan(k: Tensor, v: Tensor, h0: Optional[Tensor] = None) -> Tensor:
     autocast region, and returns that dtype. ``exp(a)`` and ``exp(-a)`` meet in the product,
     so the rounding error grows with the length scanned at once (in float32 about ``1e-7``
     per step, relative): the scan runs in chunks of ``CHUNK`` steps, each from the state the
-    one before ended in, which bounds it (tests/test_baselines.py: 1e-4 at T = 4000)."""
+    one before ended in, which bounds it (tests/models/test_baselines.py: 1e-4 at T = 4000)."""
     dtype = torch.float64 if k.dtype == torch.float64 else torch.float32
     h = None if h0 is None else h0.to(dtype)
     out = []
