@@ -17,7 +17,7 @@ The op tests take one of two fixtures:
 Two kinds of ``backend`` items are deselected for Triton (pytest reports them as deselected,
 not passed): a ``chunk`` other than ``None`` (the torch and numba backends' chunk length;
 Triton has no such knob, so they would repeat the ``None`` case), and a ``dtype`` of float64
-(Triton refuses it; tests/test_backend.py checks the error).
+(Triton refuses it; tests/backends/test_selection.py checks the error).
 
 ``python -m pytest --cuda`` (on a machine with a CUDA GPU) runs the Triton column compiled,
 on CUDA tensors, twice per test: "triton-looped" and "triton-segments", each with the same

@@ -1,5 +1,5 @@
-"""One rank of tests/test_context_parallel.py's layer and model cases: ``python
-context_parallel_layers_worker.py RANK WORLD STORE LENGTHS``.
+"""One rank of tests/context_parallel/test_scan_and_layers.py's layer and model cases:
+``python layers_worker.py RANK WORLD STORE LENGTHS``.
 
 Every rank builds the same modules and inputs, runs the whole sequence in one process (the
 reference), then its own slice with ``context_group`` over gloo, and checks its outputs, the

@@ -1,4 +1,4 @@
-"""One rank of tests/test_context_parallel.py: ``python context_parallel_worker.py RANK
+"""One rank of tests/context_parallel/test_scan_and_layers.py: ``python scan_worker.py RANK
 WORLD STORE LENGTHS [triton]`` (``LENGTHS`` comma-separated, one slice length per rank).
 
 Every rank builds the same float64 inputs for the whole sequence, computes the single-process
@@ -135,7 +135,7 @@ for backend in ("numba", "torch") + (("triton",) if with_triton else ()):
 
 # packed sequences over the ranks (cu_seqlens, the whole sequence's offsets on every rank): a
 # sequence ends one past every rank boundary, so one runs across each (and across an empty
-# slice), and an empty one follows the first (tests/context_parallel_layers_worker.py)
+# slice), and an empty one follows the first (tests/context_parallel/layers_worker.py)
 EDGES = [sum(lengths[:j]) for j in range(1, world)]
 CROSS = sorted({e + 1 for e in EDGES if e + 1 < T})
 LAYOUTS = [torch.tensor(sorted([0, T, *CROSS, *CROSS[:1]])),

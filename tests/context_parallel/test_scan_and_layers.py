@@ -1,7 +1,7 @@
 """Context parallelism (``context_group=``, fastrwa/ops/context.py): a sequence split along
 time over 2, 3 and 4 gloo processes gives the outputs and every gradient of one scan of the
 whole sequence, in float64 within 1e-12 (each rank checks its slice in
-tests/context_parallel_worker.py), and bad calls are clear errors."""
+tests/context_parallel/scan_worker.py), and bad calls are clear errors."""
 
 import os
 import pathlib
@@ -13,8 +13,8 @@ import torch
 
 import fastrwa
 
-WORKER = pathlib.Path(__file__).with_name("context_parallel_worker.py")
-LAYERS_WORKER = pathlib.Path(__file__).with_name("context_parallel_layers_worker.py")
+WORKER = pathlib.Path(__file__).with_name("scan_worker.py")
+LAYERS_WORKER = pathlib.Path(__file__).with_name("layers_worker.py")
 
 
 def _run_ranks(worker, tmp_path, lengths, *more):
@@ -50,7 +50,7 @@ def test_slices_over_ranks_equal_one_scan(tmp_path, lengths):
 def test_layers_and_the_language_model_over_ranks_equal_one_process(tmp_path, lengths):
     """RWA/RDA layers (token shift, bidirectional, time-first, float32) and a ByteLM: outputs,
     input gradients, final state and the parameters' gradients summed over the ranks equal
-    one process's (tests/context_parallel_layers_worker.py); refusals stop every rank."""
+    one process's (tests/context_parallel/layers_worker.py); refusals stop every rank."""
     _run_ranks(LAYERS_WORKER, tmp_path, lengths)
 
 

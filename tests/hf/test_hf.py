@@ -319,7 +319,7 @@ def test_generate_decodes_with_the_fused_step_and_its_tokens_are_the_eager_steps
     """generate() on a float32 CPU model: the prompt through the parallel forward (padding
     skipped), each new token through the fused decode step in place (PackedLM); greedy and
     sampled tokens are those of the eager step (ByteLM.step_, equal to the functional step:
-    tests/test_lm.py), seed for seed, padded rows included."""
+    tests/models/test_lm.py), seed for seed, padded rows included."""
     from fastrwa.models import PackedLM
     model = AutoModelForCausalLM.from_pretrained(exported)
     out = model.generate(torch.tensor([[104, 101]]), max_new_tokens=3, do_sample=False,

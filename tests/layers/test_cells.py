@@ -1,4 +1,5 @@
-"""Faithful cells against hand-written steps from the papers' equations, and RWA cell vs scan layer."""
+"""Faithful cells against hand-written steps from the papers' equations, and RWA cell vs scan layer;
+a cell's state of another dtype is refused, not cast."""
 
 import pytest
 import torch
@@ -150,3 +151,17 @@ def test_cells_take_other_dtypes_under_autocast():
         out, state = cell(torch.randn(2, 4, dtype=torch.bfloat16))
         out, state = cell(torch.randn(2, 4, dtype=torch.bfloat16), state)
     assert out.shape == (2, 8) and torch.isfinite(out).all()
+
+
+def test_cell_state_h_of_another_dtype_is_refused():
+    """A cell's state.h must have the input's (or the parameters') dtype: a float64 h with a
+    float32 cell was cast silently."""
+    for cell in (RWACell(4, 6), RDACell(4, 6)):
+        _, state = cell(torch.randn(2, 4))
+        with pytest.raises(TypeError, match=r"state.h must have dtype torch.float32, got "
+                                            r"torch.float64"):
+            cell(torch.randn(2, 4), state._replace(h=state.h.double()))
+    rra = RRACell(4, 6, window=3)
+    _, state = rra(torch.randn(2, 4))
+    with pytest.raises(TypeError, match=r"state.c must have dtype torch.float32"):
+        rra(torch.randn(2, 4), state._replace(c=state.c.double()))

@@ -1,4 +1,6 @@
-"""Scan layers (fastrwa.nn.RWA / RDA): streaming equals parallel, directions, init, training, errors."""
+"""Scan layers (fastrwa.nn.RWA / RDA): streaming equals parallel, directions, init, training, errors.
+The in-place step (``step_``) checks every argument before it writes anything; the layers
+check x's dtype and a state's last_input; discount timescales must be finite and above one."""
 
 import math
 
@@ -7,6 +9,7 @@ import torch
 
 import fastrwa
 from fastrwa.nn import RDA, RWA, LayerState
+from fastrwa.state import ScanState
 from helpers import ATTENTIONS
 
 LAYERS = [("rwa", None)] + [("rda", attention) for attention in ATTENTIONS]
@@ -290,3 +293,205 @@ def test_states_handed_out_own_their_memory(kind):
         assert torch.allclose(y, want, atol=1e-6)
     for p, before in zip(layer.parameters(), params_before):
         assert torch.equal(p, before), "step_ wrote into a parameter"
+
+
+I, H = 6, 5
+
+
+def layer_of(kind: str, token_shift: bool, input_size: int = I):
+    torch.manual_seed(0)
+    if kind == "rwa":
+        return RWA(input_size, H, token_shift=token_shift)
+    if kind == "rda-identity":          # f_h = f_o = identity: the scan writes out itself
+        return RDA(input_size, H, f_h="identity", attention="sigmoid", token_shift=token_shift)
+    return RDA(input_size, H, attention="softplus", token_shift=token_shift)
+
+
+def snapshot(state: LayerState) -> list:
+    return [t.detach().clone() for t in (*state.scan, state.last_input) if t is not None]
+
+
+def assert_unchanged(state: LayerState, before: list) -> None:
+    now = [t for t in (*state.scan, state.last_input) if t is not None]
+    for got, want in zip(now, before, strict=True):
+        assert torch.equal(got, want), "a refused call changed the state"
+
+
+def fresh_state(layer, batch: int = 2) -> LayerState:
+    with torch.no_grad():
+        _, state = layer(torch.randn(batch, 3, layer.input_size,
+                                     generator=torch.Generator().manual_seed(4)))
+    return state
+
+
+# -- step_ checks everything before it writes ----------------------------------------------
+def _bad_step_calls():
+    """(name, call(layer, state, x, out, work), error, words): each a mistake step_ refuses."""
+    f64 = torch.float64
+    return [
+        ("out of another batch", lambda l, s, x, o, w: l.step_(x, s, torch.empty(3, H), w),
+         ValueError, r"out must have shape \(B, hidden_size\) = \(2, 5\).*\(3, 5\)"),
+        ("out of another width", lambda l, s, x, o, w: l.step_(x, s, torch.empty(2, H + 1), w),
+         ValueError, r"out must have shape"),
+        ("out of another dtype", lambda l, s, x, o, w: l.step_(x, s, o.double(), w),
+         TypeError, r"out must have dtype torch.float32.*float64"),
+        ("out not a tensor", lambda l, s, x, o, w: l.step_(x, s, None, w),
+         TypeError, r"out must be a torch.Tensor.*NoneType"),
+        ("out expanded", lambda l, s, x, o, w: l.step_(x, s, torch.zeros(1, H).expand(2, H), w),
+         ValueError, r"out .*overlap"),
+        ("out is the state", lambda l, s, x, o, w: l.step_(x, s, s.scan.n, w),
+         ValueError, r"out and state.scan.n share memory"),
+        ("work of another batch", lambda l, s, x, o, w: l.step_(x, s, o, l.step_workspace(3)),
+         ValueError, r"work\['\w+'\] must have shape \(2, "),
+        ("work of another dtype",
+         lambda l, s, x, o, w: l.step_(x, s, o, l.step_workspace(2, f64)),
+         TypeError, r"work\[.*\] must have dtype torch.float32.*float64"),
+        ("work not a workspace", lambda l, s, x, o, w: l.step_(x, s, o, {"proj": w["proj"]}),
+         TypeError, r"work must be the dict of step_workspace"),
+        ("x of another batch", lambda l, s, x, o, w: l.step_(torch.randn(3, I), s,
+                                                              torch.empty(3, H),
+                                                              l.step_workspace(3)),
+         ValueError, r"state.scan.m must have shape \(B, hidden_size\) = \(3, 5\).*\(2, 5\)"),
+        ("x of another dtype", lambda l, s, x, o, w: l.step_(x.double(), s, o, w),
+         TypeError, r"x_t must have the layer's dtype torch.float32.*float64"),
+        ("x of an integer dtype", lambda l, s, x, o, w: l.step_(x.long(), s, o, w),
+         TypeError, r"x_t must have a floating dtype.*int64"),
+        ("state not a LayerState", lambda l, s, x, o, w: l.step_(x, tuple(s), o, w),
+         TypeError, r"state must be a fastrwa.nn.LayerState"),
+        ("state of another dtype",
+         lambda l, s, x, o, w: l.step_(x, LayerState(ScanState(*(t.double() for t in s.scan)),
+                                                     s.last_input), o, w),
+         TypeError, r"state.scan.m must have dtype torch.float32.*float64"),
+    ]
+
+
+BAD_STEP_CALLS = _bad_step_calls()
+
+
+@pytest.mark.parametrize("kind", ["rwa", "rda", "rda-identity"])
+@pytest.mark.parametrize("token_shift", [False, True])
+@pytest.mark.parametrize("name,call,error,words", BAD_STEP_CALLS,
+                         ids=[c[0] for c in BAD_STEP_CALLS])
+def test_layer_step_in_place_refuses_before_it_writes(kind, token_shift, name, call, error,
+                                                      words):
+    """Each mistake is a TypeError/ValueError naming the argument, and the state is as it
+    was: not advanced, not partly written. A good call first (the checks remember the
+    layouts they passed) must not let a different layout through."""
+    layer = layer_of(kind, token_shift)
+    state, x = fresh_state(layer), torch.randn(2, I)
+    out, work = torch.empty(2, H), layer.step_workspace(2)
+    layer.step_(x, state, out, work)                              # a good call first
+    before, out_before = snapshot(state), out.clone()
+    with pytest.raises(error, match=words):
+        call(layer, state, x, out, work)
+    assert_unchanged(state, before)
+    assert torch.equal(out, out_before)
+
+
+@pytest.mark.parametrize("kind", ["rwa", "rda", "rda-identity"])
+def test_layer_step_in_place_may_write_its_output_over_its_input(kind):
+    """``out`` may be ``x_t`` itself (when the sizes agree): the step reads ``x_t`` before it
+    writes ``out``, and the token shift keeps the input, not the output it was overwritten
+    with (it kept the output)."""
+    layer = layer_of(kind, True, input_size=H)
+    state, buf = fresh_state(layer), torch.randn(2, H)
+    twin, x = fresh_state(layer), buf.clone()
+    work = layer.step_workspace(2)
+    want = layer.step_(x, twin, torch.empty(2, H), work).clone()
+    got = layer.step_(buf, state, buf, work)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    torch.testing.assert_close(state.last_input, x, rtol=0, atol=0)
+    assert_unchanged(state, snapshot(twin))
+
+
+@pytest.mark.parametrize("kind", ["rwa", "rda"])
+def test_layer_step_in_place_refuses_a_previous_input_that_would_broadcast(kind):
+    """A token-shift state whose last_input has one row (or another width) is refused, not
+    broadcast into the step's buffer."""
+    layer = layer_of(kind, True)
+    state, x = fresh_state(layer), torch.randn(2, I)
+    for bad in (state.last_input[:1].clone(), torch.zeros(2, I + 1), None):
+        wrong = LayerState(state.scan, bad)
+        before = snapshot(state)
+        with pytest.raises((ValueError, TypeError), match=r"state.last_input"):
+            layer.step_(x, wrong, torch.empty(2, H), layer.step_workspace(2))
+        assert_unchanged(state, before)
+
+
+@pytest.mark.parametrize("kind", ["rwa", "rda"])
+def test_layer_step_in_place_takes_a_state_that_requires_grad(kind):
+    """A state straight out of a forward with autograd (its tensors require grad) steps in
+    place like a detached one: step_ runs without autograd."""
+    layer = layer_of(kind, True)
+    x = torch.randn(2, 3, I)
+    _, graph_state = layer(x)
+    assert graph_state.scan.n.requires_grad
+    with torch.no_grad():
+        _, plain = layer(x)
+    got, want = torch.empty(2, H), torch.empty(2, H)
+    x_t = torch.randn(2, I)
+    layer.step_(x_t, graph_state, got)
+    layer.step_(x_t, plain, want)
+    assert torch.equal(got, want)
+    assert torch.equal(graph_state.scan.n.detach(), plain.scan.n)
+
+
+# -- the layers check x's dtype ------------------------------------------------------------
+@pytest.mark.parametrize("cls", [RWA, RDA])
+def test_scan_layers_name_a_wrong_input_dtype(cls):
+    layer = cls(I, H)
+    with pytest.raises(TypeError, match=r"x must have the layer's dtype torch.float32.*"
+                                        r"torch.float64"):
+        layer(torch.randn(2, 3, I, dtype=torch.float64))
+    with pytest.raises(TypeError, match=r"x_t must have the layer's dtype.*float64"):
+        layer.step(torch.randn(2, I, dtype=torch.float64))
+    with pytest.raises(TypeError, match=r"x must have a floating dtype.*torch.int64"):
+        layer(torch.ones(2, 3, I, dtype=torch.long))
+    with torch.autocast("cpu", dtype=torch.bfloat16):      # autocast casts at the product
+        out, _ = layer(torch.randn(2, 3, I, dtype=torch.float16))
+        assert out.shape == (2, 3, H)
+        with pytest.raises(TypeError, match=r"x must have the layer's dtype"):
+            layer(torch.randn(2, 3, I, dtype=torch.float64))    # (autocast leaves float64)
+    layer.double()
+    out, _ = layer(torch.randn(2, 3, I, dtype=torch.float64))    # now the layer's dtype
+    assert out.dtype == torch.float64
+
+
+# -- discount timescales -------------------------------------------------------------------
+@pytest.mark.parametrize("shortest,longest,name", [
+    (2.0, math.inf, "longest"), (math.inf, math.inf, "shortest"), (2.0, math.nan, "longest"),
+    (1.0, 10.0, "shortest"), (2.0, 0.5, "longest"), (2.0, 10 ** 400, "longest"),
+])
+def test_discount_timescales_must_be_finite_and_above_one(shortest, longest, name):
+    layer = RDA(I, H)
+    bias = layer.proj.bias.detach().clone()
+    with pytest.raises(ValueError, match=rf"{name} must be a finite number > 1"):
+        layer.set_discount_timescales(shortest, longest)
+    assert torch.equal(layer.proj.bias, bias)
+
+
+def test_discount_timescales_give_finite_outputs_up_to_huge_lengths():
+    layer = RDA(I, H)
+    layer.set_discount_timescales(1.5, 1e300)
+    out, _ = layer(torch.randn(2, 4, I))
+    assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("call", ["forward", "step"])
+def test_layer_state_last_input_is_checked(call):
+    """A state's last_input of another dtype, or given to a layer without token shift, is
+    refused naming it (both were accepted: the first silently promoted)."""
+    shifted, plain = RDA(4, 6, token_shift=True), RDA(4, 6)
+    x = torch.randn(2, 3, 4)
+    _, state = shifted(x)
+    run = (lambda layer, st: layer(x, st)) if call == "forward" \
+        else (lambda layer, st: layer.step(x[:, 0], st))
+    wrong = LayerState(state.scan, state.last_input.double())
+    with pytest.raises(TypeError, match=r"state.last_input must have dtype torch.float32, "
+                                        r"got torch.float64"):
+        run(shifted, wrong)
+    with pytest.raises(ValueError, match="state.last_input must be None: this layer has no "
+                                         "token shift"):
+        run(plain, state)
+    run(shifted, state)                                    # the layer's own state runs
+    run(plain, LayerState(state.scan, None))

@@ -420,3 +420,13 @@ def test_layer_fields_lists_what_each_layer_reads(layer):
     base = built()
     for name, value in FLIPPED.items():
         assert same(base, built(**{name: value})) == (name not in LAYER_FIELDS[layer]), name
+
+
+def test_bytelm_load_refuses_another_models_directory_naming_load_pretrained(tmp_path):
+    from fastrwa.models import RecurrentLM, load_pretrained, save_pretrained
+
+    save_pretrained(build(LMConfig(d_model=8, n_layers=1, layer="gru")), tmp_path)
+    with pytest.raises(ValueError, match=r"holds a 'gru' model, not a ByteLM: load it with "
+                                         r"fastrwa.models.load_pretrained"):
+        ByteLM.load(tmp_path)
+    assert isinstance(load_pretrained(tmp_path), RecurrentLM)

@@ -2,14 +2,18 @@
 ``fastrwa.hf``, ``python -m fastrwa.generate``), issue 53: a ``config.json`` that no longer
 matches the weights is refused (item 2), a cut-short or damaged ``model.safetensors`` is the
 one-line "weights are damaged" error (item 7), and the files written honour the umask
-(item 13). The parts through transformers are skipped where the ``hf`` extra is absent and
-not under CI (as tests/test_hf.py)."""
+(item 13). Exported weights carry CRCs (a file saved without them is unverified, not
+corrupt), a flipped byte in ``model.pt`` is refused, and an unreadable archive is an OSError,
+not "corrupt". The parts through transformers are skipped where the ``hf`` extra is absent
+and not under CI (as tests/hf/test_hf.py)."""
 
 import json
 import os
 import re
 import stat
 import struct
+import zipfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -239,3 +243,62 @@ def test_an_interrupted_write_leaves_no_tmp_file(tmp_path, raised):
         write_atomically(path, write)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json"]
     assert path.read_bytes() == b"earlier"
+
+
+# -- exported weights carry CRCs, and a damaged export is refused --------------------------
+def _record_data_offset(path: Path, suffix: str) -> int:
+    """Where the bytes of the zip record whose name ends with ``suffix`` start."""
+    with zipfile.ZipFile(path) as z:
+        info = next(i for i in z.infolist() if i.filename.endswith(suffix))
+    with open(path, "rb") as f:
+        f.seek(info.header_offset)
+        header = f.read(30)
+    name_len, extra_len = int.from_bytes(header[26:28], "little"), \
+        int.from_bytes(header[28:30], "little")
+    return info.header_offset + 30 + name_len + extra_len
+
+
+def test_an_export_with_a_flipped_byte_is_refused(tmp_path):
+    from fastrwa.models import LMConfig, build, load_pretrained, save_pretrained
+
+    model = build(LMConfig(d_model=8, n_layers=1))
+    save_pretrained(model, tmp_path / "m")
+    weights = tmp_path / "m" / "model.pt"
+    data = bytearray(weights.read_bytes())
+    data[_record_data_offset(weights, "data/0") + 3] ^= 0x7F   # the embedding's first value
+    weights.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=r"model\.pt is corrupt.*CRC"):
+        load_pretrained(tmp_path / "m")
+
+
+def test_our_saves_write_crcs_and_a_file_without_crcs_is_unverified_not_corrupt(tmp_path):
+    from fastrwa.models import LMConfig, build, load_pretrained, save_pretrained
+
+    model = build(LMConfig(d_model=8, n_layers=1))
+    serialization = torch.serialization
+    serialization.set_crc32_options(False)
+    try:
+        save_pretrained(model, tmp_path / "m")           # ours: CRCs written anyway
+        assert serialization.get_crc32_options() is False          # and the option restored
+        with zipfile.ZipFile(tmp_path / "m" / "model.pt") as z:
+            assert all(i.CRC != 0 for i in z.infolist() if i.file_size > 0)
+        torch.save(model.state_dict(), tmp_path / "m" / "model.pt")   # someone else's
+    finally:
+        serialization.set_crc32_options(True)
+    with pytest.warns(UserWarning, match="written without CRCs.*cannot be verified"):
+        load_pretrained(tmp_path / "m")
+
+
+def test_an_unreadable_archive_is_an_oserror_not_corrupt(tmp_path, monkeypatch):
+    import errno as errno_
+    from fastrwa.models import storage
+
+    path = tmp_path / "checkpoint.pt"
+    torch.save({"a": torch.ones(2)}, path)
+
+    def denied(*args, **kwargs):
+        raise PermissionError(errno_.EACCES, "Permission denied", str(path))
+
+    monkeypatch.setattr(storage.zipfile, "ZipFile", denied)
+    with pytest.raises(PermissionError, match="Permission denied"):
+        storage.check_archive(path, "checkpoint")

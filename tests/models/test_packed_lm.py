@@ -16,7 +16,7 @@ from fastrwa.ops import decode_host
 from fastrwa.kernels.cpu.sync import GO
 from helpers import in_forked_child
 
-TEXT = list((pathlib.Path(__file__).resolve().parents[1] / "README.md").read_bytes())
+TEXT = list((pathlib.Path(__file__).resolve().parents[2] / "README.md").read_bytes())
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,9 @@
-"""torch.compile sees the scan as one custom op: full graphs, no graph break, same numbers."""
+"""torch.compile sees the scan as one custom op: full graphs, no graph break, same numbers;
+inside a compiled graph the op still refuses bad packed offsets (``cu_seqlens``)."""
+
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -229,3 +234,36 @@ def test_use_backend_holds_in_a_compiled_graph(monkeypatch):
     assert [b for b, _ in calls] == ["numba", "numba", "torch", "torch"], calls
     for c, e in zip(compiled, eager):
         torch.testing.assert_close(c, e, rtol=1e-5, atol=1e-6)
+
+
+_COMPILED_BAD_OFFSETS = textwrap.dedent("""
+    import sys, torch, fastrwa
+    backend = sys.argv[1]
+    @torch.compile(backend="eager", fullgraph=True)
+    def f(z, a, cu):
+        return fastrwa.rwa_scan(z, a, cu_seqlens=cu)[0]
+    z, a = torch.randn(1, 6, 3), torch.randn(1, 6, 3)
+    with fastrwa.use_backend(backend):
+        print(f(z, a, torch.tensor([0, 2, 6])).shape)   # good offsets compile and run
+        for bad in ([0, 9, 6], [0, 4, 2, 6], [0, 2, 7], [-3, 2, 6], [0, 2, 5]):
+            try:
+                f(z, a, torch.tensor(bad))
+            except Exception as error:
+                assert "cu_seqlens must start at 0, never decrease and end at T = 6" in \\
+                    str(error), error
+            else:
+                raise SystemExit(f"offsets {bad} were accepted")
+    print("refused")
+""")
+
+
+@pytest.mark.parametrize("name", ["numba", "torch"])
+def test_bad_offsets_are_refused_inside_a_compiled_graph(name):
+    """A compiled graph skips the public checks, so the op checks packed offsets itself:
+    offsets past T or decreasing are refused, never read out of bounds (they crashed the
+    process or returned uninitialised memory). In a child process, as the old failure was
+    a crash."""
+    done = subprocess.run([sys.executable, "-c", _COMPILED_BAD_OFFSETS, name],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.strip().endswith("refused")

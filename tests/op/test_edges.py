@@ -2,7 +2,9 @@
 the limit, a step that is both masked and fully forgotten resets the average, and the
 extremes of the float range stay exact. Each row is compared with an expected output
 (written out where the limit is known, else the float64 reference) and so, through it,
-every backend with every other. Empty sizes work with autograd."""
+every backend with every other. Empty sizes work with autograd; finite logits just above
+the lowest float are weights, not masks; a log discount of -inf forgets a past whose maximum
+is +inf."""
 
 import math
 
@@ -12,6 +14,7 @@ import torch
 import fastrwa
 from fastrwa.reference import rda_scan_reference, weighted_scan_reference
 from fastrwa.state import ScanState
+from helpers import TOL
 
 NAN, INF = math.nan, math.inf
 
@@ -123,3 +126,40 @@ def test_empty_sizes_with_autograd(backend, shape):
     grads = torch.autograd.grad(y.sum() + state.n.sum(), (z, a, g), allow_unused=True)
     for x, gr in zip((z, a, g), grads):
         assert gr is None or (gr.shape == x.shape and not torch.isnan(gr).any())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_finite_logits_near_the_float_minimum_are_weights(backend, dtype):
+    """Only -inf masks: finite logits just above the lowest float count (numba read logits
+    below -3e38 as masked and gave 0)."""
+    if backend.name == "triton" and dtype == torch.float64:
+        dtype = torch.float32
+    low = torch.finfo(dtype).min
+    z = torch.tensor([1.0, 2.0, 3.0, 6.0], dtype=dtype).view(1, -1, 1)
+    for a_values, expected in (([low, low, low, low], [1, 1.5, 2, 3]),
+                               ([low, -INF, low * 0.99, low], [1, 1, 3, 3])):
+        a = torch.tensor(a_values, dtype=dtype).view(1, -1, 1)
+        y, state = fastrwa.rwa_scan(z, a, output_final_state=True)
+        torch.testing.assert_close(y.flatten().double(), torch.tensor(expected).double(),
+                                   rtol=TOL[dtype]["y"], atol=0)
+        assert torch.isfinite(state.m).all() and (state.d > 0).all()
+
+
+def test_a_forgotten_infinite_maximum_is_forgotten(backend):
+    """A log discount of -inf forgets the past even when its maximum is +inf (the limit; it
+    was inf - inf = NaN on every backend)."""
+    dt = backend.dtype
+    z = torch.tensor([1.0, 5.0, 3.0, 4.0], dtype=dt).view(1, -1, 1)
+    lw = torch.tensor([0.1, INF, 0.5, 2.0], dtype=dt).view(1, -1, 1)
+    ld = torch.tensor([0.0, -0.3, -INF, -0.2], dtype=dt).view(1, -1, 1)
+    leaves = [x.clone().requires_grad_() for x in (z, lw, ld)]
+    y, _ = fastrwa.weighted_scan(*leaves)
+    w2, w3 = math.exp(0.5 - 0.2), math.exp(2.0)
+    expected = torch.tensor([1, 5, 3, (3 * w2 + 4 * w3) / (w2 + w3)], dtype=torch.float64)
+    torch.testing.assert_close(y.flatten().double(), expected, rtol=TOL[dt]["y"], atol=0)
+    grads = torch.autograd.grad(y.sum(), leaves)
+    assert all(torch.isfinite(gr).all() for gr in grads)
+    gz = grads[0].flatten().double()
+    torch.testing.assert_close(gz, torch.tensor([1, 1, 1 + w2 / (w2 + w3), w3 / (w2 + w3)],
+                                                dtype=torch.float64),
+                               rtol=TOL[dt]["grad"], atol=TOL[dt]["grad"])

@@ -1,13 +1,19 @@
 """The analytic backward against autograd: gradcheck in float64, the float64 reference's
-autograd for float32/bfloat16/float16, and the extremes (+-1e4 logits, -inf masks, gamma ~ 0, 1)."""
+autograd for float32/bfloat16/float16, and the extremes (+-1e4 logits, -inf masks, gamma ~ 0, 1).
+On every backend: the gradient of a small relu logit that is the only weight so far, the
+gradients at +inf logits (the limit, with and without a discount), and no gradient through
+steps masked while nothing has been seen."""
+
+import math
 
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+import fastrwa
 from fastrwa.reference import rwa_scan_reference, weighted_scan_reference
 from fastrwa.state import ScanState
-from helpers import (ATTENTIONS, compare_gradients, leaf, loss_and_grads, make_inputs,
+from helpers import (ATTENTIONS, TOL, compare_gradients, leaf, loss_and_grads, make_inputs,
                      make_state, randn, run)
 
 
@@ -135,3 +141,106 @@ def test_random_shapes_gradients(exact_backend, B, T, D, chunk, attention, decay
     z, a, g = make_inputs(B, T, D, attention=attention, decay=decay, seed=seed)
     state = make_state(B, D, seed=seed + 1) if with_state else None
     compare_gradients(z, a, g, attention, state, reverse, chunk, torch.float64)
+
+
+def _relu_mean_loop(z, a, g, gy):
+    """Loss ``sum_t gy_t y_t`` of the relu RDA in float64, as the running mean
+    ``y_t = y_{t-1} + s_t (z_t - y_{t-1})`` with ``w = relu(a)``, ``d_t = gamma_t d_{t-1} +
+    w_t`` and the share ``s_t = w_t / d_t`` written ``1 / (1 + gamma_t d_{t-1} / w_t)``: no
+    step, and no step of its autograd, subtracts two large numbers, so the gradient is exact
+    to float64 rounding even for a tiny first weight."""
+    y, d, loss = (torch.zeros((), dtype=torch.float64) for _ in range(3))
+    for t in range(len(z)):
+        w = torch.relu(a[t])
+        kept = torch.sigmoid(g[t]) * d
+        share = torch.where(w > 0, 1 / (1 + kept / torch.where(w > 0, w, 1)), 0)
+        d = kept + w
+        y = y + share * (z[t] - y)
+        loss = loss + gy[t] * y
+    return loss
+
+
+@pytest.mark.parametrize("a0", [1e-30, 1e-20, 1e-12, 1e-8, 1e-6, 1e-3])
+def test_relu_gradient_of_a_small_first_weight(backend, a0):
+    """A small positive relu logit that is the only weight so far keeps its gradient
+    (it was lost to cancellation: 0 instead of about 1.65 below 1e-8)."""
+    z = torch.tensor([0.3, -1.0, 0.5, 2.0, 0.7], dtype=torch.float64)
+    a = torch.tensor([a0, 1.0, 0.5, 2.0, 0.25], dtype=torch.float64)
+    g = torch.tensor([0.0, 3.0, -1.0, 2.0, 0.5], dtype=torch.float64)
+    gy = torch.tensor([1.0, -0.5, 1.0, 0.25, 2.0], dtype=torch.float64)
+    a64 = a.clone().requires_grad_()
+    (want,) = torch.autograd.grad(_relu_mean_loop(z, a64, g, gy), a64)
+    dt = backend.dtype
+    leaf = a.to(dt).view(1, -1, 1).requires_grad_()
+    y, _ = fastrwa.rda_scan(z.to(dt).view(1, -1, 1), leaf, g.to(dt).view(1, -1, 1),
+                            attention="relu")
+    (got,) = torch.autograd.grad(y, leaf, gy.to(dt).view(1, -1, 1))
+    rtol = 1e-9 if dt == torch.float64 else 1e-4
+    torch.testing.assert_close(got.flatten().double(), want, rtol=rtol, atol=rtol)
+
+
+INF = math.inf
+
+
+# (z, a, expected gradients of sum(y) for z and for a): +inf logits take the limit the
+# forward takes (an infinite logit dominates; equal infinite logits share the weight).
+INF_ROWS = [
+    ("one +inf logit", [1, 5, 3], [0, INF, 0], [1, 2, 0], [0, 0, 0]),
+    ("two +inf logits", [1, 5, 3], [INF, 0, INF], [2.5, 0, 0.5], [-0.5, 0, 0.5]),
+    ("+inf first", [2, 1, 4], [INF, 1, -1], [3, 0, 0], [0, 0, 0]),
+]
+
+
+@pytest.mark.parametrize("z,a,gz,ga", [r[1:] for r in INF_ROWS], ids=[r[0] for r in INF_ROWS])
+def test_gradients_at_inf_logits_are_the_limit(backend, z, a, gz, ga):
+    """The gradient at +inf logits is the limit, the same on every backend (it was NaN on
+    torch and Triton)."""
+    dt = backend.dtype
+    z_, a_ = (torch.tensor(v, dtype=dt).view(1, -1, 1).requires_grad_() for v in (z, a))
+    y, _ = fastrwa.rwa_scan(z_, a_)
+    got_z, got_a = torch.autograd.grad(y.sum(), (z_, a_))
+    torch.testing.assert_close(got_z.flatten().double(), torch.tensor(gz, dtype=torch.float64))
+    torch.testing.assert_close(got_a.flatten().double(), torch.tensor(ga, dtype=torch.float64))
+
+
+def test_inf_logits_with_a_discount_agree_with_the_torch_backend(backend):
+    """With a discount and a state, +inf logits give finite gradients, equal on every backend."""
+    dt = backend.dtype
+    z = torch.tensor([1.0, 5.0, 3.0, -2.0], dtype=dt).view(1, -1, 1)
+    a = torch.tensor([0.0, INF, 0.5, INF], dtype=dt).view(1, -1, 1)
+    g = torch.tensor([0.0, 1.0, -1.0, 2.0], dtype=dt).view(1, -1, 1)
+    sdt = torch.float64 if dt == torch.float64 else torch.float32
+    state = fastrwa.ScanState(*(torch.tensor([[v]], dtype=sdt) for v in (0.5, 2.0, 1.5)))
+
+    def grads(name):
+        leaves = [x.clone().requires_grad_() for x in (z, a, g, *state)]
+        with fastrwa.use_backend(name):
+            y, st = fastrwa.rda_scan(*leaves[:3], initial_state=fastrwa.ScanState(*leaves[3:]),
+                                     output_final_state=True)
+        return torch.autograd.grad(y.sum() + st.n.sum() + st.d.sum(), leaves)
+
+    for got, want in zip(grads(backend.name), grads("torch")):
+        assert torch.isfinite(got).all()
+        torch.testing.assert_close(got, want, rtol=TOL[dt]["grad"], atol=TOL[dt]["grad"])
+
+
+def test_an_all_masked_sequence_passes_no_gradient(backend):
+    """Masked steps while nothing has been seen weigh nothing, also for the gradient that
+    enters through the final state (Triton gave the last one weight 1)."""
+    dt = backend.dtype
+    z, lw, ld = (torch.randn(2, 5, 3, dtype=dt) for _ in range(3))
+    lw = lw.clone()
+    lw[0] = -INF                                  # row 0: every step masked
+    lw[1, 3:] = -INF                              # row 1: the last two masked, after a
+    ld = -ld.abs()                                # forgotten past (below)
+    ld[1, 2] = -INF
+    leaves = [x.clone().requires_grad_() for x in (z, lw, ld)]
+    y, st = fastrwa.weighted_scan(*leaves, output_final_state=True)
+    loss = y.sum() + st.n.sum() + 0.5 * st.d.sum()
+    got = torch.autograd.grad(loss, leaves)
+    assert (got[0][0] == 0).all() and (got[1][0] == 0).all() and (got[2][0] == 0).all()
+    with fastrwa.use_backend("torch"):
+        y_t, st_t = fastrwa.weighted_scan(*leaves, output_final_state=True)
+        want = torch.autograd.grad(y_t.sum() + st_t.n.sum() + 0.5 * st_t.d.sum(), leaves)
+    for g_, w_ in zip(got, want):
+        torch.testing.assert_close(g_, w_, rtol=TOL[dt]["grad"], atol=TOL[dt]["grad"])

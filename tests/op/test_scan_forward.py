@@ -1,11 +1,14 @@
-"""The forward of every backend against the reference: lengths, chunkings, dtypes, extremes."""
+"""The forward of every backend against the reference: lengths, chunkings, dtypes, extremes;
+and inputs in any memory layout (strided, transposed, expanded, at an offset) give, in every
+dtype, the outputs and gradients of the same numbers made contiguous."""
 
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+import fastrwa
 from helpers import (ATTENTIONS, TOL, assert_close, compare_gradients, make_inputs, make_state,
-                     reference, run)
+                     randn, reference, run)
 
 LENGTHS = [1, 2, 3, 5, 7, 13, 16, 17, 64, 65, 97]
 CHUNKS = [None, 1, 2, 3, 4, 8]
@@ -137,3 +140,51 @@ def test_random_shapes_every_backend(backend, B, T, D, attention, decay, with_st
     y, _ = run(z, a, g, attention, state, reverse=reverse)
     assert_close(y, reference(z, a, g, attention, state, reverse)[0], backend.tol["y"], "y")
     compare_gradients(z, a, g, attention, state, reverse, None, backend.dtype)
+
+
+DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _dtypes(backend):
+    """The input dtypes a backend takes (Triton refuses float64; tests/backends/test_selection.py)."""
+    return [dt for dt in DTYPES if backend.name != "triton" or dt != torch.float64]
+
+
+def _layouts(B, T, D, dtype, gen):
+    """``(name, make)``: ``make()`` returns a ``(B, T, D)`` view in that layout of fresh
+    random numbers (the same numbers for every layout)."""
+    base = randn(B, T, D, gen=gen)
+    return [
+        ("contiguous", lambda: base.to(dtype).clone()),
+        ("transposed", lambda: base.transpose(1, 2).to(dtype).contiguous().transpose(1, 2)),
+        ("every other channel",
+         lambda: torch.stack([base, base], dim=3).to(dtype).reshape(B, T, 2 * D)[..., ::2]),
+        ("slice of a projection", lambda: torch.cat([base, base], dim=2).to(dtype)[..., D:]),
+        ("expanded batch", lambda: base[:1].to(dtype).expand(B, T, D)),
+        ("at an offset",
+         lambda: torch.cat([torch.zeros(5, dtype=dtype), base.to(dtype).flatten()])[5:]
+         .view(B, T, D)),
+    ]
+
+
+@pytest.mark.parametrize("layout", range(6), ids=[name for name, _ in _layouts(1, 1, 1, torch.float32, torch.Generator())])
+def test_every_dtype_and_layout_gives_the_contiguous_answer(backend, layout):
+    """Inputs in any layout give the outputs and gradients of the same numbers made
+    contiguous, for every dtype (float16 strided along channels was misread on numba)."""
+    B, T, D = 2, 7, 5
+    for dtype in _dtypes(backend):
+        gen = torch.Generator().manual_seed(3)
+        made = [_layouts(B, T, D, dtype, gen)[layout][1]() for _ in range(3)]
+        if layout == 4:     # (the expanded batch shares row 0, as its name says)
+            assert made[0].stride(0) == 0
+        leaves = [x.detach().requires_grad_() for x in made]
+        flat = [x.detach().contiguous().requires_grad_() for x in made]
+        gy = randn(B, T, D, gen=gen).to(dtype)
+        y, _ = fastrwa.rda_scan(*leaves, attention="softplus")
+        y_flat, _ = fastrwa.rda_scan(*flat, attention="softplus")
+        torch.testing.assert_close(y, y_flat, rtol=0, atol=0, msg=f"y, {dtype}")
+        got = torch.autograd.grad(y, leaves, gy)
+        want = torch.autograd.grad(y_flat, flat, gy)
+        for i, (g_, w_) in enumerate(zip(got, want)):
+            torch.testing.assert_close(g_, w_, rtol=TOL[dtype]["grad"], atol=TOL[dtype]["grad"],
+                                       msg=f"gradient #{i}, {dtype}")

@@ -1,4 +1,6 @@
-"""Streaming: a scan of x[:, :k] continued by a scan or by steps over x[:, k:] equals one scan of x."""
+"""Streaming: a scan of x[:, :k] continued by a scan or by steps over x[:, k:] equals one scan of x.
+The in-place step (``rda_step_``) refuses self-overlapping buffers and, under autograd,
+tensors that require grad, naming them, and steps interleaved views that share no element."""
 
 import pytest
 import torch
@@ -229,3 +231,72 @@ def test_in_place_steps_refuse_overlapping_buffers(backend):
         fastrwa.rda_step_(z, a, g, state, out)
         y, _ = fastrwa.rda_step(z, a, g)
         assert_close(out, y.double(), backend.tol["y"], "y")
+
+
+@pytest.mark.parametrize("which", ["out", "state.n"])
+def test_inplace_step_refuses_a_self_overlapping_tensor_before_touching_anything(backend, which):
+    """An expanded (self-overlapping) ``out`` or state tensor is refused by the in-place step,
+    naming it, with the state as it was (a sibling of the layers' step_ checks)."""
+    dt = backend.dtype
+    sdt = torch.float64 if dt == torch.float64 else torch.float32
+    z, a, g = (torch.randn(3, 4, dtype=dt) for _ in range(3))
+    state = fastrwa.ScanState(*(torch.randn(3, 4, dtype=sdt) for _ in range(2)),
+                              torch.rand(3, 4, dtype=sdt) + 1)
+    out = torch.empty(3, 4, dtype=dt)
+    if which == "out":
+        out = torch.empty(1, 4, dtype=dt).expand(3, 4)
+    else:
+        state = state._replace(n=state.n[:1].expand(3, 4))
+    before = [s.clone() for s in state]
+    with torch.no_grad(), pytest.raises(ValueError, match=f"{which} overlaps itself"):
+        fastrwa.rda_step_(z, a, g, state, out)
+    for s, b in zip(state, before):
+        torch.testing.assert_close(s, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("which", ["out", "state.m", "state.d"])
+def test_inplace_step_with_tensors_that_require_grad(backend, which):
+    """A state tensor or ``out`` that requires grad: refused under autograd, naming it (the
+    step records no graph); stepped under no_grad like detached tensors, on every backend
+    (numba's NumPy views refused such tensors)."""
+    dt = backend.dtype
+    sdt = torch.float64 if dt == torch.float64 else torch.float32
+    z, a, g = (torch.randn(3, 4, dtype=dt) for _ in range(3))
+    plain = fastrwa.ScanState(torch.randn(3, 4, dtype=sdt), torch.randn(3, 4, dtype=sdt),
+                              torch.rand(3, 4, dtype=sdt) + 1)
+    grad = fastrwa.ScanState(*(t.clone().requires_grad_(f"state.{f}" == which)
+                               for f, t in zip(fastrwa.ScanState._fields, plain)))
+    out = torch.empty(3, 4, dtype=dt, requires_grad=which == "out")
+    with pytest.raises(RuntimeError, match=f"{which} requires grad"):
+        fastrwa.rda_step_(z, a, g, grad, out)
+    with torch.no_grad():
+        fastrwa.rda_step_(z, a, g, grad, out)
+        want = torch.empty(3, 4, dtype=dt)
+        fastrwa.rda_step_(z, a, g, plain, want)
+    torch.testing.assert_close(out.detach(), want, rtol=0, atol=0)
+    for s, p in zip(grad, plain):
+        torch.testing.assert_close(s.detach(), p, rtol=0, atol=0)
+
+
+def test_inplace_step_takes_interleaved_views_that_share_no_element(backend):
+    """``m, n, d`` as interleaved columns of one buffer (``buf[:, 0::3]`` ...) share no
+    element: stepped like separate tensors; views that do share one are still refused."""
+    dt = backend.dtype
+    sdt = torch.float64 if dt == torch.float64 else torch.float32
+    z, a, g = (torch.randn(3, 4, dtype=dt) for _ in range(3))
+    plain = fastrwa.ScanState(torch.randn(3, 4, dtype=sdt), torch.randn(3, 4, dtype=sdt),
+                              torch.rand(3, 4, dtype=sdt) + 1)
+    buf = torch.empty(3, 12, dtype=sdt)
+    views = fastrwa.ScanState(buf[:, 0::3], buf[:, 1::3], buf[:, 2::3])
+    for v, p in zip(views, plain):
+        v.copy_(p)
+    out, want = torch.empty(3, 4, dtype=dt), torch.empty(3, 4, dtype=dt)
+    with torch.no_grad():
+        fastrwa.rda_step_(z, a, g, views, out)
+        fastrwa.rda_step_(z, a, g, plain, want)
+        torch.testing.assert_close(out, want, rtol=0, atol=0)
+        for v, p in zip(views, plain):
+            torch.testing.assert_close(v, p, rtol=0, atol=0)
+        shared = views._replace(d=buf[:, 1:12:3])             # the same elements as n
+        with pytest.raises(ValueError, match="state.n and state.d share memory"):
+            fastrwa.rda_step_(z, a, g, shared, out)

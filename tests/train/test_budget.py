@@ -1,15 +1,21 @@
-"""``--minutes M`` (issue 53, item 11): the plan scales the steps, the warm-up and the
-intervals to the budget, and the run keeps to the wall clock when its steps get slower
+"""``--minutes M`` (issue 53, item 11): the run is sized from a calibration and recorded in
+config.json; the plan scales the steps, the warm-up and the intervals to the budget, and the run keeps to the wall clock when its steps get slower
 than calibrated, ending early with one line."""
 
 import json
 import time
+from pathlib import Path
 
 from fastrwa.train import budget, cli, problems
 from fastrwa.train.cli import main as train_main
 from fastrwa.train.config import RunConfig
 
 TINY = ["--seq-len", "10", "--hidden", "4", "--batch-size", "2", "--no-progress"]
+
+
+def _run(tmp_path: Path, name: str, *flags) -> tuple[int, Path]:
+    args = ["--run-dir", str(tmp_path / name), "--no-progress", *map(str, flags)]
+    return train_main(args), tmp_path / name
 
 
 def test_the_plan_fills_the_budget_with_steps_and_several_evaluations():
@@ -113,3 +119,29 @@ def test_minutes_keeps_to_the_clock_when_checkpoints_are_slow(tmp_path, monkeypa
     records = [json.loads(line)
                for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert records[-1]["split"] == "test"
+
+
+def test_minutes_sizes_the_run_from_a_calibration(tmp_path, monkeypatch, capsys):
+    """--minutes M: the steps that fill M minutes at the calibrated seconds per step, the
+    schedule decaying over them, recorded in config.json (a resume trains the same run);
+    refused with --steps or not positive (with --resume the plan made at the start stands:
+    tests/train/test_resume.py)."""
+    from fastrwa.train import budget, cli
+    cal = budget.calibrate(cli.RunConfig(seq_len=10, hidden=4, batch_size=2))
+    assert cal.step_s > 0 and cal.valid_s > 0 and cal.test_s > 0
+    monkeypatch.setattr(cli, "calibrate", lambda cfg: budget.Calibration(0.5, 0.0, 0.0))
+    code, run = _run(tmp_path, "run", "--seq-len", 10, "--hidden", 4, "--batch-size", 2,
+                     "--minutes", 0.1)
+    assert code == 0
+    saved = json.loads((run / "config.json").read_text())
+    assert saved["steps"] == saved["decay_steps"] in (11, 12)   # (6 s, less the calibration)
+    assert saved["eval_every"] == 2
+    assert f"--minutes 0.1: 0.5 s a step here, 0 s an evaluation: {saved['steps']} steps, " \
+        f"evaluated every 2, warm-up 0" in capsys.readouterr().err
+    for flags, words in ((["--minutes", 1, "--steps", 5], "not with --steps"),
+                         (["--minutes", 0], "--minutes must be a positive finite number"),
+                         (["--minutes", "nan"], "--minutes must be a positive finite number"),
+                         (["--minutes", -1, "--resume", run],
+                          "--minutes must be a positive finite number")):
+        code, _ = _run(tmp_path, "other", *flags)
+        assert code == 2 and words in capsys.readouterr().err

@@ -2,7 +2,10 @@
 and 5): one line, exit status 128 + the signal, no traceback, and the files the line
 promises. Phases are hit deterministically: ``FASTRWA_TRAIN_PAUSE_AT=PHASE`` makes a
 process wait for a signal there (subprocesses), or the pause point of that phase sends this
-process the signal itself (in-process runs of the CLI, which installs the same handlers)."""
+process the signal itself (in-process runs of the CLI, which installs the same handlers).
+During training a signal stops the run at the next step with a checkpoint, and the resumed
+run ends with the uninterrupted run's metrics; a second Ctrl-C exits at once, a second
+SIGTERM does not hurry the stop."""
 
 import json
 import os
@@ -295,3 +298,89 @@ def test_uninterrupted_raises_the_owed_signal_from_the_error():
     assert (caught.value.status, str(caught.value.__cause__)) == (130, "disk full")
     assert caught.value.line("nothing was written") == (
         "SIGINT during calibration: stopped at once; error: disk full; nothing was written")
+
+
+def _cli(run_dir: Path, *flags) -> subprocess.Popen:
+    """``python -m fastrwa.train`` on a small adding run, as a process of its own."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "fastrwa.train", "--steps", "400", "--seq-len", "20",
+         "--hidden", "8", "--batch-size", "4", "--log-every", "10", "--eval-every", "100",
+         "--checkpoint-every", "1000", "--no-progress", "--run-dir", str(run_dir), *flags],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def _wait_for_records(run_dir: Path, proc: subprocess.Popen, n: int = 2) -> None:
+    import time
+    for _ in range(600):
+        metrics = run_dir / "metrics.jsonl"
+        if metrics.is_file() and len(metrics.read_text().splitlines()) >= n:
+            return
+        assert proc.poll() is None, proc.stderr.read()
+        time.sleep(0.05)
+    raise AssertionError("the run wrote no metrics")
+
+
+def _records(run_dir: Path) -> list[dict]:
+    """The metrics without the clock (elapsed, throughput), which no two runs share."""
+    out = []
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        out.append({k: v for k, v in r.items()
+                    if k not in ("elapsed_s", "train_s", "tokens_per_s")})
+    return out
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_stops_at_a_step_with_a_checkpoint_and_resumes_exactly(tmp_path, signum):
+    """SIGINT or SIGTERM: the run stops at the next step boundary with a checkpoint there,
+    says the step and the --resume command, exits 128 + the signal (it was a 30-line
+    KeyboardInterrupt traceback, or a silent exit, and no checkpoint); the resumed run ends
+    with the uninterrupted run's metrics, record for record."""
+    whole = _cli(tmp_path / "whole")
+    assert whole.wait(timeout=600) == 0, whole.stderr.read()
+    run = tmp_path / "stopped"
+    proc = _cli(run)
+    _wait_for_records(run, proc)
+    proc.send_signal(signum)
+    assert proc.wait(timeout=600) == 128 + signum
+    err = proc.stderr.read()
+    assert f"stopped at step" in err and f"by {signal.Signals(signum).name}" in err, err
+    assert f"resume with: python -m fastrwa.train --resume {run}" in err and "Traceback" not in err
+    step = int(err.split("stopped at step ")[1].split()[0])
+    assert 0 < step < 400 and torch.load(run / "checkpoint.pt")["step"] == step
+    resumed = subprocess.run([sys.executable, "-m", "fastrwa.train", "--resume", str(run),
+                              "--no-progress"], capture_output=True, text=True, timeout=600,
+                             env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert resumed.returncode == 0, resumed.stderr
+    assert _records(run) == _records(tmp_path / "whole")
+
+
+def test_a_second_interrupt_exits_at_once(tmp_path):
+    """Ctrl-C, then Ctrl-C again while the step runs (slow steps): the second exits at once
+    (status 130, its one line), without the stop's checkpoint, and says there is none (it
+    said "the run directory keeps its last checkpoint"); a second SIGTERM (what a scheduler
+    or torchrun's agent sends) does not hurry the stop."""
+    run = tmp_path / "run"
+    proc = _cli(run, "--steps", "100000", "--seq-len", "3000", "--hidden", "64",
+                "--batch-size", "64", "--log-every", "1")
+    _wait_for_records(run, proc, n=1)
+    proc.send_signal(signal.SIGINT)
+    while "stopping after this step" not in proc.stderr.readline():
+        pass
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=600) == 130
+    err = proc.stderr.read()
+    assert "SIGINT again during training: stopped at once" in err, err
+    assert "the run has no checkpoint" in err and "stopped at step" not in err, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert not (run / "checkpoint.pt").exists()       # (--checkpoint-every 1000: none yet)
+    run = tmp_path / "term"
+    proc = _cli(run)
+    _wait_for_records(run, proc)
+    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=600) == 143
+    err = proc.stderr.read()
+    assert "stopped at step" in err and "exiting now" not in err, err
+    assert (run / "checkpoint.pt").is_file()

@@ -1,4 +1,5 @@
-"""Training: tasks, loaders, the CLI, exact resume after SIGKILL, torchrun with 2 processes."""
+"""Training: tasks, loaders, the CLI, exact resume after SIGKILL, torchrun with 2 processes;
+the plot's --out, log lines beside the progress bar, and the evaluations' progress bars."""
 
 import gzip
 import json
@@ -154,6 +155,9 @@ def test_whole_split_scores_every_byte_once(n, streams, segment):
 
 
 # -- the CLI ---------------------------------------------------------------------------------
+SYNTHETIC = ["--seq-len", 10, "--hidden", 4, "--batch-size", 2, "--log-every", 1]
+
+
 def _run(tmp_path, name, *flags):
     args = ["--run-dir", str(tmp_path / name), "--no-progress", *map(str, flags)]
     return train_main(args), tmp_path / name
@@ -758,3 +762,53 @@ def test_the_trainer_process_flushes_subnormals(monkeypatch):
     finally:
         torch.set_flush_denormal(False)              # (this test's process: as it was)
     assert seen == [0.0]
+
+
+def test_plot_writes_where_it_says_or_refuses_a_directory(tmp_path, capsys):
+    from fastrwa.train.plot import main as plot_main
+
+    code, run = _run(tmp_path, "run", *SYNTHETIC, "--steps", 2)
+    assert code == 0
+    (tmp_path / "out").mkdir()
+    capsys.readouterr()
+    assert plot_main([str(run), "--out", str(tmp_path / "out")]) == 2
+    assert "is a directory" in capsys.readouterr().err
+    assert not (tmp_path / "out.png").exists()
+    assert plot_main([str(run), "--out", str(tmp_path / "curves")]) == 0
+    printed = capsys.readouterr().out.strip()
+    assert Path(printed).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_log_line_during_training_is_not_glued_to_the_progress_bar(tmp_path, monkeypatch,
+                                                                    capsys):
+    """The CPU kernels' compile notice (a warning of the "fastrwa" logger) printed during a
+    step goes through the progress bar's writer: it starts a line of its own (it was
+    appended to the bar's line)."""
+    import logging
+
+    from fastrwa.train import problems
+    real = problems.SyntheticProblem.batch
+
+    def batch(self, step, streams):
+        if step == 3:
+            logging.getLogger("fastrwa").warning("fastrwa: a notice during a step")
+        return real(self, step, streams)
+    monkeypatch.setattr(problems.SyntheticProblem, "batch", batch)
+    assert train_main(["--steps", "6", "--seq-len", "10", "--hidden", "4", "--batch-size", "2",
+                       "--run-dir", str(tmp_path / "run")]) == 0
+    err = capsys.readouterr().err
+    at = err.index("fastrwa: a notice during a step")
+    assert err[at - 1] in "\r\n", repr(err[max(0, at - 40):at + 40])
+
+
+def test_evaluations_show_their_progress(tmp_path, capsys):
+    """Each evaluation shows a progress bar over its batches (the final one, on a whole test
+    split, can take minutes; it showed nothing), gone when it ends; none with
+    --no-progress."""
+    flags = ["--steps", "2", "--seq-len", "10", "--hidden", "4", "--batch-size", "2"]
+    assert train_main([*flags, "--run-dir", str(tmp_path / "shown")]) == 0
+    err = capsys.readouterr().err
+    assert "valid evaluation: 100%" not in err         # (left: the bar is cleared)
+    assert "valid evaluation:   0%" in err and "test evaluation:   0%" in err and "/4 " in err
+    assert train_main([*flags, "--no-progress", "--run-dir", str(tmp_path / "quiet")]) == 0
+    assert "evaluation:" not in capsys.readouterr().err
