@@ -71,4 +71,4 @@ __all__ = [
     "use_backend",
     "weighted_scan",
 ]
-__version__ = "0.1.0"
+__version__ = "0.2.0"
