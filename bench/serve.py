@@ -1,0 +1,226 @@
+"""The continuous-batching server against ``ByteLM.generate``: ``python -m bench.serve``.
+
+One run, on one freshly initialised model (speed does not depend on the weights' values;
+default: the default ``ByteLM``, d_model 256 x 4 blocks, its float32 fused CPU decode step):
+
+* ``ByteLM.generate`` at **batch 1** and **batch 64** (a 16-byte prompt, ``--bytes`` new
+  bytes a row, seeded sampling at temperature 1): bytes/s of the whole call (prompt
+  included), in ``--rounds`` rounds interleaved with the server's runs (another program's
+  load changes the machine's speed over a run: each round's 64 streams are compared with
+  that round's ``generate``, and the median ratio is reported);
+* ``python -m fastrwa.serve`` in a subprocess on 127.0.0.1, and for **1, 8 and 64
+  concurrent streams** (``--streams``), each a streaming ``/v1/completions`` request of
+  ``--bytes`` bytes from a real HTTP client (asyncio, HTTP/1.1, one connection a stream,
+  all sent at once): aggregate bytes/s (every stream's bytes over the time from the first
+  request to the last ``[DONE]``), time to first byte (request sent to the first text
+  event: queueing, the prompt's prefill, the first draw) and each stream's bytes/s (its
+  bytes over its time from request to ``[DONE]``; median);
+* where the server's time goes in each run (its ``/stats``): the decode step, the draws,
+  the prompts' prefill, the hand-over to the event loop, and the rest of the wall time
+  (the event loop's HTTP work and waits for the GIL; the client shares the machine too).
+
+The target (issue 55): 64 streams at 0.7x or more of batch-64 ``generate``'s bytes/s.
+Prints a table and writes ``OUT/serve.json`` (``--out``: by default ``bench-results/serve``,
+which git ignores; a committed record under bench/results/ only with ``--record``, never
+from ``--quick`` or smaller sizes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+
+import torch
+
+from bench.cli import (ROOT, add_out, check_out, int_at_least, int_list, positive_int,
+                       smaller)
+from fastrwa.models import ByteLM, LMConfig, PackedLM
+
+PROMPT = b"The quick brown "       # 16 bytes
+
+
+def generate_rate(packed: PackedLM, batch: int, n_bytes: int) -> float:
+    """Aggregate bytes/s of one ``generate`` call at ``batch`` rows with weights packed once,
+    as the server's (warmed first)."""
+    prompt = torch.tensor([list(PROMPT)] * batch)
+    packed.generate(prompt, 4, generator=torch.Generator().manual_seed(0))
+    began = time.perf_counter()
+    packed.generate(prompt, n_bytes, generator=torch.Generator().manual_seed(0))
+    return batch * n_bytes / (time.perf_counter() - began)
+
+
+async def one_stream(port: int, n_bytes: int, seed: int) -> dict:
+    """One streaming completion: when it was sent, its first text event, its end, bytes."""
+    body = json.dumps({"prompt": PROMPT.decode(), "max_tokens": n_bytes, "seed": seed,
+                       "stream": True, "stream_options": {"include_usage": True}}).encode()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    sent = time.perf_counter()
+    writer.write(b"POST /v1/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: "
+                 b"application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+    head = await reader.readuntil(b"\r\n\r\n")
+    if not head.startswith(b"HTTP/1.1 200"):
+        raise RuntimeError(f"the server answered {head[:200]!r}")
+    first, count, buffer, done = None, 0, b"", False
+    while not done:
+        size = int((await reader.readline()).strip(), 16)
+        if size == 0:
+            break
+        buffer += (await reader.readexactly(size + 2))[:-2]
+        *events, buffer = buffer.split(b"\n\n")
+        for event in events:
+            data = event[len(b"data: "):]
+            if data == b"[DONE]":
+                done = True
+                break
+            chunk = json.loads(data)
+            if chunk["choices"] and chunk["choices"][0]["text"] and first is None:
+                first = time.perf_counter()
+            if chunk.get("usage"):
+                count = chunk["usage"]["completion_tokens"]
+    end = time.perf_counter()
+    writer.close()
+    return dict(sent=sent, first=first or end, end=end, bytes=count)
+
+
+def fetch(port: int, path: str) -> dict:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=60) as r:
+        return json.loads(r.read())
+
+
+def serve_run(port: int, streams: int, n_bytes: int) -> dict:
+    before = fetch(port, "/stats")
+    results = asyncio.run(_gather(port, streams, n_bytes))
+    after = fetch(port, "/stats")
+    began = min(r["sent"] for r in results)
+    wall = max(r["end"] for r in results) - began
+    total = sum(r["bytes"] for r in results)
+    spent = {k: after[k] - before[k] for k in ("step_s", "draw_s", "prefill_s", "notify_s",
+                                               "busy_s", "steps", "rows_stepped")}
+    return dict(
+        streams=streams, bytes=total, wall_s=wall, bytes_per_s=total / wall,
+        ttfb_ms=dict(median=1e3 * statistics.median(r["first"] - r["sent"] for r in results),
+                     max=1e3 * max(r["first"] - r["sent"] for r in results)),
+        per_stream_bytes_per_s=statistics.median(
+            r["bytes"] / (r["end"] - r["sent"]) for r in results),
+        engine=dict(spent, rows_per_step=spent["rows_stepped"] / max(1, spent["steps"]),
+                    other_s=wall - spent["busy_s"] - spent["notify_s"]))
+
+
+async def _gather(port: int, streams: int, n_bytes: int) -> list:
+    return await asyncio.gather(*(one_stream(port, n_bytes, seed) for seed in range(streams)))
+
+
+class Server:
+    """``python -m fastrwa.serve DIR --port 0`` in a subprocess."""
+
+    def __init__(self, directory: str, capacity: int, weights: str):
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "fastrwa.serve", directory, "--port", "0", "--max-batch",
+             str(capacity), "--weights", weights, "--max-tokens-limit", "1000000"],
+            stdout=subprocess.PIPE, cwd=ROOT, text=True)
+        found: list = []
+        reader = threading.Thread(target=lambda: found.append(self.proc.stdout.readline()))
+        reader.start()
+        reader.join(120)
+        match = re.search(r":(\d+)\s*$", found[0] if found else "")
+        if not match:
+            self.proc.kill()
+            raise RuntimeError(f"the server did not start: {found}")
+        self.port = int(match.group(1))
+
+    def stop(self) -> int:
+        self.proc.terminate()
+        return self.proc.wait(60)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--d-model", type=positive_int, default=256)
+    p.add_argument("--layers", type=positive_int, default=4)
+    p.add_argument("--weights", choices=("float32", "bfloat16", "int8"), default="float32")
+    p.add_argument("--bytes", type=int_at_least(2), default=512,
+                   help="bytes a stream (and a row of generate; default 512)")
+    p.add_argument("--streams", type=int_list(), default=[1, 8, 64],
+                   help="concurrent streams, comma-separated (default 1,8,64)")
+    p.add_argument("--rounds", type=positive_int, default=3,
+                   help="rounds of generate and the server's runs, interleaved (default 3)")
+    add_out(p, "serve", "serve.json")
+    p.add_argument("--quick", action="store_true", help="a tiny model, a few bytes (CI)")
+    args = p.parse_args(argv)
+    small = [f"--{n.replace('_', '-')}" for n in ("d_model", "layers", "bytes", "streams", "rounds")
+             if smaller(getattr(args, n), p.get_default(n))]
+    if args.quick:
+        args.d_model, args.layers, args.bytes, args.streams, args.rounds = 32, 2, 40, [1, 8], 1
+    check_out(p, args, "serve", small=small)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    torch.manual_seed(0)
+    config = LMConfig(d_model=args.d_model, n_layers=args.layers)
+    model = ByteLM(config).eval()
+    packed = PackedLM(model, args.weights)
+    big = max(args.streams)
+    gen_batches = sorted({1, big})
+    rates: dict = {b: [] for b in gen_batches}
+    runs: dict = {n: [] for n in args.streams}
+    with tempfile.TemporaryDirectory() as directory:
+        model.save_pretrained(directory)
+        server = Server(directory, big, args.weights)
+        try:
+            serve_run(server.port, 1, 8)                         # (warm-up)
+            for _ in range(args.rounds):     # interleaved: the machine's load changes
+                for b in gen_batches:
+                    rates[b].append(generate_rate(packed, b, args.bytes))
+                for streams in args.streams:
+                    runs[streams].append(serve_run(server.port, streams, args.bytes))
+        finally:
+            code = server.stop()
+    ratios = [r["bytes_per_s"] / g for r, g in zip(runs[big], rates[big])]
+    result = dict(config=config.to_dict(), weights=args.weights, bytes=args.bytes,
+                  rounds=args.rounds, torch=torch.__version__, cpu_count=os.cpu_count(),
+                  threads=torch.get_num_threads(), server_exit=code,
+                  generate={str(b): rates[b] for b in gen_batches},
+                  serve={str(n): runs[n] for n in args.streams},
+                  ratios_to_generate=ratios, ratio_median=statistics.median(ratios),
+                  date=time.strftime("%Y-%m-%d"))
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "serve.json").write_text(json.dumps(result, indent=1))
+    print(f"d_model {args.d_model} x {args.layers}, {args.weights}, {args.bytes} bytes a "
+          f"stream, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs, "
+          f"{args.rounds} interleaved rounds")
+    for b in gen_batches:
+        print(f"generate batch {b:>3}: " + ", ".join(f"{r:,.0f}" for r in rates[b])
+              + " bytes/s")
+    print(f"{'streams':>7} {'bytes/s':>9} {'TTFB ms (median, max)':>22} {'per stream':>10} "
+          f"{'rows/step':>9} {'step s':>7} {'draw s':>7} {'prefill':>7} {'notify':>7} "
+          f"{'other':>7} {'wall s':>7}")
+    for streams in args.streams:
+        for r in runs[streams]:
+            e = r["engine"]
+            print(f"{r['streams']:>7} {r['bytes_per_s']:>9,.0f} "
+                  f"{r['ttfb_ms']['median']:>10.0f}, {r['ttfb_ms']['max']:>9.0f} "
+                  f"{r['per_stream_bytes_per_s']:>10,.0f} {e['rows_per_step']:>9.1f} "
+                  f"{e['step_s']:>7.2f} {e['draw_s']:>7.2f} {e['prefill_s']:>7.2f} "
+                  f"{e['notify_s']:>7.2f} {e['other_s']:>7.2f} {r['wall_s']:>7.2f}")
+    print(f"{big} streams / generate batch {big} (each round against its own generate): "
+          + ", ".join(f"{x:.2f}x" for x in ratios)
+          + f"; median {result['ratio_median']:.2f}x (target 0.7x)")
+    print(args.out / "serve.json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

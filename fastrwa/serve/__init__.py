@@ -1,0 +1,5 @@
+"""An OpenAI-compatible HTTP server for a byte LM, with continuous batching:
+``python -m fastrwa.serve RUN_OR_MODEL_DIR --port 8000`` (docs/serve.md; the ``[serve]``
+extra brings uvicorn). Layers: :mod:`.schema` (the request, checked), :mod:`.rows` (the
+batch's rows on the model's decoder), :mod:`.batcher` (the engine's thread), :mod:`.app`
+(the ASGI routes), ``__main__`` (the command line)."""

@@ -1,0 +1,148 @@
+"""``python -m fastrwa.serve RUN_OR_MODEL_DIR [--port 8000]``: serve a byte LM over HTTP with
+an OpenAI-compatible ``/v1/completions`` (docs/serve.md), continuous batching on one
+decode step for every stream in flight. Needs the ``[serve]`` extra (uvicorn).
+
+SIGTERM (or Ctrl-C) stops accepting connections, finishes the streams in flight and exits
+0; requests that arrive meanwhile on open connections get 503.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import socket
+import sys
+from pathlib import Path
+
+import torch
+
+from ..models import WEIGHT_FORMATS, ByteLM, load_pretrained, run_model_dir
+from .app import App
+from .batcher import Engine
+from .rows import make_rows
+from .schema import Limits
+
+SWITCH_INTERVAL_S = 5e-4
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m fastrwa.serve", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run_dir", type=Path, metavar="RUN_OR_MODEL_DIR",
+                   help="a training run's directory (its model/) or a model directory")
+    p.add_argument("--best", action="store_true", help="the run's best-validation model")
+    p.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1 (this machine only)")
+    p.add_argument("--port", type=int, default=8000, help="default 8000; 0: any free port")
+    p.add_argument("--model-name", default=None,
+                   help="the model's id in responses and /v1/models (default: the directory's "
+                        "name)")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument("--weights", choices=("auto", "eager", *WEIGHT_FORMATS), default="auto",
+                   help="as generate's --weights: the fused CPU decode step with float32 "
+                        "(auto on CPU), bfloat16 or int8 matrices; eager; auto on CUDA: the "
+                        "step replayed from a CUDA graph")
+    p.add_argument("--max-batch", type=int, default=64,
+                   help="streams decoded at once (rows of the batch; default 64)")
+    p.add_argument("--max-queue", type=int, default=256,
+                   help="requests waiting for a row before 503 (default 256)")
+    p.add_argument("--max-prompt-bytes", type=int, default=16384,
+                   help="longest prompt in UTF-8 bytes (default 16384; longer: 400)")
+    p.add_argument("--max-tokens-limit", type=int, default=4096,
+                   help="largest max_tokens a request may ask for (default 4096; more: 400)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: PyTorch's)")
+    p.add_argument("--log-level", default="warning",
+                   choices=("critical", "error", "warning", "info", "debug"))
+    return p
+
+
+def check_args(args: argparse.Namespace) -> None:
+    for name in ("max_batch", "max_prompt_bytes", "max_tokens_limit"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got "
+                             f"{getattr(args, name)}")
+    if args.max_queue < 0:
+        raise ValueError(f"--max-queue must be 0 or more, got {args.max_queue}")
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port must be in [0, 65535], got {args.port}")
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads must be at least 1, got {args.threads}")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available here")
+
+
+def load_model(args: argparse.Namespace) -> ByteLM:
+    device = torch.device("cuda" if args.device == "cuda" or (
+        args.device == "auto" and torch.cuda.is_available()) else "cpu")
+    model = load_pretrained(run_model_dir(args.run_dir, args.best)).to(device)
+    if not isinstance(model, ByteLM):
+        raise ValueError(f"{args.run_dir}: the server decodes fastrwa.models.ByteLM models "
+                         f"(rda, rwa); this one is a {model.config.layer!r} baseline")
+    return model
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        check_args(args)
+        import uvicorn
+    except ImportError:
+        print("error: the server needs uvicorn: pip install 'fastrwa[serve]'", file=sys.stderr)
+        return 2
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    # The engine's thread takes the GIL back after each decode step (which runs without it)
+    # and the event loop's between its writes: a shorter switch interval than Python's 5 ms
+    # keeps either from waiting long for the other.
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    try:
+        model = load_model(args)
+        rows = make_rows(model, args.weights, args.max_batch)
+    except (FileNotFoundError, ValueError, TypeError, RuntimeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    name = args.model_name or (args.run_dir.resolve().name or "fastrwa")
+    bos = model.config.bos_token
+    app = App(lambda notify: Engine(rows, bos, args.max_queue, notify), name,
+              Limits(args.max_prompt_bytes, args.max_tokens_limit))
+    sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((args.host, args.port))
+    except OSError as exc:
+        print(f"error: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
+        return 2
+    sock.listen(2048)
+    host, port = sock.getsockname()[:2]
+    config = uvicorn.Config(app, host=host, port=port, lifespan="on", access_log=False,
+                            log_level=args.log_level, backlog=2048)
+    server = _Server(config, app)
+    # uvicorn re-raises the signal that stopped it once it has shut down (to die of it):
+    # the handlers restored then ignore it, so that a graceful stop exits 0
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
+    print(f"fastrwa.serve: {name} ({rows.kind}, {args.max_batch} rows) on "
+          f"http://{host}:{port}", flush=True)
+    server.run(sockets=[sock])
+    return 0
+
+
+class _Server:
+    """uvicorn's server, whose exit signal also turns new requests away (503) at once."""
+
+    def __new__(cls, config, app):
+        import uvicorn
+
+        class Server(uvicorn.Server):
+            def handle_exit(self, sig, frame):
+                app.draining = True
+                super().handle_exit(sig, frame)
+        return Server(config)
+
+
+if __name__ == "__main__":
+    logging.basicConfig()
+    sys.exit(main())

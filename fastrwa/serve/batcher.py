@@ -1,0 +1,295 @@
+"""The continuous-batching engine: one thread owns the model's rows (:mod:`.rows`) and loops
+
+    admit waiting jobs into free rows (each prompt prefilled alone, its first byte drawn)
+    drop the rows of jobs done or cancelled (the last row moves into the hole)
+    one decode step over the rows in flight, then one draw per row from its own generator
+    hand the new bytes to the consumers (one call of ``notify`` per step)
+
+so a job joins at the next step and leaves the step its last byte is drawn (or the step
+after its client went away). A job's bytes depend on its own prompt, settings and seed only
+(:mod:`.rows`): ``ByteLM.generate(prompt, max_tokens, temperature, top_k, top_p,
+generator=torch.Generator().manual_seed(seed))``'s, cut at the first stop sequence.
+
+Stop sequences are matched on bytes as they are drawn; the bytes that could be the start of
+a stop sequence are held back until they cannot, and the stop sequence itself is never
+released. The consumer (:mod:`.app`) decodes the released bytes as UTF-8.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import secrets
+import threading
+import time
+from typing import Callable, Optional
+
+import torch
+
+from .rows import GREEDY_TEMPERATURE, Sampling
+from .schema import Completion
+
+log = logging.getLogger("fastrwa.serve")
+
+
+class QueueFull(Exception):
+    """The engine's queue is full (the server answers 503 with Retry-After)."""
+
+
+class Closed(Exception):
+    """The engine takes no more jobs (shutting down)."""
+
+
+class Job:
+    """One completion in the engine. The engine writes; a consumer calls :meth:`take` (any
+    thread) after ``notify`` named the job or ``done`` is set, and :meth:`cancel` to free its
+    row."""
+
+    _ids = itertools.count()
+
+    def __init__(self, request: Completion, bos_token: int):
+        self.request = request
+        self.number = next(self._ids)
+        self.seed = request.seed if request.seed is not None else secrets.randbits(63)
+        temperature = request.temperature or GREEDY_TEMPERATURE
+        self.sampling = Sampling(temperature, request.top_k, request.top_p,
+                                 torch.Generator().manual_seed(self.seed))
+        prompt = list(request.prompt) or [bos_token]      # (an empty prompt: BOS, as generate)
+        self.context = torch.tensor([prompt], dtype=torch.int64)
+        self.stops = request.stop
+        self.generated = bytearray()        # every byte drawn (engine thread only)
+        self.released = 0                   # of them, handed out
+        self.finish: Optional[str] = None   # "stop" | "length" | "cancelled" | "error"
+        self.error: Optional[str] = None
+        self.done = threading.Event()
+        self.submitted = time.perf_counter()
+        self.first_at: Optional[float] = None
+        self.waker = None                   # the consumer's (app: an asyncio.Event)
+        self._lock = threading.Lock()
+        self._out = bytearray()             # released, not yet taken
+        self._finish_seen = False
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        """Stop generating (the client left): the row is freed before the next step."""
+        self.cancelled = True
+
+    def take(self) -> tuple[bytes, Optional[str]]:
+        """The bytes released since the last call, and the finish reason once done (then
+        the bytes are the last ones)."""
+        with self._lock:
+            out, self._out = bytes(self._out), bytearray()
+            return out, self.finish
+
+    # -- engine side ------------------------------------------------------------------------
+    def _release(self, upto: int) -> None:
+        if upto > self.released:
+            with self._lock:
+                self._out += self.generated[self.released:upto]
+            self.released = upto
+
+    def _end(self, reason: str, error: Optional[str] = None) -> None:
+        with self._lock:
+            self.finish, self.error = reason, error
+        self.done.set()
+
+    def accept(self, token: int) -> bool:
+        """Add a drawn byte; True when the job is done."""
+        gen = self.generated
+        gen.append(token)
+        if self.first_at is None:
+            self.first_at = time.perf_counter()
+        hold = 0
+        for stop in self.stops:
+            if gen.endswith(stop):
+                self._release(len(gen) - len(stop))
+                self._end("stop")
+                return True
+            for k in range(min(len(stop) - 1, len(gen)), hold, -1):
+                if gen.endswith(stop[:k]):       # (could be a stop's start: held back)
+                    hold = k
+                    break
+        if len(gen) >= self.request.max_tokens:
+            self._release(len(gen))
+            self._end("length")
+            return True
+        self._release(len(gen) - hold)
+        return False
+
+
+class Stats:
+    """Where the engine's time goes (seconds, cumulative; ``GET /stats``)."""
+
+    def __init__(self):
+        self.steps = self.rows_stepped = self.admitted = self.finished = 0
+        self.prefill_s = self.step_s = self.draw_s = self.notify_s = 0.0
+        self.busy_s = 0.0
+        self.started = time.perf_counter()
+
+    def as_dict(self) -> dict:
+        d = dict(vars(self))
+        d["uptime_s"] = time.perf_counter() - d.pop("started")
+        return d
+
+
+class Engine:
+    """Continuous batching over ``rows`` (:func:`fastrwa.serve.rows.make_rows`): at most
+    ``rows.capacity`` jobs in flight and ``max_queue`` waiting. ``notify(jobs)`` is called
+    from the engine's thread after each step with the jobs that have new bytes or finished."""
+
+    def __init__(self, rows, bos_token: int, max_queue: int = 256,
+                 notify: Optional[Callable[[list], None]] = None):
+        self.rows, self.bos_token, self.max_queue = rows, bos_token, max_queue
+        self.capacity = rows.capacity
+        self.notify = notify
+        self.stats = Stats()
+        self._pending: collections.deque[Job] = collections.deque()
+        self._active: list[Job] = []        # job in row i
+        self._cond = threading.Condition()
+        self._closing = False
+        self._thread = threading.Thread(target=self._loop, name="fastrwa-serve-engine",
+                                        daemon=True)
+        self._thread.start()
+
+    # -- consumers ------------------------------------------------------------------------
+    def submit(self, request: Completion) -> Job:
+        """A new job for ``request`` (``QueueFull``, ``Closed``). ``max_tokens`` 0 is done at
+        once (no row)."""
+        job = Job(request, self.bos_token)
+        if request.max_tokens == 0:
+            if self._closing:
+                raise Closed("the server is shutting down")
+            job._end("length")
+            return job
+        with self._cond:
+            if self._closing:
+                raise Closed("the server is shutting down")
+            if len(self._pending) >= self.max_queue:
+                raise QueueFull(f"{len(self._pending)} requests are waiting (--max-queue)")
+            self._pending.append(job)
+            self._cond.notify()
+        return job
+
+    @property
+    def active(self) -> int:
+        return len(self._active)
+
+    @property
+    def queued(self) -> int:
+        return len(self._pending)
+
+    @property
+    def closing(self) -> bool:
+        return self._closing
+
+    def close(self, drain: bool = True, timeout: Optional[float] = None) -> bool:
+        """Take no more jobs; with ``drain`` finish those in flight and waiting, else cancel
+        them. True when the engine's thread has ended within ``timeout``."""
+        with self._cond:
+            self._closing = True
+            if not drain:
+                for job in (*self._pending, *self._active):
+                    job.cancel()
+            self._cond.notify()
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    # -- the engine's thread -----------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending and not self._active and not self._closing:
+                    self._cond.wait()
+                if self._closing and not self._pending and not self._active:
+                    return
+                free = self.capacity - len(self._active)
+                joiners = [self._pending.popleft()
+                           for _ in range(min(free, len(self._pending)))]
+            began = time.perf_counter()
+            updated: list[Job] = []
+            try:
+                for job in joiners:
+                    self._admit(job, updated)
+                    if self.notify is not None and len(joiners) > 1:
+                        self.notify([job])          # (its first byte, before the others' prefill)
+                self._retire(updated)
+                if self._active:
+                    self._step(updated)
+                    self._retire(updated)
+            except Exception as exc:            # (a defect: fail the jobs, keep serving)
+                log.exception("engine step failed")
+                for job in self._active:
+                    job._end("error", f"{type(exc).__name__}: {exc}")
+                    updated.append(job)
+                self._active.clear()
+            self.stats.busy_s += time.perf_counter() - began
+            if updated and self.notify is not None:
+                t = time.perf_counter()
+                self.notify(updated)
+                self.stats.notify_s += time.perf_counter() - t
+
+    def _admit(self, job: Job, updated: list) -> None:
+        updated.append(job)
+        if job.cancelled:
+            job._end("cancelled")
+            return
+        rows, t = self.rows, time.perf_counter()
+        try:
+            rows.prefill(job.context)
+            token = rows.draw_staged(job.sampling)
+        except ValueError as exc:               # (NaN logits: the model's fault, this job's)
+            job._end("error", str(exc))
+            return
+        finally:
+            self.stats.prefill_s += time.perf_counter() - t
+        self.stats.admitted += 1
+        if job.accept(token):
+            self.stats.finished += 1
+            return
+        row = len(self._active)
+        rows.place(row)
+        rows.tokens[row] = token
+        self._active.append(job)
+
+    def _retire(self, updated: list) -> None:
+        """Drop finished and cancelled jobs' rows, keeping rows ``[0, n)`` compact."""
+        active, i = self._active, 0
+        while i < len(active):
+            job = active[i]
+            if job.finish is None and not job.cancelled:
+                i += 1
+                continue
+            if job.finish is None:
+                job._end("cancelled")
+                updated.append(job)
+            last = len(active) - 1
+            if i != last:
+                self.rows.move(last, i)
+                active[i] = active[last]
+            active.pop()
+
+    def _step(self, updated: list) -> None:
+        rows, n = self.rows, len(self._active)
+        t0 = time.perf_counter()
+        rows.step(n)
+        t1 = time.perf_counter()
+        for row, job in enumerate(self._active):
+            if job.cancelled:
+                continue
+            try:
+                token = rows.draw(row, job.sampling)
+            except ValueError as exc:
+                job._end("error", str(exc))
+                updated.append(job)
+                continue
+            rows.tokens[row] = token
+            if job.accept(token):
+                self.stats.finished += 1
+            updated.append(job)
+        t2 = time.perf_counter()
+        st = self.stats
+        st.steps += 1
+        st.rows_stepped += n
+        st.step_s += t1 - t0
+        st.draw_s += t2 - t1

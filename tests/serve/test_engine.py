@@ -1,0 +1,138 @@
+"""The engine without HTTP: a stream's bytes are ``ByteLM.generate``'s for the same prompt,
+settings and seed, whatever else is in the batch (the fused decode step is batch-invariant
+bit for bit); cancelled jobs free their rows; stop sequences are held back and cut."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from fastrwa.models import ByteLM, LMConfig, PackedLM
+from fastrwa.serve.batcher import Engine, Job
+from fastrwa.serve.rows import GREEDY_TEMPERATURE, PackedRows, make_rows
+from fastrwa.serve.schema import Completion
+
+TIMEOUT = 30
+
+
+def expected(model, weights, req: Completion) -> bytes:
+    """What generate makes of ``req`` (before any stop sequence)."""
+    prompt = torch.tensor(list(req.prompt), dtype=torch.long)
+    out = model.generate(prompt, req.max_tokens, req.temperature or GREEDY_TEMPERATURE,
+                         req.top_k, req.top_p, weights=weights,
+                         generator=torch.Generator().manual_seed(req.seed))
+    return bytes(out[0, len(req.prompt):].tolist())
+
+
+def random_request(rng: random.Random, seed: int) -> Completion:
+    return Completion(prompt=bytes(rng.randrange(256) for _ in range(rng.randrange(0, 24))),
+                      max_tokens=rng.randrange(1, 48),
+                      temperature=rng.choice([0.0, 0.5, 1.0, 1.5]),
+                      top_k=rng.choice([None, 1, 7, 300]), top_p=rng.choice([None, 0.3, 0.9]),
+                      seed=seed)
+
+
+def run_all(engine: Engine, requests) -> list[Job]:
+    jobs = [engine.submit(r) for r in requests]
+    for job in jobs:
+        assert job.done.wait(TIMEOUT), "a job did not finish"
+    return jobs
+
+
+@pytest.mark.parametrize("weights", ["float32", "bfloat16", "int8"])
+def test_fused_step_is_batch_invariant(weights):
+    """A row's logits are the same bits at batch 1 and at batch 13 (rows in blocks of four
+    and in the tail, split among threads): what lets a stream ignore its neighbours."""
+    torch.manual_seed(0)
+    model = ByteLM(LMConfig(d_model=48, n_layers=2)).eval()
+    packed = PackedLM(model, weights)
+    N = 13
+    prompts = torch.randint(0, 256, (N, 5))
+    batch = packed.allocate_cache(N)
+    packed.prefill(prompts, batch)
+    together = packed.step_(torch.arange(N) + 60, batch).clone()
+    for i in range(N):
+        one = packed.allocate_cache(1)
+        packed.prefill(prompts[i:i + 1], one)
+        alone = packed.step_(torch.tensor([60 + i]), one)
+        assert torch.equal(alone[0], together[i]), f"row {i}"
+
+
+def test_engine_matches_generate_alone_and_in_a_batch(tiny_model):
+    """Greedy and seeded sampling (temperature, top_k, top_p): the bytes of a request alone,
+    and inside batches of other random requests that come and go, are generate's."""
+    packed = PackedLM(tiny_model)
+    rng = random.Random(1)
+    target = [Completion(prompt=b"hello", max_tokens=40, temperature=0.0, seed=3),
+              Completion(prompt=b"", max_tokens=33, temperature=0.8, top_k=20, top_p=0.9,
+                         seed=2 ** 64 - 1)]
+    engine = Engine(make_rows(tiny_model, packed, 9), tiny_model.config.bos_token)
+    try:
+        alone = [bytes(job.generated) for job in run_all(engine, target)]
+        others = [random_request(rng, 100 + i) for i in range(16)]
+        mixed = run_all(engine, others[:8] + target + others[8:])
+    finally:
+        assert engine.close(timeout=TIMEOUT)
+    for req, got, job in zip(target, alone, mixed[8:10]):
+        assert got == bytes(job.generated) == expected(tiny_model, packed, req)
+        assert job.finish == "length" and len(got) == req.max_tokens
+    for req, job in zip(others[:8] + others[8:], mixed[:8] + mixed[10:]):
+        assert bytes(job.generated) == expected(tiny_model, packed, req)
+    assert engine.stats.admitted == 2 + 18
+
+
+def test_eager_rows_match_generate(tiny_model):
+    """The decoder of other devices and dtypes (the eager step over the whole cache): the
+    same bytes as generate with weights='eager' on this small model (in general within
+    float rounding: the products may pick other kernels at another batch)."""
+    rows = make_rows(tiny_model, "eager", 4)
+    assert not isinstance(rows, PackedRows)
+    reqs = [random_request(random.Random(5), 7 + i) for i in range(3)]
+    engine = Engine(rows, tiny_model.config.bos_token)
+    try:
+        jobs = run_all(engine, reqs)
+    finally:
+        engine.close(timeout=TIMEOUT)
+    for req, job in zip(reqs, jobs):
+        assert bytes(job.generated) == expected(tiny_model, "eager", req)
+
+
+def test_cancelled_jobs_free_their_rows(tiny_model):
+    engine = Engine(make_rows(tiny_model, "float32", 2), tiny_model.config.bos_token)
+    try:
+        long = [engine.submit(Completion(prompt=b"x", max_tokens=10 ** 9)) for _ in range(2)]
+        waiting = engine.submit(Completion(prompt=b"y", max_tokens=5, seed=1))
+        for job in long:
+            job.cancel()
+        assert waiting.done.wait(TIMEOUT) and waiting.finish == "length"
+        assert all(job.done.wait(TIMEOUT) and job.finish == "cancelled" for job in long)
+        assert engine.active == 0
+    finally:
+        assert engine.close(timeout=TIMEOUT)
+
+
+def feed(stops, data: bytes, max_tokens: int = 1000) -> tuple[list, str | None]:
+    """Released bytes after each byte fed to a job with ``stops``, and its finish."""
+    job = Job(Completion(prompt=b"", max_tokens=max_tokens, stop=tuple(stops)), 256)
+    out = []
+    for b in data:
+        done = job.accept(b)
+        out.append(job.take()[0])
+        if done:
+            break
+    return out, job.finish
+
+
+def test_stop_sequences_are_held_back_and_cut():
+    out, finish = feed([b"ab"], b"xaab!")
+    assert out == [b"x", b"", b"a", b""] and finish == "stop"      # (the stop not released)
+    out, finish = feed([b"aab"], b"aaab")          # a prefix of the stop occurs first
+    assert b"".join(out) == b"a" and finish == "stop"
+    out, finish = feed([b"\xc3\xa9!", b"zz"], "caf\u00e9 ok".encode())   # é, no "!" after it
+    assert b"".join(out) == "caf\u00e9 ok".encode() and finish is None
+    out, finish = feed([b"ab"], b"xxa", max_tokens=3)   # the length ends a held prefix
+    assert b"".join(out) == b"xxa" and finish == "length"
+    out, finish = feed([b"x"], b"x")               # a stop at the first byte: nothing
+    assert out == [b""] and finish == "stop"

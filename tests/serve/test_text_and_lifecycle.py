@@ -1,0 +1,126 @@
+"""Text over HTTP with a scripted decoder (each stream replays its prompt's bytes): UTF-8
+characters never sent in halves, stop sequences cut across steps and characters; a full
+queue answers 503 with Retry-After; SIGTERM finishes the streams in flight and exits 0."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import signal
+import socket
+import threading
+import time
+
+TIMEOUT = 30.0
+
+
+def events(reply) -> list:
+    return [e for e in reply.events() if e != "[DONE]" and e["choices"]]
+
+
+def test_utf8_characters_are_sent_whole(script_server):
+    """Each step makes one byte: a 4-byte character spans 4 steps, and comes in one event."""
+    text = "a\u00e9\U0001F600\u4e2d"           # 1 + 2 + 4 + 3 bytes
+    r = script_server.client.complete(prompt=text, max_tokens=20, stream=True)
+    chunks = [e["choices"][0]["text"] for e in events(r)]
+    assert "".join(chunks) == (text * 2)[:len(text * 2)] and all(
+        "\ufffd" not in c for c in chunks)
+    r = script_server.client.complete(prompt=text, max_tokens=5)      # cut inside the emoji
+    assert r.json()["choices"][0]["text"] == "a\u00e9\ufffd"
+    assert r.json()["usage"]["completion_tokens"] == 5
+    r = script_server.client.complete(prompt=[0xff, 0x41], max_tokens=4)    # not UTF-8
+    assert r.json()["choices"][0]["text"] == "\ufffdA\ufffdA"
+
+
+def test_stop_sequences_across_steps_and_characters(script_server):
+    c = script_server.client
+    cases = [("abcdef", ["cd"], "ab"),
+             ("xaaab", ["aab"], "xa"),                       # a prefix of the stop first
+             ("h\u00e9llo w\u00f6rld", ["\u00f6r"], "h\u00e9llo w"),   # a 2-byte character
+             ("h\u00e9llo", ["\u00e9", "h"], ""),             # the first byte stops
+             ("12345", ["9", "34"], "12"),
+             ("ab", ["ba"], "a")]                            # across the script's wrap
+    for prompt, stop, want in cases:
+        for stream in (False, True):
+            r = c.complete(prompt=prompt, max_tokens=100, stop=stop, stream=stream)
+            if stream:
+                chunks = events(r)
+                text = "".join(e["choices"][0]["text"] for e in chunks)
+                finish = chunks[-1]["choices"][0]["finish_reason"]
+            else:
+                text, finish = (r.json()["choices"][0][k] for k in ("text", "finish_reason"))
+            assert (text, finish) == (want, "stop"), (prompt, stop, stream)
+    r = c.complete(prompt="abc", max_tokens=5, stop="zz")
+    assert r.json()["choices"][0] == {"text": "abcab", "index": 0, "logprobs": None,
+                                      "finish_reason": "length"}
+
+
+def test_full_queue_answers_503_with_retry_after(in_process):
+    s = in_process(capacity=1, max_queue=1, step_delay=0.01)
+    c = s.client
+    results = {}
+
+    def call(name, **kw):
+        results[name] = c.complete(**kw)
+    first = threading.Thread(target=call, args=("first",),
+                             kwargs=dict(prompt="a", max_tokens=60))
+    first.start()
+    _until(lambda: c.request("GET", "/stats").json()["active"] == 1)
+    second = threading.Thread(target=call, args=("second",),
+                              kwargs=dict(prompt="b", max_tokens=3))
+    second.start()
+    _until(lambda: c.request("GET", "/stats").json()["queued"] == 1)
+    third = c.complete(prompt="c", max_tokens=3)
+    assert third.status == 503 and third.headers["retry-after"] == "1"
+    assert third.json()["error"]["code"] == "queue_full"
+    first.join(TIMEOUT)
+    second.join(TIMEOUT)
+    assert results["first"].status == results["second"].status == 200
+    assert results["second"].json()["choices"][0]["text"] == "bbb"
+
+
+def _until(condition, timeout=TIMEOUT):
+    end = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.005)
+
+
+def test_sigterm_finishes_streams_refuses_new_ones_and_exits_0(tiny_dir, server_process):
+    s = server_process(tiny_dir, "--max-batch", "4", "--max-tokens-limit", "1000000")
+    c = s.client
+    # streams in flight: long enough to be running when the signal comes
+    socks = []
+    for i in range(3):
+        sock = socket.create_connection(("127.0.0.1", c.port), timeout=TIMEOUT)
+        body = json.dumps({"prompt": "s", "max_tokens": 5000, "stream": True,
+                           "seed": i}).encode()
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: "
+                     b"%d\r\n\r\n%s" % (len(body), body))
+        assert sock.recv(64).startswith(b"HTTP/1.1 200")
+        socks.append(sock)
+    idle = c.connect()                      # a keep-alive connection, idle
+    assert c.request("GET", "/health", conn=idle).status == 200
+    s.proc.send_signal(signal.SIGTERM)
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        tails = list(pool.map(_read_all, socks))
+    for tail in tails:              # every stream ran to its end
+        assert tail.endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n"), tail[-200:]
+        assert b'"finish_reason":"length"' in tail
+    try:        # new connections: refused (or 503 while the listener closes)
+        r = c.complete(prompt="late", max_tokens=1)
+        assert r.status == 503
+    except OSError:
+        pass
+    assert s.proc.wait(TIMEOUT) == 0
+
+
+def _read_all(sock) -> bytes:
+    data = b""
+    while True:
+        chunk = sock.recv(1 << 16)
+        if not chunk:
+            return data
+        data += chunk
+        if data.endswith(b"0\r\n\r\n"):
+            return data
