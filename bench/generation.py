@@ -22,6 +22,9 @@ decode step (``fastrwa.models.PackedLM``: float32, bfloat16, int8), measured in 
   time per token of transformers' own loop (its ``generate()`` on a forward that returns
   fixed logits): what HF adds to every step, whatever the model (skipped without the
   ``hf`` extra).
+* **ONNX**: greedy bytes/s at batch 1 and 64 of the model's ONNX export run by
+  onnxruntime (docs/onnx.md's loop) against the fused float32 decode, interleaved
+  (skipped without the ``onnx`` extra).
 
 Then **cold start**: in fresh processes, the first ``ByteLM`` forward+backward, and the first
 streamed byte, after ``import fastrwa``, against the same call warm (numba's cache loaded
@@ -183,6 +186,56 @@ def hf_against_bytelm(model: ByteLM, n_bytes: int, repeats: int) -> dict | None:
     return out
 
 
+def onnx_against_fused(model: ByteLM, batches: list[int], n_bytes: int,
+                       repeats: int) -> dict | None:
+    """Greedy bytes/s (all rows, after the first byte, best of ``repeats``, interleaved) of
+    the model's ONNX export run by onnxruntime (``prompt.onnx`` then ``step.onnx``, NumPy's
+    argmax between steps, as docs/onnx.md's loop; its session on as many threads as
+    PyTorch has) and of fastrwa's fused CPU decode (``weights="float32"``, ``top_k=1``) at
+    each batch, on a 4-byte prompt per row. ``None`` without onnxruntime (the ``onnx``
+    extra)."""
+    try:
+        from fastrwa.export import OnnxLM, export_onnx
+    except ImportError:
+        return None
+    import tempfile
+
+    threads = torch.get_num_threads()
+    with tempfile.TemporaryDirectory() as tmp:
+        lm = OnnxLM(export_onnx(model, tmp), threads=threads)
+    packed = PackedLM(model, "float32")
+    out = {}
+    for B in batches:
+        n = n_bytes if B == 1 else max(20, n_bytes * 8 // B // 10)
+        prompt = torch.tensor([list(b"The ")] * B)
+
+        def run_onnx():
+            logits, state = lm.prompt(prompt.numpy())
+            began = None
+            for i in range(n):
+                token = logits[:, :lm.bos_token].argmax(-1)
+                began = began or time.perf_counter()
+                if i + 1 < n:
+                    logits, state = lm.step(token, state)
+            return time.perf_counter() - began
+
+        def run_fused():
+            began = None
+            for _ in model.stream(prompt, n, top_k=1, weights=packed):
+                began = began or time.perf_counter()
+            return time.perf_counter() - began
+
+        best = dict(onnxruntime=float("inf"), fused=float("inf"))
+        for _ in range(repeats):
+            for name, run in (("onnxruntime", run_onnx), ("fused", run_fused)):
+                best[name] = min(best[name], run())
+        out[B] = {name: B * (n - 1) / s for name, s in best.items()}
+        out[B]["onnxruntime_over_fused"] = out[B]["onnxruntime"] / out[B]["fused"]
+    out["threads"] = threads
+    out["onnxruntime"] = __import__("onnxruntime").__version__
+    return out
+
+
 COLD = r"""
 import json, sys, time
 began = time.perf_counter()
@@ -294,10 +347,12 @@ def main(argv: list[str] | None = None) -> int:
                                    args.rss_bytes if weights != "eager" else 0, repeats, flops)
     hf = hf_against_bytelm(model, 20 if args.quick else 200, 2 if args.quick else 3) \
         if args.model == "default" else None
+    onnx = onnx_against_fused(model, [1, 64] if not args.quick else [1, 8],
+                              args.bytes if not args.quick else 20, 2 if args.quick else 3)
     cold = cold_start(args.cold_runs) if args.cold_runs else None
     result = dict(config=config.to_dict(), params=params, torch=torch.__version__,
                   cpu_count=os.cpu_count(), gemm_flops=flops, formats=formats, cold_start=cold,
-                  hugging_face=hf, date=time.strftime("%Y-%m-%d"))
+                  hugging_face=hf, onnx=onnx, date=time.strftime("%Y-%m-%d"))
     (args.out / "generation.json").write_text(json.dumps(result, indent=1))
     print(f"ByteLM d_model {args.d_model} x {args.layers} blocks ({params:,} parameters); "
           f"torch.mm peak {flops / 1e9:.0f} GFLOP/s")
@@ -330,6 +385,11 @@ def main(argv: list[str] | None = None) -> int:
                   f"({hf[f'hf {w}']['time_over_ByteLM']:.2f}x the time)" for w in ("auto", "eager"))
               + f"; transformers' loop alone {hf['transformers_loop_ms_per_token']:.3f} ms "
                 f"a token")
+    if onnx:
+        print(f"greedy, {onnx['threads']} threads, bytes/s all rows: " + "; ".join(
+            f"batch {B}: onnxruntime {onnx[B]['onnxruntime']:,.0f}, fused float32 decode "
+            f"{onnx[B]['fused']:,.0f} ({onnx[B]['onnxruntime_over_fused']:.2f}x)"
+            for B in onnx if isinstance(B, int)) + " (docs/onnx.md)")
     if cold:
         fb, byte = cold["forward_backward"], cold["first_byte"]
         print(f"cold start (a fresh process each, median of {args.cold_runs}; d_model 64 x 2): "

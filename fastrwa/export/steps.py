@@ -1,0 +1,254 @@
+"""The streaming step of the scan layers and of :class:`fastrwa.models.ByteLM` in plain
+PyTorch operations (no fastrwa custom op, no numba), for ONNX export: the max-stabilised
+recurrence of :mod:`fastrwa.reference` with its limits (``-inf`` log-weights, an empty
+state, equal infinities), one token at a time.
+
+:class:`LayerStep` wraps an :class:`fastrwa.nn.RWA` / :class:`fastrwa.nn.RDA` (its own
+parameters, not copies); :class:`ByteLMStep` a whole ``ByteLM``. Their ``forward`` takes
+and returns the state as flat tensors, in the order of :func:`state_names`, so that an
+exported graph has one named input and output per tensor. :func:`exportable_steps` makes
+the ``step`` of every scan layer inside a user's module run :func:`layer_step`, so that
+the user's own step exports with ``torch.onnx.export``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Iterator, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..kernels.codes import SOFTPLUS_SERIES_BELOW
+from ..nn import RDA, RWA, LayerState, RDACell, RRACell, RWACell, Recurrent
+from ..state import ScanState
+
+# The state of one scan layer, as named tensors: the scan's m, n, d and, with token_shift,
+# the previous token's input.
+SCAN_FIELDS = ("m", "n", "d")
+NEG_INF = float("-inf")
+
+
+def check_exportable(layer: object, where: str = "layer") -> None:
+    """Raise ``ValueError`` (``TypeError`` for what is no scan layer) naming what the ONNX
+    step cannot express: a bidirectional layer (its reverse direction needs the whole
+    sequence). Every other option of ``RWA`` and ``RDA`` exports: the four attention
+    functions, ``f_h``/``f_o``, ``discount_groups``, ``token_shift``, ``learn_initial_state``
+    (``batch_first`` does not concern a step)."""
+    if isinstance(layer, (RWACell, RDACell, RRACell, Recurrent)):
+        raise TypeError(f"{where} is a fastrwa.nn.{type(layer).__name__}: the faithful cells "
+                        f"are not exported to ONNX (only the scan layers fastrwa.nn.RWA and "
+                        f"fastrwa.nn.RDA are)")
+    if not isinstance(layer, (RWA, RDA)):
+        raise TypeError(f"{where} must be a fastrwa.nn.RWA or fastrwa.nn.RDA, "
+                        f"got {type(layer).__name__}")
+    if layer.bidirectional:
+        raise ValueError(f"{where} has bidirectional=True: its reverse direction reads the "
+                         f"whole sequence, so it has no streaming step to export (ONNX "
+                         f"export supports RWA/RDA with bidirectional=False)")
+
+
+def layer_state_names(layer: nn.Module, prefix: str = "state") -> list[str]:
+    """Names of a layer's state tensors: ``{prefix}.m``, ``.n``, ``.d`` and, with
+    ``token_shift``, ``{prefix}.last``."""
+    names = [f"{prefix}.{f}" for f in SCAN_FIELDS]
+    return names + [f"{prefix}.last"] if layer.token_shift else names
+
+
+def _log_weight(a: Tensor, attention: str) -> Tensor:
+    """``log f_a(a)`` as :func:`fastrwa.ops.transforms.log_weight` computes it (the same
+    series where ``softplus`` underflows)."""
+    if attention == "exp":
+        return a
+    if attention == "sigmoid":
+        return F.logsigmoid(a)
+    if attention == "softplus":
+        u = torch.exp(torch.clamp(a, max=SOFTPLUS_SERIES_BELOW))
+        series = a - 0.5 * u + (5.0 / 24.0) * u * u
+        direct = torch.log(F.softplus(torch.clamp(a, min=SOFTPLUS_SERIES_BELOW)))
+        return torch.where(a < SOFTPLUS_SERIES_BELOW, series, direct)
+    if attention == "relu":
+        return torch.log(torch.relu(a))             # (log 0 = -inf: no weight)
+    raise ValueError(f"unknown attention {attention!r}")
+
+
+def _weight(x: Tensor, m: Tensor) -> Tensor:
+    """``exp(x - m)`` for ``x <= m``, with the reference's limits (:mod:`fastrwa.reference`):
+    0 for ``x = -inf``, 1 for ``x = m = +-inf``. (``x == -inf`` rather than ``isneginf``:
+    both exporters translate a comparison.)"""
+    infinite = torch.abs(m) == math.inf
+    shift = torch.where(m == NEG_INF, torch.zeros_like(m), m)
+    diff = torch.where((x == m) & infinite, torch.zeros_like(x), x - shift)
+    return torch.where(x == NEG_INF, torch.zeros_like(x), torch.exp(diff))
+
+
+def scan_step(z: Tensor, l: Tensor, lam: Optional[Tensor], m: Tensor, n: Tensor,
+              d: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """One step of the weighted scan: ``(y, m', n', d')`` from the value ``z``, log-weight
+    ``l`` and log-decay ``lam`` (``None``: no discount) of this token, all ``(B, D)``.
+    ``m' = max(m + lam, l)``, ``n' = n exp(m + lam - m') + z exp(l - m')``, ``d'`` alike,
+    ``y = n' / d'`` (0 for an empty state)."""
+    decayed = m
+    if lam is not None:               # (lam = -inf forgets the past, even a max of +inf)
+        decayed = torch.where(lam == NEG_INF, lam, m + lam)
+    m_new = torch.maximum(decayed, l)
+    keep, take = _weight(decayed, m_new), _weight(l, m_new)
+    n_new = n * keep + z * take
+    d_new = d * keep + take
+    empty = d_new == 0
+    y = torch.where(empty, torch.zeros_like(n_new), n_new / torch.where(empty, 1.0, d_new))
+    return y, m_new, n_new, d_new
+
+
+def _linear(x: Tensor, linear: nn.Linear) -> Tensor:
+    """``linear(x)`` in float32 as a ``MatMul`` (and an ``Add``) of the exported graph, not a
+    ``Gemm``: onnxruntime's dynamic int8 quantisation quantises ``MatMul`` weights."""
+    out = torch.matmul(x, linear.weight.float().t())
+    return out if linear.bias is None else out + linear.bias.float()
+
+
+def layer_step(layer: nn.Module, x: Tensor, m: Tensor, n: Tensor, d: Tensor,
+               last: Optional[Tensor] = None) -> tuple[Tensor, ...]:
+    """``layer.step`` (an ``RWA``/``RDA``) in plain operations: ``x`` ``(B, input_size)``
+    and the state's tensors -> ``(y, m, n, d[, last])``, ``y`` ``(B, hidden_size)``."""
+    inp = torch.cat([x, last], dim=-1) if layer.token_shift else x
+    proj = _linear(inp, layer.proj)
+    H = layer.hidden_size
+    parts = torch.split(proj, list(layer.gate_widths), dim=-1)
+    u, g, a = parts[0], parts[1], parts[2]
+    z = u * torch.tanh(g)
+    if isinstance(layer, RDA):
+        lam = F.logsigmoid(parts[3])
+        if layer.discount_groups is not None:       # each group's discount to its channels
+            groups = layer.discount_groups
+            lam = lam.unsqueeze(-1).expand(-1, groups, H // groups).reshape(-1, H)
+        y, m, n, d = scan_step(z, _log_weight(a, layer.attention), lam, m, n, d)
+        y = layer._f_o(layer._f_h(y))
+    else:
+        y, m, n, d = scan_step(z, a, None, m, n, d)
+        y = torch.tanh(y)
+    return (y, m, n, d, x) if layer.token_shift else (y, m, n, d)
+
+
+class LayerStep(nn.Module):
+    """The step of a scan layer as a module: ``forward(x, m, n, d[, last]) -> (y, m, n, d[,
+    last])`` (:func:`layer_step`), on the layer's own parameters, for
+    ``torch.onnx.export`` or to compose into a larger exported step."""
+
+    def __init__(self, layer: nn.Module):
+        super().__init__()
+        check_exportable(layer)
+        self.layer = layer
+
+    def forward(self, x: Tensor, *state: Tensor) -> tuple[Tensor, ...]:
+        return layer_step(self.layer, x.float(), *state)
+
+
+def _rms_norm(x: Tensor, norm: nn.RMSNorm) -> Tensor:
+    """``torch.nn.RMSNorm`` written out (``eps`` float32's when unset), in float32."""
+    eps = norm.eps if norm.eps is not None else torch.finfo(torch.float32).eps
+    out = x * torch.rsqrt(torch.mean(x * x, dim=-1, keepdim=True) + eps)
+    return out if norm.weight is None else out * norm.weight.float()
+
+
+
+
+def block_step(block: nn.Module, x: Tensor, state: tuple[Tensor, ...]
+               ) -> tuple[Tensor, tuple[Tensor, ...]]:
+    """:meth:`fastrwa.models.Block.step` in plain operations (the residual stream ``x``
+    ``(B, d_model)``, the layer's state tensors)."""
+    normed = _rms_norm(x, block.norm1)
+    h, *state = layer_step(block.mix, normed, *state)
+    if block.gate is not None:
+        h = h * torch.sigmoid(_linear(normed, block.gate))
+    x = x + h
+    up, down = block.mlp[0], block.mlp[2]
+    return x + _linear(F.gelu(_linear(_rms_norm(x, block.norm2), up)), down), tuple(state)
+
+
+class ByteLMStep(nn.Module):
+    """One token of a ``ByteLM``: ``forward(ids, *state) -> (logits, *state)`` with ``ids``
+    ``(B,)`` int64, the state flat in the order of :func:`state_names` (per block ``m, n,
+    d`` and with ``token_shift`` ``last``, each ``(B, d_model)`` float32), ``logits`` ``(B,
+    vocab_size)`` float32. The model's own parameters, computed in float32."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        for i, block in enumerate(model.blocks):
+            check_exportable(block.mix, f"block {i}'s scan layer")
+        self.model = model
+
+    def forward(self, ids: Tensor, *state: Tensor) -> tuple[Tensor, ...]:
+        model = self.model
+        x = F.embedding(ids, model.embed.weight.float())
+        width = 4 if model.config.token_shift else 3
+        new = []
+        for i, block in enumerate(model.blocks):
+            x, layer_state = block_step(block, x, state[i * width:(i + 1) * width])
+            new.extend(layer_state)
+        return (_linear(_rms_norm(x, model.norm), model.head), *new)
+
+
+def state_names(model: nn.Module, prefix: str = "state") -> list[str]:
+    """The names of a ``ByteLM``'s state tensors: ``{prefix}.{i}.m``, ``.n``, ``.d`` (and
+    ``.last`` with ``token_shift``) for each block ``i``."""
+    return [name for i, block in enumerate(model.blocks)
+            for name in layer_state_names(block.mix, f"{prefix}.{i}")]
+
+
+def flat_state(state) -> list[Tensor]:
+    """An :class:`fastrwa.models.LMState` (or a :class:`fastrwa.nn.LayerState`) as the flat
+    list of tensors of :func:`state_names`, in float32."""
+    layers = (state,) if isinstance(state, LayerState) else state.layers
+    out = []
+    for layer in layers:
+        out.extend(t.detach().float() for t in layer.scan)
+        if layer.last_input is not None:
+            out.append(layer.last_input.detach().float())
+    return out
+
+
+def nested_state(flat, token_shift: bool):
+    """The inverse of :func:`flat_state` for a ``ByteLM``: an ``LMState`` from the flat
+    tensors (torch tensors or numpy arrays, converted)."""
+    from ..models import LMState       # (only for this conversion)
+
+    width = 4 if token_shift else 3
+    flat = [torch.as_tensor(t) for t in flat]
+    layers = []
+    for i in range(0, len(flat), width):
+        part = flat[i:i + width]
+        layers.append(LayerState(ScanState(*part[:3]), part[3] if token_shift else None))
+    return LMState(tuple(layers))
+
+
+def _exportable_step(layer: nn.Module):
+    def step(x_t: Tensor, state: Optional[LayerState] = None):
+        state = layer.initial_state(x_t.shape[0]) if state is None else state
+        last = (state.last_input,) if layer.token_shift else ()
+        y, m, n, d, *rest = layer_step(layer, x_t, *state.scan, *last)
+        return y.to(x_t.dtype), LayerState(ScanState(m, n, d), rest[0] if rest else None)
+    return step
+
+
+@contextlib.contextmanager
+def exportable_steps(module: nn.Module) -> Iterator[nn.Module]:
+    """Within the ``with`` block, ``layer.step(x_t, state)`` of every ``RWA``/``RDA`` inside
+    ``module`` (itself included) runs :func:`layer_step` (plain operations, the same
+    numbers), so that a user's own module that steps its scan layers exports with
+    ``torch.onnx.export``. A layer that cannot be exported is refused (``ValueError`` naming
+    it) before anything changes. The layers' sequence ``forward`` is not changed: it is not
+    exportable (export the step, and run a prompt through it)."""
+    layers = [(name or type(module).__name__, sub) for name, sub in module.named_modules()
+              if isinstance(sub, (RWA, RDA))]
+    for name, layer in layers:
+        check_exportable(layer, f"the layer {name!r}")
+    for _, layer in layers:
+        layer.step = _exportable_step(layer)           # (an instance attribute, removed below)
+    try:
+        yield module
+    finally:
+        for _, layer in layers:
+            layer.__dict__.pop("step", None)
