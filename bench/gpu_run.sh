@@ -22,7 +22,7 @@
 # limit; a step that fails or outruns it is reported and the next still runs; the exit
 # status is the number of failed steps (99: the package did not install, and nothing ran).
 #
-# Two other modes, each the whole command:
+# Three other modes, each the whole command:
 #     bash bench/gpu_run.sh prepare CORPUS_FILE
 # on a machine with pip and no GPU: what a GPU machine without network needs, the peers'
 # wheels in .whl/ and a byte corpus in .carry/ (both ignored by git; name them in the device
@@ -42,6 +42,16 @@
 # (DEVICE=cpu LIMIT=2 checks the mode without a GPU, in an environment where fastrwa is
 # installed.) The exit status is the number of runs that failed (99: the package did not
 # install).
+#     bash bench/gpu_run.sh lm [CORPUS]
+# Issue 52's ByteLM against the Transformer at scale (bench/experiments/lm_gpu.py): both at
+# ~25M parameters, MINUTES each of wall clock (default 3.25), bf16 autocast, on CORPUS
+# (default .carry/text-corpus.txt, from `prepare`: carry .carry), after a 2-step ByteLM run
+# that fills Triton's kernel cache; about 8 minutes in all, under a guard of LIMIT seconds
+# (default 540; the device tool's timeout_s 600). Writes lm-gpu.json, .png, .md, log.txt and
+# lm-gpu.tar.gz (those and each run's metrics, config and samples) into $OUT (default
+# bench-results/lm-gpu); a run cut by the guard keeps what it measured. DEVICE=cpu checks
+# the mode in seconds without a GPU (bench/experiments/lm_gpu.py --tiny). The exit status is
+# the entry's (99: the package did not install; 124: cut by the guard).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
@@ -94,9 +104,46 @@ papers() {
     exit $failed
 }
 
+lm() {  # lm [CORPUS]
+    local corpus=${1:-.carry/text-corpus.txt}
+    out=${OUT:-bench-results/lm-gpu}   # (not local: the EXIT trap reads them)
+    runs=$(mktemp -d)
+    local device=${DEVICE:-cuda} minutes=${MINUTES:-3.25} limit=${LIMIT:-540}
+    [[ $limit =~ ^[0-9]+$ ]] || { echo "LIMIT must be whole seconds, got '$limit'" >&2; exit 2; }
+    test -f "$corpus" || { echo "no corpus $corpus: run 'bash bench/gpu_run.sh prepare" \
+        "PATH/TO/text-corpus.txt' where the corpus is and carry .carry" >&2; exit 2; }
+    mkdir -p "$out"
+    trap 'pack_lm' EXIT
+    trap 'exit 143' TERM
+    if [ "$device" = cuda ]; then
+        python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . || exit 99
+        nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader \
+            | tee "$runs/log.txt"
+    fi
+    local tiny=()
+    [ "$device" = cuda ] || tiny=(--tiny)
+    echo "== bench/experiments/lm_gpu.py, $minutes minutes a model ($(date +%T))" \
+        | tee -a "$runs/log.txt"
+    timeout --kill-after=20 "$limit" python3 -m bench.experiments.lm_gpu --data "$corpus" \
+        --device "$device" --minutes "$minutes" --out "$runs" ${tiny[@]+"${tiny[@]}"} 2>&1 \
+        | tee -a "$runs/log.txt"
+    exit "${PIPESTATUS[0]}"
+}
+
+pack_lm() {  # the small files of an lm run into $out, and again with the runs' own in one archive
+    local kept
+    cp "$runs"/lm-gpu.json "$runs"/lm-gpu.png "$runs"/lm-gpu.md "$runs"/log.txt "$out"/ 2>/dev/null
+    kept=$(cd "$runs" && ls lm-gpu.json lm-gpu.png lm-gpu.md log.txt runs/*/metrics.jsonl \
+        runs/*/config.json runs/*/samples.txt runs/*/learning_curve.png 2>/dev/null)
+    # shellcheck disable=SC2086
+    [ -n "$kept" ] && tar czf "$out/lm-gpu.tar.gz" -C "$runs" $kept
+    rm -rf "$runs"
+}
+
 case "${1:-}" in
     prepare) shift; prepare "$@"; exit 0 ;;
     papers) papers ;;
+    lm) shift; lm "$@" ;;
 esac
 
 steps=${1:-kernels,tests,ncu}

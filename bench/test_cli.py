@@ -24,7 +24,8 @@ import torch
 from bench import cli
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-EXPERIMENTS = ("lm", "ablate", "long_context", "papers", "weights_bpc", "steps_to_baseline")
+EXPERIMENTS = ("lm", "lm_gpu", "ablate", "long_context", "papers", "weights_bpc",
+               "steps_to_baseline")
 CORPUS = b"the quick brown fox jumps over the lazy dog. " * 50_000     # 2.25 MB: a split of
 # 112 KB, more than the defaults read (weights_bpc.py's 100,000 bytes, long_context.py's 16
 # stretches of 8192)
@@ -154,6 +155,15 @@ BAD = [
     ("lm", ["--data", "DATA", "--evals", "0"], "argument --evals"),
     ("lm", ["--data", "DATA", "--eval-bytes", "0"], "argument --eval-bytes"),
     ("lm", ["--data", "DATA", "--bptt", "31", "--models", "transformer"], "--bptt"),
+    ("lm_gpu", ["--data", "MISSING"], "argument --data"),
+    ("lm_gpu", [], "--data"),
+    ("lm_gpu", ["--table", "FILE"], "--table"),
+    ("lm_gpu", ["--data", "DATA", "--device", "cpu", "--minutes", "0"], "argument --minutes"),
+    ("lm_gpu", ["--data", "DATA", "--device", "cpu", "--d-model", "0"], "argument --d-model"),
+    ("lm_gpu", ["--data", "DATA", "--device", "cpu", "--head-dim", "3"], "--head-dim"),
+    ("lm_gpu", ["--data", "DATA", "--device", "cpu", "--bptt", "31"], "--bptt"),
+    ("lm_gpu", ["--data", "DATA", "--device", "cpu", "--out", "FILE"], "argument --out"),
+    ("lm_gpu", ["--data", "DATA", "--device", "cpu", "--record"], "drop --device cpu"),
     ("ablate", ["--data", "MISSING"], "argument --data"),
     ("ablate", [], "--data"),
     ("ablate", ["--data", "DATA", "--d-model", "0"], "argument --d-model"),
@@ -213,6 +223,7 @@ BAD = [
 ]
 if not torch.cuda.is_available():                  # (where there is one, the value is good)
     BAD.append(("lm", ["--data", "DATA", "--device", "cuda"], "--device cuda"))
+    BAD.append(("lm_gpu", ["--data", "DATA"], "--device cuda"))
 
 
 @pytest.mark.parametrize("name,argv,flag", BAD, ids=[f"{n} {' '.join(a)}" for n, a, _ in BAD])
