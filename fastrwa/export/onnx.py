@@ -16,7 +16,7 @@ import os
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Sequence
 
 import numpy as np
 import torch

@@ -21,8 +21,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..kernels.codes import SOFTPLUS_SERIES_BELOW
 from ..nn import RDA, RWA, LayerState, RDACell, RRACell, RWACell, Recurrent
+# (the attention's log-weight in plain operations: the torch backend's, which exports as is)
+from ..ops.transforms import log_weight
 from ..state import ScanState
 
 # The state of one scan layer, as named tensors: the scan's m, n, d and, with token_shift,
@@ -55,23 +56,6 @@ def layer_state_names(layer: nn.Module, prefix: str = "state") -> list[str]:
     ``token_shift``, ``{prefix}.last``."""
     names = [f"{prefix}.{f}" for f in SCAN_FIELDS]
     return names + [f"{prefix}.last"] if layer.token_shift else names
-
-
-def _log_weight(a: Tensor, attention: str) -> Tensor:
-    """``log f_a(a)`` as :func:`fastrwa.ops.transforms.log_weight` computes it (the same
-    series where ``softplus`` underflows)."""
-    if attention == "exp":
-        return a
-    if attention == "sigmoid":
-        return F.logsigmoid(a)
-    if attention == "softplus":
-        u = torch.exp(torch.clamp(a, max=SOFTPLUS_SERIES_BELOW))
-        series = a - 0.5 * u + (5.0 / 24.0) * u * u
-        direct = torch.log(F.softplus(torch.clamp(a, min=SOFTPLUS_SERIES_BELOW)))
-        return torch.where(a < SOFTPLUS_SERIES_BELOW, series, direct)
-    if attention == "relu":
-        return torch.log(torch.relu(a))             # (log 0 = -inf: no weight)
-    raise ValueError(f"unknown attention {attention!r}")
 
 
 def _weight(x: Tensor, m: Tensor) -> Tensor:
@@ -124,7 +108,7 @@ def layer_step(layer: nn.Module, x: Tensor, m: Tensor, n: Tensor, d: Tensor,
         if layer.discount_groups is not None:       # each group's discount to its channels
             groups = layer.discount_groups
             lam = lam.unsqueeze(-1).expand(-1, groups, H // groups).reshape(-1, H)
-        y, m, n, d = scan_step(z, _log_weight(a, layer.attention), lam, m, n, d)
+        y, m, n, d = scan_step(z, log_weight(a, layer.attention), lam, m, n, d)
         y = layer._f_o(layer._f_h(y))
     else:
         y, m, n, d = scan_step(z, a, None, m, n, d)

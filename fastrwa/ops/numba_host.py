@@ -177,67 +177,28 @@ def _common(args: ScanArgs, z, a, g, layout, T: int, D: int, chunk: int, block: 
                    args.reverse)._asdict()
 
 
-class ForwardLaunch(NamedTuple):
-    """The arguments of ``forward`` of ``kernels/cpu/scan_fwd.py`` after ``(claim, tasks)``, named,
-    in its order (tests/backends/numba checks the names against the kernel's): built by
-    name, passed by position (a compiled kernel's call takes positions)."""
-
-    z: np.ndarray
-    a: np.ndarray
-    g: np.ndarray               # (a where there is no g: never read then)
-    y: np.ndarray
-    state0: np.ndarray
-    final: np.ndarray
-    ck: np.ndarray
-    consts: np.ndarray
-    strides: np.ndarray
-    seq_b: np.ndarray
-    seq_lo: np.ndarray
-    seq_hi: np.ndarray
-    ck_off: np.ndarray
-    T: int
-    D: int
-    chunk: int
-    block: int
-    attention: int
-    discount: int
-    reverse: bool
-    has_init: bool
-    save: bool
-    ahead: int
+def _launch_plan(name: str, doc: str, data: list, flags: list) -> type:
+    """A named tuple of a kernel's arguments after ``(claim, tasks)``, in its order: its
+    ``data`` arrays, then :class:`_Common`'s fields, then its ``flags``."""
+    plan = NamedTuple(name, [(field, np.ndarray) for field in data]
+                      + list(_Common.__annotations__.items()) + flags)
+    plan.__doc__ = doc
+    return plan
 
 
-class BackwardLaunch(NamedTuple):
-    """The arguments of ``backward`` of ``kernels/cpu/scan_bwd.py`` after ``(claim, tasks)``, as
-    :class:`ForwardLaunch` is the forward's."""
-
-    z: np.ndarray
-    a: np.ndarray
-    g: np.ndarray               # (a where there is no g: never read then)
-    gy: np.ndarray
-    gz: np.ndarray
-    ga: np.ndarray
-    gg: np.ndarray              # (ga where there is no g: never written then)
-    state0: np.ndarray
-    g_final: np.ndarray
-    g_init: np.ndarray
-    ck: np.ndarray
-    consts: np.ndarray
-    strides: np.ndarray
-    seq_b: np.ndarray
-    seq_lo: np.ndarray
-    seq_hi: np.ndarray
-    ck_off: np.ndarray
-    T: int
-    D: int
-    chunk: int
-    block: int
-    attention: int
-    discount: int
-    reverse: bool
-    has_init: bool
-    has_g_final: bool
-    ahead: int
+# Built by name, passed by position (a compiled kernel's call takes positions); the names
+# and their order are the kernels' (tests/backends/numba checks them).
+ForwardLaunch = _launch_plan(
+    "ForwardLaunch", "The arguments of ``forward`` of ``kernels/cpu/scan_fwd.py`` after "
+    "``(claim, tasks)`` (``g``: ``a`` where there is no g, never read then).",
+    ["z", "a", "g", "y", "state0", "final", "ck", "consts"],
+    [("has_init", bool), ("save", bool), ("ahead", int)])
+BackwardLaunch = _launch_plan(
+    "BackwardLaunch", "The arguments of ``backward`` of ``kernels/cpu/scan_bwd.py`` after "
+    "``(claim, tasks)`` (``g``: ``a`` and ``gg``: ``ga`` where there is no g, never read "
+    "or written then).",
+    ["z", "a", "g", "gy", "gz", "ga", "gg", "state0", "g_final", "g_init", "ck", "consts"],
+    [("has_init", bool), ("has_g_final", bool), ("ahead", int)])
 
 
 def forward(args: ScanArgs, *, output_final_state: bool, save: bool) -> ForwardResult:
