@@ -30,7 +30,39 @@ def _torch_bits_per_byte(model, data: bytes, rows: int) -> float:
     return loss.item() / math.log(2)
 
 
+EVAL_ROWS = 8               # (--eval reads its bytes as 8 rows, each of 2 bytes or more)
+
+
+def _read_eval(path: Path | None, n: int) -> bytes | None:
+    """The first ``n`` bytes of the ``--eval`` file (``None`` without one), read before
+    anything is exported; ``ValueError`` (the CLI's one-line error, exit 2) naming
+    ``--eval-bytes`` or ``--eval`` for what the evaluation could not use (``--eval-bytes``
+    is checked with or without ``--eval``)."""
+    least = 2 * EVAL_ROWS
+    if n < least:
+        raise ValueError(f"argument --eval-bytes: must be at least {least} ({EVAL_ROWS} rows "
+                         f"of 2 bytes), got {n}")
+    if path is None:
+        return None
+    try:
+        with open(path, "rb") as f:
+            data = f.read(n)
+    except OSError as exc:
+        raise ValueError(f"argument --eval: cannot read {path}: "
+                         f"{exc.strerror or exc}") from exc
+    if len(data) < least:
+        raise ValueError(f"argument --eval: {path} has {len(data)} bytes, too few to "
+                         f"evaluate on (at least {least}: {EVAL_ROWS} rows of 2 bytes)")
+    return data
+
+
 def main(argv: list[str] | None = None) -> int:
+    """The command line ``python -m fastrwa.export onnx RUN_OR_MODEL_DIR OUT_DIR [...]``
+    (``argv``: its arguments, ``sys.argv[1:]`` when ``None``). Returns the exit status: 0
+    once written (and evaluated); 2, with a one-line ``error: ...`` on stderr, for what is
+    refused (a bad ``--eval`` / ``--eval-bytes``, checked before anything is written; no
+    model in the source; an ``OUT_DIR`` that is not an earlier export). argparse's own
+    usage errors exit 2 as well (``SystemExit``)."""
     p = argparse.ArgumentParser(prog="python -m fastrwa.export", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="format", required=True, metavar="FORMAT")
@@ -50,9 +82,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="print the bits per byte of the export and of the PyTorch model on "
                         "the first --eval-bytes bytes of FILE")
     o.add_argument("--eval-bytes", type=int, default=16000, metavar="N",
-                   help="bytes of FILE to evaluate, read as 8 rows (default: 16000)")
+                   help="bytes of FILE to evaluate, read as 8 rows (at least 16; default: 16000)")
     args = p.parse_args(argv)
     try:
+        # (the evaluation's input first: a bad one refused before OUT_DIR is written)
+        data = _read_eval(args.eval, args.eval_bytes)
+
         from ..models import load_pretrained, run_model_dir
         from .onnx import export_onnx
 
@@ -61,12 +96,6 @@ def main(argv: list[str] | None = None) -> int:
         out = export_onnx(model if type(model).__name__ == "ByteLM" else source,
                           args.out_dir, weights=args.weights, exporter=args.exporter,
                           overwrite=args.overwrite)
-        data = None
-        if args.eval is not None:
-            if args.eval_bytes < 16:
-                raise ValueError(f"--eval-bytes must be at least 16, got {args.eval_bytes}")
-            with open(args.eval, "rb") as f:
-                data = f.read(args.eval_bytes)
     except (FileNotFoundError, ValueError, TypeError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -75,8 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     if data is not None:
         from .runtime import OnnxLM, bits_per_byte
 
-        onnx_bpc = bits_per_byte(OnnxLM(out), data)
-        torch_bpc = _torch_bits_per_byte(model, data, 8)
+        onnx_bpc = bits_per_byte(OnnxLM(out), data, EVAL_ROWS)
+        torch_bpc = _torch_bits_per_byte(model, data, EVAL_ROWS)
         print(f"bits per byte on {len(data)} bytes of {args.eval}: onnxruntime "
               f"({args.weights}) {onnx_bpc:.4f}, PyTorch {torch_bpc:.4f}, change "
               f"{onnx_bpc - torch_bpc:+.4f}")

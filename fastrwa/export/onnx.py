@@ -30,10 +30,8 @@ except ImportError as exc:             # pragma: no cover (CI installs the extra
                       "pip install 'fastrwa[onnx]'") from exc
 
 from ..models import ByteLM, load_pretrained, run_model_dir
+from .names import CONFIG, EXPORT_FILES, PROMPT, STEP
 from .steps import ByteLMStep, LayerStep, check_exportable, layer_state_names, state_names
-
-PROMPT, STEP, CONFIG = "prompt.onnx", "step.onnx", "onnx_config.json"
-EXPORT_FILES = frozenset((PROMPT, STEP, CONFIG))
 WEIGHTS = ("float32", "int8", "float16")
 EXPORTERS = ("torchscript", "dynamo")
 OPSET = 17
@@ -235,6 +233,16 @@ def _check_weights(weights: object) -> None:
 
 
 # -- a ByteLM ------------------------------------------------------------------------------
+def initial_state_rows(model: ByteLM) -> list[np.ndarray]:
+    """The model's initial state as ``(1, d_model)`` float32 arrays in the order of the
+    step's state inputs (what ``prompt.onnx`` starts from)."""
+    with torch.no_grad():
+        state = model.allocate_cache(1).state
+    return [t.detach().float().cpu().numpy() for layer in state.layers
+            for t in (*layer.scan, *((layer.last_input,) if layer.last_input is not None
+                                     else ()))]
+
+
 def bytelm_onnx(model: ByteLM, weights: str = "float32", exporter: str = "torchscript",
                 opset: int = OPSET) -> tuple[onnx.ModelProto, onnx.ModelProto, dict]:
     """The ONNX models of ``model`` in memory: ``(prompt, step, config)`` (``config``: what
@@ -250,22 +258,19 @@ def bytelm_onnx(model: ByteLM, weights: str = "float32", exporter: str = "torchs
         names = state_names(model)
         outputs = ["logits", *state_names(model, "next_state")]
         batch = 2                                # (not 1: no size-1 axis is specialised)
+        rows = initial_state_rows(model)
         with torch.no_grad():
-            initial = model.allocate_cache(1).state
-            rows = [t.float().cpu() for layer in initial.layers
-                    for t in (*layer.scan, *((layer.last_input,)
-                                             if layer.last_input is not None else ()))]
-            args = (torch.full((batch,), 65, dtype=torch.long,
-                               device=model.embed.weight.device),
-                    *(t.to(model.embed.weight.device).expand(batch, -1).contiguous()
-                      for t in rows))
+            device = model.embed.weight.device
+            args = (torch.full((batch,), 65, dtype=torch.long, device=device),
+                    *(torch.from_numpy(r).to(device).expand(batch, -1).contiguous()
+                      for r in rows))
             step = _export_module(step_module, args, ["ids", *names], outputs, exporter,
                                   opset)
     finally:
         model.train(was_training)
     vocab = model.config.vocab_size
     step = _convert(step, weights)
-    prompt = prompt_from_step(step, [r.numpy() for r in rows], vocab)
+    prompt = prompt_from_step(step, rows, vocab)
     config = dict(format="fastrwa-onnx", version=1, weights=weights, exporter=exporter,
                   opset=max(o.version for o in step.opset_import if o.domain in ("", "ai.onnx")),
                   vocab_size=vocab, bos_token=model.config.bos_token, bytes=256,
@@ -365,11 +370,3 @@ def export_layer_step(layer: nn.Module, path: "str | os.PathLike", weights: str 
     path.write_bytes(layer_step_onnx(layer, weights, exporter, opset).SerializeToString())
     return path
 
-
-def initial_state_rows(model: ByteLM) -> list[np.ndarray]:
-    """The model's initial state as ``(1, d_model)`` float32 arrays in the order of the
-    step's state inputs (what ``prompt.onnx`` starts from)."""
-    state = model.allocate_cache(1).state
-    return [t.detach().float().cpu().numpy() for layer in state.layers
-            for t in (*layer.scan, *((layer.last_input,) if layer.last_input is not None
-                                     else ()))]

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Optional
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 try:
     import onnxruntime as ort
@@ -17,7 +18,7 @@ except ImportError as exc:             # pragma: no cover (CI installs the extra
     raise ImportError("fastrwa.export.runtime needs onnxruntime: "
                       "pip install 'fastrwa[onnx]'") from exc
 
-PROMPT, STEP, CONFIG = "prompt.onnx", "step.onnx", "onnx_config.json"
+from .names import CONFIG, PROMPT, STEP
 
 
 def session(path: "str | os.PathLike", threads: Optional[int] = None
@@ -37,7 +38,11 @@ class OnnxLM:
     ``logits, state = lm.prompt(ids)`` (``ids`` ``(B, T)``, ``T >= 1``), ``logits, state =
     lm.step(ids, state)`` (``ids`` ``(B,)``); ``state`` is the list of arrays in the order
     of ``lm.state_names``. ``lm.generate(prompt, n)`` continues greedily (the most likely
-    byte, as ``ByteLM.generate(..., top_k=1)``)."""
+    byte, as ``ByteLM.generate(..., top_k=1)``).
+
+    ``prompt`` and ``step`` check what the raw graphs do not (``ValueError``): ``ids``'s
+    shape and range ``[0, vocab_size)``, a prompt of one position or more, and each state
+    tensor's shape ``(B, width)``."""
 
     def __init__(self, directory: "str | os.PathLike", threads: Optional[int] = None):
         directory = Path(directory)
@@ -46,14 +51,58 @@ class OnnxLM:
         self.step_session = session(directory / STEP, threads)
         self.state_names = [i.name for i in self.step_session.get_inputs()][1:]
         self.bos_token = int(self.config["bos_token"])
+        self.vocab_size = int(self.config["vocab_size"])
+        # (each state tensor's width: the step's inputs are (batch, width))
+        self.state_widths = [int(i.shape[1]) for i in self.step_session.get_inputs()[1:]]
 
-    def prompt(self, ids: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
-        logits, *state = self.prompt_session.run(None, {"ids": np.asarray(ids, np.int64)})
+    def _ids(self, ids: ArrayLike, ndim: int, shape: str) -> np.ndarray:
+        """``ids`` as int64, refused (``ValueError``) unless of ``ndim`` dimensions and in
+        ``[0, vocab_size)`` (``Gather`` would read a negative id from the end)."""
+        array = np.asarray(ids)
+        if array.ndim != ndim or not (array.size == 0 or np.issubdtype(array.dtype, np.integer)):
+            raise ValueError(f"ids must be {shape} integers, got shape {array.shape} of "
+                             f"{array.dtype}")
+        array = array.astype(np.int64, copy=False)
+        if array.size and (array.min() < 0 or array.max() >= self.vocab_size):
+            bad = array[(array < 0) | (array >= self.vocab_size)]
+            raise ValueError(f"ids must be in [0, {self.vocab_size}) (bytes 0-255, BOS "
+                             f"{self.bos_token}), got {int(bad.flat[0])}")
+        return array
+
+    def prompt(self, ids: ArrayLike) -> tuple[np.ndarray, list[np.ndarray]]:
+        """Read ``ids`` ``(B, T)`` (``T >= 1``: bytes, or the BOS id to start from nothing)
+        from the model's initial state: ``(logits, state)``, ``logits`` ``(B, vocab_size)``
+        of the last position, ``state`` the arrays of :attr:`state_names` after it.
+
+        ``T == 0`` is refused (``ValueError``; fed to ``prompt.onnx`` directly, an empty
+        ``Scan`` crashes onnxruntime's process): start from ``[[bos_token]]``, as
+        :meth:`generate` does for an empty prompt."""
+        ids = self._ids(ids, 2, "(batch, length)")
+        if ids.shape[1] == 0:
+            raise ValueError(f"ids has no positions (shape {ids.shape}): a prompt reads one "
+                             f"or more; to start from nothing pass the BOS id, "
+                             f"[[{self.bos_token}]] per row, as generate does")
+        logits, *state = self.prompt_session.run(None, {"ids": ids})
         return logits, state
 
-    def step(self, ids: np.ndarray, state: list[np.ndarray]
+    def step(self, ids: ArrayLike, state: list[np.ndarray]
              ) -> tuple[np.ndarray, list[np.ndarray]]:
-        feed = {"ids": np.asarray(ids, np.int64), **dict(zip(self.state_names, state))}
+        """One token per row: ``ids`` ``(B,)`` and ``state`` (the arrays of
+        :attr:`state_names`, each ``(B, width)``, as :meth:`prompt` or :meth:`step`
+        returned them, or rows of several stacked) -> ``(logits, next_state)``, ``logits``
+        ``(B, vocab_size)``. A state of the wrong count or shape is refused
+        (``ValueError`` naming the input), not broadcast."""
+        ids = self._ids(ids, 1, "(batch,)")
+        if len(state) != len(self.state_names):
+            raise ValueError(f"state must be {len(self.state_names)} arrays "
+                             f"({', '.join(self.state_names)}), got {len(state)}")
+        for name, width, tensor in zip(self.state_names, self.state_widths, state):
+            shape = np.shape(tensor)
+            if shape != (len(ids), width):
+                raise ValueError(f"state input {name} must have shape (batch, {width}) = "
+                                 f"({len(ids)}, {width}) for ids of batch {len(ids)}, got "
+                                 f"{shape}")
+        feed = {"ids": ids, **dict(zip(self.state_names, state))}
         logits, *state = self.step_session.run(None, feed)
         return logits, state
 

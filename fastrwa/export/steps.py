@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Iterator, Optional
+from typing import TYPE_CHECKING, Iterator, Optional, Sequence, Union
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +25,11 @@ from ..nn import RDA, RWA, LayerState, RDACell, RRACell, RWACell, Recurrent
 # (the attention's log-weight in plain operations: the torch backend's, which exports as is)
 from ..ops.transforms import log_weight
 from ..state import ScanState
+
+if TYPE_CHECKING:                      # (annotations only: steps.py imports no models)
+    import numpy as np
+
+    from ..models import LMState
 
 # The state of one scan layer, as named tensors: the scan's m, n, d and, with token_shift,
 # the previous token's input.
@@ -127,7 +132,11 @@ class LayerStep(nn.Module):
         self.layer = layer
 
     def forward(self, x: Tensor, *state: Tensor) -> tuple[Tensor, ...]:
-        return layer_step(self.layer, x.float(), *state)
+        """``x`` ``(B, input_size)`` and the state ``m, n, d`` ``(B, hidden_size)`` (and
+        ``last`` ``(B, input_size)`` with ``token_shift``) -> ``(y, m, n, d[, last])``, ``y``
+        ``(B, hidden_size)``; every tensor computed in float32 (inputs of another dtype
+        are converted)."""
+        return layer_step(self.layer, x.float(), *(t.float() for t in state))
 
 
 def _rms_norm(x: Tensor, norm: nn.RMSNorm) -> Tensor:
@@ -135,8 +144,6 @@ def _rms_norm(x: Tensor, norm: nn.RMSNorm) -> Tensor:
     eps = norm.eps if norm.eps is not None else torch.finfo(torch.float32).eps
     out = x * torch.rsqrt(torch.mean(x * x, dim=-1, keepdim=True) + eps)
     return out if norm.weight is None else out * norm.weight.float()
-
-
 
 
 def block_step(block: nn.Module, x: Tensor, state: tuple[Tensor, ...]
@@ -165,7 +172,13 @@ class ByteLMStep(nn.Module):
         self.model = model
 
     def forward(self, ids: Tensor, *state: Tensor) -> tuple[Tensor, ...]:
+        """``ids`` ``(B,)`` int64 in ``[0, vocab_size)`` and the state tensors of
+        :func:`state_names` (``(B, d_model)`` each) -> ``(logits, *next_state)``, ``logits``
+        ``(B, vocab_size)`` float32. A negative id is mapped to ``vocab_size`` before the
+        embedding's lookup, so that it is out of range for the exported ``Gather`` (an error
+        there, as in PyTorch) instead of counting from the end as ONNX indices do."""
         model = self.model
+        ids = torch.where(ids < 0, model.config.vocab_size, ids)
         x = F.embedding(ids, model.embed.weight.float())
         width = 4 if model.config.token_shift else 3
         new = []
@@ -182,9 +195,10 @@ def state_names(model: nn.Module, prefix: str = "state") -> list[str]:
             for name in layer_state_names(block.mix, f"{prefix}.{i}")]
 
 
-def flat_state(state) -> list[Tensor]:
+def flat_state(state: "LMState | LayerState") -> list[Tensor]:
     """An :class:`fastrwa.models.LMState` (or a :class:`fastrwa.nn.LayerState`) as the flat
-    list of tensors of :func:`state_names`, in float32."""
+    list of tensors of :func:`state_names` (of :func:`layer_state_names` for a layer's):
+    per layer ``m, n, d`` and, with ``token_shift``, ``last``; detached, in float32."""
     layers = (state,) if isinstance(state, LayerState) else state.layers
     out = []
     for layer in layers:
@@ -194,9 +208,11 @@ def flat_state(state) -> list[Tensor]:
     return out
 
 
-def nested_state(flat, token_shift: bool):
+def nested_state(flat: Sequence[Union[Tensor, "np.ndarray"]], token_shift: bool
+                 ) -> "LMState":
     """The inverse of :func:`flat_state` for a ``ByteLM``: an ``LMState`` from the flat
-    tensors (torch tensors or numpy arrays, converted)."""
+    tensors in the order of :func:`state_names` (torch tensors or numpy arrays, converted
+    by ``torch.as_tensor``); ``token_shift``: the model's (4 tensors a layer, else 3)."""
     from ..models import LMState       # (only for this conversion)
 
     width = 4 if token_shift else 3
@@ -209,11 +225,18 @@ def nested_state(flat, token_shift: bool):
 
 
 def _exportable_step(layer: nn.Module):
-    def step(x_t: Tensor, state: Optional[LayerState] = None):
+    """``layer.step`` as :func:`layer_step` computes it: in float32 whatever the dtype of
+    ``x_t`` and of the layer, as :class:`LayerStep` (the output, and ``last`` with
+    ``token_shift``, back in ``x_t``'s dtype, as ``layer.step`` returns them; the scan's
+    state float32, as ``layer.step``'s for every input dtype but float64)."""
+    def step(x_t: Tensor, state: Optional[LayerState] = None
+             ) -> tuple[Tensor, LayerState]:
         state = layer.initial_state(x_t.shape[0]) if state is None else state
-        last = (state.last_input,) if layer.token_shift else ()
-        y, m, n, d, *rest = layer_step(layer, x_t, *state.scan, *last)
-        return y.to(x_t.dtype), LayerState(ScanState(m, n, d), rest[0] if rest else None)
+        last = (state.last_input.float(),) if layer.token_shift else ()
+        y, m, n, d, *rest = layer_step(layer, x_t.float(), *(t.float() for t in state.scan),
+                                       *last)
+        return y.to(x_t.dtype), LayerState(ScanState(m, n, d),
+                                           rest[0].to(x_t.dtype) if rest else None)
     return step
 
 

@@ -232,6 +232,109 @@ def test_what_is_refused_is_named(tmp_path):
     assert "step" not in user[0].__dict__             # (nothing was changed)
 
 
+def test_the_cli_checks_eval_before_writing_anything(tmp_path, capsys):
+    save_pretrained(tiny(5, d_model=16, n_layers=1), tmp_path / "run" / "model")
+    short = tmp_path / "short.txt"
+    short.write_bytes(b"hello")
+    out = tmp_path / "onnx"
+    for args, message in (
+            (["--eval", str(short), "--eval-bytes", "3"],
+             "error: argument --eval-bytes: must be at least 16 (8 rows of 2 bytes), got 3"),
+            (["--eval-bytes", "3"], "error: argument --eval-bytes: must be at least 16"),
+            (["--eval", str(short)],
+             f"error: argument --eval: {short} has 5 bytes, too few to evaluate on"),
+            (["--eval", str(tmp_path / "missing.txt")],
+             "error: argument --eval: cannot read"),
+            (["--eval", str(tmp_path)], "error: argument --eval: cannot read")):
+        assert main(["onnx", str(tmp_path / "run"), str(out), *args]) == 2, args
+        err = capsys.readouterr().err
+        assert err.startswith(message) and err.count("\n") == 1, (args, err)
+        assert not out.exists(), args                   # (nothing written)
+
+
+def test_onnxlm_refuses_what_the_raw_graphs_do_not_check(tmp_path):
+    model = tiny(8, token_shift=False)          # (no Concat: a short state would broadcast)
+    lm = OnnxLM(export_onnx(model, tmp_path), threads=1)
+    with pytest.raises(ValueError, match=r"ids has no positions .*BOS id, \[\[256\]\]"):
+        lm.prompt(np.zeros((2, 0), np.int64))     # (prompt.onnx itself: SIGFPE, not run)
+    for bad in (-1, 257):
+        with pytest.raises(ValueError, match=rf"ids must be in \[0, 257\) .*got {bad}"):
+            lm.prompt(np.array([[65, bad]]))
+        with pytest.raises(ValueError, match=rf"ids must be in \[0, 257\) .*got {bad}"):
+            lm.step(np.array([bad, 65]), lm.prompt(np.array([[65], [66]]))[1])
+    with pytest.raises(ValueError, match=r"ids must be \(batch, length\) integers"):
+        lm.prompt(np.array([65, 66]))
+    with pytest.raises(ValueError, match=r"ids must be \(batch,\) integers"):
+        lm.step(np.array([[65]]), lm.prompt(np.array([[65]]))[1])
+    _, state = lm.prompt(np.array([[65], [66]]))
+    with pytest.raises(ValueError, match=r"state input state\.0\.m .* got \(1, 32\)"):
+        lm.step(np.array([1, 2]), [t[:1] for t in state])     # (step.onnx: broadcast)
+    with pytest.raises(ValueError, match=r"state input state\.0\.m must have shape \(batch, "
+                                         r"32\) = \(3, 32\) for ids of batch 3, got \(2, 32\)"):
+        lm.step(np.array([1, 2, 3]), state)
+    with pytest.raises(ValueError, match=r"state input state\.1\.d .* got \(2, 31\)"):
+        lm.step(np.array([1, 2]), [*state[:-1], state[-1][:, 1:]])
+    with pytest.raises(ValueError, match=r"state must be 6 arrays \(state\.0\.m, "):
+        lm.step(np.array([1, 2]), state[:3])
+    # the raw graphs: a negative id is out of range for their Gather (an error), as 257 is;
+    # not read from the end (the BOS row) as ONNX Gather reads negative indices
+    for bad in (-1, 257):
+        with pytest.raises(Exception, match="out of data bounds"):
+            lm.step_session.run(None, {"ids": np.array([bad, 65]),
+                                       **dict(zip(lm.state_names, state))})
+        with pytest.raises(Exception, match="out of data bounds"):
+            lm.prompt_session.run(None, {"ids": np.array([[65, bad]])})
+
+
+class Stepper(torch.nn.Module):
+    """A user's module that steps one scan layer (and nothing else)."""
+
+    def __init__(self, layer):
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x, m, n, d, last):
+        y, state = self.layer.step(x, LayerState(ScanState(m, n, d), last))
+        return (y, *state.scan, state.last_input)
+
+
+def test_a_bfloat16_layer_steps_and_exports_in_float32(tmp_path):
+    torch.manual_seed(9)
+    layer = RDA(6, 8, token_shift=True, attention="softplus").eval()
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.add_(0.2 * torch.randn_like(p))
+    half = Stepper(layer).to(torch.bfloat16)
+    wide = Stepper(RDA(6, 8, token_shift=True, attention="softplus")).eval()
+    wide.load_state_dict({k: v.float() for k, v in half.state_dict().items()})
+    x = torch.randn(3, 6).to(torch.bfloat16)
+    with torch.no_grad():
+        initial = half.layer.initial_state(3)
+    args = (x, *initial.scan, initial.last_input)
+    # exportable_steps: computed in float32 as LayerStep is (the same numbers as a float32
+    # copy of the layer), returned in the dtypes of the layer's own step
+    with torch.no_grad(), exportable_steps(half):
+        got = half(*args)
+        want = wide(x.float(), *(t.float() for t in args[1:]))
+    assert [t.dtype for t in got] == [torch.bfloat16, *[torch.float32] * 3, torch.bfloat16]
+    for a, b in zip(got, want):                     # (bfloat16: to its rounding)
+        rtol = 2 ** -8 if a.dtype == torch.bfloat16 else 1e-5
+        np.testing.assert_allclose(a.float().numpy(), b.numpy(), rtol=rtol, atol=1e-5)
+    # the layer's step file: float32 inputs, float32 arithmetic from the bfloat16 weights
+    names = ["x", "m", "n", "d", "last"]
+    with exportable_steps(half), warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        torch.onnx.export(half, args, tmp_path / "half.onnx", dynamo=False, input_names=names,
+                          dynamic_axes={k: {0: "batch"} for k in names})
+    onnx.checker.check_model(onnx.load(tmp_path / "half.onnx"))
+    step = session(export_layer_step(half.layer, tmp_path / "step.onnx"))
+    assert {i.type for i in step.get_inputs()} == {"tensor(float)"}
+    out = step.run(None, dict(zip([i.name for i in step.get_inputs()],
+                                  [t.float().numpy() for t in args])))
+    for a, b in zip(out, want):
+        np.testing.assert_allclose(a, b.numpy(), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("layer", [RWA(6, 8, token_shift=True),
                                    RDA(6, 8, attention="sigmoid", f_h="tanh",
                                        discount_groups=2, learn_initial_state=False)],
