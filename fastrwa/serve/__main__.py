@@ -3,7 +3,9 @@ an OpenAI-compatible ``/v1/completions`` (docs/serve.md), continuous batching on
 decode step for every stream in flight. Needs the ``[serve]`` extra (uvicorn).
 
 SIGTERM (or Ctrl-C) stops accepting connections, finishes the streams in flight and exits
-0; requests that arrive meanwhile on open connections get 503.
+0; requests that arrive meanwhile on open connections get 503. Streams still running
+``--shutdown-timeout`` seconds after the signal (default 30: a client that stops reading
+would hold the server forever) are cut and cancelled.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import signal
 import socket
 import sys
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -24,9 +27,11 @@ from .rows import make_rows
 from .schema import Limits
 
 SWITCH_INTERVAL_S = 5e-4
+SHUTDOWN_TIMEOUT_S = 30.0
 
 
 def parser() -> argparse.ArgumentParser:
+    """The command line's parser (the options: docs/serve.md)."""
     p = argparse.ArgumentParser(prog="python -m fastrwa.serve", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run_dir", type=Path, metavar="RUN_OR_MODEL_DIR",
@@ -45,24 +50,34 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-batch", type=int, default=64,
                    help="streams decoded at once (rows of the batch; default 64)")
     p.add_argument("--max-queue", type=int, default=256,
-                   help="requests waiting for a row before 503 (default 256)")
+                   help="requests that may wait for a row when every row is busy; one more "
+                        "gets 503 (default 256; 0: no waiting, a request is taken only "
+                        "while a row is free)")
     p.add_argument("--max-prompt-bytes", type=int, default=16384,
                    help="longest prompt in UTF-8 bytes (default 16384; longer: 400)")
     p.add_argument("--max-tokens-limit", type=int, default=4096,
                    help="largest max_tokens a request may ask for (default 4096; more: 400)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: PyTorch's)")
     p.add_argument("--log-level", default="warning",
-                   choices=("critical", "error", "warning", "info", "debug"))
+                   choices=("critical", "error", "warning", "info", "debug"),
+                   help="uvicorn's and the server's log level (default warning)")
+    p.add_argument("--shutdown-timeout", type=float, default=SHUTDOWN_TIMEOUT_S,
+                   help="seconds SIGTERM waits for the streams in flight before it cuts "
+                        f"them (default {SHUTDOWN_TIMEOUT_S:g})")
     return p
 
 
 def check_args(args: argparse.Namespace) -> None:
+    """Raise ``ValueError`` naming the first option of ``args`` that is out of range."""
     for name in ("max_batch", "max_prompt_bytes", "max_tokens_limit"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got "
                              f"{getattr(args, name)}")
     if args.max_queue < 0:
         raise ValueError(f"--max-queue must be 0 or more, got {args.max_queue}")
+    if not args.shutdown_timeout >= 0:          # (NaN too)
+        raise ValueError(f"--shutdown-timeout must be 0 or more seconds, got "
+                         f"{args.shutdown_timeout}")
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
     if args.threads is not None and args.threads < 1:
@@ -72,6 +87,8 @@ def check_args(args: argparse.Namespace) -> None:
 
 
 def load_model(args: argparse.Namespace) -> ByteLM:
+    """The ``ByteLM`` of ``args.run_dir`` on ``args.device`` (``ValueError`` for another
+    kind of model; ``FileNotFoundError`` without one)."""
     device = torch.device("cuda" if args.device == "cuda" or (
         args.device == "auto" and torch.cuda.is_available()) else "cpu")
     model = load_pretrained(run_model_dir(args.run_dir, args.best)).to(device)
@@ -81,7 +98,10 @@ def load_model(args: argparse.Namespace) -> ByteLM:
     return model
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: Optional[list[str]] = None) -> int:
+    """Serve until SIGTERM or Ctrl-C; the exit status: 0, or 2 for a bad option, a model
+    that cannot be loaded or an address that cannot be listened on (the reason on
+    stderr)."""
     args = parser().parse_args(argv)
     try:
         check_args(args)
@@ -92,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    logging.getLogger("fastrwa.serve").setLevel(args.log_level.upper())
     if args.threads:
         torch.set_num_threads(args.threads)
     # The engine's thread takes the GIL back after each decode step (which runs without it)
@@ -118,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     sock.listen(2048)
     host, port = sock.getsockname()[:2]
     config = uvicorn.Config(app, host=host, port=port, lifespan="on", access_log=False,
-                            log_level=args.log_level, backlog=2048)
+                            log_level=args.log_level, backlog=2048,
+                            timeout_graceful_shutdown=args.shutdown_timeout)
     server = _Server(config, app)
     # uvicorn re-raises the signal that stopped it once it has shut down (to die of it):
     # the handlers restored then ignore it, so that a graceful stop exits 0

@@ -4,7 +4,8 @@ Routes: ``POST /v1/completions`` (OpenAI's completions API: docs/serve.md), ``GE
 /v1/models``, ``GET /health`` (200 while serving, 503 while shutting down) and ``GET
 /stats`` (the engine's counters and where its time goes). Text is bytes: the prompt is
 encoded as UTF-8, the completion's bytes are decoded as UTF-8 incrementally (a character
-split across steps is sent whole; bytes that are not UTF-8 become U+FFFD).
+split across steps is sent whole; bytes that are not UTF-8 become U+FFFD). Any error is
+answered in OpenAI's shape (an unexpected one: a 500, logged, if the answer has not started).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import json
 import logging
 import threading
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 from .batcher import Closed, Engine, Job, QueueFull
 from .schema import Limits, RequestError, parse_completion
@@ -34,8 +35,10 @@ class App:
     """The ASGI application. ``make_engine(notify)`` builds the engine at startup (in the
     server's event loop: ``notify`` hands the engine's updates to it)."""
 
-    def __init__(self, make_engine, model_name: str, limits: Limits,
-                 retry_after: int = RETRY_AFTER_S):
+    def __init__(self, make_engine: Callable[[Callable[[list], None]], Engine],
+                 model_name: str, limits: Limits, retry_after: int = RETRY_AFTER_S):
+        """``model_name``: the id in answers and ``/v1/models``; ``limits``: what requests
+        may ask for; ``retry_after``: the seconds of a 503's ``Retry-After``."""
         self.make_engine, self.model_name, self.limits = make_engine, model_name, limits
         self.retry_after = retry_after
         # (a prompt of byte ids is up to 4 JSON characters a byte; escaped text up to 6)
@@ -50,6 +53,8 @@ class App:
 
     # -- plumbing -------------------------------------------------------------------------
     def start(self) -> None:
+        """Build the engine (once), in the running event loop: ASGI lifespan startup, or
+        the first request when the server runs without lifespan."""
         self.loop = asyncio.get_running_loop()
         if self.engine is None:
             self.engine = self.make_engine(self._notify)
@@ -79,12 +84,28 @@ class App:
             return
         if self.engine is None:         # (run without lifespan: start on the first request)
             self.start()
+        started = False
+
+        async def tracked(message: dict) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
         try:
-            await self._route(scope, receive, send)
+            await self._route(scope, receive, tracked)
         except RequestError as exc:
-            await _send_json(send, exc.status, exc.body(), exc.headers)
+            if not started:
+                await _send_json(send, exc.status, exc.body(), exc.headers)
         except OSError:                 # (the client left before its answer: nothing to do)
             pass
+        except Exception:               # (a defect: answer 500 if the answer has not started)
+            log.exception("%s %s failed", scope.get("method"), scope.get("path"))
+            if not started:
+                error = RequestError("internal server error (logged by the server)",
+                                     status=500, code="internal_error")
+                try:
+                    await _send_json(send, 500, error.body())
+                except OSError:
+                    pass
 
     async def _lifespan(self, receive, send) -> None:
         while True:
@@ -210,6 +231,9 @@ class App:
             if finish == "cancelled":
                 return
             if finish == "error":
+                if text:            # (what was released before the error: sent first)
+                    await _send_event(send, {**head, "choices": [{
+                        "text": text, "index": 0, "logprobs": None, "finish_reason": None}]})
                 chunk = {"error": {"message": f"generation failed: {job.error}",
                                    "type": "server_error", "param": None,
                                    "code": "generation_failed"}}

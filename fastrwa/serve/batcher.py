@@ -8,7 +8,17 @@
 so a job joins at the next step and leaves the step its last byte is drawn (or the step
 after its client went away). A job's bytes depend on its own prompt, settings and seed only
 (:mod:`.rows`): ``ByteLM.generate(prompt, max_tokens, temperature, top_k, top_p,
-generator=torch.Generator().manual_seed(seed))``'s, cut at the first stop sequence.
+generator=torch.Generator(device).manual_seed(seed))``'s, cut at the first stop sequence,
+where ``device`` is the rows' (``rows.device``: the model's; on CUDA the draws are made there
+as ``generate`` makes them, from a CUDA generator).
+
+A job in the engine is waiting (the queue), being admitted (popped from the queue, its
+prompt prefilled) or active (in a row); ``active`` counts the last two. ``submit`` takes a
+job while fewer than ``capacity + max_queue`` are in the engine (so ``max_queue`` 0 still
+takes a job while a row is free); a waiting job whose client left is dropped from the
+queue when it is full. An exception that is not the model's ``ValueError`` (NaN logits)
+fails the job it happened in (admission) or every active job (the step), is logged, and
+the engine serves on.
 
 Stop sequences are matched on bytes as they are drawn; the bytes that could be the start of
 a stop sequence are held back until they cannot, and the stop sequence itself is never
@@ -27,7 +37,7 @@ from typing import Callable, Optional
 
 import torch
 
-from .rows import GREEDY_TEMPERATURE, Sampling
+from .rows import GREEDY_TEMPERATURE, Rows, Sampling
 from .schema import Completion
 
 log = logging.getLogger("fastrwa.serve")
@@ -48,13 +58,15 @@ class Job:
 
     _ids = itertools.count()
 
-    def __init__(self, request: Completion, bos_token: int):
+    def __init__(self, request: Completion, bos_token: int,
+                 device: torch.device = torch.device("cpu")):
+        """``device``: where the job's logits are drawn from (its generator is made there)."""
         self.request = request
         self.number = next(self._ids)
         self.seed = request.seed if request.seed is not None else secrets.randbits(63)
         temperature = request.temperature or GREEDY_TEMPERATURE
         self.sampling = Sampling(temperature, request.top_k, request.top_p,
-                                 torch.Generator().manual_seed(self.seed))
+                                 torch.Generator(device).manual_seed(self.seed))
         prompt = list(request.prompt) or [bos_token]      # (an empty prompt: BOS, as generate)
         self.context = torch.tensor([prompt], dtype=torch.int64)
         self.stops = request.stop
@@ -68,7 +80,6 @@ class Job:
         self.waker = None                   # the consumer's (app: an asyncio.Event)
         self._lock = threading.Lock()
         self._out = bytearray()             # released, not yet taken
-        self._finish_seen = False
         self.cancelled = False
 
     def cancel(self) -> None:
@@ -121,13 +132,14 @@ class Job:
 class Stats:
     """Where the engine's time goes (seconds, cumulative; ``GET /stats``)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.steps = self.rows_stepped = self.admitted = self.finished = 0
         self.prefill_s = self.step_s = self.draw_s = self.notify_s = 0.0
         self.busy_s = 0.0
         self.started = time.perf_counter()
 
     def as_dict(self) -> dict:
+        """The counters, and ``uptime_s`` (seconds since the engine started)."""
         d = dict(vars(self))
         d["uptime_s"] = time.perf_counter() - d.pop("started")
         return d
@@ -135,16 +147,26 @@ class Stats:
 
 class Engine:
     """Continuous batching over ``rows`` (:func:`fastrwa.serve.rows.make_rows`): at most
-    ``rows.capacity`` jobs in flight and ``max_queue`` waiting. ``notify(jobs)`` is called
-    from the engine's thread after each step with the jobs that have new bytes or finished."""
+    ``rows.capacity`` jobs in flight and ``max_queue`` more waiting (module doc).
+    ``notify(jobs)`` is called from the engine's thread after each step with the jobs that
+    have new bytes or finished."""
 
-    def __init__(self, rows, bos_token: int, max_queue: int = 256,
+    def __init__(self, rows: Rows, bos_token: int, max_queue: int = 256,
                  notify: Optional[Callable[[list], None]] = None):
+        """``rows``: the batch's rows (:class:`fastrwa.serve.rows.PackedRows`,
+        :class:`fastrwa.serve.rows.StepRows`, or any object with their methods, ``capacity``
+        and ``tokens``; ``device``, where draws are made, is CPU if it has none);
+        ``bos_token``: what an empty prompt starts from; ``max_queue`` >= 0."""
+        if max_queue < 0:
+            raise ValueError(f"max_queue must be 0 or more, got {max_queue}")
         self.rows, self.bos_token, self.max_queue = rows, bos_token, max_queue
         self.capacity = rows.capacity
+        self.device = torch.device(getattr(rows, "device", "cpu"))
         self.notify = notify
         self.stats = Stats()
         self._pending: collections.deque[Job] = collections.deque()
+        self._admitting: list[Job] = []     # popped from _pending, not yet in a row or ended
+        self._purged: list[Job] = []        # cancelled while waiting, dropped from _pending
         self._active: list[Job] = []        # job in row i
         self._cond = threading.Condition()
         self._closing = False
@@ -156,7 +178,7 @@ class Engine:
     def submit(self, request: Completion) -> Job:
         """A new job for ``request`` (``QueueFull``, ``Closed``). ``max_tokens`` 0 is done at
         once (no row)."""
-        job = Job(request, self.bos_token)
+        job = Job(request, self.bos_token, self.device)
         if request.max_tokens == 0:
             if self._closing:
                 raise Closed("the server is shutting down")
@@ -165,22 +187,40 @@ class Engine:
         with self._cond:
             if self._closing:
                 raise Closed("the server is shutting down")
-            if len(self._pending) >= self.max_queue:
-                raise QueueFull(f"{len(self._pending)} requests are waiting (--max-queue)")
+            if self._in_engine() >= self.capacity + self.max_queue:
+                self._purge()
+                if self._in_engine() >= self.capacity + self.max_queue:
+                    raise QueueFull(f"{len(self._pending)} requests are waiting for a row "
+                                    f"(--max-queue {self.max_queue})")
             self._pending.append(job)
             self._cond.notify()
         return job
 
+    def _in_engine(self) -> int:        # (under _cond)
+        return len(self._pending) + len(self._admitting) + len(self._active)
+
+    def _purge(self) -> None:           # (under _cond)
+        """Drop the waiting jobs whose client left (the engine's thread ends them)."""
+        if any(job.cancelled for job in self._pending):
+            self._purged += [job for job in self._pending if job.cancelled]
+            self._pending = collections.deque(job for job in self._pending if not job.cancelled)
+            self._cond.notify()
+
     @property
     def active(self) -> int:
-        return len(self._active)
+        """Jobs in a row or being admitted into one (their prompt prefilled)."""
+        with self._cond:
+            return len(self._active) + len(self._admitting)
 
     @property
     def queued(self) -> int:
-        return len(self._pending)
+        """Jobs waiting for a row."""
+        with self._cond:
+            return len(self._pending)
 
     @property
     def closing(self) -> bool:
+        """True once :meth:`close` was called: :meth:`submit` raises ``Closed``."""
         return self._closing
 
     def close(self, drain: bool = True, timeout: Optional[float] = None) -> bool:
@@ -189,7 +229,7 @@ class Engine:
         with self._cond:
             self._closing = True
             if not drain:
-                for job in (*self._pending, *self._active):
+                for job in (*self._pending, *self._admitting, *self._active):
                     job.cancel()
             self._cond.notify()
         self._thread.join(timeout)
@@ -199,18 +239,24 @@ class Engine:
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not self._pending and not self._active and not self._closing:
+                while not (self._pending or self._active or self._purged or self._closing):
                     self._cond.wait()
-                if self._closing and not self._pending and not self._active:
+                if self._closing and not self._pending and not self._active \
+                        and not self._purged:
                     return
                 free = self.capacity - len(self._active)
                 joiners = [self._pending.popleft()
                            for _ in range(min(free, len(self._pending)))]
+                self._admitting = list(joiners)
+                purged, self._purged = self._purged, []
             began = time.perf_counter()
             updated: list[Job] = []
+            for job in purged:
+                job._end("cancelled")
+                updated.append(job)
             try:
                 for job in joiners:
-                    self._admit(job, updated)
+                    self._admit_one(job, updated)
                     if self.notify is not None and len(joiners) > 1:
                         self.notify([job])          # (its first byte, before the others' prefill)
                 self._retire(updated)
@@ -219,38 +265,56 @@ class Engine:
                     self._retire(updated)
             except Exception as exc:            # (a defect: fail the jobs, keep serving)
                 log.exception("engine step failed")
-                for job in self._active:
-                    job._end("error", f"{type(exc).__name__}: {exc}")
-                    updated.append(job)
-                self._active.clear()
+                with self._cond:
+                    failed, self._active, self._admitting = (
+                        [*self._admitting, *self._active], [], [])
+                for job in failed:
+                    if job.finish is None:
+                        job._end("error", f"{type(exc).__name__}: {exc}")
+                        updated.append(job)
             self.stats.busy_s += time.perf_counter() - began
             if updated and self.notify is not None:
                 t = time.perf_counter()
                 self.notify(updated)
                 self.stats.notify_s += time.perf_counter() - t
 
-    def _admit(self, job: Job, updated: list) -> None:
+    def _admit_one(self, job: Job, updated: list) -> None:
+        """Admit ``job`` (:meth:`_admit`); any error there fails this job only (logged)."""
+        try:
+            placed = self._admit(job, updated)
+        except Exception as exc:            # (a defect, or a device error: this job's)
+            log.exception("admitting a job failed")
+            job._end("error", f"{type(exc).__name__}: {exc}")
+            placed = False
+        with self._cond:                    # (from admitting to active at once: /stats)
+            self._admitting.remove(job)
+            if placed:
+                self._active.append(job)
+
+    def _admit(self, job: Job, updated: list) -> bool:
+        """Prefill ``job``'s prompt and draw its first byte; True when it goes on in row
+        ``len(self._active)`` (placed there), False when it has ended."""
         updated.append(job)
         if job.cancelled:
             job._end("cancelled")
-            return
+            return False
         rows, t = self.rows, time.perf_counter()
         try:
             rows.prefill(job.context)
             token = rows.draw_staged(job.sampling)
         except ValueError as exc:               # (NaN logits: the model's fault, this job's)
             job._end("error", str(exc))
-            return
+            return False
         finally:
             self.stats.prefill_s += time.perf_counter() - t
         self.stats.admitted += 1
         if job.accept(token):
             self.stats.finished += 1
-            return
+            return False
         row = len(self._active)
         rows.place(row)
         rows.tokens[row] = token
-        self._active.append(job)
+        return True
 
     def _retire(self, updated: list) -> None:
         """Drop finished and cancelled jobs' rows, keeping rows ``[0, n)`` compact."""
@@ -260,14 +324,15 @@ class Engine:
             if job.finish is None and not job.cancelled:
                 i += 1
                 continue
-            if job.finish is None:
-                job._end("cancelled")
-                updated.append(job)
             last = len(active) - 1
             if i != last:
                 self.rows.move(last, i)
+            with self._cond:
                 active[i] = active[last]
-            active.pop()
+                active.pop()
+            if job.finish is None:              # (ended once out: done, it counts no more)
+                job._end("cancelled")
+                updated.append(job)
 
     def _step(self, updated: list) -> None:
         rows, n = self.rows, len(self._active)

@@ -16,15 +16,18 @@ Two kinds:
 * :class:`StepRows` (any other decoder of ``ByteLM.decoder``: the eager step, the CUDA graph
   on a GPU): the decoder's ``step_`` over all ``N`` rows (a CUDA graph has a fixed batch;
   rows past ``n`` hold stale state whose logits are ignored), each row drawn with
-  ``fastrwa.models.sampling.sample`` from its own generator. The eager matrix products may
-  pick other kernels at another batch size: bytes are ``generate``'s within float rounding,
-  not bit for bit.
+  ``fastrwa.models.sampling.sample`` from its own generator, on the model's device as
+  ``generate`` draws there: on CUDA the logits stay on the GPU and each stream's generator
+  is a CUDA generator (``torch.Generator("cuda")``; a CPU generator cannot draw from CUDA
+  logits), so a stream's bytes are ``generate(..., generator=torch.Generator("cuda")
+  .manual_seed(seed))``'s on that device. The matrix products may pick other kernels at
+  another batch size: bytes are ``generate``'s within float rounding, not bit for bit.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import Optional, Protocol, Union
 
 import numpy as np
 import torch
@@ -51,10 +54,29 @@ class Sampling:
     generator: torch.Generator
 
 
+class Rows(Protocol):
+    """What the engine (:class:`fastrwa.serve.batcher.Engine`) steps: :class:`PackedRows`,
+    :class:`StepRows` (or the tests' scripted rows). ``tokens[i]`` is row ``i``'s next input;
+    ``device``, where the draws are made (its streams' generators are made there), is
+    optional (CPU)."""
+
+    capacity: int
+    kind: str
+    tokens: np.ndarray
+
+    def prefill(self, context: Tensor) -> None: ...
+    def draw_staged(self, sampling: Sampling) -> int: ...
+    def place(self, row: int) -> None: ...
+    def move(self, src: int, dst: int) -> None: ...
+    def step(self, n: int) -> None: ...
+    def draw(self, row: int, sampling: Sampling) -> int: ...
+
+
 class PackedRows:
     """Rows of a :class:`PackedLM`'s cache stepped by the fused CPU kernel (module doc)."""
 
     kind = "fused CPU decode (PackedLM)"
+    device = torch.device("cpu")
 
     def __init__(self, packed: PackedLM, capacity: int):
         self.packed, self.capacity = packed, capacity
@@ -116,7 +138,9 @@ class PackedRows:
 class StepRows:
     """Rows stepped by a decoder's ``step_`` over the whole cache (module doc)."""
 
-    def __init__(self, model: ByteLM, decoder, capacity: int):
+    def __init__(self, model: ByteLM, decoder: object, capacity: int):
+        """``decoder``: ``model.decoder(weights)`` other than a :class:`PackedLM` (``model``
+        itself, the eager step, or a CUDA graph of it)."""
         self.model, self.decoder, self.capacity = model, decoder, capacity
         self.kind = ("CUDA graph" if type(decoder).__name__ == "CUDAGraphDecoder"
                      else "eager ByteLM.step_")
@@ -130,34 +154,44 @@ class StepRows:
         self._token = torch.zeros(capacity, dtype=torch.int64, device=self.device)
 
     def prefill(self, context: Tensor) -> None:
+        """Run ``context`` ``(1, P)`` (on any device) into the staging cache at batch 1, as
+        ``generate`` does; its last logits are kept for :meth:`draw_staged`."""
         self._staged = self.decoder.prefill(context.to(self.device), self.staging).clone()
 
     def draw_staged(self, sampling: Sampling) -> int:
+        """The first id of the stream just prefilled, drawn from its prompt's logits."""
         return self._draw(self._staged, sampling)
 
     def place(self, row: int) -> None:
+        """Copy the staging cache's state into ``row``."""
         for buf, one in zip(self.cache.stacked, self.staging.stacked):
             buf[:, row].copy_(one[:, 0])
 
     def move(self, src: int, dst: int) -> None:
+        """Row ``src``'s state (and next input) into row ``dst``."""
         for buf in self.cache.stacked:
             buf[:, dst].copy_(buf[:, src])
         self.tokens[dst] = self.tokens[src]
 
     def step(self, n: int) -> None:
+        """Advance every row by its ``tokens`` (all ``capacity`` rows: a CUDA graph has a
+        fixed batch; only rows ``[0, n)`` are drawn from)."""
         self._token.copy_(torch.from_numpy(self.tokens))
         self._logits = self.decoder.step_(self._token, self.cache)
 
     def draw(self, row: int, sampling: Sampling) -> int:
+        """Row ``row``'s next id, from the logits of the last step."""
         return self._draw(self._logits[row:row + 1], sampling)
 
     def _draw(self, logits: Tensor, s: Sampling) -> int:
+        # (on the logits' device, with the stream's generator made there: generate's draw)
         return int(sample(logits, s.temperature, s.top_k, s.top_p, s.generator,
                           self.forbidden)[0])
 
 
-def make_rows(model: ByteLM, weights: object, capacity: int):
-    """The rows for ``model`` with ``weights`` as ``ByteLM.generate`` takes it."""
+def make_rows(model: ByteLM, weights: object, capacity: int) -> Union[PackedRows, StepRows]:
+    """The rows for ``model`` with ``weights`` as ``ByteLM.generate`` takes it:
+    :class:`PackedRows` for a fused decoder (a :class:`PackedLM`), else :class:`StepRows`."""
     decoder = model.decoder(weights)
     if isinstance(decoder, PackedLM):
         return PackedRows(decoder, capacity)

@@ -6,7 +6,9 @@ What OpenAI's completions API takes and this server does not (refused by name, 4
 ``echo: true``, ``logprobs``, ``best_of > 1``, ``n > 1``, ``suffix``, non-zero
 ``presence_penalty``/``frequency_penalty``, a non-empty ``logit_bias``, several prompts in
 one request. Any other unknown field is refused too (OpenAI does the same), so a typo such
-as ``max_token`` is an error, not a silent default.
+as ``max_token`` is an error, not a silent default. ``true``/``false`` are not numbers here
+(``best_of: true`` is refused, as Python's ``True == 1`` would accept it); ``user`` is any
+string (an identifier of the end user: ignored).
 """
 
 from __future__ import annotations
@@ -23,11 +25,12 @@ MAX_SEED = 2 ** 64 - 1          # torch.Generator.manual_seed's largest
 FLOAT32_MAX = 3.4028234663852886e38
 FLOAT32_TINY = 1.401298464324817e-45
 
-# Fields accepted with their neutral value only (what OpenAI sends by default).
+# Fields accepted with their neutral value only (what OpenAI sends by default; a bool is
+# never one of these numbers).
 _NEUTRAL = {"presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0),
-            "logit_bias": ({},), "suffix": (None, ""), "user": None}
+            "logit_bias": ({},), "suffix": (None, "")}
 _KNOWN = {"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "stop", "seed",
-          "stream", "stream_options", "n", "echo", "logprobs", "best_of", *_NEUTRAL}
+          "stream", "stream_options", "n", "echo", "logprobs", "best_of", "user", *_NEUTRAL}
 
 
 class RequestError(Exception):
@@ -41,6 +44,8 @@ class RequestError(Exception):
         self.code, self.headers = code, headers or {}
 
     def body(self) -> dict:
+        """The JSON body of the answer: ``{"error": {"message", "type", "param", "code"}}``
+        (``type`` ``invalid_request_error`` below 500, else ``server_error``)."""
         kind = "invalid_request_error" if self.status < 500 else "server_error"
         return {"error": {"message": self.message, "type": kind, "param": self.param,
                           "code": self.code}}
@@ -79,6 +84,10 @@ def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def _is_neutral(value: object, neutral: tuple) -> bool:
+    return not isinstance(value, bool) and value in neutral
+
+
 def _prompt(value: object, limits: Limits) -> bytes:
     if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list)):
         value = value[0]                # ([text] or [[ids]]: one prompt in a list)
@@ -89,14 +98,15 @@ def _prompt(value: object, limits: Limits) -> bytes:
             raise RequestError(f"prompt is not valid Unicode text ({exc.reason} at "
                                f"character {exc.start}): send the bytes as a list of ids "
                                f"0-255 instead", "prompt") from None
-    elif isinstance(value, list) and all(_is_int(v) for v in value):
-        if any(not 0 <= v <= 255 for v in value):
-            raise RequestError("prompt: token ids are bytes here, each an int in [0, 255]",
-                               "prompt")
-        data = bytes(value)
-    elif isinstance(value, list):
+    elif isinstance(value, list) and any(isinstance(v, (str, list)) for v in value):
         raise RequestError("prompt: one prompt per request (a string, or a list of byte ids "
                            "0-255); send several prompts as several requests", "prompt")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            if not _is_int(v) or not 0 <= v <= 255:
+                raise RequestError(f"prompt: token ids are bytes here, each an int in "
+                                   f"[0, 255]; got {v!r} at index {i}", "prompt")
+        data = bytes(value)
     else:
         raise RequestError(f"prompt must be a string or a list of byte ids 0-255, got "
                            f"{type(value).__name__}", "prompt")
@@ -138,25 +148,32 @@ def parse_completion(raw: bytes, limits: Limits) -> Completion:
         body = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise RequestError(f"the body is not valid JSON: {exc}", code="invalid_json") from None
+    except RecursionError:
+        raise RequestError("the body is not valid JSON here: nested too deeply",
+                           code="invalid_json") from None
     if not isinstance(body, dict):
         raise RequestError(f"the body must be a JSON object, got {type(body).__name__}")
     for name in body:
         if name not in _KNOWN:
             raise RequestError(f"unrecognized request argument supplied: {name}", name)
     for name, neutral in _NEUTRAL.items():
-        if neutral is not None and name in body and body[name] not in neutral:
+        if name in body and not _is_neutral(body[name], neutral):
             raise RequestError(f"{name} is not supported by this server (only "
                                f"{neutral[0]!r})", name, code="unsupported")
-    if body.get("echo") not in (None, False):
-        raise RequestError("echo is not supported by this server", "echo", code="unsupported")
+    if body.get("echo") not in (None, False) or _is_int(body.get("echo")):
+        raise RequestError("echo is not supported by this server (only false)", "echo",
+                           code="unsupported")
     if body.get("logprobs") is not None:
         raise RequestError("logprobs is not supported by this server", "logprobs",
                            code="unsupported")
-    if body.get("best_of") not in (None, 1):
+    if not _is_neutral(body.get("best_of"), (None, 1)):
         raise RequestError("best_of is not supported by this server (only 1)", "best_of",
                            code="unsupported")
-    if body.get("n") not in (None, 1) or isinstance(body.get("n"), bool):
+    if not _is_neutral(body.get("n"), (None, 1)):
         raise RequestError("n: one completion per request (only 1)", "n", code="unsupported")
+    if body.get("user") is not None and not isinstance(body["user"], str):
+        raise RequestError(f"user must be a string, got {type(body['user']).__name__}",
+                           "user")
     if "prompt" not in body:
         raise RequestError("prompt is required", "prompt")
     req = Completion(prompt=_prompt(body["prompt"], limits))
@@ -186,7 +203,8 @@ def parse_completion(raw: bytes, limits: Limits) -> Completion:
     top_p = body.get("top_p")
     if top_p is not None:
         if not _is_number(top_p) or not FLOAT32_TINY <= top_p <= 1:
-            raise RequestError(f"top_p must be a number in (0, 1], got {top_p!r}", "top_p")
+            raise RequestError(f"top_p must be a number in (0, 1] (and at least 1.4e-45, the "
+                               f"smallest float32; 1: off), got {top_p!r}", "top_p")
         req.top_p = None if top_p == 1 else float(top_p)
     top_k = body.get("top_k")
     if top_k is not None and top_k != -1:          # (-1: off, vLLM's convention)

@@ -155,18 +155,30 @@ def server(tiny_dir):
 
 class ScriptRows:
     """Rows whose stream replays its prompt's bytes over and over (``step_delay`` seconds a
-    step): a decoder for the engine with no model."""
+    step): a decoder for the engine with no model. Faults on demand: ``prefill_error``, a
+    prompt whose prefill raises ``RuntimeError``; ``draw_error``, a byte whose draw (after
+    the first) raises ``ValueError`` (as NaN logits do); ``prefill_gate``, an event each
+    prefill waits for."""
 
     kind = "script"
 
-    def __init__(self, capacity: int, step_delay: float = 0.0):
+    def __init__(self, capacity: int, step_delay: float = 0.0,
+                 prefill_error: Optional[bytes] = None, draw_error: Optional[int] = None,
+                 prefill_gate: Optional[threading.Event] = None):
         self.capacity, self.step_delay = capacity, step_delay
+        self.prefill_error, self.draw_error = prefill_error, draw_error
+        self.prefill_gate = prefill_gate
         self.tokens = np.zeros(capacity, dtype=np.int64)
         self.rows: list = [None] * capacity
         self._staged = None
 
     def prefill(self, context):
-        self._staged = [bytes(context[0].tolist()), 0]
+        if self.prefill_gate is not None:
+            assert self.prefill_gate.wait(TIMEOUT)
+        prompt = bytes(context[0].tolist())
+        if prompt == self.prefill_error:
+            raise RuntimeError(f"scripted prefill failure on {prompt!r}")
+        self._staged = [prompt, 0]
 
     def draw_staged(self, sampling):
         return self._next(self._staged)
@@ -183,7 +195,10 @@ class ScriptRows:
             time.sleep(self.step_delay)
 
     def draw(self, row, sampling):
-        return self._next(self.rows[row])
+        token = self._next(self.rows[row])
+        if token == self.draw_error:
+            raise ValueError(f"scripted draw failure on byte {token}")
+        return token
 
     @staticmethod
     def _next(state) -> int:
@@ -196,11 +211,12 @@ class InProcess:
     """An :class:`App` over :class:`ScriptRows` on uvicorn in a thread."""
 
     def __init__(self, capacity: int = 4, max_queue: int = 8, step_delay: float = 0.0,
-                 limits: Limits = Limits(max_prompt_bytes=1000, max_tokens_limit=100000)):
+                 limits: Limits = Limits(max_prompt_bytes=1000, max_tokens_limit=100000),
+                 **faults):
         import socket
 
         import uvicorn
-        self.rows = ScriptRows(capacity, step_delay)
+        self.rows = ScriptRows(capacity, step_delay, **faults)
         self.app = App(lambda notify: Engine(self.rows, 256, max_queue, notify), "script",
                        limits)
         sock = socket.socket()
@@ -253,3 +269,9 @@ def server_process():
     yield make
     for s in made:
         s.stop()
+
+
+@pytest.fixture
+def script_rows():
+    """The :class:`ScriptRows` class (for engine tests without HTTP)."""
+    return ScriptRows

@@ -4,13 +4,16 @@ bit for bit); cancelled jobs free their rows; stop sequences are held back and c
 
 from __future__ import annotations
 
+import copy
 import random
+import threading
+import time
 
 import pytest
 import torch
 
 from fastrwa.models import ByteLM, LMConfig, PackedLM
-from fastrwa.serve.batcher import Engine, Job
+from fastrwa.serve.batcher import Engine, Job, QueueFull
 from fastrwa.serve.rows import GREEDY_TEMPERATURE, PackedRows, make_rows
 from fastrwa.serve.schema import Completion
 
@@ -136,3 +139,126 @@ def test_stop_sequences_are_held_back_and_cut():
     assert b"".join(out) == b"xxa" and finish == "length"
     out, finish = feed([b"x"], b"x")               # a stop at the first byte: nothing
     assert out == [b""] and finish == "stop"
+
+
+# -- faults, admission and the queue (scripted rows: no model) ------------------------------
+
+def test_a_failed_admission_fails_its_job_only(script_rows):
+    """A prefill that raises (not a ValueError: a defect, or a CUDA error) ends its own job
+    with "error"; the jobs admitted in the same batch run on, none is left hanging."""
+    engine = Engine(script_rows(4, prefill_error=b"X"), 256)
+    try:
+        with engine._cond:          # (all three wait when the engine wakes: one batch)
+            jobs = [engine.submit(Completion(prompt=p, max_tokens=3)) for p in (b"a", b"X", b"b")]
+        assert all(job.done.wait(5) for job in jobs), [job.finish for job in jobs]
+        assert [job.finish for job in jobs] == ["length", "error", "length"]
+        assert "scripted prefill failure" in jobs[1].error
+        assert [bytes(job.generated) for job in (jobs[0], jobs[2])] == [b"aaa", b"bbb"]
+        end = time.monotonic() + TIMEOUT        # (a job is done a moment before it leaves)
+        while (engine.active, engine.queued) != (0, 0):
+            assert time.monotonic() < end, (engine.active, engine.queued)
+            time.sleep(0.001)
+        # and the engine still serves
+        again = engine.submit(Completion(prompt=b"c", max_tokens=2))
+        assert again.done.wait(5) and bytes(again.generated) == b"cc"
+    finally:
+        assert engine.close(timeout=TIMEOUT)
+
+
+def test_jobs_being_admitted_count_as_active(script_rows):
+    """A job popped from the queue and being prefilled is neither lost from /stats nor
+    from close(drain=False)."""
+    gate = threading.Event()
+    engine = Engine(script_rows(2, prefill_gate=gate), 256)
+    try:
+        job = engine.submit(Completion(prompt=b"a", max_tokens=10 ** 9))
+        end = time.monotonic() + TIMEOUT
+        while engine.queued:        # (popped by the engine, now waiting in its prefill)
+            assert time.monotonic() < end
+            time.sleep(0.001)
+        assert engine.active == 1
+    finally:
+        gate.set()
+        assert engine.close(drain=False, timeout=TIMEOUT)
+    assert job.finish == "cancelled"
+
+
+def test_max_queue_0_takes_jobs_while_rows_are_free(script_rows):
+    """--max-queue 0: a job is taken while a row is free (none waits for one)."""
+    engine = Engine(script_rows(2, step_delay=0.002), 256, max_queue=0)
+    try:
+        jobs = [engine.submit(Completion(prompt=b"a", max_tokens=10 ** 9)) for _ in range(2)]
+        with pytest.raises(QueueFull):
+            engine.submit(Completion(prompt=b"b", max_tokens=1))
+        jobs[0].cancel()
+        assert jobs[0].done.wait(TIMEOUT)
+        last = engine.submit(Completion(prompt=b"c", max_tokens=2))
+        assert last.done.wait(TIMEOUT) and bytes(last.generated) == b"cc"
+    finally:
+        assert engine.close(drain=False, timeout=TIMEOUT)
+
+
+def test_cancelled_waiting_jobs_do_not_fill_the_queue(script_rows):
+    engine = Engine(script_rows(1, step_delay=0.002), 256, max_queue=1)
+    try:
+        running = engine.submit(Completion(prompt=b"a", max_tokens=10 ** 9))
+        waiting = engine.submit(Completion(prompt=b"b", max_tokens=3))
+        waiting.cancel()                    # (its client left while it waited)
+        later = engine.submit(Completion(prompt=b"c", max_tokens=3))   # not QueueFull
+        assert waiting.done.wait(TIMEOUT) and waiting.finish == "cancelled"
+        running.cancel()
+        assert later.done.wait(TIMEOUT) and bytes(later.generated) == b"ccc"
+    finally:
+        assert engine.close(drain=False, timeout=TIMEOUT)
+
+
+def test_step_rows_draw_on_the_logits_device(tiny_model):
+    """The eager decoder (what runs on CUDA besides the graph): each job's generator is on
+    the device of the rows' logits (a CPU generator cannot draw from CUDA logits), and the
+    engine's bytes are generate's with a generator on that device."""
+    rows = make_rows(tiny_model, "eager", 2)
+    engine = Engine(rows, tiny_model.config.bos_token)
+    try:
+        req = Completion(prompt=b"hi", max_tokens=12, temperature=0.9, seed=4)
+        job = engine.submit(req)
+        assert job.done.wait(TIMEOUT) and job.finish == "length"
+    finally:
+        assert engine.close(timeout=TIMEOUT)
+    assert job.sampling.generator.device == rows.device == tiny_model.embed.weight.device
+    assert bytes(job.generated) == expected(tiny_model, "eager", req)
+
+
+def test_job_generator_follows_the_device(monkeypatch):
+    """Without a GPU here: a job for rows on CUDA asks for a CUDA generator."""
+    made = []
+
+    class Recorder:
+        def __init__(self, device="cpu"):
+            made.append(torch.device(device))
+
+        def manual_seed(self, seed):
+            return self
+    monkeypatch.setattr(torch, "Generator", Recorder)
+    Job(Completion(prompt=b"a", seed=1), 256, torch.device("cuda"))
+    assert made == [torch.device("cuda")]
+
+
+@pytest.mark.cuda
+def test_engine_on_cuda_matches_generate_with_a_cuda_generator(tiny_model):
+    """On CUDA (the graph decoder over every row): no error, and a seeded request's bytes
+    are generate's with ``torch.Generator('cuda').manual_seed(seed)`` (greedy: exactly; a
+    sampled one can differ where the batch's products round otherwise)."""
+    model = copy.deepcopy(tiny_model).cuda()
+    rows = make_rows(model, "auto", 4)
+    reqs = [Completion(prompt=b"hello", max_tokens=20, temperature=0.0, seed=3),
+            Completion(prompt=b"", max_tokens=20, temperature=0.8, top_k=20, seed=5)]
+    engine = Engine(rows, model.config.bos_token)
+    try:
+        jobs = run_all(engine, reqs)
+    finally:
+        assert engine.close(timeout=TIMEOUT)
+    assert [job.finish for job in jobs] == ["length", "length"], [job.error for job in jobs]
+    prompt = torch.tensor(list(reqs[0].prompt), dtype=torch.long, device="cuda")
+    want = model.generate(prompt, 20, GREEDY_TEMPERATURE,
+                          generator=torch.Generator("cuda").manual_seed(3))
+    assert bytes(jobs[0].generated) == bytes(want[0, len(reqs[0].prompt):].tolist())

@@ -88,7 +88,11 @@ def test_disconnect_mid_stream_frees_the_row(server):
                   b"application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
         assert s.recv(4096).startswith(b"HTTP/1.1 200")        # streaming
         conns.append(s)
-    assert c.request("GET", "/stats").json()["active"] == 3
+    # (a job is queued, then admitted, after its stream's headers went out: wait for it)
+    end = time.monotonic() + TIMEOUT
+    while c.request("GET", "/stats").json()["active"] != 3:
+        assert time.monotonic() < end, c.request("GET", "/stats").json()
+        time.sleep(0.01)
     for s in conns:
         s.close()
     stats = c.wait_idle(10)

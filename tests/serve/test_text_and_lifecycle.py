@@ -1,6 +1,7 @@
 """Text over HTTP with a scripted decoder (each stream replays its prompt's bytes): UTF-8
 characters never sent in halves, stop sequences cut across steps and characters; a full
-queue answers 503 with Retry-After; SIGTERM finishes the streams in flight and exits 0."""
+queue answers 503 with Retry-After; SIGTERM finishes the streams in flight and exits 0, or
+cancels them after --shutdown-timeout; errors keep OpenAI's shape."""
 
 from __future__ import annotations
 
@@ -124,3 +125,56 @@ def _read_all(sock) -> bytes:
         data += chunk
         if data.endswith(b"0\r\n\r\n"):
             return data
+
+
+def test_a_stream_that_fails_sends_its_text_first(in_process):
+    """The bytes released in the step before the error are sent, then the error event."""
+    s = in_process(capacity=2, draw_error=ord("!"))
+    r = s.client.complete(prompt="a!", max_tokens=10, stream=True)
+    got = r.events()
+    assert got[0]["choices"][0]["text"] == "a", got
+    assert got[1]["error"]["code"] == "generation_failed" and got[2] == "[DONE]"
+    r = s.client.complete(prompt="a!", max_tokens=10)
+    assert r.status == 500 and r.json()["error"]["type"] == "server_error"
+    assert s.client.wait_idle(10)["active"] == 0
+
+
+def test_deeply_nested_json_is_a_400(script_server):
+    body = b'{"prompt": ' + b"[" * 100000 + b"]" * 100000 + b"}"
+    r = script_server.client.request("POST", "/v1/completions", body)
+    assert r.status == 400, r.body[:200]
+    assert r.json()["error"]["code"] == "invalid_json"
+
+
+def test_an_unexpected_error_is_an_openai_shaped_500(in_process):
+    s = in_process(capacity=1)
+
+    def broken(request):
+        raise RuntimeError("a defect")
+    s.app.engine.submit = broken
+    r = s.client.complete(prompt="a", max_tokens=1)
+    assert r.status == 500 and r.headers["content-type"] == "application/json"
+    assert r.json()["error"]["type"] == "server_error"
+    assert s.client.request("GET", "/health").status == 200       # still serving
+
+
+def test_sigterm_with_a_client_that_never_reads_exits_after_the_timeout(tiny_dir,
+                                                                          server_process):
+    """--shutdown-timeout 1: a stream whose client stops reading is cancelled a second
+    after SIGTERM (uvicorn alone would wait for it forever); the server exits 0."""
+    s = server_process(tiny_dir, "--max-batch", "2", "--max-tokens-limit", "1000000",
+                       "--shutdown-timeout", "1")
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.settimeout(TIMEOUT)
+    sock.connect(("127.0.0.1", s.client.port))
+    body = json.dumps({"prompt": "s", "max_tokens": 1000000, "stream": True}).encode()
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: "
+                 b"%d\r\n\r\n%s" % (len(body), body))
+    assert sock.recv(64).startswith(b"HTTP/1.1 200")        # then never read again
+    time.sleep(0.5)                 # (the socket's buffers fill: the server's writes wait)
+    began = time.monotonic()
+    s.proc.send_signal(signal.SIGTERM)
+    assert s.proc.wait(TIMEOUT) == 0
+    assert time.monotonic() - began < 1 + 10
+    sock.close()
