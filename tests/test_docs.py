@@ -21,7 +21,8 @@ TOP_FILES = re.compile(r"(?<![\w./-])(pyproject\.toml|README\.md|CHANGELOG\.md)(
 LINK = re.compile(r"\]\(([^)\s#]+)(?:#[^)]*)?\)")
 DOTTED = re.compile(r"(?<![\w.])(fastrwa(?:\.\w+)+)")
 # Paths a run makes (ignored by git), cited as where output goes.
-MADE_BY_RUNS = ("bench/results/lm/runs",)
+# (records that a run writes with --record: the GPU one has not run yet)
+MADE_BY_RUNS = ("bench/results/lm/runs", "bench/results/lm-gpu")
 
 
 def _docstrings(path: pathlib.Path) -> str:
