@@ -72,7 +72,27 @@ class Rows(Protocol):
     def draw(self, row: int, sampling: Sampling) -> int: ...
 
 
-class PackedRows:
+class _CacheRows:
+    """What both kinds of rows do on their caches: ``cache`` (``capacity`` rows), ``staging``
+    (one row, where a prompt is prefilled), ``tokens`` and their ``_staged`` logits."""
+
+    def draw_staged(self, sampling: Sampling) -> int:
+        """The first id of the stream just prefilled, drawn from its prompt's logits."""
+        return self._draw(self._staged, sampling)
+
+    def place(self, row: int) -> None:
+        """Copy the staging cache's state into ``row``."""
+        for buf, one in zip(self.cache.stacked, self.staging.stacked):
+            buf[:, row].copy_(one[:, 0])
+
+    def move(self, src: int, dst: int) -> None:
+        """Row ``src``'s state (and next input) into row ``dst``."""
+        for buf in self.cache.stacked:
+            buf[:, dst].copy_(buf[:, src])
+        self.tokens[dst] = self.tokens[src]
+
+
+class PackedRows(_CacheRows):
     """Rows of a :class:`PackedLM`'s cache stepped by the fused CPU kernel (module doc)."""
 
     kind = "fused CPU decode (PackedLM)"
@@ -97,21 +117,6 @@ class PackedRows:
         logits = self.packed.prefill(context, self.staging)
         self._staged = flat(logits)
 
-    def draw_staged(self, sampling: Sampling) -> int:
-        """The first id of the stream just prefilled, drawn from its prompt's logits."""
-        return self._draw(self._staged, sampling)
-
-    def place(self, row: int) -> None:
-        """Copy the staging cache's state into ``row``."""
-        for buf, one in zip(self.cache.stacked, self.staging.stacked):
-            buf[:, row].copy_(one[:, 0])
-
-    def move(self, src: int, dst: int) -> None:
-        """Row ``src``'s state (and next input) into row ``dst``."""
-        for buf in self.cache.stacked:
-            buf[:, dst].copy_(buf[:, src])
-        self.tokens[dst] = self.tokens[src]
-
     def step(self, n: int) -> None:
         """Advance rows ``[0, n)`` by their ``tokens`` (one kernel call over those rows)."""
         bound = self._bounds.get(n)
@@ -135,7 +140,7 @@ class PackedRows:
         return int(self._out[0])
 
 
-class StepRows:
+class StepRows(_CacheRows):
     """Rows stepped by a decoder's ``step_`` over the whole cache (module doc)."""
 
     def __init__(self, model: ByteLM, decoder: object, capacity: int):
@@ -157,21 +162,6 @@ class StepRows:
         """Run ``context`` ``(1, P)`` (on any device) into the staging cache at batch 1, as
         ``generate`` does; its last logits are kept for :meth:`draw_staged`."""
         self._staged = self.decoder.prefill(context.to(self.device), self.staging).clone()
-
-    def draw_staged(self, sampling: Sampling) -> int:
-        """The first id of the stream just prefilled, drawn from its prompt's logits."""
-        return self._draw(self._staged, sampling)
-
-    def place(self, row: int) -> None:
-        """Copy the staging cache's state into ``row``."""
-        for buf, one in zip(self.cache.stacked, self.staging.stacked):
-            buf[:, row].copy_(one[:, 0])
-
-    def move(self, src: int, dst: int) -> None:
-        """Row ``src``'s state (and next input) into row ``dst``."""
-        for buf in self.cache.stacked:
-            buf[:, dst].copy_(buf[:, src])
-        self.tokens[dst] = self.tokens[src]
 
     def step(self, n: int) -> None:
         """Advance every row by its ``tokens`` (all ``capacity`` rows: a CUDA graph has a
