@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 import fastrwa
@@ -9,6 +11,9 @@ from fastrwa.kernels.codes import ATTENTIONS
 from fastrwa.reference import rda_scan_reference, weighted_scan_reference
 from fastrwa.state import ScanState
 from fastrwa.testing import backend_options
+
+if TYPE_CHECKING:
+    from fastrwa.nn import LayerState
 
 # Tolerances against a float64 reference evaluated on the same (rounded) inputs.
 # Forward y, and gradients (scaled by the largest gradient entry).
@@ -159,3 +164,16 @@ def in_forked_child(fn, timeout: float = 120.0):
         proc.kill()
     assert not hung, "the forked child hung"
     return queue.get(timeout=10)
+
+
+# -- a refused in-place call leaves a layer's state as it was (tests of layers and models) --
+def snapshot(state: "LayerState") -> list:
+    """Copies of a :class:`fastrwa.nn.LayerState`'s tensors, to compare after a call."""
+    return [t.detach().clone() for t in (*state.scan, state.last_input) if t is not None]
+
+
+def assert_unchanged(state: "LayerState", before: list) -> None:
+    """``state`` holds exactly the values :func:`snapshot` took."""
+    now = [t for t in (*state.scan, state.last_input) if t is not None]
+    for got, want in zip(now, before, strict=True):
+        assert torch.equal(got, want), "a refused call changed the state"

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import fastrwa
+from helpers import assert_unchanged, snapshot
 from fastrwa.nn import RDA, RWA, LayerState
 from fastrwa.state import ScanState
 from helpers import ATTENTIONS
@@ -305,16 +306,6 @@ def layer_of(kind: str, token_shift: bool, input_size: int = I):
     if kind == "rda-identity":          # f_h = f_o = identity: the scan writes out itself
         return RDA(input_size, H, f_h="identity", attention="sigmoid", token_shift=token_shift)
     return RDA(input_size, H, attention="softplus", token_shift=token_shift)
-
-
-def snapshot(state: LayerState) -> list:
-    return [t.detach().clone() for t in (*state.scan, state.last_input) if t is not None]
-
-
-def assert_unchanged(state: LayerState, before: list) -> None:
-    now = [t for t in (*state.scan, state.last_input) if t is not None]
-    for got, want in zip(now, before, strict=True):
-        assert torch.equal(got, want), "a refused call changed the state"
 
 
 def fresh_state(layer, batch: int = 2) -> LayerState:

@@ -11,20 +11,11 @@ import torch
 
 from fastrwa.models import ByteLM, LMConfig, LMState, RecurrentLM
 from fastrwa.models.sampling import sample
+from helpers import assert_unchanged, snapshot
 from fastrwa.nn import LayerState
 
 
 # -- the in-place steps check everything before they write ---------------------------------
-def snapshot(state: LayerState) -> list:
-    return [t.detach().clone() for t in (*state.scan, state.last_input) if t is not None]
-
-
-def assert_unchanged(state: LayerState, before: list) -> None:
-    now = [t for t in (*state.scan, state.last_input) if t is not None]
-    for got, want in zip(now, before, strict=True):
-        assert torch.equal(got, want), "a refused call changed the state"
-
-
 def tiny_lm(**kw) -> ByteLM:
     torch.manual_seed(0)
     return ByteLM(LMConfig(d_model=8, n_layers=2, mlp_ratio=2, **kw)).eval()
