@@ -53,7 +53,8 @@ def remote_code(module: str) -> str:
     """The text of one of the modules ``auto_map`` names (:data:`REMOTE_CODE`)."""
     name, source = REMOTE_CODE[module]
     return (f'"""{name} for trust_remote_code=True: the class of the installed fastrwa '
-            f'(pip install \'fastrwa[hf]\')."""\n\nfrom {source} import {name}  # noqa: F401\n')
+            f'(with its [hf] extra: pip install -e \'.[hf]\' in a fastrwa clone)."""\n\n'
+            f'from {source} import {name}  # noqa: F401\n')
 
 
 def config_json(config: LMConfig) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from typing import NamedTuple, Optional
 import torch
 from torch import nn
 
+from ..extras import install_hint
 from . import directory as fmt
 from .files import WriteError, write_atomically  # noqa: F401 (WriteError: callers import it here)
 from .config import FIELDS_BEFORE_THEY_EXISTED, SCAN_LAYERS, LMConfig
@@ -145,7 +146,7 @@ def _read_safetensors(path: Path, config: LMConfig) -> tuple[dict, Optional[str]
         from .integrity import read_tensors, recorded_architecture, verify
     except ImportError as exc:
         raise ValueError(f"{path} is a Hugging Face export's weights: reading them needs "
-                         f"safetensors (pip install 'fastrwa[hf]')") from exc
+                         f"safetensors: {install_hint('hf')}") from exc
     verify(path.parent)
     weights = {k.removeprefix("model."): v for k, v in read_tensors(path).items()}
     if config.tie_embeddings and "head.weight" not in weights and "embed.weight" in weights:

@@ -126,8 +126,9 @@ def _auto_takes(name: str, device: torch.device) -> bool:
 
 TRITON_MISSING = (
     "fastrwa backend 'triton' needs the triton package, which is not installed: CUDA builds "
-    "of PyTorch bring it, or run `pip install triton` (`pip install 'fastrwa[dev]'` brings it "
-    "for the interpreter tests); the 'numba' and 'torch' backends run without it")
+    "of PyTorch bring it, or run `pip install triton` (`pip install -e '.[dev]'` in a fastrwa "
+    "clone brings it for the interpreter tests); the 'numba' and 'torch' backends run "
+    "without it")
 
 
 @functools.lru_cache(maxsize=None)
