@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from transformers import PreTrainedConfig
 
-from ..models.config import BYTE_VOCAB, LMConfig
+from ..models.config import BYTE_VOCAB, FIELDS_BEFORE_THEY_EXISTED, LMConfig
 
 
 class FastRWAConfig(PreTrainedConfig):
@@ -65,6 +65,15 @@ class FastRWAConfig(PreTrainedConfig):
                         learn_initial_state=self.learn_initial_state, mlp_ratio=self.mlp_ratio,
                         tie_embeddings=self.tie_word_embeddings, n_heads=self.n_heads,
                         context=self.context)
+
+    @classmethod
+    def from_dict(cls, config_dict: dict, **kwargs) -> "FastRWAConfig":
+        """``PreTrainedConfig.from_dict`` (what ``from_pretrained`` and the Auto classes build
+        a configuration with from ``config.json``), a field ``config_dict`` lacks taking its
+        value before the field existed (:data:`fastrwa.models.config.FIELDS_BEFORE_THEY_EXISTED`,
+        as every other loader reads it), not today's default: a directory an older fastrwa
+        wrote loads as the model it holds."""
+        return super().from_dict({**FIELDS_BEFORE_THEY_EXISTED, **config_dict}, **kwargs)
 
     @classmethod
     def from_lm_config(cls, config: LMConfig) -> "FastRWAConfig":

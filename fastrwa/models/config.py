@@ -62,7 +62,9 @@ class LMConfig:
             the block's normalised input before the residual add (a ``d_model x d_model``
             projection more per block, as gated linear RNNs gate their outputs). A saved
             ``config.json`` without this field was written by a model without the gate and
-            loads as ``False`` (:func:`fastrwa.models.load_pretrained`).
+            loads as ``False`` through every loader (:data:`FIELDS_BEFORE_THEY_EXISTED`:
+            :func:`fastrwa.models.load_pretrained`, ``ByteLM.load``, ``AutoConfig`` and
+            ``AutoModelForCausalLM``).
         learn_initial_state: each scan layer learns its prior pseudo-step ``(s_0, a_0)``, the
             RWA paper's learned initial state (:class:`fastrwa.nn.RDA`); ``False`` starts every
             sequence from an empty state. Scan layers only. A saved ``config.json`` without

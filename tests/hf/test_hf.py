@@ -631,3 +631,64 @@ def test_from_pretrained_takes_a_training_runs_directory(tmp_path):
     assert model.generation_config.suppress_tokens == [256]
     with pytest.raises(ValueError, match="revision"):
         fhf.FastRWAForCausalLM.from_pretrained(tmp_path / "run", revision="v2")
+
+
+def _as_an_older_version_wrote_it(directory, field):
+    """``directory`` as a fastrwa from before ``field`` existed wrote it: ``field`` neither in
+    config.json nor in the configuration recorded with the weights (the weights' checksum,
+    over the tensors only, still holds)."""
+    from safetensors.torch import load_file, save_file
+
+    from fastrwa.models.directory import ARCHITECTURE_KEY
+    from fastrwa.models.integrity import read_metadata
+    from fastrwa.models.storage import save_with_crcs
+
+    config = json.loads((directory / "config.json").read_text())
+    del config[field]
+    (directory / "config.json").write_text(json.dumps(config))
+
+    def without_field(recorded):
+        fields = json.loads(recorded)
+        del fields[field]
+        return json.dumps(fields)
+
+    if (directory / "model.pt").exists():
+        state = torch.load(directory / "model.pt", weights_only=True)
+        state._metadata[ARCHITECTURE_KEY] = without_field(state._metadata[ARCHITECTURE_KEY])
+        with open(directory / "model.pt", "wb") as f:
+            save_with_crcs(state, f)
+    else:
+        path = directory / "model.safetensors"
+        metadata = read_metadata(path)
+        metadata[ARCHITECTURE_KEY] = without_field(metadata[ARCHITECTURE_KEY])
+        save_file(load_file(path), path, metadata=metadata)
+
+
+def test_a_config_written_before_output_gate_existed_reads_the_same_through_every_loader(
+        tmp_path):
+    """Issue 59: a config.json without output_gate (an older fastrwa's: its models had no
+    gate) is an ungated model through every loader; AutoModelForCausalLM read True and
+    refused the directory as "damaged or foreign"."""
+    from transformers import AutoConfig
+
+    from fastrwa.models import load_pretrained, save_pretrained
+
+    torch.manual_seed(0)
+    byte_lm = ByteLM(LMConfig(d_model=16, n_layers=1, output_gate=False)).eval()
+    save_pretrained(byte_lm, tmp_path / "run" / "model")
+    fhf.FastRWAForCausalLM.from_bytelm(byte_lm).save_pretrained(tmp_path / "hf")
+    ids = torch.tensor([list(b"the cat")])
+    want, _ = byte_lm(ids)
+    for directory in (tmp_path / "run" / "model", tmp_path / "hf"):
+        _as_an_older_version_wrote_it(directory, "output_gate")
+        assert AutoConfig.from_pretrained(directory).output_gate is False, directory
+        assert fhf.FastRWAConfig.from_pretrained(directory).output_gate is False, directory
+        loaded = [load_pretrained(directory), ByteLM.load(directory),
+                  AutoModelForCausalLM.from_pretrained(directory).model,
+                  fhf.FastRWAForCausalLM.from_pretrained(directory).model]
+        for model in loaded:
+            assert model.config.output_gate is False, directory
+            torch.testing.assert_close(model(ids)[0], want, rtol=0, atol=1e-6)
+    # the run's root too (from_pretrained reads its model/)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "model")
+    assert model.config.output_gate is False
