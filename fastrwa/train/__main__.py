@@ -1,9 +1,19 @@
 """``python -m fastrwa.train``: the signal handlers first (a Ctrl-C during the imports that
-follow ends the process with one line, :mod:`fastrwa.train.stop`), then the CLI."""
+follow ends the process with one line, :mod:`fastrwa.train.stop`), then the CLI.
 
+Once the run has said its last line its exit status is decided: a signal in the process's
+teardown (a second or so of finalisers) is ignored rather than killing it without a word
+(the handlers are ignored from before the run's own are installed, so that it is they that
+come back when the run ends)."""
+
+import os
+import signal
 import sys
 
-from .stop import Interrupted, stop_requests
+for _signum in (signal.SIGINT, signal.SIGTERM):
+    signal.signal(_signum, signal.SIG_IGN)
+
+from .stop import Interrupted, stop_requests  # noqa: E402 (after the handlers above)
 
 with stop_requests() as stops:
     try:
@@ -18,6 +28,7 @@ with stop_requests() as stops:
 
         status = main()
     except Interrupted as stop:          # (before main, which says its own line)
-        print(stop.line("nothing was written"), file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":
+            print(stop.line("nothing was written"), file=sys.stderr)
         status = stop.status
 sys.exit(status)

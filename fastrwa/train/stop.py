@@ -18,7 +18,11 @@ One :class:`StopRequests` per process holds the handlers, from the start of
   signal (its line names the error).
 
 Python runs a handler between two bytecodes of the main thread: a process blocked inside
-a C call (a collective) needs SIGKILL. ``FASTRWA_TRAIN_PAUSE_AT=PHASE[,PHASE...]`` (for
+a C call (a collective) needs SIGKILL. A handler that runs inside a callback from C (numba's
+compiler calls back into Python through llvmlite) raises where the C code swallows the
+exception: such an :class:`Interrupted` is not printed (``sys.unraisablehook``) but kept, and
+raised at the next phase or step boundary (:meth:`StopRequests.check`); a second SIGINT
+raises it again at once. ``FASTRWA_TRAIN_PAUSE_AT=PHASE[,PHASE...]`` (for
 tests) makes the process wait for a signal when it reaches each ``PHASE``
 (:meth:`StopRequests.pause_point`).
 """
@@ -28,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import threading
 import time
 from typing import Iterator
@@ -94,12 +99,16 @@ class StopRequests:
         self._raise = None        # the Interrupted an uninterrupted() block owes at its end
         self._ending = False      # an Interrupted or Stopped is on its way: nothing more
         self._told = None         # the phase whose notice the handler wrote
+        self._swallowed = None    # an Interrupted a callback from C swallowed: raised next
+        self.rank = int(os.environ.get("RANK", "0"))    # (notices: rank 0's only)
 
     # -- the handler --------------------------------------------------------------------
     def _handle(self, signum: int, frame) -> None:
         # (os.write, not print: a signal arriving inside a write to stderr must not write
         # to the same buffered stream again)
         self.received += 1
+        if self._swallowed is not None and signum == signal.SIGINT:
+            self.check()              # (the stop a callback swallowed, again)
         if self._ending or (self.signum and signum == signal.SIGTERM):
             return
         again = bool(self.signum)
@@ -121,19 +130,37 @@ class StopRequests:
         else:
             self._say(signum, f"finishing the {self.phase} first")
 
-    @staticmethod
-    def _say(signum: int, what: str) -> None:
-        """A notice on standard error: the signal, what the run does now, and for SIGINT how
-        to exit at once."""
+    def _say(self, signum: int, what: str) -> None:
+        """A notice on standard error (rank 0's: under torchrun every process gets the
+        signal): the signal, what the run does now, and for SIGINT how to exit at once."""
+        if self.rank != 0:
+            return
         again = " (Ctrl-C again to exit at once)" if signum == signal.SIGINT else ""
         os.write(2, f"\n{_name(signum)}: {what}{again}\n".encode())
+
+    def _unraisable(self, unraisable) -> bool:
+        """``sys.unraisablehook``'s part: keep an :class:`Interrupted` a callback from C
+        swallowed (True), to raise it at the next boundary."""
+        if isinstance(unraisable.exc_value, Interrupted):
+            self._swallowed = unraisable.exc_value
+            return True
+        return False
+
+    def check(self) -> None:
+        """Raise the :class:`Interrupted` a callback from C swallowed, if there is one."""
+        stop, self._swallowed = self._swallowed, None
+        if stop is not None:
+            self._ending = True
+            raise stop
 
     # -- the phases -----------------------------------------------------------------------
     def enter(self, phase: str) -> None:
         """Enter ``phase`` (one of ``PHASES``: it says when a signal takes effect, and the
-        lines name it); a pause point for tests."""
+        lines name it); a pause point for tests. A stop a callback swallowed is raised
+        here (:meth:`check`)."""
         if phase not in PHASES:
             raise ValueError(f"no phase {phase!r}: one of {PHASES}")
+        self.check()
         self.phase = phase
         if phase == "final evaluation" and self._told == "training" and not self._ending:
             # (the signal came during the step that turned out to be the last: what was
@@ -166,7 +193,9 @@ class StopRequests:
     def pending(self, world: int, device) -> int:
         """The signal to stop on, agreed by every process (the largest any received), or 0:
         under torchrun each process gets its own signal, and all must stop at one step.
-        A process that received none takes the agreed one (its exit status follows it)."""
+        A process that received none takes the agreed one (its exit status follows it).
+        A stop a callback swallowed is raised here (:meth:`check`)."""
+        self.check()
         if world == 1:
             return self.signum
         import torch
@@ -212,11 +241,14 @@ def stop_requests() -> Iterator[StopRequests]:
         return
     requests = StopRequests()
     previous = {s: signal.signal(s, requests._handle) for s in SIGNALS}
+    hook = sys.unraisablehook
+    sys.unraisablehook = lambda u: requests._unraisable(u) or hook(u)
     _active = requests
     try:
         yield requests
     finally:
         _active = None
+        sys.unraisablehook = hook
         for s, handler in previous.items():   # (None: a handler set from C: the default)
             signal.signal(s, signal.SIG_DFL if handler is None else handler)
 

@@ -384,3 +384,70 @@ def test_a_second_interrupt_exits_at_once(tmp_path):
     err = proc.stderr.read()
     assert "stopped at step" in err and "exiting now" not in err, err
     assert (run / "checkpoint.pt").is_file()
+
+
+# -- a stop that a callback from C swallows (numba's compiler calls back into Python through
+# llvmlite; ctypes reports an exception raised in a callback and goes on) ----------------
+def _in_a_c_callback(function) -> None:
+    """Call ``function`` from inside C (libc's qsort calling a ctypes comparison)."""
+    import ctypes
+    import ctypes.util
+
+    libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    compare = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)(
+        lambda a, b: function() or 0)
+    values = (ctypes.c_int * 2)(2, 1)
+    libc.qsort(values, 2, ctypes.sizeof(ctypes.c_int), compare)
+
+
+def test_a_stop_a_c_callback_swallows_is_raised_at_the_next_boundary_without_a_traceback(
+        capfd):
+    with stop.stop_requests() as stops:
+        stops.enter("calibration")
+        _in_a_c_callback(lambda: stops._handle(signal.SIGINT, None))
+        assert "Traceback" not in capfd.readouterr().err     # (not printed by ctypes)
+        with pytest.raises(stop.Interrupted, match="SIGINT during calibration"):
+            stops.enter("start-up")
+        stops.check()                                       # (raised once)
+
+
+def test_a_second_ctrl_c_after_a_swallowed_one_exits_at_once():
+    with stop.stop_requests() as stops:
+        stops.enter("calibration")
+        _in_a_c_callback(lambda: stops._handle(signal.SIGINT, None))
+        with pytest.raises(stop.Interrupted):
+            stops._handle(signal.SIGINT, None)
+
+
+def test_a_swallowed_stop_is_raised_at_the_next_step_boundary():
+    with stop.stop_requests() as stops:
+        stops.enter("training")
+        stops._handle(signal.SIGINT, None)                  # (noted: the step goes on)
+        _in_a_c_callback(lambda: stops._handle(signal.SIGINT, None))   # (again: at once)
+        with pytest.raises(stop.Interrupted, match="SIGINT again"):
+            stops.pending(1, "cpu")
+
+
+def test_only_rank_0_says_what_a_signal_does(monkeypatch, capfd):
+    for rank, said in (("1", False), ("0", True)):
+        monkeypatch.setenv("RANK", rank)
+        with stop.stop_requests() as stops:
+            stops.enter("training")
+            stops._handle(signal.SIGTERM, None)
+        assert ("SIGTERM: stopping after this step" in capfd.readouterr().err) is said
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_after_a_finished_runs_last_line_changes_nothing(tmp_path, signum):
+    """The run's lines are all written and its status is decided: a signal in the process's
+    teardown (a second of imports' finalisers) neither kills it silently nor prints."""
+    code = ("import os, runpy, signal, sys, atexit\n"
+            f"atexit.register(lambda: os.kill(os.getpid(), {int(signum)}))\n"
+            "sys.argv = ['fastrwa.train', *sys.argv[1:]]\n"
+            "runpy.run_module('fastrwa.train', run_name='__main__')\n")
+    proc = subprocess.run([sys.executable, "-c", code, *FLAGS, "--run-dir",
+                           str(tmp_path / "run")], env=ENV, capture_output=True, text=True,
+                          timeout=TIMEOUT)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr and "KeyboardInterrupt" not in proc.stderr
+    assert "learning curve:" in proc.stdout
