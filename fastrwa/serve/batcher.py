@@ -22,7 +22,9 @@ the engine serves on.
 
 Stop sequences are matched on bytes as they are drawn; the bytes that could be the start of
 a stop sequence are held back until they cannot, and the stop sequence itself is never
-released. The consumer (:mod:`.app`) decodes the released bytes as UTF-8.
+released. The completion ends before the first match in the text: the first to end, and of
+those ending at the same byte the one that starts first (the longest), whatever the order
+of the request's list. The consumer (:mod:`.app`) decodes the released bytes as UTF-8.
 """
 
 from __future__ import annotations
@@ -111,12 +113,16 @@ class Job:
         gen.append(token)
         if self.first_at is None:
             self.first_at = time.perf_counter()
+        # (of the stop sequences ending at this byte, the longest starts first: the first
+        # match in the text, whatever the order of the list)
+        matched = max((stop for stop in self.stops if gen.endswith(stop)), key=len,
+                      default=None)
+        if matched is not None:
+            self._release(len(gen) - len(matched))
+            self._end("stop")
+            return True
         hold = 0
         for stop in self.stops:
-            if gen.endswith(stop):
-                self._release(len(gen) - len(stop))
-                self._end("stop")
-                return True
             for k in range(min(len(stop) - 1, len(gen)), hold, -1):
                 if gen.endswith(stop[:k]):       # (could be a stop's start: held back)
                     hold = k

@@ -6,15 +6,24 @@ What OpenAI's completions API takes and this server does not (refused by name, 4
 ``echo: true``, ``logprobs``, ``best_of > 1``, ``n > 1``, ``suffix``, non-zero
 ``presence_penalty``/``frequency_penalty``, a non-empty ``logit_bias``, several prompts in
 one request. Any other unknown field is refused too (OpenAI does the same), so a typo such
-as ``max_token`` is an error, not a silent default. ``true``/``false`` are not numbers here
-(``best_of: true`` is refused, as Python's ``True == 1`` would accept it); ``user`` is any
-string (an identifier of the end user: ignored).
+as ``max_token`` is an error, not a silent default. ``null`` is every field's default
+(``prompt`` excepted); ``true``/``false`` are not numbers and numbers are not booleans
+(``best_of: true`` and ``echo: 0`` are refused, as Python's ``True == 1`` would accept them);
+``user`` is any string (an identifier of the end user: ignored).
+
+Whatever JSON can carry is answered with a 400 naming the field: a string that is not valid
+Unicode (a lone surrogate such as ``"\\ud800"``, which has no UTF-8 and could not be echoed
+back), an integer of any length (one longer than ``MAX_INT_DIGITS`` digits is out of range
+for every field and is not converted: Python refuses to convert more than 4,300), a number
+beyond float64 (``1e400``), nesting of any depth. ``NaN`` and ``Infinity``, which are not
+JSON, make the body invalid JSON.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from typing import Optional
 
 # OpenAI's defaults
@@ -24,11 +33,12 @@ MAX_STOP_BYTES = 256
 MAX_SEED = 2 ** 64 - 1          # torch.Generator.manual_seed's largest
 FLOAT32_MAX = 3.4028234663852886e38
 FLOAT32_TINY = 1.401298464324817e-45
+MAX_INT_DIGITS = 100            # a longer JSON integer is out of range for every field
+SHOWN_CHARS = 40                # a value is shown in a message up to this many characters
 
-# Fields accepted with their neutral value only (what OpenAI sends by default; a bool is
-# never one of these numbers).
-_NEUTRAL = {"presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0),
-            "logit_bias": ({},), "suffix": (None, "")}
+# Fields accepted with their neutral value (or null) only: what OpenAI sends by default (a
+# bool is never one of these numbers).
+_NEUTRAL = {"presence_penalty": 0, "frequency_penalty": 0, "logit_bias": {}, "suffix": ""}
 _KNOWN = {"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "stop", "seed",
           "stream", "stream_options", "n", "echo", "logprobs", "best_of", "user", *_NEUTRAL}
 
@@ -76,6 +86,77 @@ class Completion:
     model: Optional[str] = None
 
 
+class _OutOfRange:
+    """A JSON number beyond every field's range (``what``: it, shortened), parsed as this
+    rather than as a Python number."""
+
+    def __init__(self, what: str):
+        self.what = what
+
+
+def _parse_int(text: str) -> object:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        return _OutOfRange(f"an integer of {len(text.lstrip('-'))} digits")
+    return int(text)
+
+
+def _parse_float(text: str) -> object:
+    value = float(text)
+    if math.isinf(value):
+        return _OutOfRange(f"{_shorten(text)} (beyond float64's range)")
+    return value
+
+
+def _not_json(name: str) -> object:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _shorten(text: str) -> str:
+    return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS - 3] + "..."
+
+
+def _got(value: object) -> str:
+    """``value`` as a message shows it: JSON's spelling, short (a list or object by kind)."""
+    if isinstance(value, list):
+        return f"a list of {len(value)}"
+    if isinstance(value, dict):
+        return "an object"
+    return _shorten(json.dumps(value, ensure_ascii=False))
+
+
+def _check_json(body: dict) -> None:
+    """Raise a :class:`RequestError` naming the first field of ``body`` that holds a string
+    that is not valid Unicode (a key too) or a number out of every range, at any depth."""
+    for name in body:
+        _unicode(name, None, "a field's name")
+    for name, value in body.items():
+        stack = [value]
+        while stack:                    # (iterative: nesting of any depth)
+            value = stack.pop()
+            if isinstance(value, str):
+                _unicode(value, name, name)
+            elif isinstance(value, _OutOfRange):
+                raise RequestError(f"{name}: {value.what} is out of range", name)
+            elif isinstance(value, list):
+                stack.extend(value)
+            elif isinstance(value, dict):
+                for key in value:
+                    _unicode(key, name, f"{name}: a key")
+                stack.extend(value.values())
+
+
+def _unicode(text: str, param: Optional[str], what: str) -> None:
+    """Refuse ``text`` if it has no UTF-8 (a lone surrogate, from a ``\\uD800`` escape)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        hint = (": send the bytes as a list of ids 0-255 instead" if param == "prompt"
+                else "")
+        raise RequestError(f"{what} is not valid Unicode text ({exc.reason} "
+                           f"{ascii(text[exc.start])} at character {exc.start} of "
+                           f"{ascii(_shorten(text))}){hint}", param) from None
+
+
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -84,20 +165,18 @@ def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _is_neutral(value: object, neutral: tuple) -> bool:
-    return not isinstance(value, bool) and value in neutral
+def _bool(value: object, name: str, param: Optional[str] = None) -> bool:
+    """A boolean field's value: a JSON boolean, or null for false (the default)."""
+    if value is None or isinstance(value, bool):
+        return bool(value)
+    raise RequestError(f"{name} must be true, false or null, got {_got(value)}", param or name)
 
 
 def _prompt(value: object, limits: Limits) -> bytes:
     if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list)):
         value = value[0]                # ([text] or [[ids]]: one prompt in a list)
     if isinstance(value, str):
-        try:
-            data = value.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise RequestError(f"prompt is not valid Unicode text ({exc.reason} at "
-                               f"character {exc.start}): send the bytes as a list of ids "
-                               f"0-255 instead", "prompt") from None
+        data = value.encode("utf-8")        # (valid Unicode: _check_json)
     elif isinstance(value, list) and any(isinstance(v, (str, list)) for v in value):
         raise RequestError("prompt: one prompt per request (a string, or a list of byte ids "
                            "0-255); send several prompts as several requests", "prompt")
@@ -105,11 +184,11 @@ def _prompt(value: object, limits: Limits) -> bytes:
         for i, v in enumerate(value):
             if not _is_int(v) or not 0 <= v <= 255:
                 raise RequestError(f"prompt: token ids are bytes here, each an int in "
-                                   f"[0, 255]; got {v!r} at index {i}", "prompt")
+                                   f"[0, 255]; got {_got(v)} at index {i}", "prompt")
         data = bytes(value)
     else:
         raise RequestError(f"prompt must be a string or a list of byte ids 0-255, got "
-                           f"{type(value).__name__}", "prompt")
+                           f"{_got(value)}", "prompt")
     if len(data) > limits.max_prompt_bytes:
         raise RequestError(f"prompt is {len(data)} bytes, over this server's limit of "
                            f"{limits.max_prompt_bytes} (--max-prompt-bytes)", "prompt",
@@ -127,10 +206,7 @@ def _stop(value: object) -> tuple:
         raise RequestError(f"stop: at most {MAX_STOPS} sequences, got {len(stops)}", "stop")
     out = []
     for s in stops:
-        try:
-            data = s.encode("utf-8")
-        except UnicodeEncodeError:
-            raise RequestError("stop: not valid Unicode text", "stop") from None
+        data = s.encode("utf-8")            # (valid Unicode: _check_json)
         if not data:
             raise RequestError("stop: an empty sequence would stop before the first byte",
                                "stop")
@@ -145,47 +221,48 @@ def parse_completion(raw: bytes, limits: Limits) -> Completion:
     """The request of body ``raw`` (JSON), checked against ``limits``: a
     :class:`RequestError` names the first field that is wrong."""
     try:
-        body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise RequestError(f"the body is not valid JSON: {exc}", code="invalid_json") from None
+        body = json.loads(raw, parse_int=_parse_int, parse_float=_parse_float,
+                          parse_constant=_not_json)
     except RecursionError:
         raise RequestError("the body is not valid JSON here: nested too deeply",
                            code="invalid_json") from None
+    except ValueError as exc:           # (JSONDecodeError, UnicodeDecodeError, NaN)
+        raise RequestError(f"the body is not valid JSON: {exc}", code="invalid_json") from None
     if not isinstance(body, dict):
-        raise RequestError(f"the body must be a JSON object, got {type(body).__name__}")
+        raise RequestError(f"the body must be a JSON object, got {_got(body)}")
+    _check_json(body)
     for name in body:
         if name not in _KNOWN:
-            raise RequestError(f"unrecognized request argument supplied: {name}", name)
+            raise RequestError(f"unrecognized request argument supplied: {_shorten(name)}",
+                               name)
     for name, neutral in _NEUTRAL.items():
-        if name in body and not _is_neutral(body[name], neutral):
+        value = body.get(name)
+        if value is not None and (isinstance(value, bool) or value != neutral):
             raise RequestError(f"{name} is not supported by this server (only "
-                               f"{neutral[0]!r})", name, code="unsupported")
-    if body.get("echo") not in (None, False) or _is_int(body.get("echo")):
+                               f"{json.dumps(neutral)} or null), got {_got(value)}", name,
+                               code="unsupported")
+    if _bool(body.get("echo"), "echo"):
         raise RequestError("echo is not supported by this server (only false)", "echo",
                            code="unsupported")
     if body.get("logprobs") is not None:
-        raise RequestError("logprobs is not supported by this server", "logprobs",
+        raise RequestError("logprobs is not supported by this server (only null)", "logprobs",
                            code="unsupported")
-    if not _is_neutral(body.get("best_of"), (None, 1)):
-        raise RequestError("best_of is not supported by this server (only 1)", "best_of",
-                           code="unsupported")
-    if not _is_neutral(body.get("n"), (None, 1)):
-        raise RequestError("n: one completion per request (only 1)", "n", code="unsupported")
-    if body.get("user") is not None and not isinstance(body["user"], str):
-        raise RequestError(f"user must be a string, got {type(body['user']).__name__}",
-                           "user")
-    if "prompt" not in body:
+    for name, what in (("best_of", "best_of is not supported by this server"),
+                       ("n", "n: one completion per request")):
+        value = body.get(name)
+        if value is not None and not (_is_int(value) and value == 1):
+            raise RequestError(f"{what} (only 1), got {_got(value)}", name,
+                               code="unsupported")
+    for name in ("user", "model"):
+        if body.get(name) is not None and not isinstance(body[name], str):
+            raise RequestError(f"{name} must be a string, got {_got(body[name])}", name)
+    if body.get("prompt") is None:
         raise RequestError("prompt is required", "prompt")
-    req = Completion(prompt=_prompt(body["prompt"], limits))
-
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise RequestError("model must be a string", "model")
-    req.model = model
+    req = Completion(prompt=_prompt(body["prompt"], limits), model=body.get("model"))
     max_tokens = body.get("max_tokens")
     if max_tokens is not None:
         if not _is_int(max_tokens) or max_tokens < 0:
-            raise RequestError(f"max_tokens must be an integer >= 0, got {max_tokens!r}",
+            raise RequestError(f"max_tokens must be an integer >= 0, got {_got(max_tokens)}",
                                "max_tokens")
         if max_tokens > limits.max_tokens_limit:
             raise RequestError(f"max_tokens is {max_tokens}, over this server's limit of "
@@ -198,39 +275,36 @@ def parse_completion(raw: bytes, limits: Limits) -> Completion:
     if temperature is not None:
         if not _is_number(temperature) or not 0 <= temperature <= FLOAT32_MAX:
             raise RequestError(f"temperature must be a number >= 0 (0: greedy) and at most "
-                               f"{FLOAT32_MAX:.4g}, got {temperature!r}", "temperature")
+                               f"{FLOAT32_MAX:.4g}, got {_got(temperature)}", "temperature")
         req.temperature = float(temperature)
     top_p = body.get("top_p")
     if top_p is not None:
         if not _is_number(top_p) or not FLOAT32_TINY <= top_p <= 1:
             raise RequestError(f"top_p must be a number in (0, 1] (and at least 1.4e-45, the "
-                               f"smallest float32; 1: off), got {top_p!r}", "top_p")
+                               f"smallest float32; 1: off), got {_got(top_p)}", "top_p")
         req.top_p = None if top_p == 1 else float(top_p)
     top_k = body.get("top_k")
-    if top_k is not None and top_k != -1:          # (-1: off, vLLM's convention)
+    if top_k is not None and not (_is_int(top_k) and top_k == -1):      # (-1: off, vLLM's)
         if not _is_int(top_k) or top_k < 1:
             raise RequestError(f"top_k must be a positive integer, -1 or null (off), got "
-                               f"{top_k!r}", "top_k")
+                               f"{_got(top_k)}", "top_k")
         req.top_k = top_k
     req.stop = _stop(body.get("stop"))
     seed = body.get("seed")
     if seed is not None:
         if not _is_int(seed) or not 0 <= seed <= MAX_SEED:
             raise RequestError(f"seed must be an integer from 0 to {MAX_SEED} (2**64 - 1), "
-                               f"got {seed!r}", "seed")
+                               f"got {_got(seed)}", "seed")
         req.seed = seed
-    stream = body.get("stream", False)
-    if stream is not None and not isinstance(stream, bool):
-        raise RequestError("stream must be true or false", "stream")
-    req.stream = bool(stream)
+    req.stream = _bool(body.get("stream"), "stream")
     options = body.get("stream_options")
     if options is not None:
-        if not isinstance(options, dict) or set(options) - {"include_usage"} \
-                or not isinstance(options.get("include_usage", False), bool):
+        if not isinstance(options, dict) or set(options) - {"include_usage"}:
             raise RequestError('stream_options must be {"include_usage": true|false}',
                                "stream_options")
         if not req.stream:
             raise RequestError("stream_options is only allowed with stream: true",
                                "stream_options")
-        req.include_usage = options.get("include_usage", False)
+        req.include_usage = _bool(options.get("include_usage"), "stream_options.include_usage",
+                                  "stream_options")
     return req

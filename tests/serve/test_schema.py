@@ -1,5 +1,6 @@
 """The request checks without a server: booleans are not integers, ``user`` is any string,
-messages say what is allowed, a JSON body too deep to parse is a 400."""
+messages say what is allowed, a JSON body too deep to parse is a 400; whatever JSON can carry
+(any string, any number, any depth, null) is an answer naming the field."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ def test_user_is_any_string():
 
 def test_prompt_ids_name_the_bad_one():
     error = refused({"prompt": [104, True, 105]})
-    assert error.param == "prompt" and "True" in error.message and "index 1" in error.message
+    assert error.param == "prompt" and "true" in error.message and "index 1" in error.message
     error = refused({"prompt": [104, 256]})
     assert "[0, 255]" in error.message and "256" in error.message
     assert "one prompt per request" in refused({"prompt": ["a", "b"]}).message
@@ -52,3 +53,78 @@ def test_top_p_messages_give_the_range():
 def test_deeply_nested_json_is_invalid_json():
     error = refused(b'{"prompt": ' + b"[" * 100000 + b"]" * 100000 + b"}")
     assert error.status == 400 and error.code == "invalid_json" and error.param is None
+
+
+# -- what JSON can carry: every field, any string, any number, null as the default ----------
+
+FIELDS = ("model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "stop", "seed",
+          "stream", "stream_options", "n", "echo", "logprobs", "best_of", "user",
+          "presence_penalty", "frequency_penalty", "logit_bias", "suffix")
+
+
+def refused_raw(text: str) -> RequestError:
+    """The error for a body written as JSON text (numbers and escapes exactly as given)."""
+    with pytest.raises(RequestError) as info:
+        parse_completion(text.encode(), LIMITS)
+    assert info.value.status == 400
+    json.dumps(info.value.body(), ensure_ascii=False).encode()      # (the answer can be sent)
+    return info.value
+
+
+@pytest.mark.parametrize("name", FIELDS)
+def test_a_lone_surrogate_in_any_field_is_a_400_naming_it(name):
+    for value in (r'"\ud800"', r'["\udfff"]', r'{"\ud800": 1}'):
+        body = f'{{"prompt": "a", "{name}": {value}}}' if name != "prompt" \
+            else f'{{"prompt": {value}}}'
+        error = refused_raw(body)
+        assert error.param == name, (body, error.param, error.message)
+    error = refused_raw(r'{"prompt": "a", "\ud800": 1}')      # (a field's name)
+    assert "\\ud800" in error.message
+
+
+@pytest.mark.parametrize("name", FIELDS)
+def test_numbers_json_allows_in_any_field_are_a_400_naming_it(name):
+    huge = "9" * 5000                                          # (over Python's 4,300 digits)
+    for value in (huge, "-" + huge, f"[{huge}]", f'{{"k": {huge}}}', "1e400", "-1e400",
+                  "[1e999]", "0." + huge):
+        body = f'{{"prompt": "a", "{name}": {value}}}' if name != "prompt" \
+            else f'{{"prompt": {value}}}'
+        if value == "0." + huge and name in ("temperature", "top_p"):
+            continue                                           # (a float: 1.0 there)
+        error = refused_raw(body)
+        assert error.param == name, (value[:20], error.param, error.message)
+        assert len(error.message) < 300, error.message
+
+
+def test_json_that_is_not_json_or_too_deep_is_an_invalid_json_400():
+    for text in ('{"prompt": NaN}', '{"prompt": "a", "top_p": Infinity}',
+                 '{"prompt": "a", "seed": -Infinity}'):
+        assert refused_raw(text).code == "invalid_json", text
+    deep = '{"prompt": "a", "user": ' + "[" * 100000 + "]" * 100000 + "}"
+    assert refused_raw(deep).code == "invalid_json"
+    nested = '{"prompt": "a", "max_tokens": ' + "[" * 500 + "]" * 500 + "}"
+    error = refused_raw(nested)                 # (parsed, then refused in one short line)
+    assert error.param == "max_tokens" and len(error.message) < 300
+
+
+def test_null_is_the_default_of_every_field_but_prompt():
+    default = parse_completion(b'{"prompt": "a"}', LIMITS)
+    for name in FIELDS:
+        if name != "prompt":
+            got = parse_completion(json.dumps({"prompt": "a", name: None}).encode(), LIMITS)
+            assert got == default, name
+    options = parse_completion(b'{"prompt": "a", "stream": true, "stream_options": '
+                               b'{"include_usage": null}}', LIMITS)
+    assert options.stream and not options.include_usage
+    assert refused({"prompt": None}).param == "prompt"
+
+
+@pytest.mark.parametrize("name", ["echo", "stream"])
+def test_boolean_fields_take_json_booleans_only(name):
+    for value in (0, 0.0, 1, 1.0, "false", "", [], {}):
+        error = refused({"prompt": "a", name: value})
+        assert error.param == name and "true, false or null" in error.message, (value, error)
+    assert parse_completion(json.dumps({"prompt": "a", name: False}).encode(), LIMITS)
+    for value in (0, 0.0, "true"):
+        body = {"prompt": "a", "stream": True, "stream_options": {"include_usage": value}}
+        assert refused(body).param == "stream_options"

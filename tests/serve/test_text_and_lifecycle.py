@@ -56,6 +56,21 @@ def test_stop_sequences_across_steps_and_characters(script_server):
                                       "finish_reason": "length"}
 
 
+def test_stop_sequences_that_end_together_cut_before_the_earliest(script_server):
+    """Two stop sequences ending at the same byte: the completion ends before the one that
+    starts first (the first match in the text), whatever their order in the list."""
+    c = script_server.client
+    cases = [("in to", ["t", " t"], "in"), ("in to", [" t", "t"], "in"),
+             ("abcd", ["d", "bcd", "cd"], "a"), ("abcd", ["cd", "d", "bcd"], "a"),
+             ("xyz", ["z", "xyz", "yz"], "")]
+    for prompt, stop, want in cases:
+        for stream in (False, True):
+            r = c.complete(prompt=prompt, max_tokens=100, stop=stop, stream=stream)
+            text = ("".join(e["choices"][0]["text"] for e in events(r)) if stream
+                    else r.json()["choices"][0]["text"])
+            assert text == want, (prompt, stop, stream, text)
+
+
 def test_full_queue_answers_503_with_retry_after(in_process):
     s = in_process(capacity=1, max_queue=1, step_delay=0.01)
     c = s.client
