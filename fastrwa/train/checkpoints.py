@@ -16,7 +16,7 @@ from ..models.files import write_atomically
 from ..models.storage import check_archive, save_with_crcs
 from ..nn import CellState, LayerState, RRAState
 from ..state import ScanState
-from .config import RECORDED_ON_RESUME, RESUMABLE_CHANGES, RunConfig
+from .config import RECORDED_ON_RESUME, RELOCATABLE, RESUMABLE_CHANGES, RunConfig
 from .metrics import read_records
 from .models import with_every_lm_field
 from .rundir import CHECKPOINT, CONFIG, RunDirError, write_run_config
@@ -141,10 +141,11 @@ def check_provenance(recorded, cfg: RunConfig, identity: str | None, fingerprint
     changed = sorted(k for k in old if _differs(old[k], now.get(k)))
     data_before, data_now = recorded.get("data"), fingerprint
     same_bytes = data_before == data_now
-    if changed == ["data"] and same_bytes and data_now is not None:
-        print(f"note: --data moved from {old['data']} to {now['data']} (the same "
-              f"{data_now['size']:,} bytes, sha256 {data_now['sha256'][:16]}...)",
-              file=sys.stderr)
+    if changed == ["data"] and data_now is not None:     # (the bytes decide, below)
+        if same_bytes:
+            print(f"note: --data moved from {old['data']} to {now['data']} (the same "
+                  f"{data_now['size']:,} bytes, sha256 {data_now['sha256'][:16]}...)",
+                  file=sys.stderr)
         changed = []
     if changed:
         shown = "; ".join(f"{k}: {old.get(k)!r} when the checkpoint was written, now "
@@ -154,9 +155,11 @@ def check_provenance(recorded, cfg: RunConfig, identity: str | None, fingerprint
     if not same_bytes:
         def show(fp):
             return "none" if fp is None else f"{fp['size']:,} bytes, sha256 {fp['sha256'][:16]}..."
-        raise RunDirError(f"--data {cfg.data} changed since checkpoint {path} was written: "
-                          f"{show(data_before)} then, {show(data_now)} now; resume on the data "
-                          f"the run trained on, or start a new run")
+        then = old.get("data")
+        where = f" (it was {then} then)" if then not in (None, cfg.data) else ""
+        raise RunDirError(f"--data {cfg.data} changed since checkpoint {path} was written"
+                          f"{where}: {show(data_before)} then, {show(data_now)} now; resume on "
+                          f"the data the run trained on, or start a new run")
 
 
 def truncate_metrics(path: Path, step: int) -> None:
@@ -190,7 +193,8 @@ def truncate_samples(path: Path, step: int) -> None:
 
 def record_resumable_changes(run_dir: Path, cfg: RunConfig, identity: str | None) -> None:
     """Record in ``config.json`` the flags of the run's schedule that a resume changed
-    (:data:`RECORDED_ON_RESUME`: ``--steps`` and the intervals), so that a later
+    (:data:`RECORDED_ON_RESUME`: ``--steps`` and the intervals; and ``--data`` by another
+    path, :data:`RELOCATABLE`, once its bytes are known to be the same), so that a later
     ``--resume`` without them continues the same plan. Per-invocation flags (``--device``,
     ``--no-progress``) apply to this invocation only and are not recorded."""
     try:
@@ -201,7 +205,8 @@ def record_resumable_changes(run_dir: Path, cfg: RunConfig, identity: str | None
     if not isinstance(saved, dict):
         write_run_config(run_dir, cfg, identity)
         return
-    if any(saved.get(k) != now[k] for k in RECORDED_ON_RESUME):
-        updated = {**saved, **{k: now[k] for k in RECORDED_ON_RESUME}}
+    recorded = (*RECORDED_ON_RESUME, *RELOCATABLE)
+    if any(saved.get(k) != now[k] for k in recorded):
+        updated = {**saved, **{k: now[k] for k in recorded}}
         text = json.dumps(updated, indent=2).encode()
         write_atomically(run_dir / CONFIG, lambda f: f.write(text))

@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from ..kernels.codes import ATTENTIONS
 from ..models.files import WriteError
-from .config import (AUTOCASTS, DEFAULTS, DEVICES, LM_ONLY_MODELS, RESUMABLE_CHANGES,
+from .config import (AUTOCASTS, DEFAULTS, DEVICES, LM_ONLY_MODELS, RELOCATABLE, RESUMABLE_CHANGES,
                      SCHEDULES, RunConfig, flag_name, parse_lm_field)
 from .budget import Deadline, calibrate, plan
 from .data import check_corpus_path
@@ -133,6 +133,8 @@ def _config(args: argparse.Namespace) -> tuple[RunConfig, dict]:
     given = {k: v for k, v in vars(args).items() if k in fields and v is not None}
     if "lm" in given:
         given["lm"] = dict(given["lm"])
+    if "data" in given:        # (absolute: a run resumes from any directory)
+        given["data"] = os.path.abspath(given["data"])
     if args.resume is not None:
         return RunConfig(**{k: v for k, v in given.items() if k in RESUMABLE_CHANGES}), given
     cfg = RunConfig(**given)
@@ -173,11 +175,13 @@ def _resolve_run(args, cfg: RunConfig, given: dict,
         # could fail on their combination (--task adding with the saved run's --lm).
         before = saved.to_dict()
         clash = [f"{flag_name(k)}: saved {before[k]!r}, given {v!r}" for k, v in given.items()
-                 if k not in RESUMABLE_CHANGES and before[k] != v]
+                 if k not in (*RESUMABLE_CHANGES, *RELOCATABLE) and before[k] != v]
         if clash:
             raise RunDirError(f"--resume {args.resume}: flags that cannot change on resume: "
                               + "; ".join(clash))
-        changes = {k: v for k, v in given.items() if k in RESUMABLE_CHANGES}
+        # (a --data that names the corpus another way is taken: the checkpoint's record of
+        # its bytes decides whether it is the same corpus)
+        changes = {k: v for k, v in given.items() if k in (*RESUMABLE_CHANGES, *RELOCATABLE)}
         return args.resume, dataclasses.replace(saved, **changes)
     run_dir = args.run_dir or Path("runs") / f"{cfg.task}-{cfg.model}-{time.strftime('%Y%m%d-%H%M%S')}"
     return run_dir, prepare_run_dir(run_dir, cfg, resume=False, overwrite=args.overwrite,
@@ -269,11 +273,14 @@ def _main(args: argparse.Namespace, stops: StopRequests, run: _Run, started: flo
         deadline = None
         if args.minutes is not None and not (math.isfinite(args.minutes) and args.minutes > 0):
             raise ValueError(f"--minutes must be a positive finite number, got {args.minutes}")
+        if args.overwrite and args.resume is not None:
+            raise ValueError(f"--overwrite replaces a new run's --run-dir; --resume "
+                             f"{args.resume} continues that run as it is: give one of them")
         if args.minutes is not None and args.resume is not None:
-            # (the whole command of a --minutes run with --resume added: its plan was made
-            # when it started, and config.json keeps it)
-            print(f"--minutes {args.minutes:g}: the run's steps were planned when it started; "
-                  f"the resume trains the planned steps left, without a deadline",
+            # (the whole command of a --minutes run with --resume added: config.json keeps
+            # the steps its plan made, or the --steps it was started with)
+            print(f"--minutes {args.minutes:g} does not apply to a resume: the run trains to "
+                  f"the steps its {CONFIG} holds (or --steps), without a deadline",
                   file=sys.stderr)
         elif args.minutes is not None:
             stops.enter("calibration")

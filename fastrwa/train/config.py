@@ -18,6 +18,10 @@ RESUMABLE_CHANGES = ("steps", "eval_every", "log_every", "checkpoint_every", "pr
 # in config.json (a later plain --resume keeps them); --device and --no-progress apply to one
 # invocation only.
 RECORDED_ON_RESUME = ("steps", "eval_every", "log_every", "checkpoint_every")
+# Flags a resume may give another value that names the same thing: --data, the corpus by
+# another path (the checkpoint's size and sha256 of the bytes decide; recorded in
+# config.json, so that a later plain --resume finds it there).
+RELOCATABLE = ("data",)
 LM_TASKS = ("enwik8", "text")
 LM_ONLY_MODELS = ("transformer", "mingru")    # --model values for byte corpora only
 # LMConfig fields that a run sets by its own flags (--model, --hidden, --layers, --attention,

@@ -98,7 +98,7 @@ def test_resume_with_the_minutes_command_the_run_started_with(tmp_path, capsys):
     capsys.readouterr()
     assert train_main([*flags, "--minutes", "0.5", "--resume", str(run), "--steps", "3"]) == 0
     err = capsys.readouterr().err
-    assert "--minutes 0.5: the run's steps were planned when it started" in err
+    assert "--minutes 0.5 does not apply to a resume" in err
     assert "resuming from step 2" in err
 
 
@@ -280,3 +280,51 @@ def test_a_checkpoint_naming_lmstate_where_it_was_defined_still_loads(tmp_path):
     loaded = load_checkpoint(path)["carried"][0]
     assert isinstance(loaded, LMState)
     assert torch.equal(loaded.layers[0].scan.n, scan.n)
+
+
+# -- paths and flags that cannot apply to a resume (issue 59) --------------------------------
+def test_a_run_started_with_a_relative_data_path_resumes_from_another_directory(
+        tmp_path, monkeypatch, capsys):
+    corpus = _corpus(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    code, run = _run(tmp_path, "run", *_lm_flags(corpus.name), "--steps", 2)
+    assert code == 0
+    assert json.loads((run / "config.json").read_text())["data"] == str(corpus)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert _resume(run, "--steps", 3) == 0, capsys.readouterr().err
+
+
+def test_the_same_corpus_by_another_path_resumes_and_is_recorded(tmp_path, monkeypatch, capsys):
+    corpus = _corpus(tmp_path)
+    code, run = _run(tmp_path, "run", *_lm_flags(corpus), "--steps", 2)
+    assert code == 0
+    (tmp_path / "link.txt").symlink_to(corpus)
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    assert _resume(run, "--steps", 3, "--data", "link.txt") == 0, capsys.readouterr().err
+    assert json.loads((run / "config.json").read_text())["data"] == str(tmp_path / "link.txt")
+    other = _corpus(tmp_path, "other.txt", 7_000)      # other bytes: refused, naming them
+    assert _resume(run, "--steps", 4, "--data", other) == 2
+    err = capsys.readouterr().err
+    assert "changed" in err and "sha256" in err and "7,000" in err
+
+
+def test_resume_with_overwrite_is_refused_and_the_run_kept(tmp_path, capsys):
+    code, run = _run(tmp_path, "run", *SYNTHETIC, "--steps", 2)
+    assert code == 0
+    before = sorted(p.name for p in run.iterdir())
+    assert _resume(run, "--steps", 3, "--overwrite") == 2
+    err = capsys.readouterr().err
+    assert "--overwrite" in err and "--resume" in err and "Traceback" not in err
+    assert sorted(p.name for p in run.iterdir()) == before
+
+
+def test_minutes_on_the_resume_of_a_steps_run_says_what_is_true(tmp_path, capsys):
+    code, run = _run(tmp_path, "run", *SYNTHETIC, "--steps", 2)
+    assert code == 0
+    capsys.readouterr()
+    assert _resume(run, "--steps", 3, "--minutes", "0.5") == 0
+    err = capsys.readouterr().err
+    assert "--minutes 0.5 does not apply to a resume" in err and "planned" not in err
