@@ -1,4 +1,5 @@
-"""Exporting fastrwa models for other runtimes (``pip install 'fastrwa[onnx]'``).
+"""Exporting fastrwa models for other runtimes (the ``onnx`` extra: ``pip install -e
+'.[onnx]'`` in a fastrwa clone).
 
 * :func:`export_onnx`: a :class:`fastrwa.models.ByteLM` (or a run or model directory) as
   ``prompt.onnx`` and ``step.onnx``, standard ONNX that onnxruntime loads as is;

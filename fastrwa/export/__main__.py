@@ -12,9 +12,16 @@ bits per byte (what the weights format costs).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
 import math
+import signal
 import sys
+import threading
 from pathlib import Path
+from typing import Iterator, Optional
+
+from .names import ONNX_INSTALL
 
 
 def _torch_bits_per_byte(model, data: bytes, rows: int) -> float:
@@ -56,13 +63,50 @@ def _read_eval(path: Path | None, n: int) -> bytes | None:
     return data
 
 
+def _missing_extra(exporter: str) -> Optional[str]:
+    """The one-line error for a module of the ``onnx`` extra that is not installed (onnx,
+    onnxruntime; onnxscript for ``--exporter dynamo``), or ``None``."""
+    for name in ("onnx", "onnxruntime", *(("onnxscript",) if exporter == "dynamo" else ())):
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            needs = "--exporter dynamo needs" if name == "onnxscript" else "the ONNX export needs"
+            return f"{needs} {name}, which is not installed: {ONNX_INSTALL}"
+    return None
+
+
+class Stopped(KeyboardInterrupt):
+    """SIGTERM, raised where Python runs as Ctrl-C's ``KeyboardInterrupt`` is: the export
+    unwinds (its staged directory removed) and the CLI ends with one line."""
+
+
+def _stop(signum: int, frame: object) -> None:
+    raise Stopped()
+
+
+@contextlib.contextmanager
+def _sigterm_stops() -> Iterator[None]:
+    """SIGTERM raises :class:`Stopped` inside the block (in the main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: list[str] | None = None) -> int:
     """The command line ``python -m fastrwa.export onnx RUN_OR_MODEL_DIR OUT_DIR [...]``
     (``argv``: its arguments, ``sys.argv[1:]`` when ``None``). Returns the exit status: 0
     once written (and evaluated); 2, with a one-line ``error: ...`` on stderr, for what is
-    refused (a bad ``--eval`` / ``--eval-bytes``, checked before anything is written; no
-    model in the source; an ``OUT_DIR`` that is not an earlier export). argparse's own
-    usage errors exit 2 as well (``SystemExit``)."""
+    refused (a bad ``--eval`` / ``--eval-bytes``, checked before anything is written; the
+    ``onnx`` extra not installed; no model in the source; an ``OUT_DIR`` that is not an
+    earlier export) or cannot be written (a full disk: ``OUT_DIR`` is left as it was);
+    130 for Ctrl-C and 143 for SIGTERM, with one ``stopped`` line (``OUT_DIR`` as it was,
+    or written whole if the stop came during ``--eval``). argparse's own usage errors exit
+    2 as well (``SystemExit``)."""
     p = argparse.ArgumentParser(prog="python -m fastrwa.export", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="format", required=True, metavar="FORMAT")
@@ -84,32 +128,62 @@ def main(argv: list[str] | None = None) -> int:
     o.add_argument("--eval-bytes", type=int, default=16000, metavar="N",
                    help="bytes of FILE to evaluate, read as 8 rows (at least 16; default: 16000)")
     args = p.parse_args(argv)
+    existed = args.out_dir.exists()
+    written = False
+    try:
+        with _sigterm_stops():
+            status = _export(args)
+            written = True
+            if status == 0:
+                _evaluate(args)
+            return status
+    except KeyboardInterrupt as exc:
+        signum = signal.SIGTERM if isinstance(exc, Stopped) else signal.SIGINT
+        how = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C"
+        state = (f"{args.out_dir} is written whole, not evaluated" if written else
+                 f"{args.out_dir} is as it was" if existed else
+                 f"{args.out_dir} was not created")
+        print(f"stopped ({how}): {state}", file=sys.stderr)
+        return 128 + signum
+
+
+def _export(args: argparse.Namespace) -> int:
+    """The export of :func:`main`'s ``args``: 0 once written, 2 with one ``error:`` line."""
     try:
         # (the evaluation's input first: a bad one refused before OUT_DIR is written)
-        data = _read_eval(args.eval, args.eval_bytes)
+        args.data = _read_eval(args.eval, args.eval_bytes)
+        missing = _missing_extra(args.exporter)
+        if missing:
+            raise ValueError(missing)
 
         from ..models import load_pretrained, run_model_dir
         from .onnx import export_onnx
 
         source = run_model_dir(args.source, args.best)
-        model = load_pretrained(source)
-        out = export_onnx(model if type(model).__name__ == "ByteLM" else source,
+        args.model = load_pretrained(source)
+        out = export_onnx(args.model if type(args.model).__name__ == "ByteLM" else source,
                           args.out_dir, weights=args.weights, exporter=args.exporter,
                           overwrite=args.overwrite)
-    except (FileNotFoundError, ValueError, TypeError, OSError) as exc:
+    except (FileNotFoundError, ValueError, TypeError, OSError, ImportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"exported {out}: prompt.onnx, step.onnx ({args.weights} weights); "
           f"docs/onnx.md has the loop that runs them", file=sys.stderr)
-    if data is not None:
-        from .runtime import OnnxLM, bits_per_byte
-
-        onnx_bpc = bits_per_byte(OnnxLM(out), data, EVAL_ROWS)
-        torch_bpc = _torch_bits_per_byte(model, data, EVAL_ROWS)
-        print(f"bits per byte on {len(data)} bytes of {args.eval}: onnxruntime "
-              f"({args.weights}) {onnx_bpc:.4f}, PyTorch {torch_bpc:.4f}, change "
-              f"{onnx_bpc - torch_bpc:+.4f}")
     return 0
+
+
+def _evaluate(args: argparse.Namespace) -> None:
+    """``--eval``'s line (nothing without ``--eval``)."""
+    if args.data is None:
+        return
+    from .runtime import OnnxLM, bits_per_byte
+
+    data = args.data
+    onnx_bpc = bits_per_byte(OnnxLM(args.out_dir), data, EVAL_ROWS)
+    torch_bpc = _torch_bits_per_byte(args.model, data, EVAL_ROWS)
+    print(f"bits per byte on {len(data)} bytes of {args.eval}: onnxruntime "
+          f"({args.weights}) {onnx_bpc:.4f}, PyTorch {torch_bpc:.4f}, change "
+          f"{onnx_bpc - torch_bpc:+.4f}")
 
 
 if __name__ == "__main__":

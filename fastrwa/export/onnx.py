@@ -22,15 +22,19 @@ import numpy as np
 import torch
 from torch import nn
 
+from .names import (CONFIG, FILES_KEY, FORMAT, ONNX_INSTALL, PROMPT, PROPS, PROPS_KEY, STEP,
+                    VERSION, WHAT, file_record, foreign_files)
+
 try:
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 except ImportError as exc:             # pragma: no cover (CI installs the extra)
-    raise ImportError("fastrwa.export.onnx needs onnx and onnxruntime: "
-                      "pip install 'fastrwa[onnx]'") from exc
+    raise ImportError(f"fastrwa.export.onnx needs onnx and onnxruntime: "
+                      f"{ONNX_INSTALL}") from exc
 
 from ..models import ByteLM, load_pretrained, run_model_dir
-from .names import CONFIG, EXPORT_FILES, PROMPT, STEP
+from ..models.files import (check_output_directory, staged_directory, write_atomically,
+                             write_file)
 from .steps import ByteLMStep, LayerStep, check_exportable, layer_state_names, state_names
 WEIGHTS = ("float32", "int8", "float16")
 EXPORTERS = ("torchscript", "dynamo")
@@ -271,7 +275,7 @@ def bytelm_onnx(model: ByteLM, weights: str = "float32", exporter: str = "torchs
     vocab = model.config.vocab_size
     step = _convert(step, weights)
     prompt = prompt_from_step(step, rows, vocab)
-    config = dict(format="fastrwa-onnx", version=1, weights=weights, exporter=exporter,
+    config = dict(format=FORMAT, version=VERSION, weights=weights, exporter=exporter,
                   opset=max(o.version for o in step.opset_import if o.domain in ("", "ai.onnx")),
                   vocab_size=vocab, bos_token=model.config.bos_token, bytes=256,
                   d_model=model.config.d_model, n_layers=model.config.n_layers,
@@ -281,8 +285,7 @@ def bytelm_onnx(model: ByteLM, weights: str = "float32", exporter: str = "torchs
                   state=names, next_state=outputs[1:],
                   model=model.config.to_dict())
     for m in (prompt, step):
-        helper.set_model_props(m, {"fastrwa": json.dumps({k: config[k] for k in (
-            "format", "version", "weights", "vocab_size", "bos_token", "bytes")})})
+        helper.set_model_props(m, {PROPS_KEY: json.dumps({k: config[k] for k in PROPS})})
         onnx.checker.check_model(m)
     return prompt, step, config
 
@@ -305,9 +308,18 @@ def export_onnx(model: "ByteLM | str | os.PathLike", out_dir: "str | os.PathLike
     ``weights``: "float32" (the model's numbers), "int8" (onnxruntime's dynamic
     quantisation of the matrices, :func:`quantize_int8`) or "float16" (matrices stored as
     float16, computed in float32: :func:`float16_weights`). ``exporter``: see
-    :func:`_export_module`. An existing non-empty ``out_dir`` is replaced only with
-    ``overwrite``, and only if it holds nothing but an earlier export's files."""
+    :func:`_export_module`. ``onnx_config.json`` records each ``.onnx`` file's size and
+    SHA-256 (:class:`~fastrwa.export.OnnxLM` refuses files that do not match).
+
+    The directory is written whole or not at all: staged beside ``out_dir`` and renamed
+    into place (:func:`fastrwa.models.files.staged_directory`; a full disk, Ctrl-C or a
+    kill leaves ``out_dir`` as it was). An existing non-empty ``out_dir`` is replaced only
+    with ``overwrite``, and only if it is an earlier export (:func:`foreign_files`): else
+    ``ValueError`` naming it, before anything is exported; a failed write is a
+    :class:`~fastrwa.models.files.WriteError` naming ``out_dir``, the file and the
+    cause."""
     out_dir = Path(out_dir)
+    check_output_directory(out_dir, overwrite, foreign_files, WHAT)   # (before the work)
     if not isinstance(model, nn.Module):
         source = run_model_dir(model, best)
         model = load_pretrained(source)
@@ -315,27 +327,13 @@ def export_onnx(model: "ByteLM | str | os.PathLike", out_dir: "str | os.PathLike
             raise ValueError(f"{source}: the {model.config.layer!r} baseline "
                              f"({type(model).__name__}) is not exported to ONNX (only the "
                              f"rda/rwa scan models are)")
-    if out_dir.is_symlink():
-        raise ValueError(f"{out_dir} is a symbolic link; export to a real path")
-    if out_dir.exists():
-        if not out_dir.is_dir():
-            raise ValueError(f"{out_dir} exists and is not a directory")
-        names = {p.name for p in out_dir.iterdir()}
-        if names and not overwrite:
-            raise ValueError(f"{out_dir} exists and is not empty; pass overwrite=True "
-                             f"(--overwrite) to replace an earlier ONNX export")
-        if not names <= EXPORT_FILES:
-            raise ValueError(f"{out_dir} holds other files than an ONNX export "
-                             f"({sorted(names - EXPORT_FILES)}); overwrite replaces only "
-                             f"those")
     prompt, step, config = bytelm_onnx(model, weights, exporter, opset)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for name, content in ((PROMPT, prompt.SerializeToString()),
-                          (STEP, step.SerializeToString()),
-                          (CONFIG, (json.dumps(config, indent=2) + "\n").encode())):
-        tmp = out_dir / f".{name}.tmp"
-        tmp.write_bytes(content)
-        os.replace(tmp, out_dir / name)
+    graphs = {PROMPT: prompt.SerializeToString(), STEP: step.SerializeToString()}
+    config[FILES_KEY] = {name: file_record(content) for name, content in graphs.items()}
+    with staged_directory(out_dir, overwrite, foreign_files, WHAT) as staging:
+        for name, content in (*graphs.items(),
+                              (CONFIG, (json.dumps(config, indent=2) + "\n").encode())):
+            write_file(staging / name, content)
     return out_dir
 
 
@@ -365,8 +363,10 @@ def layer_step_onnx(layer: nn.Module, weights: str = "float32", exporter: str = 
 
 def export_layer_step(layer: nn.Module, path: "str | os.PathLike", weights: str = "float32",
                       exporter: str = "torchscript", opset: int = OPSET) -> Path:
-    """Write :func:`layer_step_onnx` to ``path``; returns it."""
+    """Write :func:`layer_step_onnx` to ``path`` (whole or not at all:
+    :func:`fastrwa.models.files.write_atomically`); returns it."""
     path = Path(path)
-    path.write_bytes(layer_step_onnx(layer, weights, exporter, opset).SerializeToString())
+    content = layer_step_onnx(layer, weights, exporter, opset).SerializeToString()
+    write_atomically(path, lambda f: f.write(content))
     return path
 

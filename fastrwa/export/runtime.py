@@ -12,24 +12,59 @@ from typing import Optional
 import numpy as np
 from numpy.typing import ArrayLike
 
+from .names import CONFIG, FILES_KEY, GRAPHS, ONNX_INSTALL, PROPS, PROPS_KEY, file_record
+
 try:
     import onnxruntime as ort
 except ImportError as exc:             # pragma: no cover (CI installs the extra)
-    raise ImportError("fastrwa.export.runtime needs onnxruntime: "
-                      "pip install 'fastrwa[onnx]'") from exc
-
-from .names import CONFIG, PROMPT, STEP
+    raise ImportError(f"fastrwa.export.runtime needs onnxruntime: {ONNX_INSTALL}") from exc
 
 
-def session(path: "str | os.PathLike", threads: Optional[int] = None
+def session(model: "str | os.PathLike | bytes", threads: Optional[int] = None
             ) -> "ort.InferenceSession":
-    """An onnxruntime CPU session for ``path`` (``threads``: its intra-op threads; ``None``
-    lets onnxruntime choose)."""
+    """An onnxruntime CPU session for ``model`` (a path, or a file's bytes; ``threads``:
+    its intra-op threads; ``None`` lets onnxruntime choose)."""
     options = ort.SessionOptions()
     if threads is not None:
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    source = model if isinstance(model, bytes) else str(model)
+    return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+
+
+MIXED = "the directory mixes files of different exports: export it again (--overwrite)"
+
+
+def read_graph(directory: Path, name: str, config: dict) -> bytes:
+    """The bytes of the graph file ``name`` of an export ``directory``, refused
+    (``ValueError``, one line naming the file) if its size or SHA-256 is not what
+    ``config`` (its ``onnx_config.json``) records; a config of version 1 records none."""
+    path = directory / name
+    content = path.read_bytes()
+    want = (config.get(FILES_KEY) or {}).get(name)
+    if want is not None:
+        got = file_record(content)
+        for key in ("bytes", "sha256"):
+            if got[key] != want.get(key):
+                raise ValueError(f"{path} is not the file {CONFIG} beside it records (its "
+                                 f"{key} is {got[key]}, the config records {want.get(key)}): "
+                                 f"{MIXED}")
+    return content
+
+
+def check_props(path: Path, session: "ort.InferenceSession", config: dict) -> None:
+    """Refuse (``ValueError``, one line) a graph file ``path`` whose own record of its
+    export (its metadata, :data:`~fastrwa.export.names.PROPS`) says otherwise than
+    ``config``: what catches a mix of files that ``config`` records no hashes of."""
+    raw = session.get_modelmeta().custom_metadata_map.get(PROPS_KEY)
+    try:
+        props = json.loads(raw) if raw else {}
+    except ValueError:
+        props = {}
+    for key in PROPS:
+        if key in props and key in config and props[key] != config[key]:
+            raise ValueError(f"{path} says {key} {props[key]!r}, {path.parent / CONFIG} says "
+                             f"{config[key]!r}: {MIXED}")
 
 
 class OnnxLM:
@@ -42,13 +77,19 @@ class OnnxLM:
 
     ``prompt`` and ``step`` check what the raw graphs do not (``ValueError``): ``ids``'s
     shape and range ``[0, vocab_size)``, a prompt of one position or more, and each state
-    tensor's shape ``(B, width)``."""
+    tensor's shape ``(B, width)``.
+
+    A directory whose files do not belong together (a ``.onnx`` file of another export: its
+    size and SHA-256 are not those ``onnx_config.json`` records, or what it records of its
+    weights is not the config's) is refused (``ValueError`` naming the file)."""
 
     def __init__(self, directory: "str | os.PathLike", threads: Optional[int] = None):
         directory = Path(directory)
         self.config = json.loads((directory / CONFIG).read_text())
-        self.prompt_session = session(directory / PROMPT, threads)
-        self.step_session = session(directory / STEP, threads)
+        self.prompt_session, self.step_session = (
+            session(read_graph(directory, name, self.config), threads) for name in GRAPHS)
+        for name, graph in zip(GRAPHS, (self.prompt_session, self.step_session)):
+            check_props(directory / name, graph, self.config)
         self.state_names = [i.name for i in self.step_session.get_inputs()][1:]
         self.bos_token = int(self.config["bos_token"])
         self.vocab_size = int(self.config["vocab_size"])

@@ -8,25 +8,27 @@ format of :mod:`fastrwa.models.directory`) that ``AutoModelForCausalLM`` /
 ``RUN_DIR`` is a run directory (its final ``model/`` export, or ``best/`` with ``--best``)
 or any directory ``fastrwa.models.save_pretrained`` wrote. The directory is written beside
 ``OUT_DIR`` and renamed into place when complete: an interrupted export leaves no half
-directory. An existing ``OUT_DIR`` is replaced with ``--overwrite`` only, and only if it
-holds a fastrwa export; a symbolic link is never followed or replaced. A full disk is one
-``error:`` line, with nothing half-written left behind.
+directory (what a killed export left beside it is tidied by the next one). An existing
+non-empty ``OUT_DIR`` is replaced with ``--overwrite`` only, and only if it holds a fastrwa
+export; a symbolic link is never followed or replaced. A full disk is one ``error:`` line
+naming ``OUT_DIR``, with nothing half-written left behind. (The ONNX export,
+``python -m fastrwa.export onnx``, writes its directory the same way.)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
-import tempfile
 from pathlib import Path
+from typing import Optional
 
 from safetensors import SafetensorError
 
 from ..models import ByteLM, load_pretrained, run_model_dir
 from ..models.directory import REMOTE_CODE, is_model_card
+from ..models.files import check_output_directory, staged_directory
 from . import FastRWAByteTokenizer, FastRWAConfig, FastRWAForCausalLM
 from .progress import no_progress_bars
 
@@ -36,20 +38,26 @@ from .progress import no_progress_bars
 EXPORT_FILES = {"config.json", "model.safetensors", "generation_config.json",
                 "tokenizer_config.json", "added_tokens.json", "special_tokens_map.json",
                 "README.md", *REMOTE_CODE}
+WHAT = "fastrwa Hugging Face export"
 
 
-def _is_export(directory: Path) -> bool:
-    """A fastrwa export and nothing else (``--overwrite`` replaces only that)."""
+def foreign_files(directory: Path) -> Optional[str]:
+    """``None`` if ``directory`` is a fastrwa export and nothing else (``--overwrite``
+    replaces only that), else why not, in a few words."""
     try:
-        config = json.loads((directory / "config.json").read_text())
         names = {p.name for p in directory.iterdir()}
+        config = json.loads((directory / "config.json").read_text())
     except (OSError, ValueError):
-        return False
+        return "no readable config.json"
+    others = sorted(names - EXPORT_FILES)
+    if others:
+        return f"it holds {others[0]}, which an export does not write"
+    if not (isinstance(config, dict) and config.get("model_type") == FastRWAConfig.model_type):
+        return f"its config.json is not of model_type {FastRWAConfig.model_type!r}"
     card = directory / "README.md"
     if card.exists() and not (card.is_file() and is_model_card(card.read_text(errors="replace"))):
-        return False                    # (a README of one's own is never deleted)
-    return (isinstance(config, dict) and config.get("model_type") == FastRWAConfig.model_type
-            and names <= EXPORT_FILES)
+        return "its README.md is not a model card"   # (a README of one's own is never deleted)
+    return None
 
 
 def export(run_dir: str | Path, out_dir: str | Path, best: bool = False,
@@ -57,49 +65,25 @@ def export(run_dir: str | Path, out_dir: str | Path, best: bool = False,
     """Write the Hugging Face directory of ``run_dir``'s model to ``out_dir`` (module doc);
     returns ``out_dir``. Raises ``FileNotFoundError`` (no model there), ``ValueError`` (a
     baseline, an ``out_dir`` that is a symbolic link or would be overwritten without
-    ``overwrite``), ``OSError`` or ``SafetensorError`` (a full disk: nothing is left
-    behind)."""
+    ``overwrite``, or is not an earlier export), :class:`~fastrwa.models.files.WriteError`
+    (a full disk: one line naming ``out_dir``; nothing is left behind). The directory is
+    staged beside ``out_dir`` and renamed into place, with the ONNX export's policy
+    (:func:`fastrwa.models.files.staged_directory`)."""
     out_dir = Path(out_dir)
-    if out_dir.is_symlink():          # (never followed, never replaced: as a run directory)
-        raise ValueError(f"{out_dir} is a symbolic link (to {os.readlink(out_dir)}); export to "
-                         f"a real path (the link's target, or a new directory)")
+    check_output_directory(out_dir, overwrite, foreign_files, WHAT)   # (before the work)
     source = run_model_dir(run_dir, best)
     model = load_pretrained(source)
     if not isinstance(model, ByteLM):
         raise ValueError(f"{run_dir}: the {model.config.layer!r} baseline "
                          f"({type(model).__name__}) has no Hugging Face class (only the rda/rwa "
                          f"scan models export)")
-    if out_dir.exists() and not (out_dir.is_dir() and not any(out_dir.iterdir())):
-        if not overwrite:
-            raise ValueError(f"{out_dir} exists; pass --overwrite to replace an earlier export")
-        if not _is_export(out_dir):
-            raise ValueError(f"{out_dir} exists and is not a fastrwa Hugging Face export "
-                             f"(or holds other files too); --overwrite replaces only those")
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    staging.chmod(0o777 & ~umask)          # (mkdtemp's 0700 would outlive the rename)
-    try:
+    with staged_directory(out_dir, overwrite, foreign_files, WHAT,
+                          failures=(SafetensorError,)) as staging:
         if (source / "README.md").is_file():      # (the run's model card: how it was trained)
             shutil.copyfile(source / "README.md", staging / "README.md")
         with no_progress_bars():
             FastRWAForCausalLM.from_bytelm(model).save_pretrained(staging)
             FastRWAByteTokenizer().save_pretrained(staging)
-        old = None
-        if out_dir.exists() and any(out_dir.iterdir()):   # (moved aside, removed once the
-            old = staging.with_name(staging.name + ".old")  # new one is in place)
-            out_dir.rename(old)
-        try:
-            staging.rename(out_dir)
-        except OSError:
-            if old is not None:
-                old.rename(out_dir)                      # (the earlier export, back)
-            raise
-        if old is not None:
-            shutil.rmtree(old)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return out_dir
 
 
@@ -117,6 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, ValueError, OSError, SafetensorError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:         # (the staged directory is removed: nothing written)
+        print(f"stopped (Ctrl-C): {args.out_dir} is as it was", file=sys.stderr)
+        return 130
     print(f"exported {out}: AutoModelForCausalLM.from_pretrained({str(out)!r}) after "
           f"import fastrwa.hf, or with trust_remote_code=True", file=sys.stderr)
     return 0

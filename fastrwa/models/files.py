@@ -1,14 +1,18 @@
 """Writing a file so that it is never left half-written (``path.tmp``, then a rename): the
 model directory (:mod:`.pretrained`, :mod:`.integrity`) and the trainer's run directory use
-it."""
+it; and a whole directory so (:func:`staged_directory`: staged beside it, then renamed into
+place), with one policy for what it may replace: the exporters (``fastrwa.hf.export``,
+``fastrwa.export``) use it."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
+import tempfile
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import BinaryIO, Callable, Iterator, Optional
 
 
 class WriteError(OSError):
@@ -46,3 +50,196 @@ def write_atomically(path: Path, write: Callable[[BinaryIO], None]) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+# -- a directory written whole or not at all ----------------------------------------------
+# An exporter writes its directory into a staging directory beside OUT_DIR (same parent, so
+# a rename moves it), named ".OUT_DIR.fastrwa-staging-PID-RANDOM", and swaps it in with two
+# renames (an earlier OUT_DIR moved aside to ".OUT_DIR.fastrwa-old-PID-RANDOM", removed once
+# the new one is in place). The PID in the names lets a later run tell what a killed run
+# (SIGKILL, a power cut) left: its staging is removed, an earlier directory it had moved
+# aside is put back where it was missing. Names are unique: nothing left ever blocks a run.
+MARK = ".fastrwa-"
+STAGING, ASIDE = "staging", "old"
+
+
+def write_file(path: Path, content: bytes) -> None:
+    """``path.write_bytes(content)``, whose ``OSError`` names ``path`` (a failed
+    ``write()``, a full disk, names no file: :func:`staged_directory`'s error then says
+    which file it was)."""
+    try:
+        Path(path).write_bytes(content)
+    except OSError as exc:
+        if exc.filename is None:
+            exc.filename = os.fspath(path)
+        raise
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (on this machine); anything unsure counts as alive."""
+    if pid == os.getpid() or os.name != "posix":
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def _sibling(out_dir: Path, kind: str) -> str:
+    """The name prefix of ``out_dir``'s staging (``kind`` :data:`STAGING`) or set-aside
+    (:data:`ASIDE`) directory of this process."""
+    return f".{out_dir.name}{MARK}{kind}-{os.getpid()}-"
+
+
+def recover_stale(out_dir: Path) -> None:
+    """Tidy what a killed earlier write of ``out_dir`` left beside it (section comment):
+    remove its staging directory; put back the earlier directory it had moved aside if
+    ``out_dir`` is missing (killed between the two renames), else remove it. A write still
+    running (its process alive) is left alone."""
+    out_dir = Path(out_dir)
+    pattern = re.compile(rf"\.{re.escape(out_dir.name)}{re.escape(MARK)}"
+                         rf"({STAGING}|{ASIDE})-(\d+)-[^/]+\Z")
+    try:
+        entries = sorted(out_dir.parent.iterdir())
+    except OSError:
+        return
+    for entry in entries:
+        found = pattern.match(entry.name)
+        if not found or _alive(int(found[2])) or entry.is_symlink() or not entry.is_dir():
+            continue
+        with contextlib.suppress(OSError):
+            if found[1] == ASIDE and not os.path.lexists(out_dir):
+                os.rename(entry, out_dir)
+            else:
+                shutil.rmtree(entry)
+
+
+def check_output_directory(out_dir: Path, overwrite: bool,
+                           foreign: Callable[[Path], Optional[str]], what: str) -> None:
+    """Refuse (``ValueError``, one line naming ``out_dir``) to write the ``what`` (e.g.
+    "fastrwa ONNX export") to ``out_dir`` where it would replace anything but an earlier
+    one: a symbolic link (never followed or replaced), a file, a non-empty directory
+    without ``overwrite``, or with it one that ``foreign(out_dir)`` says is not an earlier
+    ``what`` (it returns why, or ``None`` for an earlier one). A missing or empty
+    ``out_dir`` is accepted. What a killed earlier write left is tidied first
+    (:func:`recover_stale`)."""
+    out_dir = Path(out_dir)
+    recover_stale(out_dir)
+    if out_dir.is_symlink():
+        raise ValueError(f"{out_dir} is a symbolic link (to {os.readlink(out_dir)}); write the "
+                         f"{what} to a real path (the link's target, or a new directory)")
+    if not out_dir.exists():
+        return
+    if not out_dir.is_dir():
+        raise ValueError(f"{out_dir} exists and is not a directory; choose a new OUT_DIR for "
+                         f"the {what}")
+    try:
+        empty = not any(out_dir.iterdir())
+    except OSError as exc:
+        raise ValueError(f"cannot read {out_dir}: {exc.strerror or exc}") from exc
+    if empty:
+        return
+    if not overwrite:
+        raise ValueError(f"{out_dir} exists and is not empty; pass --overwrite "
+                         f"(overwrite=True) to replace an earlier {what}")
+    reason = foreign(out_dir)
+    if reason is not None:
+        raise ValueError(f"{out_dir} exists and is not a {what} ({reason}); --overwrite "
+                         f"replaces only an earlier {what}: choose another OUT_DIR")
+
+
+def _fsync(path: "str | Path") -> None:
+    """Flush the file or directory ``path`` (a directory: its entries) to disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sync(staging: Path) -> None:
+    """Flush every file under ``staging`` and the directories to disk (a full disk shows
+    here at the latest, before anything is swapped)."""
+    for root, _, names in os.walk(staging):
+        for name in (*names, "."):
+            _fsync(os.path.join(root, name))
+
+
+def _swap(staging: Path, out_dir: Path) -> None:
+    """``staging`` renamed to ``out_dir``, an existing ``out_dir`` moved aside first and
+    removed after (put back if the second rename fails or is interrupted)."""
+    aside = None
+    if out_dir.exists():
+        aside = out_dir.with_name(_sibling(out_dir, ASIDE) + os.urandom(4).hex())
+        os.rename(out_dir, aside)
+    try:
+        os.rename(staging, out_dir)
+    except BaseException:
+        if aside is not None:
+            os.rename(aside, out_dir)
+        raise
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)
+
+
+def _cannot_write(out_dir: Path, staging: Optional[Path], existed: bool,
+                  exc: BaseException) -> str:
+    """The one line of a failed directory write: ``out_dir``, the file and the cause, the
+    space left, and that ``out_dir`` is as it was."""
+    cause = (exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)) or \
+        type(exc).__name__
+    where = ""
+    name = getattr(exc, "filename", None)
+    if name:
+        name = Path(os.fsdecode(name))
+        if staging is not None and staging in name.parents:
+            name = name.relative_to(staging)
+        where = f" (writing {name})"
+    try:
+        free = f"; {shutil.disk_usage(out_dir.parent).free:,} bytes free on its disk"
+    except OSError:
+        free = ""
+    kept = f"the earlier {out_dir} is kept as it was" if existed else f"{out_dir} was not created"
+    return f"cannot write {out_dir}: {cause}{where}{free}; nothing was left half-written ({kept})"
+
+
+@contextlib.contextmanager
+def staged_directory(out_dir: Path, overwrite: bool,
+                     foreign: Callable[[Path], Optional[str]], what: str,
+                     failures: tuple[type[BaseException], ...] = ()) -> Iterator[Path]:
+    """Write a directory whole or not at all: ``with staged_directory(out_dir, ...) as
+    staging:`` the caller writes its files into ``staging``; when the block ends, they are
+    flushed to disk and ``staging`` takes ``out_dir``'s place (section comment).
+
+    ``out_dir`` is checked by :func:`check_output_directory` (``overwrite``, ``foreign``,
+    ``what``: see there) on entry and again just before the swap. An ``OSError`` (a full
+    disk, no permission), or one of ``failures`` (another library's write error), raised
+    while writing or swapping is raised as :class:`WriteError`, one line naming
+    ``out_dir``, the file and the cause. Whatever ends the block early (those, a
+    ``KeyboardInterrupt``) removes ``staging`` and leaves ``out_dir`` as it was."""
+    out_dir = Path(out_dir)
+    check_output_directory(out_dir, overwrite, foreign, what)
+    existed = out_dir.exists()
+    staging = None
+    try:
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=_sibling(out_dir, STAGING), dir=out_dir.parent))
+        umask = os.umask(0)
+        os.umask(umask)
+        staging.chmod(0o777 & ~umask)          # (mkdtemp's 0700 would outlive the rename)
+        yield staging
+        _sync(staging)
+        check_output_directory(out_dir, overwrite, foreign, what)   # (changed meanwhile?)
+        _swap(staging, out_dir)
+        with contextlib.suppress(OSError):
+            _fsync(out_dir.parent)              # (the renames, on disk)
+    except (OSError, *failures) as exc:
+        if isinstance(exc, WriteError):
+            raise
+        raise WriteError(_cannot_write(out_dir, staging, existed, exc)) from exc
+    finally:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)

@@ -200,12 +200,12 @@ def test_the_cli_exports_a_run_and_evaluates(tmp_path, capsys):
     assert json.loads((out / "onnx_config.json").read_text())["model"]["d_model"] == 32
     # an earlier export is replaced with --overwrite only; other files never
     assert main(["onnx", str(tmp_path / "run"), str(out)]) == 2
-    assert "pass overwrite=True (--overwrite)" in capsys.readouterr().err
+    assert "pass --overwrite (overwrite=True)" in capsys.readouterr().err
     assert main(["onnx", str(tmp_path / "run"), str(out), "--overwrite",
                  "--weights", "float16"]) == 0
     assert json.loads((out / "onnx_config.json").read_text())["weights"] == "float16"
     assert main(["onnx", str(tmp_path / "run"), str(tmp_path / "run"), "--overwrite"]) == 2
-    assert "holds other files" in capsys.readouterr().err
+    assert "is not a fastrwa ONNX export (it holds model)" in capsys.readouterr().err
     assert main(["onnx", str(tmp_path / "nothing"), str(tmp_path / "x")]) == 2
     assert "no model there" in capsys.readouterr().err
 
