@@ -263,9 +263,10 @@ def main(argv: list[str] | None = None) -> int:
 def _main(args: argparse.Namespace, stops: StopRequests, run: _Run, started: float) -> int:
     try:
         cfg, given = _config(args)
+        threads_line = None       # (said once the flags are known to be good)
         if args.threads != "auto" or (
                 run.world == 1 and resolve_device(run_device(args, cfg, given)).type == "cpu"):
-            _set_threads(args.threads)
+            threads_line = _set_threads(args.threads)
         if cfg.is_lm and args.resume is None:  # (before a run directory is named or made)
             if not cfg.data:
                 raise ValueError(f"--task {cfg.task} needs --data PATH (a corpus file)")
@@ -283,6 +284,7 @@ def _main(args: argparse.Namespace, stops: StopRequests, run: _Run, started: flo
                   f"the steps its {CONFIG} holds (or --steps), without a deadline",
                   file=sys.stderr)
         elif args.minutes is not None:
+            threads_line = _say(threads_line)
             stops.enter("calibration")
             cfg, deadline = _budgeted(args, cfg, given, started)
             stops.enter("start-up")
@@ -324,6 +326,7 @@ def _main(args: argparse.Namespace, stops: StopRequests, run: _Run, started: flo
             raise RunDirError(error)
         run.run_dir = run_dir
         if rank == 0:
+            _say(threads_line)
             print(f"run directory: {run_dir}", file=sys.stderr)
         last = train(cfg, run_dir, resume=args.resume is not None, deadline=deadline)
         fresh = False
@@ -371,13 +374,19 @@ def _restored_threads(threads: int):
         torch.set_num_threads(threads)
 
 
-def _set_threads(flag: int | str) -> None:
+def _set_threads(flag: int | str) -> str | None:
     """``--threads`` (``auto`` only for a one-process CPU run), before anything is timed
-    (the ``--minutes`` calibration) or run."""
+    (the ``--minutes`` calibration) or run; the line that says why fewer threads than
+    PyTorch's (``None``: nothing to say), said once the flags are known to be good."""
     threads, line = pick(flag, torch.get_num_threads())
+    torch.set_num_threads(threads)
+    return line
+
+
+def _say(line: str | None) -> None:
+    """Write ``line`` (if any) to stderr; ``None``: it has been said."""
     if line is not None:
         print(line, file=sys.stderr)
-    torch.set_num_threads(threads)
 
 
 def _one_line(exc: Exception) -> str:

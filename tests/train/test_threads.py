@@ -92,3 +92,17 @@ def test_a_busy_core_is_left_to_its_program(tmp_path):
     used, available = map(int, line.split()[1:4:2])
     assert used < available, line
     assert f"--threads {available} uses them all" in line
+
+
+@pytest.mark.parametrize("bad", [["--minutes", "-1"], ["--task", "text", "--data", "missing.txt"]])
+def test_an_argument_error_is_the_only_line(tmp_path, monkeypatch, capsys, bad):
+    """The line about busy cores is said once the flags are known to be good: an argument
+    error is the run's one line."""
+    from fastrwa.train import cli
+    monkeypatch.setattr(cli, "pick", lambda flag, available: (1, "threads: 1 of 2 (test)"))
+    monkeypatch.chdir(tmp_path)
+    assert cli.main([*FLAGS, "--run-dir", str(tmp_path / "r"), *bad]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and len(err.strip().splitlines()) == 1, err
+    assert cli.main([*FLAGS, "--run-dir", str(tmp_path / "r")]) == 0     # (said when good)
+    assert "threads: 1 of 2 (test)" in capsys.readouterr().err
