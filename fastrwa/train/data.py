@@ -23,7 +23,7 @@ from typing import Iterator, NamedTuple
 import torch
 from torch import Tensor
 
-ENWIK8_URL = "http://mattmahoney.net/dc/enwik8.zip"
+ENWIK8_URL = "https://mattmahoney.net/dc/enwik8.zip"
 ENWIK8_SIZE = 100_000_000
 ENWIK8_MD5 = "a1fa5ffddb56f4953e226637dabbb36a"   # published with the corpus
 _CHUNK = 1 << 22
@@ -379,9 +379,13 @@ def download_enwik8(directory: str | Path) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     target = directory / "enwik8.zip"
     partial = target.with_suffix(".zip.part")
-    with urllib.request.urlopen(ENWIK8_URL) as response, partial.open("wb") as out:
-        while chunk := response.read(1 << 20):
-            out.write(chunk)
+    try:
+        with urllib.request.urlopen(ENWIK8_URL) as response, partial.open("wb") as out:
+            while chunk := response.read(1 << 20):
+                out.write(chunk)
+    except BaseException:          # (offline, a reset, Ctrl-C: no partial file is left)
+        partial.unlink(missing_ok=True)
+        raise
     with zipfile.ZipFile(partial) as archive:
         data = archive.read(_zip_member(partial))
     if len(data) != ENWIK8_SIZE or _md5(data) != ENWIK8_MD5:
@@ -393,12 +397,26 @@ def download_enwik8(directory: str | Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m fastrwa.train.data download-enwik8 DIR``: the path of the verified zip on
+    stdout (status 0); an error that stops it (offline, a full disk, a bad download) in one
+    line (status 1), Ctrl-C in one line (status 130), neither leaving a partial file."""
     p = argparse.ArgumentParser(prog="python -m fastrwa.train.data")
     sub = p.add_subparsers(dest="command", required=True)
     d = sub.add_parser("download-enwik8", help="fetch enwik8.zip and verify size and md5")
     d.add_argument("directory")
     args = p.parse_args(argv)
-    print(download_enwik8(args.directory))
+    try:
+        print(download_enwik8(args.directory))
+    except KeyboardInterrupt:
+        print(f"download-enwik8: stopped by Ctrl-C; nothing was kept in {args.directory}",
+              file=sys.stderr)
+        return 130
+    except (OSError, ValueError, zipfile.BadZipFile) as exc:
+        reason = getattr(exc, "reason", None) or getattr(exc, "strerror", None) or exc
+        print(f"error: cannot download {ENWIK8_URL} into {args.directory}: "
+              f"{' '.join(str(reason).split())}; fetch it by hand and give its path as "
+              f"--data", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -119,3 +119,37 @@ def test_copies_left_by_killed_processes_are_removed(tmp_path, monkeypatch):
     path, got_sha = fdata._snapshot(corpus)
     assert path.read_bytes() == corpus.read_bytes() and got_sha == sha
     assert not dead.exists() and live.exists()
+
+
+def test_download_enwik8_offline_is_one_line_and_leaves_nothing(tmp_path, monkeypatch, capsys):
+    import urllib.error
+    import urllib.request
+
+    from fastrwa.train import data
+
+    assert data.ENWIK8_URL.startswith("https://")
+
+    def offline(url, *args, **kwargs):
+        raise urllib.error.URLError(OSError(-3, "Temporary failure in name resolution"))
+    monkeypatch.setattr(urllib.request, "urlopen", offline)
+    assert data.main(["download-enwik8", str(tmp_path / "d")]) == 1
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "name resolution" in err, err
+    assert data.ENWIK8_URL in err and "--data" in err
+    assert list((tmp_path / "d").iterdir()) == []
+
+
+def test_download_enwik8_cut_by_ctrl_c_is_one_line_and_leaves_nothing(tmp_path, monkeypatch,
+                                                                      capsys):
+    import io
+    import urllib.request
+
+    from fastrwa.train import data
+
+    class Cut(io.BytesIO):
+        def read(self, n=-1):
+            raise KeyboardInterrupt
+    monkeypatch.setattr(urllib.request, "urlopen", lambda url: Cut())
+    assert data.main(["download-enwik8", str(tmp_path / "d")]) == 130
+    assert "stopped by Ctrl-C" in capsys.readouterr().err
+    assert list((tmp_path / "d").iterdir()) == []
