@@ -38,6 +38,7 @@ from .rundir import (CHECKPOINT, CONFIG, PLOT, RunDirError, discard_unstarted_ru
 from .stop import Interrupted, StopRequests, Stopped, stop_requests
 from .tasks import TASKS
 from .threads import parse_threads, pick
+from .verdict import verdict
 
 
 def unescape(text: str) -> str:
@@ -412,10 +413,11 @@ def _report(cfg: RunConfig, run_dir: Path, last: dict, stops: StopRequests) -> N
             continue
         if problem is not None:
             value = record[problem.metric]
-            better = (value > problem.baseline) if problem.higher_is_better else \
-                (value < problem.baseline)
+            said = verdict(value, problem.baseline, problem.higher_is_better,
+                           scored=record.get("scored") if problem.metric == "accuracy" else None,
+                           se=record.get("se"))
             print(f"{cfg.task}: {split} {problem.metric} {value:.4g} vs naive baseline "
-                  f"{problem.baseline:.4g} ({'beats' if better else 'does not beat'} it)")
+                  f"{problem.baseline:.4g}: {said}")
         else:
             whole = "" if record.get("whole", True) else \
                 f" (the first {record['bytes']:,} bytes of the split, not all of it)"

@@ -8,6 +8,7 @@ outputs, evaluates, and says whether the recurrent state is carried from step to
 from __future__ import annotations
 
 import hashlib
+import math
 from typing import Callable, Iterable
 
 import torch
@@ -56,7 +57,11 @@ class SyntheticProblem:
     @torch.no_grad()
     def evaluate(self, model, size: int, split: str, place: Placement,
                  batches: Batches = None) -> dict:
-        losses, metrics = [], []
+        """The loss and metric over ``eval_batches`` batches; with them what the report's
+        verdict needs (:mod:`fastrwa.train.verdict`): ``scored``, the predictions counted
+        (each batch's mean weighted alike: the batches score the same count), and ``se``,
+        the standard error of the metric's mean over the batches (two or more)."""
+        losses, metrics, scored = [], [], 0
         for k in _each(batches, range(self.eval_batches)):
             batch = place.to(self.task.batch(k, size, split))
             with place.autocast():
@@ -64,7 +69,13 @@ class SyntheticProblem:
             loss, metric = self.score(output.float(), batch)
             losses.append(float(loss))
             metrics.append(metric)
-        return {"loss": sum(losses) / len(losses), self.metric: sum(metrics) / len(metrics)}
+            scored += int(batch.mask.sum())
+        mean = sum(metrics) / len(metrics)
+        record = {"loss": sum(losses) / len(losses), self.metric: mean, "scored": scored}
+        if len(metrics) > 1:
+            var = sum((m - mean) ** 2 for m in metrics) / (len(metrics) - 1)
+            record["se"] = math.sqrt(var / len(metrics))
+        return record
 
 
 class ByteLMProblem:
