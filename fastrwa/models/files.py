@@ -75,6 +75,12 @@ def write_file(path: Path, content: bytes) -> None:
         raise
 
 
+def _absolute(out_dir: "str | os.PathLike") -> Path:
+    """``out_dir`` as an absolute path, ``.`` and ``..`` resolved (a symbolic link is not):
+    its parent is where it is staged, and "." names a directory with a name."""
+    return Path(os.path.abspath(out_dir))
+
+
 def _alive(pid: int) -> bool:
     """Whether process ``pid`` runs (on this machine); anything unsure counts as alive."""
     if pid == os.getpid() or os.name != "posix":
@@ -99,7 +105,7 @@ def recover_stale(out_dir: Path) -> None:
     remove its staging directory; put back the earlier directory it had moved aside if
     ``out_dir`` is missing (killed between the two renames), else remove it. A write still
     running (its process alive) is left alone."""
-    out_dir = Path(out_dir)
+    out_dir = _absolute(out_dir)
     pattern = re.compile(rf"\.{re.escape(out_dir.name)}{re.escape(MARK)}"
                          rf"({STAGING}|{ASIDE})-(\d+)-[^/]+\Z")
     try:
@@ -126,7 +132,7 @@ def check_output_directory(out_dir: Path, overwrite: bool,
     ``what`` (it returns why, or ``None`` for an earlier one). A missing or empty
     ``out_dir`` is accepted. What a killed earlier write left is tidied first
     (:func:`recover_stale`)."""
-    out_dir = Path(out_dir)
+    out_dir = _absolute(out_dir)
     recover_stale(out_dir)
     if out_dir.is_symlink():
         raise ValueError(f"{out_dir} is a symbolic link (to {os.readlink(out_dir)}); write the "
@@ -220,7 +226,7 @@ def staged_directory(out_dir: Path, overwrite: bool,
     while writing or swapping is raised as :class:`WriteError`, one line naming
     ``out_dir``, the file and the cause. Whatever ends the block early (those, a
     ``KeyboardInterrupt``) removes ``staging`` and leaves ``out_dir`` as it was."""
-    out_dir = Path(out_dir)
+    out_dir = _absolute(out_dir)
     check_output_directory(out_dir, overwrite, foreign, what)
     existed = out_dir.exists()
     staging = None

@@ -257,3 +257,41 @@ def test_the_hugging_face_export_writes_its_directory_the_same_way(tmp_path, cap
     assert err.startswith(f"error: cannot write {out}: No space left on device"), err
     assert contents(out) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "m"]    # no leftovers
+
+
+SIGNAL_WRITING_STEP = """
+write_bytes = pathlib.Path.write_bytes
+def write(self, data):
+    if "step.onnx" in self.name:
+        write_bytes(self, data[:len(data) // 2])
+        os.kill(os.getpid(), signal.SIG{name})
+    return write_bytes(self, data)
+pathlib.Path.write_bytes = write
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, status", [("INT", 130), ("TERM", 143)])
+def test_a_signal_during_the_export_is_one_line(run, tmp_path, name, status):
+    """A real SIGINT (Ctrl-C) or SIGTERM while the files are written: one line, exit
+    130 / 143, OUT_DIR as it was (Ctrl-C was a KeyboardInterrupt traceback; SIGTERM left
+    the files written so far)."""
+    out = tmp_path / "onnx"
+    script = ("import os, pathlib, signal, sys, runpy\n" + SIGNAL_WRITING_STEP.format(name=name)
+              + f"sys.argv = ['x', 'onnx', {str(run)!r}, {str(out)!r}]\n"
+              "runpy.run_module('fastrwa.export', run_name='__main__')\n")
+    child = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                           cwd=ROOT, timeout=300)
+    assert child.returncode == status, child.stderr
+    assert one_line(child.stderr) == f"stopped ({'Ctrl-C' if name == 'INT' else 'SIGTERM'}): " \
+                                     f"{out} was not created\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+def test_out_dir_may_be_the_current_directory(run, tmp_path, monkeypatch):
+    """``OUT_DIR`` "." (an empty current directory): staged beside it, not inside it."""
+    (tmp_path / "here").mkdir()
+    monkeypatch.chdir(tmp_path / "here")
+    assert main(["onnx", str(run), "."]) == 0
+    assert sorted(p.name for p in (tmp_path / "here").iterdir()) == FILES
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["here", "run"]
