@@ -131,9 +131,23 @@ TRITON_MISSING = (
     "without it")
 
 
-@functools.lru_cache(maxsize=None)
+# What the three functions below remember, in plain dicts rather than functools.lru_cache:
+# torch.compile traces through them (a call inside a compiled model), and Dynamo warns at
+# every lru_cache it meets that it ignores the cache.
+_MODULES: dict[str, Backend] = {}
+_IMPORTS: dict[str, bool] = {}
+_AUTO: dict[tuple[str, torch.dtype], str] = {}
+
+
 def load(name: str) -> Backend:
     """The module of backend ``name`` (imported on first use: triton and numba are heavy)."""
+    module = _MODULES.get(name)
+    if module is None:
+        module = _MODULES[name] = _import(name)
+    return module
+
+
+def _import(name: str) -> Backend:
     if name == "triton":
         try:
             from . import triton_host as module
@@ -150,9 +164,11 @@ def load(name: str) -> Backend:
     return module
 
 
-@functools.lru_cache(maxsize=None)
 def _loads(name: str) -> bool:
     """Whether backend ``name`` imports; warns once, naming the error, when it does not."""
+    if name in _IMPORTS:
+        return _IMPORTS[name]
+    _IMPORTS[name] = False
     try:
         load(name)
     except Exception as error:  # noqa: BLE001 (any failure means: not usable here)
@@ -160,6 +176,7 @@ def _loads(name: str) -> bool:
                       f"{error}); 'auto' uses the next one of {BACKENDS}", RuntimeWarning,
                       stacklevel=4)
         return False
+    _IMPORTS[name] = True
     return True
 
 
@@ -175,20 +192,22 @@ def resolve(device: torch.device, dtype: torch.dtype) -> str:
     return _auto(device.type, dtype)
 
 
-@functools.lru_cache(maxsize=None)
 def _auto(device_type: str, dtype: torch.dtype) -> str:
     """What "auto" picks on ``device_type`` for ``dtype`` (remembered: it depends on nothing
     else once the backends' imports were tried)."""
+    picked = _AUTO.get((device_type, dtype))
+    if picked is not None:
+        return picked
     device = torch.device(device_type)
     for candidate in BACKENDS:
         if (_auto_takes(candidate, device) and refusal(candidate, device, dtype) is None
                 and _loads(candidate)):
+            _AUTO[device_type, dtype] = candidate
             return candidate
     raise RuntimeError(f"fastrwa: no backend runs {dtype} tensors on {device_type}")
 
 
 def clear_cache() -> None:
     """Forget which backends imported (tests that make an import fail call it)."""
-    load.cache_clear()
-    _loads.cache_clear()
-    _auto.cache_clear()
+    for memo in (_MODULES, _IMPORTS, _AUTO):
+        memo.clear()
