@@ -1,5 +1,5 @@
-"""fastrwa's byte language models in the Hugging Face ecosystem (``pip install
-'fastrwa[hf]'``).
+"""fastrwa's byte language models in the Hugging Face ecosystem (the ``hf`` extra:
+``pip install -e '.[hf]'`` in a fastrwa clone).
 
 Importing this module registers :class:`FastRWAConfig` (``model_type`` "fastrwa"),
 :class:`FastRWAForCausalLM` and :class:`FastRWAByteTokenizer` with ``AutoConfig``,
@@ -10,11 +10,13 @@ network) and runs in ``pipeline("text-generation", ...)``. docs/hf.md.
 
 from __future__ import annotations
 
+from ..extras import install_hint
+
 try:
     import transformers  # noqa: F401
 except ImportError as exc:             # pragma: no cover (CI installs the extra)
-    raise ImportError("fastrwa.hf needs transformers and safetensors: "
-                      "pip install 'fastrwa[hf]'") from exc
+    raise ImportError(f"fastrwa.hf needs transformers and safetensors: "
+                      f"{install_hint('hf')}") from exc
 
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 

@@ -6,14 +6,25 @@ from transformers import PreTrainedConfig
 
 from ..models.config import BYTE_VOCAB, FIELDS_BEFORE_THEY_EXISTED, LMConfig
 
+# The context length the configuration states for the harnesses (lm-eval's max_length): the
+# model reads any length; documents up to 1 MiB are read in one forward (docs/hf.md).
+N_CTX = 1 << 20
+
 
 class FastRWAConfig(PreTrainedConfig):
     """:class:`fastrwa.models.LMConfig`'s fields (``tie_embeddings`` is Hugging Face's
     ``tie_word_embeddings``), with the special ids of the byte vocabulary: ids 0-255 are the
-    bytes, 256 the beginning-of-sequence id an empty prompt starts from; the tokenizer pads
+    bytes, 256 the beginning-of-sequence id an empty prompt starts from and the
+    end-of-sequence id (:attr:`fastrwa.models.LMConfig.eos_token`: the model never
+    generates it, so generation runs to its length or a stop string); the tokenizer pads
     with 257, outside the model's vocabulary (``attention_mask`` skips it: a padded batch
-    without its mask is refused, not read), so the model has no ``pad_token_id``; there is
-    no end-of-sequence id (generation runs to its length).
+    without its mask is refused, not read), so the model has no ``pad_token_id``.
+
+    ``n_ctx`` (:data:`N_CTX`, not a field: the same for every model) is the context length
+    the harnesses read (lm-eval reads ``n_positions``, ``max_position_embeddings`` or
+    ``n_ctx``, else cuts documents at 2,048 tokens). The model itself has no limit: its
+    state is a fixed size whatever it has read. ``n_ctx`` bounds what one forward holds
+    (the logits, 257 floats a byte): documents up to ``N_CTX`` bytes are read whole.
 
     Example:
         >>> from fastrwa.hf import FastRWAConfig
@@ -22,6 +33,7 @@ class FastRWAConfig(PreTrainedConfig):
     """
 
     model_type = "fastrwa"
+    n_ctx = N_CTX                           # (a class attribute: not written, not a field)
 
     # LMConfig's fields, with its defaults (tests/hf/test_hf.py checks that none is missing)
     vocab_size: int = LMConfig.vocab_size
@@ -42,7 +54,7 @@ class FastRWAConfig(PreTrainedConfig):
     n_heads: int = LMConfig.n_heads              # (the baselines' fields: unused here)
     context: int = LMConfig.context
     bos_token_id: int | None = BYTE_VOCAB
-    eos_token_id: int | None = None
+    eos_token_id: int | None = BYTE_VOCAB        # (LMConfig.eos_token: BOS's id)
     pad_token_id: int | None = None
     use_cache: bool = True
 
@@ -72,8 +84,12 @@ class FastRWAConfig(PreTrainedConfig):
         a configuration with from ``config.json``), a field ``config_dict`` lacks taking its
         value before the field existed (:data:`fastrwa.models.config.FIELDS_BEFORE_THEY_EXISTED`,
         as every other loader reads it), not today's default: a directory an older fastrwa
-        wrote loads as the model it holds."""
-        return super().from_dict({**FIELDS_BEFORE_THEY_EXISTED, **config_dict}, **kwargs)
+        wrote loads as the model it holds. Its ``eos_token_id`` of ``null`` (written before
+        the vocabulary had an EOS) is the EOS the tokenizer has."""
+        fields = {**FIELDS_BEFORE_THEY_EXISTED, **config_dict}
+        if fields.get("eos_token_id") is None:
+            fields["eos_token_id"] = cls.eos_token_id
+        return super().from_dict(fields, **kwargs)
 
     @classmethod
     def from_lm_config(cls, config: LMConfig) -> "FastRWAConfig":

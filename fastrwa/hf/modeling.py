@@ -21,6 +21,7 @@ from ..models.storage import CONFIG, read_config, run_model_dir, weights_file
 from ..models.config import BYTE_VOCAB, LMConfig
 from ..models.sampling import check_temperature
 from .configuration import FastRWAConfig
+from .options import check_model_pt_options
 from ..models.integrity import recorded_architecture, sign, verify
 
 
@@ -158,18 +159,33 @@ class FastRWAForCausalLM(FastRWAPreTrainedModel, GenerationMixin):
 
         A training run's directory, its ``model/`` or ``best/`` (``model.pt``, no
         safetensors: :mod:`fastrwa.models.directory`) loads through
-        :func:`fastrwa.models.load_pretrained` (its CRC-32s checked), then ``dtype`` and a
-        single-device ``device_map`` apply; other loading options are refused there."""
+        :func:`fastrwa.models.load_pretrained` (its CRC-32s checked), then ``dtype``, a
+        single-device ``device_map`` and a ``generation_config`` apply; the options that
+        change nothing at the values given (lm-eval's ``gguf_file=None``,
+        ``max_memory=None``, ``quantization_config=None``...) are taken, the others refused
+        (:mod:`fastrwa.hf.options`). A local ``subfolder`` is joined to the path first.
+
+        The generation configuration's ``eos_token_id`` is the configuration's (the
+        tokenizer's EOS) where the directory's ``generation_config.json`` has none (one
+        written before EOS was set)."""
         wanted = kwargs.pop("output_loading_info", False)
-        source = args[0] if args else kwargs.get("pretrained_model_name_or_path")
-        if isinstance(source, (str, os.PathLike)) and Path(source).is_dir() \
-                and not kwargs.get("subfolder"):
-            found = Path(source)
+        args, kwargs = list(args), dict(kwargs)
+        named = not args
+        source = kwargs.get("pretrained_model_name_or_path") if named else args[0]
+        recorded = weights = None
+        if isinstance(source, (str, os.PathLike)) and \
+                (Path(source) / (kwargs.get("subfolder") or "")).is_dir():
+            found = Path(source) / (kwargs.pop("subfolder", None) or "")
             if weights_file(found) is None and (found / "model").is_dir():
                 found = run_model_dir(found)        # (a training run's directory: model/)
+            if named:                               # (transformers reads what is checked)
+                kwargs["pretrained_model_name_or_path"] = found
+            else:
+                args[0] = found
             weights = weights_file(found)
             if weights is not None and weights.suffix == ".pt":
-                model = cls._from_model_pt(found, args[1:], kwargs)
+                kwargs.pop("pretrained_model_name_or_path", None)
+                model = cls._from_model_pt(found, tuple(args[1:]), kwargs)
                 return (model, {"missing_keys": [], "unexpected_keys": [],
                                 "mismatched_keys": [], "error_msgs": []}) if wanted else model
             verify(found)
@@ -177,15 +193,20 @@ class FastRWAForCausalLM(FastRWAPreTrainedModel, GenerationMixin):
             if recorded is not None:          # (before transformers loads mismatched shapes)
                 config, given = cls._config_of(found, kwargs.get("config"))
                 fmt.check_architecture(recorded, config, weights, given)
-        else:
-            recorded = weights = None
         model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
         fmt.check_architecture(recorded, model.config.to_lm_config(), weights, _GIVEN)
         if info.get("missing_keys"):
             raise ValueError(f"the weights do not hold {sorted(info['missing_keys'])}: a "
                              f"damaged or foreign directory (export it again with "
                              f"python -m fastrwa.hf.export)")
+        model._agree_on_eos()
         return (model, info) if wanted else model
+
+    def _agree_on_eos(self) -> None:
+        """The generation configuration's ``eos_token_id``: the configuration's where it has
+        none (what ``generate()`` and the tokenizer agree on: LMConfig.eos_token)."""
+        if self.generation_config is not None and self.generation_config.eos_token_id is None:
+            self.generation_config.eos_token_id = self.config.eos_token_id
 
     @staticmethod
     def _config_of(directory: Path, config: object) -> tuple[LMConfig, str]:
@@ -197,23 +218,9 @@ class FastRWAForCausalLM(FastRWAPreTrainedModel, GenerationMixin):
             return config.to_lm_config(), _GIVEN
         return written, str(directory / CONFIG)
 
-    # from_pretrained's options that a model.pt directory takes (the others are refused);
-    # the Auto classes pass the first ones themselves
-    _PT_OPTIONS = {"config", "trust_remote_code", "pretrained_model_name_or_path", "dtype",
-                   "torch_dtype", "device_map", "local_files_only", "_from_auto",
-                   "_commit_hash", "adapter_kwargs", "code_revision", "revision",
-                   "low_cpu_mem_usage"}
-
     @classmethod
     def _from_model_pt(cls, directory: Path, rest: tuple, kwargs: dict):
-        unknown = sorted(set(kwargs) - cls._PT_OPTIONS)
-        if kwargs.get("revision") not in (None, "main"):
-            unknown.append("revision")
-        if rest or unknown:
-            raise ValueError(f"{directory} holds model.pt (a training run's format): "
-                             f"from_pretrained takes dtype and device_map for it, got "
-                             f"{unknown or 'positional arguments'}; export it with python "
-                             f"-m fastrwa.hf.export for every option")
+        check_model_pt_options(directory, rest, kwargs)
         byte_lm = load_pretrained(directory)
         config = kwargs.get("config")          # (the Auto classes pass the directory's own)
         if config is not None and (not isinstance(config, FastRWAConfig)
@@ -221,8 +228,11 @@ class FastRWAForCausalLM(FastRWAPreTrainedModel, GenerationMixin):
             raise ValueError(f"config must be the configuration {directory} holds (a "
                              f"model.pt directory loads as it was saved), got another")
         model = cls.from_bytelm(byte_lm)
-        if (directory / "generation_config.json").is_file():
+        if isinstance(kwargs.get("generation_config"), GenerationConfig):
+            model.generation_config = kwargs["generation_config"]
+        elif (directory / "generation_config.json").is_file():
             model.generation_config = GenerationConfig.from_pretrained(directory)
+        model._agree_on_eos()
         dtype = kwargs.get("dtype", kwargs.get("torch_dtype"))
         if dtype not in (None, "auto"):
             model.to(getattr(torch, dtype) if isinstance(dtype, str) else dtype)

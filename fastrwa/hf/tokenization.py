@@ -15,8 +15,10 @@ class FastRWAByteTokenizer(PreTrainedTokenizer):
     """Text to UTF-8 byte ids and back (invalid UTF-8 decodes with U+FFFD). With special
     tokens (the default), a text is its bytes as they are and an empty text is ``[256]``:
     the context :meth:`fastrwa.models.ByteLM.generate` gives a prompt; the text ``"<bos>"``
-    is its six bytes (special tokens are never read from text). Padding (left, id 257,
-    masked out by ``attention_mask``) lets rows of different lengths share a batch.
+    is its five bytes (special tokens are never read from text). The EOS is the same id,
+    256 (:attr:`fastrwa.models.LMConfig.eos_token`, the model's ``eos_token_id``), which the
+    model never generates. Padding (left, id 257, masked out by ``attention_mask``) lets
+    rows of different lengths share a batch.
 
     Example:
         >>> from fastrwa.hf import FastRWAByteTokenizer
@@ -33,13 +35,14 @@ class FastRWAByteTokenizer(PreTrainedTokenizer):
     _auto_map = TOKENIZER_AUTO_MAP
 
     def __init__(self, bos_token: str | AddedToken = BOS, pad_token: str | AddedToken = PAD,
-                 **kwargs):
+                 eos_token: str | AddedToken | None = None, **kwargs):
         special = [AddedToken(t, special=True, normalized=False) if isinstance(t, str) else t
                    for t in (bos_token, pad_token)]
         self._added_tokens_decoder = dict(enumerate(special, start=BYTE_VOCAB))
         kwargs.setdefault("clean_up_tokenization_spaces", False)
         kwargs.setdefault("split_special_tokens", True)
-        super().__init__(bos_token=special[0], pad_token=special[1], **kwargs)
+        super().__init__(bos_token=special[0], pad_token=special[1],
+                         eos_token=special[0] if eos_token is None else eos_token, **kwargs)
 
     @property
     def vocab_size(self) -> int:

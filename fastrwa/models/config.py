@@ -101,6 +101,15 @@ class LMConfig:
     def bos_token(self) -> int:
         return BYTE_VOCAB
 
+    @property
+    def eos_token(self) -> int:
+        """The id that ends a text: BOS's (one id both ends a document and starts the next,
+        as GPT-2's ``<|endoftext|>``). The model never generates it (generation suppresses
+        the ids past the bytes), so generation still ends at its length or a stop string;
+        it is there for the tokenizers and harnesses that need an EOS (lm-eval's
+        ``generate_until`` adds its text to the stop strings)."""
+        return self.bos_token
+
     def __post_init__(self) -> None:
         positive = ("vocab_size", "d_model", "n_layers", "mlp_ratio", "n_heads", "context")
         for name in positive:

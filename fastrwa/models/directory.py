@@ -64,7 +64,7 @@ def config_json(config: LMConfig) -> dict[str, Any]:
     fields["tie_word_embeddings"] = fields.pop("tie_embeddings")
     return {"architectures": ["FastRWAForCausalLM"], "auto_map": dict(AUTO_MAP),
             "model_type": MODEL_TYPE, **fields, "bos_token_id": config.bos_token,
-            "eos_token_id": None, "pad_token_id": None, "use_cache": True}
+            "eos_token_id": config.eos_token, "pad_token_id": None, "use_cache": True}
 
 
 def lm_config_fields(data: dict[str, Any]) -> dict[str, Any]:
@@ -151,16 +151,17 @@ def check_architecture(recorded: object, config: LMConfig, weights: Path, given:
 
 
 def generation_config_json(config: LMConfig) -> dict[str, Any]:
-    """``generation_config.json``: BOS, and the ids past the bytes never generated (as
-    ``ByteLM.generate``): ``suppress_tokens``."""
-    return {"bos_token_id": config.bos_token,
+    """``generation_config.json``: BOS, EOS (:attr:`LMConfig.eos_token`: the tokenizer's),
+    and the ids past the bytes never generated (as ``ByteLM.generate``):
+    ``suppress_tokens``."""
+    return {"bos_token_id": config.bos_token, "eos_token_id": config.eos_token,
             "suppress_tokens": list(range(BYTE_VOCAB, config.vocab_size)), "use_cache": True}
 
 
 def tokenizer_config_json() -> dict[str, Any]:
     """``tokenizer_config.json`` of the byte tokenizer (``FastRWAByteTokenizer``)."""
     return {"tokenizer_class": TOKENIZER_CLASS, "auto_map": dict(TOKENIZER_AUTO_MAP),
-            "bos_token": BOS, "pad_token": PAD, "padding_side": "left",
+            "bos_token": BOS, "eos_token": BOS, "pad_token": PAD, "padding_side": "left",
             "clean_up_tokenization_spaces": False, "split_special_tokens": True}
 
 

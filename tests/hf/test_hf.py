@@ -692,3 +692,76 @@ def test_a_config_written_before_output_gate_existed_reads_the_same_through_ever
     # the run's root too (from_pretrained reads its model/)
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "model")
     assert model.config.output_gate is False
+
+
+# What lm-eval's HFLM passes from_pretrained (lm_eval 0.4.13, a single device): the options
+# at the values that change nothing.
+LM_EVAL_OPTIONS = {"revision": "main", "dtype": "auto", "trust_remote_code": True,
+                   "gguf_file": None, "quantization_config": None, "subfolder": "",
+                   "max_memory": None, "device_map": {"": "cpu"}}
+
+
+def test_a_model_pt_directory_takes_the_options_that_change_nothing(tmp_path):
+    """Issue 59: from a run's model/ (model.pt) from_pretrained refused the neutral options
+    lm-eval always passes; every option transformers' from_pretrained names is either
+    taken (at any value, or at the value that changes nothing) or refused in one line
+    naming it and its value; a subfolder is joined to the path."""
+    import inspect
+
+    from transformers import PreTrainedModel
+
+    from fastrwa.hf.options import KNOWN
+    from fastrwa.models import save_pretrained
+
+    torch.manual_seed(0)
+    byte_lm = ByteLM(LMConfig(d_model=16, n_layers=1)).eval()
+    save_pretrained(byte_lm, tmp_path / "run" / "model")
+    ids = torch.tensor([list(b"abc")])
+    for directory, extra in ((tmp_path / "run" / "model", {}),
+                             (tmp_path / "run", {"subfolder": "model"})):
+        model = AutoModelForCausalLM.from_pretrained(directory, **{**LM_EVAL_OPTIONS, **extra})
+        torch.testing.assert_close(model(ids).logits, byte_lm(ids)[0], rtol=0, atol=0)
+    named = {p.name for p in inspect.signature(PreTrainedModel.from_pretrained).parameters.values()
+             if p.kind is p.KEYWORD_ONLY or p.default is not p.empty}
+    assert named <= KNOWN, sorted(named - KNOWN)
+    for name, value in (("gguf_file", "model.gguf"), ("max_memory", {"cpu": "1GB"}),
+                        ("quantization_config", {"load_in_8bit": True}),
+                        ("revision", "v2"), ("variant", "fp16"), ("no_such_option", 1)):
+        with pytest.raises(ValueError) as refused:
+            fhf.FastRWAForCausalLM.from_pretrained(tmp_path / "run" / "model", **{name: value})
+        message = str(refused.value)
+        assert f"{name}={value!r}" in message and "model.pt" in message and \
+            "\n" not in message, message
+
+
+def test_the_tokenizer_and_generate_agree_on_an_eos_the_model_never_generates(tmp_path):
+    """Issue 59: lm-eval's generate_until failed (``'NoneType' object is not iterable``) on a
+    tokenizer without EOS. The EOS is 256 (BOS's id) in the tokenizer, the configuration
+    and the generation configuration of a run's model/, of its export and of a directory
+    written before EOS was set; the bytes generated are the same (it is never generated)."""
+    from fastrwa.hf.export import export
+    from fastrwa.models import save_pretrained
+
+    torch.manual_seed(0)
+    byte_lm = ByteLM(LMConfig(d_model=16, n_layers=1)).eval()
+    save_pretrained(byte_lm, tmp_path / "run" / "model")
+    export(tmp_path / "run", tmp_path / "hf")
+    old = tmp_path / "old"                       # (as an earlier fastrwa wrote it: no EOS)
+    save_pretrained(byte_lm, old)
+    for name in ("config.json", "generation_config.json", "tokenizer_config.json"):
+        data = json.loads((old / name).read_text())
+        data.pop("eos_token", None)
+        data.pop("eos_token_id", None)
+        if name == "config.json":
+            data["eos_token_id"] = None
+        (old / name).write_text(json.dumps(data))
+    want = byte_lm.generate(torch.tensor([list(b"ab")]), 12, top_k=1)[0].tolist()
+    for directory in (tmp_path / "run" / "model", tmp_path / "hf", old):
+        tokenizer = AutoTokenizer.from_pretrained(directory)
+        model = AutoModelForCausalLM.from_pretrained(directory)
+        assert tokenizer.eos_token_id == model.config.eos_token_id == \
+            model.generation_config.eos_token_id == byte_lm.config.eos_token == 256, directory
+        assert tokenizer.decode([tokenizer.eos_token_id]) == tokenizer.eos_token
+        out = model.generate(**tokenizer("ab", return_tensors="pt"), max_new_tokens=12,
+                             do_sample=False)
+        assert out[0].tolist() == want, directory
