@@ -23,8 +23,10 @@ state, ``3 * D`` floats per chunk of ``BT`` steps, and the backward recomputes t
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
+import numpy as np
 import torch
 import triton
 
@@ -190,9 +192,23 @@ def _codes(attention, discount, g):
     return ATTENTION_CODE[attention], DISCOUNT_CODE[discount if g is not None else None]
 
 
+def _interpreted(like: torch.Tensor) -> contextlib.AbstractContextManager:
+    """Around a launch: on CPU tensors (``TRITON_INTERPRET=1``) NumPy's floating-point
+    warnings off. The interpreter evaluates both sides of a ``tl.where`` in NumPy, so masked
+    lanes make inf - inf and 0 / 0 whose values are never used; a user's warnings filters are
+    left as they are. On a GPU: nothing."""
+    return np.errstate(all="ignore") if like.device.type == "cpu" else contextlib.nullcontext()
+
+
 def forward(args: ScanArgs, *, output_final_state: bool, save: bool) -> ForwardResult:
     """The scan (contract: :meth:`fastrwa.ops.dispatch.Backend.forward`); ``saved`` is the
     ``(3, chunks, D)`` state entering every chunk of ``block_t`` steps."""
+    z, a, g, attention, discount, init, reverse, cu_seqlens = args
+    with _interpreted(z):
+        return _forward(args, output_final_state, save)
+
+
+def _forward(args: ScanArgs, output_final_state: bool, save: bool) -> ForwardResult:
     z, a, g, attention, discount, init, reverse, cu_seqlens = args
     save_for_backward = save
     opts = options()
@@ -275,6 +291,11 @@ def backward_lookahead(ATTN: int, opts: Options) -> int:
 def backward(args: ScanArgs, saved: list, m_final, gy, g_final) -> Gradients:
     """Gradients (contract: :meth:`fastrwa.ops.dispatch.Backend.backward`). Without this
     backend's ``saved`` (at the current ``block_t``) the chunk states are recomputed first."""
+    with _interpreted(args.z):
+        return _backward(args, saved, m_final, gy, g_final)
+
+
+def _backward(args: ScanArgs, saved: list, m_final, gy, g_final) -> Gradients:
     z, a, g, attention, discount, init, reverse, cu_seqlens = args
     opts = options()
     BT, BD = opts.block_t, opts.block_d_backward
