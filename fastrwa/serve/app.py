@@ -33,7 +33,9 @@ def _json(data: dict) -> bytes:
 
 class App:
     """The ASGI application. ``make_engine(notify)`` builds the engine at startup (in the
-    server's event loop: ``notify`` hands the engine's updates to it)."""
+    server's event loop: ``notify`` hands the engine's updates to it). ``draining``, set by
+    the server on a stop signal: new requests are answered 503 and every answer closes its
+    connection."""
 
     def __init__(self, make_engine: Callable[[Callable[[list], None]], Engine],
                  model_name: str, limits: Limits, retry_after: int = RETRY_AFTER_S):
@@ -67,7 +69,10 @@ class App:
             if self._wake_pending:
                 return
             self._wake_pending = True
-        self.loop.call_soon_threadsafe(self._wake)
+        try:
+            self.loop.call_soon_threadsafe(self._wake)
+        except RuntimeError:        # (the loop has closed: a forced exit, no one to wake)
+            pass
 
     def _wake(self) -> None:                          # (the event loop)
         with self._woken_lock:
@@ -88,13 +93,17 @@ class App:
 
         async def tracked(message: dict) -> None:
             nonlocal started
-            started = started or message["type"] == "http.response.start"
+            if message["type"] == "http.response.start":
+                started = True
+                if self.draining:       # (shutting down: the connection ends with the answer)
+                    message = {**message, "headers": [*message.get("headers", []),
+                                                      (b"connection", b"close")]}
             await send(message)
         try:
             await self._route(scope, receive, tracked)
         except RequestError as exc:
             if not started:
-                await _send_json(send, exc.status, exc.body(), exc.headers)
+                await _send_json(tracked, exc.status, exc.body(), exc.headers)
         except OSError:                 # (the client left before its answer: nothing to do)
             pass
         except Exception:               # (a defect: answer 500 if the answer has not started)
@@ -103,7 +112,7 @@ class App:
                 error = RequestError("internal server error (logged by the server)",
                                      status=500, code="internal_error")
                 try:
-                    await _send_json(send, 500, error.body())
+                    await _send_json(tracked, 500, error.body())
                 except OSError:
                     pass
 

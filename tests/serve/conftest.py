@@ -55,11 +55,11 @@ class Reply:
 class Client:
     """Requests to one server; a new connection per call unless ``conn`` is given."""
 
-    def __init__(self, port: int):
-        self.port = port
+    def __init__(self, port: int, host: str = "127.0.0.1"):
+        self.port, self.host = port, host
 
     def connect(self) -> http.client.HTTPConnection:
-        return http.client.HTTPConnection("127.0.0.1", self.port, timeout=TIMEOUT)
+        return http.client.HTTPConnection(self.host, self.port, timeout=TIMEOUT)
 
     def request(self, method: str, path: str, body: object = None,
                 conn: Optional[http.client.HTTPConnection] = None) -> Reply:
@@ -105,20 +105,23 @@ def tiny_model(tiny_dir) -> ByteLM:
 
 
 class ServerProcess:
-    """``python -m fastrwa.serve DIR --port 0 ...`` in a subprocess."""
+    """``python -m fastrwa.serve DIR --port 0 ...`` in a subprocess; ``url``: the one its
+    ready line prints."""
 
     def __init__(self, directory: Path, *options: str):
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "fastrwa.serve", str(directory), "--port", "0", *options],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT, env=env, text=True)
-        line = self._first_line()
-        match = re.search(r"http://127\.0\.0\.1:(\d+)", line)
+            [sys.executable, "-m", "fastrwa.serve", directory, "--port", "0", *options],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT, env=env, text=True,
+            errors="replace")
+        self.line = self._first_line()
+        match = re.search(r"(http://(127\.0\.0\.1|\[[0-9a-f:]+\]):(\d+))$", self.line)
         if not match:
             self.proc.kill()
-            raise AssertionError(f"the server did not start: {line!r} "
+            raise AssertionError(f"the server did not start: {self.line!r} "
                                  f"{self.proc.stderr.read()}")
-        self.client = Client(int(match.group(1)))
+        self.url = match.group(1)
+        self.client = Client(int(match.group(3)), match.group(2).strip("[]"))
 
     def _first_line(self) -> str:
         found: list = []

@@ -1,13 +1,18 @@
 """The real server (``python -m fastrwa.serve`` in a subprocess, loopback) with a real HTTP
 client: OpenAI-shaped answers equal to generate's bytes, many concurrent clients,
-disconnects, bad requests, limits, a burst, memory over 1,000 requests."""
+disconnects, bad requests (whatever JSON can carry), limits, a burst, memory over 1,000
+requests, a model directory whose name is not UTF-8, an IPv6 address."""
 
 from __future__ import annotations
 
 import concurrent.futures
+import json
+import os
 import random
+import shutil
 import socket
 import time
+import urllib.request
 
 import torch
 
@@ -206,3 +211,60 @@ def test_health_and_models(server):
     assert h["status"] == "ok" and h["capacity"] == 16 and "fused" in h["decoder"]
     models = server.client.request("GET", "/v1/models").json()
     assert models["data"][0]["id"] == h["model"]
+
+
+def test_what_json_can_carry_is_a_400_naming_the_field(server):
+    """Strings with no UTF-8 (a lone surrogate: it could not be echoed back), integers of
+    any length, numbers beyond float64, in any field, streaming or not: a 400 naming it."""
+    c = server.client
+    huge = b"9" * 5000                          # (over Python's 4,300-digit conversion limit)
+    for field, value in [(b"model", rb'"\ud800"'), (b"user", rb'"x\udfff"'),
+                         (b"stop", rb'["\ud800"]'), (b"prompt", rb'"\ud800"'),
+                         (b"seed", huge), (b"max_tokens", b"-" + huge),
+                         (b"prompt", b"[" + huge + b"]"), (b"temperature", b"1e400"),
+                         (b"logit_bias", b'{"1": ' + huge + b"}"), (rb"\ud800", b"1")]:
+        for stream in (b"false", b"true"):
+            body = b'{"prompt": "a", "stream": %s, "%s": %s}' % (stream, field, value)
+            r = c.request("POST", "/v1/completions", body)
+            assert r.status == 400, (field, value[:20], r.status, r.body[:300])
+            error = r.json()["error"]
+            want = None if field == rb"\ud800" else field.decode()
+            assert error["param"] == want, (field, error)
+    assert c.health()["status"] == "ok"
+
+
+def test_null_is_every_fields_default(server):
+    """OpenAI's documented defaults, sent as null (as its clients may), are accepted."""
+    c = server.client
+    fields = ["model", "max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "stream",
+              "stream_options", "n", "echo", "logprobs", "best_of", "user", "presence_penalty",
+              "frequency_penalty", "logit_bias", "suffix"]
+    r = c.complete(prompt="a", seed=3, **{name: None for name in fields if name != "seed"})
+    assert r.status == 200, r.body
+    assert r.json()["choices"][0]["text"] == c.complete(prompt="a", seed=3).json()[
+        "choices"][0]["text"]
+    for value in (0, 0.0, "false"):                 # (booleans are JSON's booleans only)
+        r = c.complete(prompt="a", echo=value)
+        assert r.status == 400 and r.json()["error"]["param"] == "echo", (value, r.body)
+
+
+def test_a_model_directory_whose_name_is_not_utf8(tiny_dir, tmp_path, server_process):
+    """The name is served with U+FFFD for its bytes that are not UTF-8: every route answers."""
+    directory = tmp_path / os.fsdecode(b"model-\xff")
+    shutil.copytree(tiny_dir, directory)
+    s = server_process(directory)
+    assert "model-\ufffd" in s.line
+    for path in ("/health", "/v1/models", "/stats"):
+        r = s.client.request("GET", path)
+        assert r.status == 200, (path, r.body)
+    assert s.client.health()["model"] == "model-\ufffd"
+    for stream in (False, True):
+        r = s.client.complete(prompt="a", max_tokens=3, stream=stream)
+        assert r.status == 200 and b"model-\xef\xbf\xbd" in r.body, r.body
+
+
+def test_an_ipv6_host_is_printed_as_a_url_clients_can_use(tiny_dir, server_process):
+    s = server_process(tiny_dir, "--host", "::1")
+    assert s.url.startswith("http://[::1]:"), s.line
+    with urllib.request.urlopen(s.url + "/health", timeout=TIMEOUT) as r:
+        assert r.status == 200 and json.loads(r.read())["status"] == "ok"

@@ -1,16 +1,25 @@
 """Text over HTTP with a scripted decoder (each stream replays its prompt's bytes): UTF-8
 characters never sent in halves, stop sequences cut across steps and characters; a full
-queue answers 503 with Retry-After; SIGTERM finishes the streams in flight and exits 0, or
-cancels them after --shutdown-timeout; errors keep OpenAI's shape."""
+queue answers 503 with Retry-After; SIGTERM finishes the streams in flight (a request on an
+idle connection meanwhile: 503) and exits 0, or cancels them after --shutdown-timeout (one
+line); a signal at any moment of the start is never lost; errors keep OpenAI's shape."""
 
 from __future__ import annotations
 
 import concurrent.futures
 import json
+import os
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
 
 TIMEOUT = 30.0
 
@@ -109,7 +118,7 @@ def test_sigterm_finishes_streams_refuses_new_ones_and_exits_0(tiny_dir, server_
     socks = []
     for i in range(3):
         sock = socket.create_connection(("127.0.0.1", c.port), timeout=TIMEOUT)
-        body = json.dumps({"prompt": "s", "max_tokens": 5000, "stream": True,
+        body = json.dumps({"prompt": "s", "max_tokens": 15000, "stream": True,
                            "seed": i}).encode()
         sock.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: "
                      b"%d\r\n\r\n%s" % (len(body), body))
@@ -119,7 +128,13 @@ def test_sigterm_finishes_streams_refuses_new_ones_and_exits_0(tiny_dir, server_
     assert c.request("GET", "/health", conn=idle).status == 200
     s.proc.send_signal(signal.SIGTERM)
     with concurrent.futures.ThreadPoolExecutor(3) as pool:
-        tails = list(pool.map(_read_all, socks))
+        reading = [pool.submit(_read_all, sock) for sock in socks]
+        time.sleep(0.5)             # (the streams run on: the idle connection is answered)
+        assert not any(r.done() for r in reading)
+        r = c.complete(conn=idle, prompt="late", max_tokens=1)
+        assert r.status == 503 and r.json()["error"]["code"] == "shutting_down", r
+        assert r.headers["connection"] == "close" and r.headers["retry-after"] == "1"
+        tails = [r.result() for r in reading]
     for tail in tails:              # every stream ran to its end
         assert tail.endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n"), tail[-200:]
         assert b'"finish_reason":"length"' in tail
@@ -129,6 +144,7 @@ def test_sigterm_finishes_streams_refuses_new_ones_and_exits_0(tiny_dir, server_
     except OSError:
         pass
     assert s.proc.wait(TIMEOUT) == 0
+    assert s.proc.stderr.read() == ""
 
 
 def _read_all(sock) -> bytes:
@@ -193,3 +209,103 @@ def test_sigterm_with_a_client_that_never_reads_exits_after_the_timeout(tiny_dir
     assert s.proc.wait(TIMEOUT) == 0
     assert time.monotonic() - began < 1 + 10
     sock.close()
+    log = s.proc.stderr.read()          # (the cut: one line, no traceback)
+    assert len(log.splitlines()) == 1 and "Traceback" not in log, log
+
+
+def test_a_second_ctrl_c_exits_at_once_without_a_traceback(tiny_dir, server_process):
+    """The first Ctrl-C drains; a second one cuts the streams in flight and exits 0 at
+    once, quietly (no traceback of the cut responses or of the engine's thread)."""
+    s = server_process(tiny_dir, "--max-batch", "2", "--max-tokens-limit", "1000000")
+    socks = []
+    for _ in range(2):
+        sock = socket.create_connection(("127.0.0.1", s.client.port), timeout=TIMEOUT)
+        body = json.dumps({"prompt": "s", "max_tokens": 1000000, "stream": True}).encode()
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: "
+                     b"%d\r\n\r\n%s" % (len(body), body))
+        assert sock.recv(64).startswith(b"HTTP/1.1 200")
+        socks.append(sock)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        reading = [pool.submit(_read_all, sock) for sock in socks]
+        s.proc.send_signal(signal.SIGINT)
+        time.sleep(0.5)
+        s.proc.send_signal(signal.SIGINT)
+        assert s.proc.wait(TIMEOUT) == 0
+        for r in reading:
+            r.result(TIMEOUT)
+    assert s.proc.stderr.read() == ""
+
+
+# -- signals at every moment of the start: a stop is never lost ---------------------------
+
+# Runs ``python -m fastrwa.serve ARGS`` (as runpy runs it) and sends itself SIGNAL at MODE:
+# "import" (as torch is first imported), "load" (as the model is loaded) or "ready" (as the
+# ready line is printed): each a moment before uvicorn's own handlers are in place.
+SIGNAL_AT = """
+import builtins, functools, os, runpy, sys
+mode, signum = sys.argv[1], int(sys.argv[2])
+sys.argv = ["fastrwa.serve", *sys.argv[3:]]
+def stop():
+    os.kill(os.getpid(), signum)
+if mode == "import":
+    class Hook:
+        def find_spec(self, name, path=None, target=None):
+            if name == "torch":
+                sys.meta_path.remove(self)
+                stop()
+    sys.meta_path.insert(0, Hook())
+elif mode == "load":
+    import fastrwa.models as models
+    load = models.load_pretrained
+    def loading(*args, **kwargs):
+        stop()
+        return load(*args, **kwargs)
+    models.load_pretrained = loading
+else:
+    say = builtins.print
+    @functools.wraps(say)           # (torch's import checks the builtins' names)
+    def saying(*args, **kwargs):
+        say(*args, **kwargs)
+        if args and "http://" in str(args[0]):
+            stop()
+    builtins.print = saying
+runpy.run_module("fastrwa.serve", run_name="__main__", alter_sys=True)
+"""
+
+
+def _run(*args: str, timeout: float = TIMEOUT) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+
+
+@pytest.mark.parametrize("mode", ["import", "load", "ready"])
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_before_the_server_serves_stops_it(tiny_dir, mode, signum):
+    """Exit 0 at once with one line: the ready line (the signal came as it was printed) or
+    one saying the server stopped before it served; no traceback, no server serving on."""
+    done = _run("-c", SIGNAL_AT, mode, str(int(signum)), str(tiny_dir), "--port", "0")
+    lines = (done.stdout + done.stderr).splitlines()
+    assert done.returncode == 0 and len(lines) == 1, (done.returncode, lines)
+    if mode == "ready":
+        assert "http://127.0.0.1:" in lines[0], lines
+    else:
+        assert f"stopped by {signum.name}" in lines[0] and "http" not in lines[0], lines
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_as_the_ready_line_is_read_stops_the_server(tiny_dir, server_process, signum):
+    """The signal sent the moment the ready line is read (what a supervisor does): exit 0,
+    promptly, each of three times."""
+    for _ in range(3):
+        s = server_process(tiny_dir)
+        s.proc.send_signal(signum)
+        assert s.proc.wait(10) == 0
+        assert s.proc.stderr.read() == ""
+
+
+def test_the_missing_extra_says_how_to_install_it_from_a_clone(tiny_dir):
+    blocked = "import runpy, sys; sys.modules['uvicorn'] = None; " \
+              "runpy.run_module('fastrwa.serve', run_name='__main__', alter_sys=True)"
+    done = _run("-c", blocked, str(tiny_dir))
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
+    assert "pip install -e '.[serve]'" in done.stderr and "fastrwa[" not in done.stderr
