@@ -128,6 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     o.add_argument("--eval-bytes", type=int, default=16000, metavar="N",
                    help="bytes of FILE to evaluate, read as 8 rows (at least 16; default: 16000)")
     args = p.parse_args(argv)
+    # (absolute: an OUT_DIR of "." or one holding the working directory is replaced by a
+    # rename; --eval then reads the new directory, not the one the process stood in)
+    args.out_dir = args.out_dir.absolute()
     existed = args.out_dir.exists()
     written = False
     try:

@@ -35,15 +35,21 @@ def file_record(content: bytes) -> dict:
 
 
 def foreign_files(directory: Path) -> Optional[str]:
-    """``None`` if ``directory`` is an earlier ONNX export (its files only, an older
-    version's leftover ``.NAME.tmp`` included, and an ``onnx_config.json``, if there, of
-    this format), which ``--overwrite`` may replace; else why not, in a few words."""
-    names = {p.name for p in directory.iterdir()}
+    """``None`` if ``directory`` is an earlier ONNX export (its plain files only, an older
+    version's leftover ``.NAME.tmp`` included, and an ``onnx_config.json`` of this format
+    beside any graph), which ``--overwrite`` may replace; else why not, in a few words."""
+    entries = list(directory.iterdir())
+    names = {p.name for p in entries}
     others = sorted(names - EXPORT_FILES - OLD_LEFTOVERS)
     if others:
         more = f" and {len(others) - 1} other file{'s' * (len(others) > 2)}" \
             if len(others) > 1 else ""
         return f"it holds {others[0]}{more}"
+    odd = sorted(p.name for p in entries if p.is_symlink() or not p.is_file())
+    if odd:
+        return f"its {odd[0]} is not a plain file"
+    if names & EXPORT_FILES and CONFIG not in names:
+        return f"it has no {CONFIG}"
     if CONFIG in names:
         try:
             config = json.loads((directory / CONFIG).read_text())

@@ -28,7 +28,8 @@ RETRY_AFTER_S = 1
 
 
 def _json(data: dict) -> bytes:
-    return json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode()
+    # (ASCII escapes: any str, a lone surrogate too, encodes; clients read the same text)
+    return json.dumps(data, separators=(",", ":")).encode()
 
 
 class App:

@@ -121,7 +121,10 @@ def _got(value: object) -> str:
         return f"a list of {len(value)}"
     if isinstance(value, dict):
         return "an object"
-    return _shorten(json.dumps(value, ensure_ascii=False))
+    if isinstance(value, _OutOfRange):
+        return value.what
+    # (ASCII escapes: a lone surrogate shows as \ud800 rather than failing to encode)
+    return _shorten(json.dumps(value))
 
 
 def _check_json(body: dict) -> None:

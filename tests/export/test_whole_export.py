@@ -295,3 +295,31 @@ def test_out_dir_may_be_the_current_directory(run, tmp_path, monkeypatch):
     assert main(["onnx", str(run), "."]) == 0
     assert sorted(p.name for p in (tmp_path / "here").iterdir()) == FILES
     assert sorted(p.name for p in tmp_path.iterdir()) == ["here", "run"]
+
+
+@pytest.mark.parametrize("make", ["graph_alone", "graph_is_a_directory"])
+def test_overwrite_replaces_only_a_directory_that_is_an_export(run, tmp_path, capsys, make):
+    """A directory holding a graph's name but no onnx_config.json, or an entry of that name
+    that is a directory, is not an earlier export: --overwrite refuses it, naming why."""
+    out = tmp_path / "onnx"
+    out.mkdir()
+    if make == "graph_alone":
+        (out / "step.onnx").write_bytes(b"mine")
+    else:
+        (out / "step.onnx").mkdir()
+        (out / "step.onnx" / "data.bin").write_bytes(b"mine")
+    assert main(["onnx", str(run), str(out), "--overwrite"]) == 2
+    err = one_line(capsys.readouterr().err)
+    assert f"{out} exists and is not a fastrwa ONNX export" in err, err
+    assert (out / "step.onnx").exists()
+
+
+def test_out_dir_dot_with_eval_reads_the_new_export(run, tmp_path, monkeypatch, capsys):
+    here = tmp_path / "here"
+    here.mkdir()
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_bytes(bytes(range(32, 127)) * 400)
+    monkeypatch.chdir(here)
+    assert main(["onnx", str(run), ".", "--eval", str(corpus)]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "bits per byte on" in out and "onnxruntime" in out, out

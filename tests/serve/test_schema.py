@@ -128,3 +128,12 @@ def test_boolean_fields_take_json_booleans_only(name):
     for value in (0, 0.0, "true"):
         body = {"prompt": "a", "stream": True, "stream_options": {"include_usage": value}}
         assert refused(body).param == "stream_options"
+
+
+@pytest.mark.parametrize("raw", [b"1e400", b"1" * 5000, b'"\\ud800"', b'["\\ud800"]'])
+def test_a_body_that_is_not_an_object_is_refused_whatever_it_holds(raw):
+    """A bare number beyond every range or a bare string that is not Unicode: a
+    RequestError whose message encodes (it was a TypeError or an unencodable message)."""
+    with pytest.raises(RequestError, match="must be a JSON object") as caught:
+        parse_completion(raw, LIMITS)
+    str(caught.value).encode("utf-8")
