@@ -168,13 +168,13 @@ def _loads(name: str) -> bool:
     """Whether backend ``name`` imports; warns once, naming the error, when it does not."""
     if name in _IMPORTS:
         return _IMPORTS[name]
-    _IMPORTS[name] = False
     try:
         load(name)
     except Exception as error:  # noqa: BLE001 (any failure means: not usable here)
         warnings.warn(f"fastrwa: backend '{name}' is unavailable ({type(error).__name__}: "
                       f"{error}); 'auto' uses the next one of {BACKENDS}", RuntimeWarning,
                       stacklevel=4)
+        _IMPORTS[name] = False
         return False
     _IMPORTS[name] = True
     return True

@@ -203,8 +203,7 @@ def _interpreted(like: torch.Tensor) -> contextlib.AbstractContextManager:
 def forward(args: ScanArgs, *, output_final_state: bool, save: bool) -> ForwardResult:
     """The scan (contract: :meth:`fastrwa.ops.dispatch.Backend.forward`); ``saved`` is the
     ``(3, chunks, D)`` state entering every chunk of ``block_t`` steps."""
-    z, a, g, attention, discount, init, reverse, cu_seqlens = args
-    with _interpreted(z):
+    with _interpreted(args.z):
         return _forward(args, output_final_state, save)
 
 

@@ -285,7 +285,7 @@ def _main(args: argparse.Namespace, stops: StopRequests, run: _Run, started: flo
                   f"the steps its {CONFIG} holds (or --steps), without a deadline",
                   file=sys.stderr)
         elif args.minutes is not None:
-            threads_line = _say(threads_line)
+            threads_line = _say(threads_line) if run.rank == 0 else None
             stops.enter("calibration")
             cfg, deadline = _budgeted(args, cfg, given, started)
             stops.enter("start-up")
@@ -415,7 +415,7 @@ def _report(cfg: RunConfig, run_dir: Path, last: dict, stops: StopRequests) -> N
             value = record[problem.metric]
             said = verdict(value, problem.baseline, problem.higher_is_better,
                            scored=record.get("scored") if problem.metric == "accuracy" else None,
-                           se=record.get("se"))
+                           se=record.get("se"), batches=record.get("batches", 0))
             print(f"{cfg.task}: {split} {problem.metric} {value:.4g} vs naive baseline "
                   f"{problem.baseline:.4g}: {said}")
         else:

@@ -383,15 +383,14 @@ def download_enwik8(directory: str | Path) -> Path:
         with urllib.request.urlopen(ENWIK8_URL) as response, partial.open("wb") as out:
             while chunk := response.read(1 << 20):
                 out.write(chunk)
-    except BaseException:          # (offline, a reset, Ctrl-C: no partial file is left)
+        with zipfile.ZipFile(partial) as archive:
+            data = archive.read(_zip_member(partial))
+        if len(data) != ENWIK8_SIZE or _md5(data) != ENWIK8_MD5:
+            raise ValueError(f"downloaded enwik8 has {len(data)} bytes and md5 "
+                             f"{_md5(data)}; expected {ENWIK8_SIZE} and {ENWIK8_MD5}")
+    except BaseException:   # (offline, a reset, not a zip, Ctrl-C: no partial file is left)
         partial.unlink(missing_ok=True)
         raise
-    with zipfile.ZipFile(partial) as archive:
-        data = archive.read(_zip_member(partial))
-    if len(data) != ENWIK8_SIZE or _md5(data) != ENWIK8_MD5:
-        partial.unlink()
-        raise ValueError(f"downloaded enwik8 has {len(data)} bytes and md5 {_md5(data)}; "
-                         f"expected {ENWIK8_SIZE} and {ENWIK8_MD5}")
     partial.replace(target)
     return target
 

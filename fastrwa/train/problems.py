@@ -71,7 +71,8 @@ class SyntheticProblem:
             metrics.append(metric)
             scored += int(batch.mask.sum())
         mean = sum(metrics) / len(metrics)
-        record = {"loss": sum(losses) / len(losses), self.metric: mean, "scored": scored}
+        record = {"loss": sum(losses) / len(losses), self.metric: mean, "scored": scored,
+                  "batches": len(metrics)}
         if len(metrics) > 1:
             var = sum((m - mean) ** 2 for m in metrics) / (len(metrics) - 1)
             record["se"] = math.sqrt(var / len(metrics))

@@ -5,9 +5,10 @@ evaluation's own noise could make is "at chance", not a win.
   baseline's rate (a model at chance gets ``Binomial(n, baseline)`` right);
 * any other metric (mean squared error, cross-entropy) averaged over evaluation batches: the
   standard error of that mean, from the batches' spread (two batches at least; with one the
-  plain comparison, said as such).
+  plain comparison, said as such), against Student's t for that many batches.
 
-A verdict needs ``P < ALPHA`` (or a difference of more than ``Z`` standard errors).
+A verdict needs ``P < ALPHA`` (or a difference of more than ``t`` standard errors, the
+two-sided 99% quantile of Student's t with ``batches - 1`` degrees of freedom).
 """
 
 from __future__ import annotations
@@ -15,7 +16,17 @@ from __future__ import annotations
 import math
 
 ALPHA = 0.01       # the binomial test's level (one-sided)
-Z = 2.58           # standard errors: the normal quantile of 1 - ALPHA/2
+# Student's t, quantile 0.995, by degrees of freedom (a count between two rows takes the
+# lower row's: the larger margin); past the last row the normal's 2.576.
+T_995 = {1: 63.657, 2: 9.925, 3: 5.841, 4: 4.604, 5: 4.032, 6: 3.707, 7: 3.499, 8: 3.355,
+         9: 3.250, 10: 3.169, 15: 2.947, 20: 2.845, 30: 2.750, 60: 2.660, 120: 2.617}
+Z = 2.576
+
+
+def t_quantile(dof: int) -> float:
+    """Student's t's 0.995 quantile for ``dof`` degrees of freedom (:data:`T_995`)."""
+    rows = [d for d in T_995 if d <= dof]
+    return Z if dof > max(T_995) else T_995[max(rows)]
 
 
 def binomial_tail(k: int, n: int, p: float, upper: bool) -> float:
@@ -33,10 +44,10 @@ def binomial_tail(k: int, n: int, p: float, upper: bool) -> float:
 
 
 def verdict(value: float, baseline: float, higher_is_better: bool, *, scored: int | None = None,
-            se: float | None = None) -> str:
+            se: float | None = None, batches: int = 0) -> str:
     """The words after "vs naive baseline B": ``beats it``, ``does not beat it`` or ``at
     chance``, with the test that decided. ``scored``: the predictions an accuracy counts;
-    ``se``: the standard error of any other metric's mean.
+    ``se``: the standard error of any other metric's mean over ``batches`` batches.
 
     >>> verdict(0.507, 0.5, True, scored=1000)
     'at chance: within the noise of 1,000 predictions (binomial P = 0.34)'
@@ -56,11 +67,13 @@ def verdict(value: float, baseline: float, higher_is_better: bool, *, scored: in
         return f"at chance: within the noise of {scored:,} predictions (binomial P = " \
                f"{good:.2g})"
     better = (value > baseline) if higher_is_better else (value < baseline)
-    if se is None or not math.isfinite(se):
-        return ("beats it" if better else "does not beat it") + \
-            " (one evaluation batch: no noise estimate)"
-    margin = abs(value - baseline) / se if se > 0 else math.inf
-    if margin <= Z:
-        return f"at chance: within {Z:g} standard errors ({se:.2g}) of it"
-    return ("beats it" if better else "does not beat it") + \
-        f" (by {margin:.1f} standard errors of the evaluation's mean)"
+    words = "beats it" if better else "does not beat it"
+    if not math.isfinite(value):
+        return f"does not beat it (the metric is {value})"
+    if se is None or batches < 2:
+        return f"{words} (one evaluation batch: no noise estimate)"
+    t = t_quantile(batches - 1)
+    if se > 0 and abs(value - baseline) <= t * se:
+        return f"at chance: within {t:.3g} standard errors ({se:.2g}, {batches} batches) of it"
+    return f"{words} (beyond {t:.3g} standard errors of the evaluation's mean over {batches} " \
+           f"batches)"

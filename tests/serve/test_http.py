@@ -263,6 +263,17 @@ def test_a_model_directory_whose_name_is_not_utf8(tiny_dir, tmp_path, server_pro
         assert r.status == 200 and b"model-\xef\xbf\xbd" in r.body, r.body
 
 
+def _ipv6_loopback() -> bool:
+    import socket
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="this machine has no IPv6 loopback")
 def test_an_ipv6_host_is_printed_as_a_url_clients_can_use(tiny_dir, server_process):
     s = server_process(tiny_dir, "--host", "::1")
     assert s.url.startswith("http://[::1]:"), s.line

@@ -153,3 +153,17 @@ def test_download_enwik8_cut_by_ctrl_c_is_one_line_and_leaves_nothing(tmp_path, 
     assert data.main(["download-enwik8", str(tmp_path / "d")]) == 130
     assert "stopped by Ctrl-C" in capsys.readouterr().err
     assert list((tmp_path / "d").iterdir()) == []
+
+
+def test_download_enwik8_of_a_page_that_is_not_a_zip_leaves_nothing(tmp_path, monkeypatch,
+                                                                     capsys):
+    import io
+    import urllib.request
+
+    from fastrwa.train import data
+
+    monkeypatch.setattr(urllib.request, "urlopen",
+                        lambda url: io.BytesIO(b"<html>captive portal</html>"))
+    assert data.main(["download-enwik8", str(tmp_path / "d")]) == 1
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+    assert list((tmp_path / "d").iterdir()) == []

@@ -25,13 +25,21 @@ def test_an_accuracy_beats_chance_only_beyond_the_binomial_noise(value, scored, 
     assert verdict(value, 0.5, True, scored=scored).startswith(words)
 
 
-@pytest.mark.parametrize("value, se, words", [
-    (0.160, 0.004, "at chance"),       # 0.0067 below 1/6: 1.7 standard errors
-    (0.100, 0.004, "beats it"),
-    (0.200, 0.004, "does not beat it"),
+@pytest.mark.parametrize("value, se, batches, words", [
+    (0.160, 0.004, 100, "at chance"),   # 0.0067 below 1/6: 1.7 standard errors
+    (0.100, 0.004, 100, "beats it"),    # 17 standard errors
+    (0.200, 0.004, 100, "does not beat it"),
+    (0.150, 0.004, 100, "beats it"),    # 4.2 standard errors: beyond t(99) = 2.66
+    (0.150, 0.004, 4, "at chance"),     # ... within t(3) = 5.84: four batches say little
+    (0.150, 0.004, 1, "beats it (one evaluation batch"),
 ])
-def test_a_mean_beats_its_baseline_only_beyond_its_standard_error(value, se, words):
-    assert verdict(value, 1 / 6, False, se=se).startswith(words)
+def test_a_mean_beats_its_baseline_only_beyond_its_standard_error(value, se, batches, words):
+    assert verdict(value, 1 / 6, False, se=se, batches=batches).startswith(words)
+
+
+def test_a_diverged_metric_does_not_beat_the_baseline():
+    assert verdict(float("nan"), 1 / 6, False, se=float("nan"), batches=4).startswith(
+        "does not beat it")
 
 
 def test_the_report_says_at_chance_for_a_run_within_the_noise(tmp_path, monkeypatch, capsys):
