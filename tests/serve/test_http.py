@@ -14,6 +14,7 @@ import socket
 import time
 import urllib.request
 
+import pytest
 import torch
 
 from fastrwa.serve.rows import GREEDY_TEMPERATURE
@@ -264,7 +265,6 @@ def test_a_model_directory_whose_name_is_not_utf8(tiny_dir, tmp_path, server_pro
 
 
 def _ipv6_loopback() -> bool:
-    import socket
     try:
         with socket.socket(socket.AF_INET6) as probe:
             probe.bind(("::1", 0))
