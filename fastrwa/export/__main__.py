@@ -141,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
                 _evaluate(args)
             return status
     except KeyboardInterrupt as exc:
+        written = written or getattr(exc, "out_dir_written", False)   # (a held signal)
         signum = signal.SIGTERM if isinstance(exc, Stopped) else signal.SIGINT
         how = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C"
         state = (f"{args.out_dir} is written whole, not evaluated" if written else

@@ -10,7 +10,9 @@ import contextlib
 import os
 import re
 import shutil
+import signal
 import tempfile
+import threading
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator, Optional
 
@@ -142,6 +144,10 @@ def check_output_directory(out_dir: Path, overwrite: bool,
     if not out_dir.is_dir():
         raise ValueError(f"{out_dir} exists and is not a directory; choose a new OUT_DIR for "
                          f"the {what}")
+    if os.path.ismount(out_dir):
+        raise ValueError(f"{out_dir} is a mount point: the {what} is written beside its "
+                         f"OUT_DIR and renamed into place, which cannot cross into another "
+                         f"file system; give a directory inside it ({out_dir / 'export'})")
     try:
         empty = not any(out_dir.iterdir())
     except OSError as exc:
@@ -174,9 +180,43 @@ def _sync(staging: Path) -> None:
             _fsync(os.path.join(root, name))
 
 
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM held back: noted during the block, then raised again to the
+    handlers in force before it (in the main thread, where Python runs its handlers; in
+    another thread a block is not held): the two renames of a swap are not parted by a
+    stop."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    noted: list[int] = []
+    held = (signal.SIGINT, signal.SIGTERM)
+    before = {s: signal.signal(s, lambda signum, frame: noted.append(signum)) for s in held}
+    try:
+        yield
+    finally:
+        for s, handler in before.items():    # (None: a handler set from C: the default)
+            signal.signal(s, signal.SIG_DFL if handler is None else handler)
+        for signum in dict.fromkeys(noted):
+            signal.raise_signal(signum)
+
+
 def _swap(staging: Path, out_dir: Path) -> None:
     """``staging`` renamed to ``out_dir``, an existing ``out_dir`` moved aside first and
-    removed after (put back if the second rename fails or is interrupted)."""
+    removed after (put back if the second rename fails); no signal parts the two renames
+    and the removal (:func:`_signals_held`). A ``KeyboardInterrupt`` of a signal held back
+    meanwhile comes when the swap is complete: it says so (``out_dir_written`` True)."""
+    try:
+        with _signals_held():
+            aside = _renamed_in(staging, out_dir)
+            if aside is not None:
+                shutil.rmtree(aside, ignore_errors=True)
+    except KeyboardInterrupt as stop:
+        stop.out_dir_written = True
+        raise
+
+
+def _renamed_in(staging: Path, out_dir: Path) -> Optional[Path]:
     aside = None
     if out_dir.exists():
         aside = out_dir.with_name(_sibling(out_dir, ASIDE) + os.urandom(4).hex())
@@ -187,8 +227,7 @@ def _swap(staging: Path, out_dir: Path) -> None:
         if aside is not None:
             os.rename(aside, out_dir)
         raise
-    if aside is not None:
-        shutil.rmtree(aside, ignore_errors=True)
+    return aside
 
 
 def _cannot_write(out_dir: Path, staging: Optional[Path], existed: bool,

@@ -323,3 +323,46 @@ def test_out_dir_dot_with_eval_reads_the_new_export(run, tmp_path, monkeypatch, 
     assert main(["onnx", str(run), ".", "--eval", str(corpus)]) == 0, capsys.readouterr().err
     out = capsys.readouterr().out
     assert "bits per byte on" in out and "onnxruntime" in out, out
+
+
+def test_a_signal_during_the_swap_waits_for_it_and_the_line_says_so(run, tmp_path, capsys,
+                                                                    monkeypatch):
+    """A Ctrl-C between the two renames of the swap is held back until the swap (and the
+    removal of the earlier export) is complete; the line then says the export is written."""
+    import os
+
+    from fastrwa.models import files
+
+    out = tmp_path / "onnx"
+    assert main(["onnx", str(run), str(out)]) == 0
+    rename = os.rename
+
+    def interrupted(src, dst):
+        rename(src, dst)
+        if ".fastrwa-old-" in str(dst):           # the first rename: the old moved aside
+            os.kill(os.getpid(), signal.SIGINT)
+    monkeypatch.setattr(files.os, "rename", interrupted)
+    capsys.readouterr()
+    assert main(["onnx", str(run), str(out), "--overwrite"]) == 130
+    assert f"stopped (Ctrl-C): {out} is written whole" in one_line(capsys.readouterr().err)
+    assert sorted(p.name for p in out.iterdir()) == FILES
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["onnx", "run"]
+    OnnxLM(out)
+
+
+def test_a_mount_point_is_refused_in_one_line_naming_a_directory_inside_it(run, tmp_path,
+                                                                          capsys, monkeypatch):
+    """The export is staged beside OUT_DIR and renamed in: no rename crosses into a mount
+    point (a container's volume), so one is refused up front, with what to give instead."""
+    import os
+
+    from fastrwa.models import files
+
+    out = tmp_path / "volume"
+    out.mkdir()
+    real = os.path.ismount
+    monkeypatch.setattr(files.os.path, "ismount", lambda p: str(p) == str(out) or real(p))
+    assert main(["onnx", str(run), str(out)]) == 2
+    err = one_line(capsys.readouterr().err)
+    assert f"{out} is a mount point" in err and str(out / "export") in err, err
+    assert list(out.iterdir()) == []
