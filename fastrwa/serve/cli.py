@@ -116,12 +116,9 @@ def address(host: str, port: int) -> str:
 
 
 def stopped() -> bool:
-    """True (and its line said) when a stop signal came before the server serves."""
-    name = STOPS.first()
-    if name is not None:
-        print(f"fastrwa.serve: stopped by {name} before it served", file=sys.stderr,
-              flush=True)
-    return name is not None
+    """True when a stop signal came before the server serves (its line was said when it
+    came: :class:`~fastrwa.serve.signals.Signals`)."""
+    return STOPS.first() is not None
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -172,6 +169,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     host, port = sock.getsockname()[:2]
     server = Server(uvicorn_config(app, host, port, args), app, STOPS, args.shutdown_timeout)
     # (a signal from here on is replayed into uvicorn's handlers: the server drains at once)
+    STOPS.serving()
     print(f"fastrwa.serve: {name} ({rows.kind}, {args.max_batch} rows) on "
           f"http://{address(host, port)}", flush=True)
     server.run(sockets=[sock])

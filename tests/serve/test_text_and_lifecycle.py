@@ -254,11 +254,15 @@ if mode == "import":
                 sys.meta_path.remove(self)
                 stop()
     sys.meta_path.insert(0, Hook())
-elif mode == "load":
+elif mode in ("load", "load-twice"):
     import fastrwa.models as models
+    import time
     load = models.load_pretrained
     def loading(*args, **kwargs):
         stop()
+        if mode == "load-twice":        # (a long load: the second Ctrl-C must not wait)
+            stop()
+            time.sleep(60)
         return load(*args, **kwargs)
     models.load_pretrained = loading
 else:
@@ -289,7 +293,20 @@ def test_a_signal_before_the_server_serves_stops_it(tiny_dir, mode, signum):
     if mode == "ready":
         assert "http://127.0.0.1:" in lines[0], lines
     else:
-        assert f"stopped by {signum.name}" in lines[0] and "http" not in lines[0], lines
+        assert f"{signum.name}: stopping before it serves" in lines[0], lines
+        assert "http" not in lines[0], lines
+
+
+def test_a_second_ctrl_c_during_a_long_load_exits_at_once(tiny_dir):
+    """The first Ctrl-C says that the command stops before it serves; a second does not
+    wait for the model's load: exit 130 at once, one line more."""
+    began = time.monotonic()
+    done = _run("-c", SIGNAL_AT, "load-twice", str(int(signal.SIGINT)), str(tiny_dir),
+                "--port", "0")
+    lines = (done.stdout + done.stderr).splitlines()
+    assert done.returncode == 130 and time.monotonic() - began < 50, (done.returncode, lines)
+    assert lines == ["fastrwa.serve: SIGINT: stopping before it serves (Ctrl-C again to exit "
+                     "at once)", "fastrwa.serve: SIGINT again: exiting at once"], lines
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
