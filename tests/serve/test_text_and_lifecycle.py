@@ -326,3 +326,15 @@ def test_the_missing_extra_says_how_to_install_it_from_a_clone(tiny_dir):
     done = _run("-c", blocked, str(tiny_dir))
     assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
     assert "pip install -e '.[serve]'" in done.stderr and "fastrwa[" not in done.stderr
+
+
+def test_a_server_whose_start_fails_exits_non_zero(tiny_dir):
+    """uvicorn's start failing (here the engine cannot be built) is not a clean exit:
+    uvicorn's status 3, its reason on stderr."""
+    script = ("import sys\nimport fastrwa.serve.cli as cli\n"
+              "def broken(*args, **kwargs):\n    raise RuntimeError('no engine here')\n"
+              "cli.Engine = broken\n"
+              "sys.exit(cli.main(sys.argv[1:]))\n")
+    done = _run("-c", script, str(tiny_dir), "--port", "0")
+    assert done.returncode == 3, (done.returncode, done.stdout, done.stderr)
+    assert "no engine here" in done.stderr and "Traceback" not in done.stderr
