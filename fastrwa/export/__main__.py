@@ -12,15 +12,13 @@ bits per byte (what the weights format costs).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib
 import math
-import signal
 import sys
-import threading
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Optional
 
+from ..models.files import sigterm_raises, stop_line
 from .names import ONNX_INSTALL
 
 
@@ -75,28 +73,6 @@ def _missing_extra(exporter: str) -> Optional[str]:
     return None
 
 
-class Stopped(KeyboardInterrupt):
-    """SIGTERM, raised where Python runs as Ctrl-C's ``KeyboardInterrupt`` is: the export
-    unwinds (its staged directory removed) and the CLI ends with one line."""
-
-
-def _stop(signum: int, frame: object) -> None:
-    raise Stopped()
-
-
-@contextlib.contextmanager
-def _sigterm_stops() -> Iterator[None]:
-    """SIGTERM raises :class:`Stopped` inside the block (in the main thread only)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGTERM, _stop)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def main(argv: list[str] | None = None) -> int:
     """The command line ``python -m fastrwa.export onnx RUN_OR_MODEL_DIR OUT_DIR [...]``
     (``argv``: its arguments, ``sys.argv[1:]`` when ``None``). Returns the exit status: 0
@@ -134,21 +110,17 @@ def main(argv: list[str] | None = None) -> int:
     existed = args.out_dir.exists()
     written = False
     try:
-        with _sigterm_stops():
+        with sigterm_raises():
             status = _export(args)
             written = True
             if status == 0:
                 _evaluate(args)
             return status
-    except KeyboardInterrupt as exc:
-        written = written or getattr(exc, "out_dir_written", False)   # (a held signal)
-        signum = signal.SIGTERM if isinstance(exc, Stopped) else signal.SIGINT
-        how = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C"
-        state = (f"{args.out_dir} is written whole, not evaluated" if written else
-                 f"{args.out_dir} is as it was" if existed else
-                 f"{args.out_dir} was not created")
-        print(f"stopped ({how}): {state}", file=sys.stderr)
-        return 128 + signum
+    except KeyboardInterrupt as stop:
+        line, status = stop_line(stop, args.out_dir, existed, written)
+        print(line + (", not evaluated" if args.eval is not None and line.endswith("whole")
+                      else ""), file=sys.stderr)
+        return status
 
 
 def _export(args: argparse.Namespace) -> int:

@@ -28,7 +28,7 @@ from safetensors import SafetensorError
 
 from ..models import ByteLM, load_pretrained, run_model_dir
 from ..models.directory import REMOTE_CODE, is_model_card
-from ..models.files import check_output_directory, staged_directory
+from ..models.files import check_output_directory, sigterm_raises, staged_directory, stop_line
 from . import FastRWAByteTokenizer, FastRWAConfig, FastRWAForCausalLM
 from .progress import no_progress_bars
 
@@ -96,14 +96,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--overwrite", action="store_true",
                    help="replace OUT_DIR if it holds an earlier export")
     args = p.parse_args(argv)
+    args.out_dir = args.out_dir.absolute()
+    existed = args.out_dir.exists()
     try:
-        out = export(args.run_dir, args.out_dir, args.best, args.overwrite)
+        with sigterm_raises():
+            out = export(args.run_dir, args.out_dir, args.best, args.overwrite)
     except (FileNotFoundError, ValueError, OSError, SafetensorError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:         # (the staged directory is removed: nothing written)
-        print(f"stopped (Ctrl-C): {args.out_dir} is as it was", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as stop:   # (the staged directory is removed: nothing written)
+        line, status = stop_line(stop, args.out_dir, existed)
+        print(line, file=sys.stderr)
+        return status
     print(f"exported {out}: AutoModelForCausalLM.from_pretrained({str(out)!r}) after "
           f"import fastrwa.hf, or with trust_remote_code=True", file=sys.stderr)
     return 0

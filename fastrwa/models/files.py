@@ -288,3 +288,41 @@ def staged_directory(out_dir: Path, overwrite: bool,
     finally:
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where Python raises Ctrl-C's ``KeyboardInterrupt`` (inside
+    :func:`sigterm_raises`): a write unwinds as for Ctrl-C (a staged directory removed)
+    and a command ends with one line."""
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
+@contextlib.contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """SIGTERM raises :class:`Terminated` inside the block (in the main thread only; the
+    previous handler comes back after it)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+
+def stop_line(stop: KeyboardInterrupt, out_dir: Path, existed: bool,
+              written: bool = False) -> tuple[str, int]:
+    """The one line and exit status (130 for Ctrl-C, 143 for SIGTERM) of a command that
+    writes ``out_dir`` through :func:`staged_directory` and was stopped by ``stop``:
+    ``written`` (or a stop held back until the swap was complete) says the new directory
+    is in place; else ``out_dir`` is as it was (``existed``) or was not created."""
+    written = written or getattr(stop, "out_dir_written", False)
+    signum = signal.SIGTERM if isinstance(stop, Terminated) else signal.SIGINT
+    how = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C"
+    state = (f"{out_dir} is written whole" if written else
+             f"{out_dir} is as it was" if existed else f"{out_dir} was not created")
+    return f"stopped ({how}): {state}", 128 + signum

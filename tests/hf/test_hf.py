@@ -765,3 +765,25 @@ def test_the_tokenizer_and_generate_agree_on_an_eos_the_model_never_generates(tm
         out = model.generate(**tokenizer("ab", return_tensors="pt"), max_new_tokens=12,
                              do_sample=False)
         assert out[0].tolist() == want, directory
+
+
+def test_the_hf_export_cli_stops_in_one_line_on_sigterm(tmp_path, capsys, monkeypatch):
+    """SIGTERM during the Hugging Face export: one line naming what OUT_DIR is, status
+    143, nothing left beside it (SIGTERM killed it, leaving its staging directory)."""
+    import os
+    import signal
+
+    from fastrwa.hf import export as hf_export
+    from fastrwa.models import ByteLM, LMConfig, save_pretrained
+
+    save_pretrained(ByteLM(LMConfig(d_model=16, n_layers=1)), tmp_path / "model")
+    real = hf_export.FastRWAByteTokenizer.save_pretrained
+
+    def terminated(self, *args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return real(self, *args, **kwargs)
+    monkeypatch.setattr(hf_export.FastRWAByteTokenizer, "save_pretrained", terminated)
+    assert hf_export.main([str(tmp_path / "model"), str(tmp_path / "out")]) == 143
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"stopped (SIGTERM): {tmp_path / 'out'} was not created"], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
