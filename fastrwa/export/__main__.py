@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+from ..extras import install_hint
 from ..models.files import sigterm_raises, stop_line
-from .names import ONNX_INSTALL
 
 
 def _torch_bits_per_byte(model, data: bytes, rows: int) -> float:
@@ -69,7 +69,7 @@ def _missing_extra(exporter: str) -> Optional[str]:
             importlib.import_module(name)
         except ImportError:
             needs = "--exporter dynamo needs" if name == "onnxscript" else "the ONNX export needs"
-            return f"{needs} {name}, which is not installed: {ONNX_INSTALL}"
+            return f"{needs} {name}, which is not installed: {install_hint('onnx')}"
     return None
 
 

@@ -1,6 +1,6 @@
 """The format of an ONNX export directory, shared by :mod:`fastrwa.export.onnx` (which
 writes it) and :mod:`fastrwa.export.runtime` (which reads it; it imports neither torch nor
-onnx, so this module imports only the standard library and :mod:`fastrwa.extras`)."""
+onnx, so this module imports only the standard library)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import json
 from pathlib import Path
 from typing import Optional
 
-from ..extras import install_hint
 
 PROMPT, STEP, CONFIG = "prompt.onnx", "step.onnx", "onnx_config.json"
 EXPORT_FILES = frozenset((PROMPT, STEP, CONFIG))
@@ -24,7 +23,6 @@ PROPS_KEY = "fastrwa"
 PROPS = ("format", "version", "weights", "vocab_size", "bos_token", "bytes")
 
 WHAT = "fastrwa ONNX export"              # (what the directory errors call it)
-ONNX_INSTALL = install_hint("onnx")      # (what a missing-extra error says)
 # The temporary files an older version wrote inside the directory (a killed run left them).
 OLD_LEFTOVERS = frozenset(f".{name}.tmp" for name in EXPORT_FILES)
 

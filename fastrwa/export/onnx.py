@@ -22,7 +22,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from .names import (CONFIG, FILES_KEY, FORMAT, ONNX_INSTALL, PROMPT, PROPS, PROPS_KEY, STEP,
+from ..extras import install_hint
+from .names import (CONFIG, FILES_KEY, FORMAT, PROMPT, PROPS, PROPS_KEY, STEP,
                     VERSION, WHAT, file_record, foreign_files)
 
 try:
@@ -30,7 +31,7 @@ try:
     from onnx import TensorProto, helper, numpy_helper
 except ImportError as exc:             # pragma: no cover (CI installs the extra)
     raise ImportError(f"fastrwa.export.onnx needs onnx and onnxruntime: "
-                      f"{ONNX_INSTALL}") from exc
+                      f"{install_hint('onnx')}") from exc
 
 from ..models import ByteLM, load_pretrained, run_model_dir
 from ..models.files import (check_output_directory, staged_directory, write_atomically,

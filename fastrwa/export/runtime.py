@@ -12,12 +12,14 @@ from typing import Optional
 import numpy as np
 from numpy.typing import ArrayLike
 
-from .names import CONFIG, FILES_KEY, GRAPHS, ONNX_INSTALL, PROPS, PROPS_KEY, file_record
+from ..extras import install_hint
+from .names import CONFIG, FILES_KEY, GRAPHS, PROPS, PROPS_KEY, file_record
 
 try:
     import onnxruntime as ort
 except ImportError as exc:             # pragma: no cover (CI installs the extra)
-    raise ImportError(f"fastrwa.export.runtime needs onnxruntime: {ONNX_INSTALL}") from exc
+    raise ImportError(f"fastrwa.export.runtime needs onnxruntime: "
+                      f"{install_hint('onnx')}") from exc
 
 
 def session(model: "str | os.PathLike | bytes", threads: Optional[int] = None

@@ -228,8 +228,12 @@ class FastRWAForCausalLM(FastRWAPreTrainedModel, GenerationMixin):
             raise ValueError(f"config must be the configuration {directory} holds (a "
                              f"model.pt directory loads as it was saved), got another")
         model = cls.from_bytelm(byte_lm)
-        if isinstance(kwargs.get("generation_config"), GenerationConfig):
-            model.generation_config = kwargs["generation_config"]
+        given = kwargs.get("generation_config")
+        if given is not None and not isinstance(given, GenerationConfig):
+            raise TypeError(f"generation_config must be a transformers.GenerationConfig or "
+                            f"None, got {type(given).__name__}")
+        if given is not None:
+            model.generation_config = given
         elif (directory / "generation_config.json").is_file():
             model.generation_config = GenerationConfig.from_pretrained(directory)
         model._agree_on_eos()
