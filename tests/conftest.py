@@ -106,6 +106,12 @@ def pytest_configure(config):
         # the backend), so this must come before that; the CPU tensors need the interpreter.
         assert TRITON_KERNELS not in sys.modules, "Triton kernels imported before configure"
         os.environ["TRITON_INTERPRET"] = "1"
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # Under pytest-xdist (-n N: the README's command), one thread a worker and in the
+        # processes it starts: N workers share N cores, and a run's thread count (which a
+        # bit-identical resume depends on) does not follow the other workers' load.
+        os.environ["OMP_NUM_THREADS"] = "1"
+        torch.set_num_threads(1)
 
 
 def backend_cases(config) -> dict[str, BackendCase]:

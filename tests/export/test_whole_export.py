@@ -336,6 +336,9 @@ def test_a_signal_during_the_swap_waits_for_it_and_the_line_says_so(run, tmp_pat
     out = tmp_path / "onnx"
     assert main(["onnx", str(run), str(out)]) == 0
     rename = os.rename
+    # (Python's own Ctrl-C handler, as in the command: a test runner's worker may have
+    # another, under which the signal would end the worker)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
 
     def interrupted(src, dst):
         rename(src, dst)
@@ -343,7 +346,10 @@ def test_a_signal_during_the_swap_waits_for_it_and_the_line_says_so(run, tmp_pat
             os.kill(os.getpid(), signal.SIGINT)
     monkeypatch.setattr(files.os, "rename", interrupted)
     capsys.readouterr()
-    assert main(["onnx", str(run), str(out), "--overwrite"]) == 130
+    try:
+        assert main(["onnx", str(run), str(out), "--overwrite"]) == 130
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert f"stopped (Ctrl-C): {out} is written whole" in one_line(capsys.readouterr().err)
     assert sorted(p.name for p in out.iterdir()) == FILES
     assert sorted(p.name for p in tmp_path.iterdir()) == ["onnx", "run"]
