@@ -12,9 +12,10 @@
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import pathlib
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -259,3 +260,22 @@ def make_dir(p: argparse.ArgumentParser, flag: str, path: pathlib.Path) -> None:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         p.error(f"{flag} {path}: cannot create the folder ({exc.strerror or exc})")
+
+
+def save_json(path: pathlib.Path, record: Any) -> None:
+    """``record`` as indented JSON in ``path``, written whole or not at all (through
+    ``path.tmp`` and a rename: a run stopped or a disk full while it is written leaves
+    the earlier file, or none)."""
+    from fastrwa.models.files import write_atomically
+
+    text = (json.dumps(record, indent=1) + "\n").encode()
+    write_atomically(pathlib.Path(path), lambda f: f.write(text))
+
+
+def save_figure(fig, path: pathlib.Path, **kwargs) -> None:
+    """``fig.savefig(path, **kwargs)``, written whole or not at all (as :func:`save_json`;
+    the format from ``path``'s suffix)."""
+    from fastrwa.models.files import write_atomically
+
+    path = pathlib.Path(path)
+    write_atomically(path, lambda f: fig.savefig(f, format=path.suffix.lstrip("."), **kwargs))

@@ -35,6 +35,7 @@ import tempfile
 import time
 
 from bench.cli import ROOT, add_out, check_out, int_at_least
+from bench.cli import save_json
 
 
 def _peak_rss_mib() -> float:
@@ -182,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
             peaks = ", ".join(f"{r['peak_rss_mib']:.0f}" for r in ranks)
             steps = ", ".join(f"{r['peak_rss_mib'] - r['rss_before_mib']:.0f}" for r in ranks)
             print(f"{label:>26} {T / seconds:>10,.0f} {peaks:>22} {steps:>18}")
-    (args.out / "context_parallel.json").write_text(json.dumps(record, indent=1) + "\n")
+    save_json(args.out / "context_parallel.json", record)
     return 0
 
 

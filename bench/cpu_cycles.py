@@ -26,6 +26,7 @@ import torch.nn.functional as F
 import fastrwa
 from bench.cli import add_out, check_out, positive_int, shapes
 from bench.common import seconds
+from bench.cli import save_json
 
 SIZES = ("in cache", "out of cache")
 
@@ -76,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
                     **{name: 1e9 * statistics.median(t) / n for name, t in times.items()}}
     finally:
         torch.set_num_threads(previous)
-    (args.out / "cpu_cycles.json").write_text(json.dumps(result, indent=1))
+    save_json(args.out / "cpu_cycles.json", result)
     print(f"float32 forward, numba backend, 1 thread, ns per element, median of {args.rounds}")
     sizes = list(result["ns_per_element"])
     print(f"{'':<22}" + "".join(f"{s:>14}" for s in sizes))

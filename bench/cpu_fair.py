@@ -43,6 +43,7 @@ import torch
 import fastrwa
 from bench.cli import add_out, check_out, positive_int, shape
 from bench.common import seconds
+from bench.cli import save_json
 
 
 def cells(op: str, B: int, T: int, D: int) -> dict:
@@ -121,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
                 o, r, k = (statistics.median(t) for t in ts)
                 result["cells"][f"{op} {name}"] = dict(op_ms=1e3 * o, reference_ms=1e3 * r,
                                                        reference_kept_ms=1e3 * k, ratio=r / o)
-    (args.out / "cpu_fair.json").write_text(json.dumps(result, indent=1))
+    save_json(args.out / "cpu_fair.json", result)
     print(f"{B} x {T} x {D} float32, numba backend, {result['threads']} threads, median of "
           f"{args.rounds} interleaved rounds")
     print(f"{'':<24}{'op ms':>10}{'reference ms':>14}{'ratio':>8}"

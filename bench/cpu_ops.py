@@ -10,6 +10,7 @@ import torch
 import fastrwa
 from bench.common import (DTYPES, OPS, forward_backward_fn, forward_fn, inputs,
                           interleaved, median_seconds, min_bytes, seconds)
+from bench.cli import save_figure
 from fastrwa.testing import NewStorageCounter, storages
 from fastrwa.models import ByteLM, LMConfig
 
@@ -215,5 +216,5 @@ def plot_scaling(rows: list[dict], path) -> None:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
     plt.close(fig)

@@ -53,6 +53,7 @@ import torch
 
 from bench.cli import (ROOT, add_out, check_out, choices_list, int_at_least, int_list,
                        nonnegative_int, positive_int, smaller)
+from bench.cli import save_json
 from fastrwa.models import WEIGHT_FORMATS, ByteLM, LMConfig, PackedLM
 from fastrwa.train.config import parse_lm_field
 
@@ -353,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     result = dict(config=config.to_dict(), params=params, torch=torch.__version__,
                   cpu_count=os.cpu_count(), gemm_flops=flops, formats=formats, cold_start=cold,
                   hugging_face=hf, onnx=onnx, date=time.strftime("%Y-%m-%d"))
-    (args.out / "generation.json").write_text(json.dumps(result, indent=1))
+    save_json(args.out / "generation.json", result)
     print(f"ByteLM d_model {args.d_model} x {args.layers} blocks ({params:,} parameters); "
           f"torch.mm peak {flops / 1e9:.0f} GFLOP/s")
     rows = [("weight bytes read per step, MB", lambda r: f"{r['weight_bytes'] / 1e6:.1f}")]

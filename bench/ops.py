@@ -80,6 +80,7 @@ if __name__ == "__main__" and not torch.cuda.is_available():
 
 from bench import cpu_ops, gpu_report  # noqa: E402
 from bench.cli import add_out, check_out, choices_list, existing_file  # noqa: E402
+from bench.cli import save_json  # noqa: E402
 
 ALLOCATOR_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 32), "MALLOC_TRIM_THRESHOLD_": str(1 << 36)}
 SECTIONS = {"cpu": tuple(cpu_ops.NAMES),
@@ -187,7 +188,7 @@ def run_cpu(args: argparse.Namespace) -> dict:
     for name in args.sections:
         results[name] = getattr(cpu_ops, name)(cfg)
     out = args.out
-    (out / "results.json").write_text(json.dumps(results, indent=1))
+    save_json(out / "results.json", results)
     if "scaling" in results:
         cpu_ops.plot_scaling(results["scaling"], out / "throughput_vs_length.png")
     print(f"\nwrote {out / 'results.json'}" + (f" and {out / 'throughput_vs_length.png'}"

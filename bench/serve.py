@@ -44,6 +44,7 @@ import torch
 
 from bench.cli import (ROOT, add_out, check_out, int_at_least, int_list, positive_int,
                        smaller)
+from bench.cli import save_json
 from fastrwa.models import ByteLM, LMConfig, PackedLM
 
 PROMPT = b"The quick brown "       # 16 bytes
@@ -197,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
                   ratios_to_generate=ratios, ratio_median=statistics.median(ratios),
                   date=time.strftime("%Y-%m-%d"))
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "serve.json").write_text(json.dumps(result, indent=1))
+    save_json(args.out / "serve.json", result)
     print(f"d_model {args.d_model} x {args.layers}, {args.weights}, {args.bytes} bytes a "
           f"stream, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs, "
           f"{args.rounds} interleaved rounds")

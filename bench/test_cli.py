@@ -449,3 +449,35 @@ def test_smaller(value, full, expected):
     """A shorter list, or a list of names missing one of the full run's, is smaller (zip
     once let both through)."""
     assert cli.smaller(value, full) is expected
+
+
+def test_a_bench_record_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
+    """A record whose write fails (a full disk, a stop) leaves the earlier one whole and no
+    temporary file; the figure the same."""
+    import json
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from bench.cli import save_figure, save_json
+    from fastrwa.models.files import WriteError
+
+    path = tmp_path / "results.json"
+    save_json(path, {"a": 1})
+    unencodable = {"a": object()}                  # (json.dumps fails before any write)
+    with pytest.raises(TypeError):
+        save_json(path, unencodable)
+    fig = plt.figure()
+    png = tmp_path / "plot.png"
+    save_figure(fig, png)
+    before = png.read_bytes()
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(fig, "savefig", full)
+    with pytest.raises(WriteError):
+        save_figure(fig, png)
+    plt.close(fig)
+    assert json.loads(path.read_text()) == {"a": 1} and png.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plot.png", "results.json"]

@@ -31,6 +31,7 @@ from bench.cli import (add_out, check_out, check_record, choices_list,
                        existing_file, in_records, make_dir, nonnegative_int, positive_int,
                        results_dir, scratch_dir)
 from bench.experiments.lm import matched_width, params, run, table_or_missing_data
+from bench.cli import save_json
 from fastrwa.train.config import RunConfig, parse_lm_field
 
 # The study's base: the defaults with the output gate off (its row turns it on).
@@ -167,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
                          records=records))
         print(table(dict(rows=rows[-1:], settings=_settings(args))), flush=True)
     summary = dict(settings=_settings(args), rows=rows)
-    (args.out / "ablate.json").write_text(json.dumps(summary, indent=1))
+    save_json(args.out / "ablate.json", summary)
     print(table(summary))
     print(f"\n{args.out / 'ablate.json'}")
     return 0
@@ -194,7 +195,7 @@ def retime(path: pathlib.Path, out: pathlib.Path) -> int:
         row["s_per_step"] = (train[30] - train[10]) / 20
         row["s_per_step_note"] = "retimed: steps 10-30 of a 30-step run"
         print(f"{row['name']}: {row['s_per_step']:.3f} s/step", flush=True)
-    path.write_text(json.dumps(summary, indent=1))
+    save_json(path, summary)
     print(table(summary))
     return 0
 

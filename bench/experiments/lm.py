@@ -40,6 +40,7 @@ import torch
 
 from bench.cli import (ROOT, add_out, check_out, choices_list, existing_file,
                        nonnegative_int, positive_float, positive_int)
+from bench.cli import save_figure, save_json
 from fastrwa.models import LMConfig, build
 from fastrwa.models.config import LAYER_FIELDS, OPTIONAL_FIELDS
 from fastrwa.train.config import RunConfig, parse_lm_field
@@ -282,7 +283,7 @@ def _main(argv: list[str] | None) -> int:
                                                  for k, v in vars(args).items()
                                                  if k not in ("data", "out", "record")},
                    runs=results)
-    (args.out / "lm.json").write_text(json.dumps(summary, indent=1))
+    save_json(args.out / "lm.json", summary)
     _plot(results, args.out / "lm.png")
     print(table(summary))
     print(f"\n{args.out / 'lm.json'}\n{args.out / 'lm.png'}")
@@ -342,7 +343,7 @@ def _plot(results: list[dict], path: pathlib.Path) -> None:
         ax.grid(alpha=0.3)
         ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
     plt.close(fig)
 
 

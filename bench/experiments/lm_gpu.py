@@ -53,6 +53,7 @@ import torch
 from bench.cli import (add_out, check_out, existing_file, nonnegative_int, positive_float,
                        positive_int)
 from bench.experiments.lm import RunFailed, bpc_at, run
+from bench.cli import save_figure, save_json
 from fastrwa.models import LMConfig, build
 from fastrwa.train.config import RunConfig
 from fastrwa.train.device import resolve_device
@@ -365,7 +366,7 @@ def summarise(model: str, shape: dict, records: list[dict], args: argparse.Names
 
 def write(summary: dict, out: pathlib.Path) -> None:
     """lm-gpu.json, and with a run in it, lm-gpu.md and lm-gpu.png."""
-    (out / "lm-gpu.json").write_text(json.dumps(summary, indent=1))
+    save_json(out / "lm-gpu.json", summary)
     if summary["runs"]:
         (out / "lm-gpu.md").write_text(table(summary) + "\n")
         plot(summary, out / "lm-gpu.png")
@@ -428,7 +429,7 @@ def plot(summary: dict, path: pathlib.Path) -> None:
     fig.suptitle(f"ByteLM against a Transformer, {summary['minutes']:g} min each, "
                  f"{where(summary)}", fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
     plt.close(fig)
 
 

@@ -32,6 +32,7 @@ import torch
 
 from bench.cli import (add_out, below_defaults, check_out, existing_dir,
                        existing_file, positive_int)
+from bench.cli import save_figure, save_json
 from fastrwa.models import LMConfig, build, load_pretrained, run_model_dir
 from fastrwa.train.data import open_corpus, split_corpus
 
@@ -131,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
                   flush=True)
     summary = dict(data=str(args.data.name), length=args.length, docs=args.docs,
                    window=args.window, buckets=spans, rows=rows, torch=torch.__version__)
-    (args.out / "long_context.json").write_text(json.dumps(summary, indent=1) + "\n")
+    save_json(args.out / "long_context.json", summary)
     print(table(summary))
     _plot(summary, args.out / "long_context.png")
     return 0
@@ -167,7 +168,7 @@ def _plot(summary: dict, path: pathlib.Path) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
     plt.close(fig)
 
 

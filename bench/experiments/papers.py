@@ -278,7 +278,7 @@ def plot(results: list, tasks: set, out: pathlib.Path) -> None:
                      f"unless the label gives an lr)", fontsize=10)
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))   # beside the axes
         fig.tight_layout()
-        fig.savefig(out / f"{task}.png", dpi=100)
+        cli.save_figure(fig, out / f"{task}.png", dpi=100)
         plt.close(fig)
 
 

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from bench.cli import (add_out, check_out, existing_dir, existing_file,
                        int_at_least, positive_int)
+from bench.cli import save_json
 from fastrwa.models import WEIGHT_FORMATS, ByteLM, PackedLM, load_pretrained
 from fastrwa.train.data import bits_per_byte, read_corpus, split_corpus, whole_split
 
@@ -105,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     base = rows["float32"]["bpc"]
     result = dict(model_dir=str(args.model_dir), data=str(args.data), bytes=len(valid),
                   formats=rows)
-    (args.out / "weights_bpc.json").write_text(json.dumps(result, indent=1))
+    save_json(args.out / "weights_bpc.json", result)
     print(f"{args.model_dir}: validation bpc on the first {len(valid):,} bytes")
     for weights, r in rows.items():
         print(f"{weights:>9}: {r['matrix_mb']:5.1f} MB of matrices, bpc {r['bpc']:.4f} "
