@@ -177,3 +177,23 @@ def assert_unchanged(state: "LayerState", before: list) -> None:
     now = [t for t in (*state.scan, state.last_input) if t is not None]
     for got, want in zip(now, before, strict=True):
         assert torch.equal(got, want), "a refused call changed the state"
+
+
+def fit_on_bytes(model: torch.nn.Module, data: bytes, steps: int, window: int) -> torch.nn.Module:
+    """``model`` (a byte LM: ``model(ids) -> (logits, state)``) trained ``steps`` Adam steps
+    at 1e-2 on next-byte prediction over 8 random windows of ``window`` bytes of ``data``
+    a step (seeded by the step), and put in eval mode: a tiny model whose next byte depends
+    on what it read (an untrained one hides a state fed from the wrong context)."""
+    ids = torch.tensor(list(data))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for step in range(steps):
+        starts = torch.randint(0, len(ids) - window - 1, (8,),
+                               generator=torch.Generator().manual_seed(step))
+        rows = torch.stack([ids[s:s + window + 1] for s in starts.tolist()])
+        logits, _ = model(rows[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                 rows[:, 1:].reshape(-1))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return model.eval()

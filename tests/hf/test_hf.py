@@ -19,6 +19,7 @@ if not os.environ.get("CI"):
     pytest.importorskip("transformers")
 
 import fastrwa.hf as fhf  # noqa: E402
+from helpers import fit_on_bytes  # noqa: E402
 from fastrwa.models import ByteLM, LMConfig  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline  # noqa: E402
 
@@ -34,20 +35,8 @@ def byte_lm():
     """A ByteLM trained a little on TEXT: its next byte depends on the context (an untrained
     one repeats one byte whatever it reads, which would hide a state fed with padding)."""
     torch.manual_seed(0)
-    model = ByteLM(LMConfig(d_model=32, n_layers=2, mlp_ratio=2))
-    data = torch.tensor(list(TEXT))
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    for step in range(60):
-        gen = torch.Generator().manual_seed(step)
-        starts = torch.randint(0, len(data) - 33, (8,), generator=gen)
-        rows = torch.stack([data[s:s + 33] for s in starts.tolist()])
-        logits, _ = model(rows[:, :-1])
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                                 rows[:, 1:].reshape(-1))
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    return model.eval()
+    return fit_on_bytes(ByteLM(LMConfig(d_model=32, n_layers=2, mlp_ratio=2)), TEXT,
+                        steps=60, window=32)
 
 
 @pytest.fixture(scope="module")

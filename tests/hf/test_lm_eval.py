@@ -21,6 +21,7 @@ if not os.environ.get("CI"):
 
 import fastrwa.hf as fhf  # noqa: E402,F401 (the extra: CI fails here without it)
 import lm_eval  # noqa: E402,F401 (CI installs it: there a missing lm_eval fails)
+from helpers import fit_on_bytes  # noqa: E402
 from fastrwa.models import ByteLM, LMConfig, save_pretrained  # noqa: E402
 
 # (a process of its own: HF_HUB_OFFLINE is read when huggingface_hub is imported)
@@ -79,20 +80,8 @@ def byte_lm():
     """A ByteLM trained a little on the documents (an untrained one gives every byte about
     the same probability, which would hide documents scored from the wrong context)."""
     torch.manual_seed(0)
-    model = ByteLM(LMConfig(d_model=16, n_layers=2, mlp_ratio=2))
-    data = torch.tensor(list("".join(DOCS).encode()))
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    for step in range(40):
-        starts = torch.randint(0, len(data) - 65, (8,),
-                               generator=torch.Generator().manual_seed(step))
-        rows = torch.stack([data[s:s + 65] for s in starts.tolist()])
-        logits, _ = model(rows[:, :-1])
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                                 rows[:, 1:].reshape(-1))
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    return model.eval()
+    return fit_on_bytes(ByteLM(LMConfig(d_model=16, n_layers=2, mlp_ratio=2)),
+                        "".join(DOCS).encode(), steps=40, window=64)
 
 
 def _own_log_likelihoods(model: ByteLM, docs: list[str]) -> list[float]:
