@@ -4,7 +4,8 @@ at any value, those it takes only at the value that asks nothing of the loading 
 lm-eval's ``HFLM`` and the pipelines pass always: ``gguf_file=None``, ``max_memory=None``,
 ``quantization_config=None``, ``subfolder=""``, ``revision="main"``...), and the one-line
 refusal of the rest. The names are those of transformers 5.23's
-``PreTrainedModel.from_pretrained`` (tests/hf/test_hf.py checks that it names no other)."""
+``PreTrainedModel.from_pretrained`` and the options it reads from ``**kwargs``
+(tests/hf/test_hf.py checks that every parameter its signature names is here)."""
 
 from __future__ import annotations
 
