@@ -24,9 +24,8 @@ import torch
 
 from .config import DEFAULTS, RunConfig
 from .device import placement
-from .loop import build_model
 from ..models.storage import save_with_crcs
-from .models import detach_state
+from .models import build_model, detach_state
 from .packing import model_inputs
 from .optim import make_optimizer
 from .parallel import rows

@@ -16,14 +16,14 @@ import torch.distributed as dist
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from ..models import build, save_pretrained
+from ..models import save_pretrained
 from .checkpoints import (check_checkpoint, check_provenance, load_checkpoint, provenance,
                           record_resumable_changes, save_checkpoint, truncate_metrics,
                           truncate_samples)
 from .config import RunConfig
 from .device import Placement, placement
 from .parallel import from_the_last_slice, layout, rows, share_of_the_loss, time_slice
-from .models import LM_LAYERS, SequenceNet, detach_state, lm_config
+from .models import build_model, detach_state
 from .packing import packed_loss, packed_slice
 from .optim import lr_factor, make_optimizer, set_lr
 from .problems import make_problem
@@ -48,20 +48,6 @@ def _mean_over_ranks(value: float, world: int, device: torch.device) -> float:
     t = torch.tensor([value], dtype=torch.float64, device=device)   # (NCCL: on the GPU)
     dist.all_reduce(t)
     return float(t) / world
-
-
-def build_model(cfg: RunConfig, problem) -> torch.nn.Module:
-    """The network ``--model`` names: for a byte corpus a language model (``ByteLM`` for the
-    scan models, ``RecurrentLM`` for the LSTM/GRU baselines, ``TransformerLM``, ``MinGRULM``;
-    :func:`fastrwa.models.build`) configured by ``--hidden``,
-    ``--layers``, ``--attention`` and ``--lm``; otherwise a :class:`SequenceNet`."""
-    if not cfg.is_lm:
-        return SequenceNet(cfg.model, problem.input_size, cfg.hidden, cfg.layers,
-                           problem.output_size, attention=cfg.attention)
-    if cfg.model not in LM_LAYERS:
-        raise ValueError(f"--model {cfg.model} is not a language model; --task {cfg.task} "
-                         f"trains one of {sorted(LM_LAYERS)}")
-    return build(lm_config(cfg))
 
 
 def _trained(cfg: RunConfig, steps: int) -> dict:

@@ -9,7 +9,7 @@ import dataclasses
 import torch
 from torch import Tensor, nn
 
-from ..models import LMConfig
+from ..models import LMConfig, build
 from ..models.config import LAYER_FIELDS, OPTIONAL_FIELDS
 from ..nn import RDA, RWA, RDACell, Recurrent, RRACell, RWACell
 from .config import LM_FLAG_FIELDS, LM_ONLY_MODELS, RunConfig
@@ -135,3 +135,17 @@ def with_every_lm_field(cfg: RunConfig) -> RunConfig:
     for reserved in LM_FLAG_FIELDS:
         del fields[reserved]
     return dataclasses.replace(cfg, lm=fields)
+
+
+def build_model(cfg: RunConfig, problem) -> torch.nn.Module:
+    """The network ``--model`` names: for a byte corpus a language model (``ByteLM`` for the
+    scan models, ``RecurrentLM`` for the LSTM/GRU baselines, ``TransformerLM``, ``MinGRULM``;
+    :func:`fastrwa.models.build`) configured by ``--hidden``,
+    ``--layers``, ``--attention`` and ``--lm``; otherwise a :class:`SequenceNet`."""
+    if not cfg.is_lm:
+        return SequenceNet(cfg.model, problem.input_size, cfg.hidden, cfg.layers,
+                           problem.output_size, attention=cfg.attention)
+    if cfg.model not in LM_LAYERS:
+        raise ValueError(f"--model {cfg.model} is not a language model; --task {cfg.task} "
+                         f"trains one of {sorted(LM_LAYERS)}")
+    return build(lm_config(cfg))
