@@ -22,7 +22,8 @@ from .checkpoints import (check_checkpoint, check_provenance, load_checkpoint, p
                           truncate_samples)
 from .config import RunConfig
 from .device import Placement, placement
-from .parallel import from_the_last_slice, layout, rows, share_of_the_loss, time_slice
+from .parallel import (from_the_last_slice, initial_state_parameters, layout, rows,
+                       share_of_the_loss, time_slice, touching)
 from .models import build_model, detach_state
 from .packing import packed_loss, packed_slice
 from .optim import lr_factor, make_optimizer, set_lr
@@ -173,11 +174,12 @@ def _train(cfg: RunConfig, run_dir: Path, resume: bool, deadline: Deadline | Non
               f"{place.device}" + (f", autocast {cfg.autocast}" if cfg.autocast != "none" else ""),
               file=sys.stderr)
     # On a stateful task the carried state replaces a layer's learned initial state after the
-    # first segment of a pass, so those parameters get no gradient then: DDP must look for
-    # unused parameters or it waits for their gradients forever (a crash at the next step).
+    # first segment of a pass, so those parameters would get no gradient then, and DDP waits
+    # for every parameter's: the loss touches them with an exact zero (parallel.touching).
     net = torch.nn.parallel.DistributedDataParallel(
-        model, device_ids=[place.device.index] if place.device.type == "cuda" else None,
-        find_unused_parameters=problem.stateful) if world > 1 else model
+        model, device_ids=[place.device.index] if place.device.type == "cuda" else None
+    ) if world > 1 else model
+    replaced = initial_state_parameters(model) if world > 1 else []
     forward = torch.compile(net) if cfg.compile else net
     context = {} if lay.context_group is None else {"context_group": lay.context_group}
     last = {}   # the latest record per split
@@ -225,7 +227,7 @@ def _train(cfg: RunConfig, run_dir: Path, resume: bool, deadline: Deadline | Non
                     loss, metric = loss * share, metric * share
                 else:
                     loss, metric = packed_loss(output, target, scored, lay.context_world)
-                (loss / accum).backward()
+                (touching(loss, replaced) / accum).backward()
             # (a Transformer trains each window from nothing: nothing is carried)
             carried[k] = from_the_last_slice(detach_state(state), lay) \
                 if problem.stateful and getattr(model, "carries_state_in_training", True) \
