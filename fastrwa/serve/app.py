@@ -1,35 +1,31 @@
-"""The HTTP side: a plain ASGI application (no framework) over the :class:`Engine`.
+"""The HTTP side: a plain ASGI application (no framework) over the :class:`Engine`. It only
+routes: a request is parsed by :mod:`.schema`, submitted to the engine, and answered with
+what :mod:`.responses` builds.
 
 Routes: ``POST /v1/completions`` (OpenAI's completions API: docs/serve.md), ``GET
 /v1/models``, ``GET /health`` (200 while serving, 503 while shutting down) and ``GET
-/stats`` (the engine's counters and where its time goes). Text is bytes: the prompt is
-encoded as UTF-8, the completion's bytes are decoded as UTF-8 incrementally (a character
-split across steps is sent whole; bytes that are not UTF-8 become U+FFFD). Any error is
-answered in OpenAI's shape (an unexpected one: a 500, logged, if the answer has not started).
+/stats`` (the engine's counters and where its time goes). A completion's bytes reach its
+route as text through :class:`Released` (streamed or not). Any error is answered in
+OpenAI's shape (an unexpected one: a 500, logged, if the answer has not started).
 """
 
 from __future__ import annotations
 
 import asyncio
-import codecs
-import json
 import logging
 import threading
 import time
 from typing import Callable, Optional
 
+from . import responses
 from .batcher import Closed, Engine, Job, QueueFull
-from .schema import Limits, RequestError, parse_completion
+from .responses import RequestError
+from .schema import Completion, Limits, parse_completion
 
 log = logging.getLogger("fastrwa.serve")
 
 MIN_BODY_BYTES = 1 << 20    # a request body over this (or 8 bytes a prompt byte) is refused: 413
 RETRY_AFTER_S = 1
-
-
-def _json(data: dict) -> bytes:
-    # (ASCII escapes: any str, a lone surrogate too, encodes; clients read the same text)
-    return json.dumps(data, separators=(",", ":")).encode()
 
 
 class App:
@@ -110,10 +106,8 @@ class App:
         except Exception:               # (a defect: answer 500 if the answer has not started)
             log.exception("%s %s failed", scope.get("method"), scope.get("path"))
             if not started:
-                error = RequestError("internal server error (logged by the server)",
-                                     status=500, code="internal_error")
                 try:
-                    await _send_json(tracked, 500, error.body())
+                    await _send_json(tracked, 500, responses.internal_error().body())
                 except OSError:
                     pass
 
@@ -140,51 +134,31 @@ class App:
                   "/health": ("GET", self._health), "/v1/models": ("GET", self._models),
                   "/stats": ("GET", self._stats)}
         if path not in routes:
-            raise RequestError(f"no route {path}", status=404, code="not_found")
+            raise responses.not_found(path)
         allowed, handler = routes[path]
         if method != allowed and not (allowed == "GET" and method == "HEAD"):
-            raise RequestError(f"{path} takes {allowed}, got {method}", status=405,
-                               headers={"allow": allowed})
+            raise responses.wrong_method(path, allowed, method)
         await handler(scope, receive, send)
 
     # -- the small routes -----------------------------------------------------------------
     async def _health(self, scope, receive, send) -> None:
         e = self.engine
-        status = "draining" if self.draining else "ok"
-        await _send_json(send, 503 if self.draining else 200,
-                         {"status": status, "model": self.model_name, "active": e.active,
-                          "queued": e.queued, "capacity": e.capacity,
-                          "decoder": e.rows.kind})
+        status, body = responses.health(self.draining, self.model_name, e.active, e.queued,
+                                        e.capacity, e.rows.kind)
+        await _send_json(send, status, body)
 
     async def _models(self, scope, receive, send) -> None:
-        await _send_json(send, 200, {"object": "list", "data": [
-            {"id": self.model_name, "object": "model", "created": self.started,
-             "owned_by": "fastrwa"}]})
+        await _send_json(send, 200, responses.models(self.model_name, self.started))
 
     async def _stats(self, scope, receive, send) -> None:
         e = self.engine
-        await _send_json(send, 200, {"active": e.active, "queued": e.queued,
-                                     "capacity": e.capacity, **e.stats.as_dict()})
+        await _send_json(send, 200, responses.stats(e.active, e.queued, e.capacity,
+                                                    e.stats.as_dict()))
 
     # -- completions ----------------------------------------------------------------------
     async def _completions(self, scope, receive, send) -> None:
-        raw = await _read_body(receive, self.max_body)
-        request = parse_completion(raw, self.limits)
-        if self.draining or self.engine.closing:
-            raise RequestError("the server is shutting down", status=503,
-                               code="shutting_down", headers={"retry-after": str(self.retry_after)})
-        try:
-            job = self.engine.submit(request)
-        except QueueFull as exc:
-            raise RequestError(f"the server is busy: {exc}; retry later", status=503,
-                               code="queue_full",
-                               headers={"retry-after": str(self.retry_after)}) from None
-        except Closed as exc:
-            raise RequestError(str(exc), status=503, code="shutting_down",
-                               headers={"retry-after": str(self.retry_after)}) from None
-        job.waker = asyncio.Event()
-        if job.done.is_set():
-            job.waker.set()
+        request = parse_completion(await _read_body(receive, self.max_body), self.limits)
+        job = self._submit(request)
         watcher = asyncio.ensure_future(_watch_disconnect(receive, job))
         try:
             if request.stream:
@@ -198,67 +172,80 @@ class App:
             if job.finish is None:
                 job.cancel()
 
-    def _head(self, job: Job) -> dict:
-        return {"id": f"cmpl-{job.number}", "object": "text_completion", "created":
-                int(time.time()), "model": job.request.model or self.model_name}
+    def _submit(self, request: Completion) -> Job:
+        """``request``'s job in the engine, its ``waker`` set up for :class:`Released`
+        (503 when shutting down or the queue is full)."""
+        if self.draining or self.engine.closing:
+            raise responses.shutting_down(self.retry_after)
+        try:
+            job = self.engine.submit(request)
+        except QueueFull as exc:
+            raise responses.busy(str(exc), self.retry_after) from None
+        except Closed as exc:
+            raise responses.shutting_down(self.retry_after, str(exc)) from None
+        job.waker = asyncio.Event()
+        if job.done.is_set():
+            job.waker.set()
+        return job
 
-    def _usage(self, job: Job) -> dict:
-        prompt, completion = len(job.request.prompt), len(job.generated)
-        return {"prompt_tokens": prompt, "completion_tokens": completion,
-                "total_tokens": prompt + completion}
+    def _head(self, job: Job) -> responses.Head:
+        return responses.Head(f"cmpl-{job.number}", int(time.time()),
+                              job.request.model or self.model_name)
+
+    @staticmethod
+    def _usage(job: Job) -> dict:
+        return responses.usage(len(job.request.prompt), len(job.generated))
 
     async def _complete(self, job: Job, send) -> None:
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        parts = []
-        while True:
-            await job.waker.wait()
-            job.waker.clear()
-            data, finish = job.take()
-            parts.append(decoder.decode(data, final=finish is not None))
-            if finish is not None:
-                break
+        parts, finish = [], None
+        async for text, finish in Released(job):
+            parts.append(text)
         if finish == "cancelled":
             return
         if finish == "error":
-            raise RequestError(f"generation failed: {job.error}", status=500,
-                               code="generation_failed")
-        body = {**self._head(job), "choices": [{"text": "".join(parts), "index": 0,
-                                                "logprobs": None, "finish_reason": finish}],
-                "usage": self._usage(job)}
-        await _send_json(send, 200, body)
+            raise responses.generation_failed(job.error)
+        await _send_json(send, 200, responses.completion(self._head(job), "".join(parts),
+                                                         finish, self._usage(job)))
 
     async def _stream(self, job: Job, send) -> None:
-        await send({"type": "http.response.start", "status": 200, "headers": [
-            (b"content-type", b"text/event-stream; charset=utf-8"),
-            (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]})
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": list(responses.STREAM_HEADERS)})
         head = self._head(job)
-        while True:
-            await job.waker.wait()
-            job.waker.clear()
-            data, finish = job.take()
-            text = decoder.decode(data, final=finish is not None)
+        async for text, finish in Released(job):
             if finish == "cancelled":
                 return
             if finish == "error":
                 if text:            # (what was released before the error: sent first)
-                    await _send_event(send, {**head, "choices": [{
-                        "text": text, "index": 0, "logprobs": None, "finish_reason": None}]})
-                chunk = {"error": {"message": f"generation failed: {job.error}",
-                                   "type": "server_error", "param": None,
-                                   "code": "generation_failed"}}
-                await _send_event(send, chunk)
-                break
-            if text or finish is not None:
-                chunk = {**head, "choices": [{"text": text, "index": 0, "logprobs": None,
-                                              "finish_reason": finish}]}
-                await _send_event(send, chunk)
-            if finish is not None:
-                if job.request.include_usage:
-                    await _send_event(send, {**head, "choices": [], "usage": self._usage(job)})
-                break
-        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n",
-                    "more_body": False})
+                    await _send_event(send, responses.chunk(head, text, None))
+                await _send_event(send, responses.generation_failed(job.error).body())
+            elif text or finish is not None:
+                await _send_event(send, responses.chunk(head, text, finish))
+                if finish is not None and job.request.include_usage:
+                    await _send_event(send, responses.usage_chunk(head, self._usage(job)))
+        await send({"type": "http.response.body", "body": responses.DONE, "more_body": False})
+
+
+class Released:
+    """A job's text as the engine releases it, for ``async for text, finish in
+    Released(job)``: each time the job's ``waker`` is set, the bytes released since (decoded
+    by :func:`fastrwa.serve.responses.text_decoder`) and ``finish``, ``None`` until the last
+    (``"stop"``, ``"length"``, ``"cancelled"`` or ``"error"``), after which it ends."""
+
+    def __init__(self, job: Job):
+        self.job, self.finish = job, None
+        self.decoder = responses.text_decoder()
+
+    def __aiter__(self) -> Released:
+        return self
+
+    async def __anext__(self) -> tuple[str, Optional[str]]:
+        if self.finish is not None:
+            raise StopAsyncIteration
+        job = self.job
+        await job.waker.wait()
+        job.waker.clear()
+        data, self.finish = job.take()
+        return self.decoder.decode(data, final=self.finish is not None), self.finish
 
 
 async def _watch_disconnect(receive, job: Job) -> None:
@@ -282,22 +269,21 @@ async def _read_body(receive, limit: int) -> bytes:
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
-            raise RequestError(f"the request body is over {limit} bytes", status=413,
-                               code="body_too_large")
+            raise responses.body_too_large(limit)
         chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks)
 
 
 async def _send_json(send, status: int, body: dict, headers: Optional[dict] = None) -> None:
-    data = _json(body)
+    data = responses.encode(body)
     extra = [(k.encode(), v.encode()) for k, v in (headers or {}).items()]
     await send({"type": "http.response.start", "status": status, "headers": [
-        (b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()),
+        (b"content-type", responses.JSON_TYPE), (b"content-length", str(len(data)).encode()),
         *extra]})
     await send({"type": "http.response.body", "body": data})
 
 
 async def _send_event(send, chunk: dict) -> None:
-    await send({"type": "http.response.body", "body": b"data: " + _json(chunk) + b"\n\n",
+    await send({"type": "http.response.body", "body": responses.event(chunk),
                 "more_body": True})

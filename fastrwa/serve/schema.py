@@ -1,6 +1,12 @@
 """The request body of ``POST /v1/completions``, checked: :func:`parse_completion` turns the
 JSON body into a :class:`Completion` or raises :class:`RequestError` naming the field (the
-OpenAI error shape, ``{"error": {"message", "type", "param", "code"}}``).
+OpenAI error shape, ``{"error": {"message", "type", "param", "code"}}``). This is half of the
+server's protocol; :mod:`.responses` builds every answer.
+
+``max_tokens``, ``temperature``, ``top_p`` and ``top_k`` are checked by
+:mod:`fastrwa.models.sampling`'s checks of ``generate``'s arguments, so the server takes what
+``ByteLM.generate`` takes (the messages say it as JSON does), and besides: ``temperature`` 0
+(greedy), ``top_k`` -1 (off, as vLLM), ``max_tokens`` 0, and its own limits.
 
 What OpenAI's completions API takes and this server does not (refused by name, 400):
 ``echo: true``, ``logprobs``, ``best_of > 1``, ``n > 1``, ``suffix``, non-zero
@@ -24,15 +30,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from typing import Optional
+from typing import Callable, Optional
+
+from ..models.sampling import FLOAT32_MAX, check_sampling_args, check_temperature, check_top_p
+from .responses import RequestError     # (the error answer: .responses builds every answer)
 
 # OpenAI's defaults
 DEFAULT_MAX_TOKENS = 16
 MAX_STOPS = 4
 MAX_STOP_BYTES = 256
 MAX_SEED = 2 ** 64 - 1          # torch.Generator.manual_seed's largest
-FLOAT32_MAX = 3.4028234663852886e38
-FLOAT32_TINY = 1.401298464324817e-45
 MAX_INT_DIGITS = 100            # a longer JSON integer is out of range for every field
 SHOWN_CHARS = 40                # a value is shown in a message up to this many characters
 
@@ -41,24 +48,6 @@ SHOWN_CHARS = 40                # a value is shown in a message up to this many 
 _NEUTRAL = {"presence_penalty": 0, "frequency_penalty": 0, "logit_bias": {}, "suffix": ""}
 _KNOWN = {"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "stop", "seed",
           "stream", "stream_options", "n", "echo", "logprobs", "best_of", "user", *_NEUTRAL}
-
-
-class RequestError(Exception):
-    """A request refused: the HTTP ``status``, the ``param`` at fault (``None``: the body as
-    a whole) and a message for the client."""
-
-    def __init__(self, message: str, param: Optional[str] = None, status: int = 400,
-                 code: Optional[str] = None, headers: Optional[dict] = None):
-        super().__init__(message)
-        self.message, self.param, self.status = message, param, status
-        self.code, self.headers = code, headers or {}
-
-    def body(self) -> dict:
-        """The JSON body of the answer: ``{"error": {"message", "type", "param", "code"}}``
-        (``type`` ``invalid_request_error`` below 500, else ``server_error``)."""
-        kind = "invalid_request_error" if self.status < 500 else "server_error"
-        return {"error": {"message": self.message, "type": kind, "param": self.param,
-                          "code": self.code}}
 
 
 @dataclasses.dataclass
@@ -220,9 +209,77 @@ def _stop(value: object) -> tuple:
     return tuple(dict.fromkeys(out))
 
 
+def _check_max_tokens(max_tokens: object) -> None:
+    check_sampling_args(max_tokens, 1.0, None, None)   # (generate's, the others neutral)
+
+
+def _check_top_k(top_k: object) -> None:
+    check_sampling_args(0, 1.0, top_k, None)           # (generate's, the others neutral)
+
+
+def _sampling(body: dict, name: str, check: Callable[[object], None], wanted: str) -> object:
+    """``body[name]`` (``None`` if absent or null) once ``check``, one of
+    :mod:`fastrwa.models.sampling`'s checks of ``generate``'s arguments, takes it (the
+    server accepts what ``generate`` does); else a :class:`RequestError` naming the field:
+    ``wanted``, then the value as JSON spells it."""
+    value = body.get(name)
+    if value is not None:
+        try:
+            check(value)
+        except ValueError:
+            raise RequestError(f"{wanted}, got {_got(value)}", name) from None
+    return value
+
+
 def parse_completion(raw: bytes, limits: Limits) -> Completion:
     """The request of body ``raw`` (JSON), checked against ``limits``: a
-    :class:`RequestError` names the first field that is wrong."""
+    :class:`RequestError` names the first field that is wrong.
+
+    Example::
+
+        >>> req = parse_completion(b'{"prompt": "hi", "temperature": 0, "stop": "."}', Limits())
+        >>> req.prompt, req.max_tokens, req.temperature, req.stop
+        (b'hi', 16, 0.0, (b'.',))
+    """
+    body = _json_object(raw)
+    _refuse_unsupported(body)
+    for name in ("user", "model"):
+        if body.get(name) is not None and not isinstance(body[name], str):
+            raise RequestError(f"{name} must be a string, got {_got(body[name])}", name)
+    if body.get("prompt") is None:
+        raise RequestError("prompt is required", "prompt")
+    req = Completion(prompt=_prompt(body["prompt"], limits), model=body.get("model"),
+                     max_tokens=_max_tokens(body, limits))
+    temperature = body.get("temperature")
+    if not (_is_number(temperature) and temperature == 0):             # (0: greedy)
+        temperature = _sampling(body, "temperature", check_temperature,
+                                f"temperature must be a number >= 0 (0: greedy) and at most "
+                                f"{FLOAT32_MAX:.4g}")
+    if temperature is not None:
+        req.temperature = float(temperature)
+    top_p = _sampling(body, "top_p", check_top_p, "top_p must be a number in (0, 1] (and at "
+                      "least 1.4e-45, the smallest float32; 1: off)")
+    if top_p is not None:
+        req.top_p = None if top_p == 1 else float(top_p)
+    top_k = body.get("top_k")
+    if not (_is_int(top_k) and top_k == -1):                            # (-1: off, vLLM's)
+        req.top_k = _sampling(body, "top_k", _check_top_k,
+                              "top_k must be a positive integer, -1 or null (off)")
+    req.stop = _stop(body.get("stop"))
+    seed = body.get("seed")
+    if seed is not None:
+        if not _is_int(seed) or not 0 <= seed <= MAX_SEED:
+            raise RequestError(f"seed must be an integer from 0 to {MAX_SEED} (2**64 - 1), "
+                               f"got {_got(seed)}", "seed")
+        req.seed = seed
+    req.stream = _bool(body.get("stream"), "stream")
+    req.include_usage = _include_usage(body.get("stream_options"), req.stream)
+    return req
+
+
+def _json_object(raw: bytes) -> dict:
+    """``raw`` parsed: a JSON object whose strings are all Unicode and whose numbers are in
+    range (:func:`_check_json`), else a :class:`RequestError`."""
     try:
         body = json.loads(raw, parse_int=_parse_int, parse_float=_parse_float,
                           parse_constant=_not_json)
@@ -234,6 +291,12 @@ def parse_completion(raw: bytes, limits: Limits) -> Completion:
     if not isinstance(body, dict):
         raise RequestError(f"the body must be a JSON object, got {_got(body)}")
     _check_json(body)
+    return body
+
+
+def _refuse_unsupported(body: dict) -> None:
+    """Refuse a field this server does not know, or one it does not support with a value
+    other than its neutral one (module doc)."""
     for name in body:
         if name not in _KNOWN:
             raise RequestError(f"unrecognized request argument supplied: {_shorten(name)}",
@@ -256,58 +319,29 @@ def parse_completion(raw: bytes, limits: Limits) -> Completion:
         if value is not None and not (_is_int(value) and value == 1):
             raise RequestError(f"{what} (only 1), got {_got(value)}", name,
                                code="unsupported")
-    for name in ("user", "model"):
-        if body.get(name) is not None and not isinstance(body[name], str):
-            raise RequestError(f"{name} must be a string, got {_got(body[name])}", name)
-    if body.get("prompt") is None:
-        raise RequestError("prompt is required", "prompt")
-    req = Completion(prompt=_prompt(body["prompt"], limits), model=body.get("model"))
-    max_tokens = body.get("max_tokens")
-    if max_tokens is not None:
-        if not _is_int(max_tokens) or max_tokens < 0:
-            raise RequestError(f"max_tokens must be an integer >= 0, got {_got(max_tokens)}",
-                               "max_tokens")
-        if max_tokens > limits.max_tokens_limit:
-            raise RequestError(f"max_tokens is {max_tokens}, over this server's limit of "
-                               f"{limits.max_tokens_limit} (--max-tokens-limit)", "max_tokens",
-                               code="max_tokens_too_large")
-        req.max_tokens = max_tokens
-    else:
-        req.max_tokens = min(DEFAULT_MAX_TOKENS, limits.max_tokens_limit)
-    temperature = body.get("temperature")
-    if temperature is not None:
-        if not _is_number(temperature) or not 0 <= temperature <= FLOAT32_MAX:
-            raise RequestError(f"temperature must be a number >= 0 (0: greedy) and at most "
-                               f"{FLOAT32_MAX:.4g}, got {_got(temperature)}", "temperature")
-        req.temperature = float(temperature)
-    top_p = body.get("top_p")
-    if top_p is not None:
-        if not _is_number(top_p) or not FLOAT32_TINY <= top_p <= 1:
-            raise RequestError(f"top_p must be a number in (0, 1] (and at least 1.4e-45, the "
-                               f"smallest float32; 1: off), got {_got(top_p)}", "top_p")
-        req.top_p = None if top_p == 1 else float(top_p)
-    top_k = body.get("top_k")
-    if top_k is not None and not (_is_int(top_k) and top_k == -1):      # (-1: off, vLLM's)
-        if not _is_int(top_k) or top_k < 1:
-            raise RequestError(f"top_k must be a positive integer, -1 or null (off), got "
-                               f"{_got(top_k)}", "top_k")
-        req.top_k = top_k
-    req.stop = _stop(body.get("stop"))
-    seed = body.get("seed")
-    if seed is not None:
-        if not _is_int(seed) or not 0 <= seed <= MAX_SEED:
-            raise RequestError(f"seed must be an integer from 0 to {MAX_SEED} (2**64 - 1), "
-                               f"got {_got(seed)}", "seed")
-        req.seed = seed
-    req.stream = _bool(body.get("stream"), "stream")
-    options = body.get("stream_options")
-    if options is not None:
-        if not isinstance(options, dict) or set(options) - {"include_usage"}:
-            raise RequestError('stream_options must be {"include_usage": true|false}',
-                               "stream_options")
-        if not req.stream:
-            raise RequestError("stream_options is only allowed with stream: true",
-                               "stream_options")
-        req.include_usage = _bool(options.get("include_usage"), "stream_options.include_usage",
-                                  "stream_options")
-    return req
+
+
+def _max_tokens(body: dict, limits: Limits) -> int:
+    max_tokens = _sampling(body, "max_tokens", _check_max_tokens,
+                           "max_tokens must be an integer >= 0")
+    if max_tokens is None:
+        return min(DEFAULT_MAX_TOKENS, limits.max_tokens_limit)
+    if max_tokens > limits.max_tokens_limit:
+        raise RequestError(f"max_tokens is {max_tokens}, over this server's limit of "
+                           f"{limits.max_tokens_limit} (--max-tokens-limit)", "max_tokens",
+                           code="max_tokens_too_large")
+    return max_tokens
+
+
+def _include_usage(options: object, stream: bool) -> bool:
+    """``stream_options.include_usage``: false when ``options`` is null."""
+    if options is None:
+        return False
+    if not isinstance(options, dict) or set(options) - {"include_usage"}:
+        raise RequestError('stream_options must be {"include_usage": true|false}',
+                           "stream_options")
+    if not stream:
+        raise RequestError("stream_options is only allowed with stream: true",
+                           "stream_options")
+    return _bool(options.get("include_usage"), "stream_options.include_usage",
+                 "stream_options")

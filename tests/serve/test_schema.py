@@ -137,3 +137,28 @@ def test_a_body_that_is_not_an_object_is_refused_whatever_it_holds(raw):
     with pytest.raises(RequestError, match="must be a JSON object") as caught:
         parse_completion(raw, LIMITS)
     str(caught.value).encode("utf-8")
+
+
+@pytest.mark.parametrize("name, value", [
+    ("temperature", 3.4028234663852886e38), ("temperature", 3.4028235677973366e38),
+    ("temperature", 1e-300), ("temperature", -1e-300), ("top_p", 1.4e-45), ("top_p", 7e-46),
+    ("top_p", 7.1e-46), ("top_p", 1), ("top_p", 1.0000000000000002), ("top_k", 1),
+    ("top_k", 10 ** 99), ("max_tokens", 0), ("max_tokens", -1)])
+def test_the_sampling_fields_take_what_generate_takes(name, value):
+    """The server's checks are ``generate``'s (models/sampling.py), at float32's edges too."""
+    from fastrwa.models.sampling import check_sampling_args
+    args = dict(max_new_tokens=0, temperature=1.0, top_k=None, top_p=None)
+    args[{"max_tokens": "max_new_tokens"}.get(name, name)] = value
+    try:
+        check_sampling_args(**args)
+        generate_takes = True
+    except ValueError:
+        generate_takes = False
+    limits = Limits(max_prompt_bytes=10, max_tokens_limit=10 ** 100)
+    try:
+        parse_completion(json.dumps({"prompt": "a", name: value}).encode(), limits)
+        server_takes = True
+    except RequestError as exc:
+        assert exc.param == name
+        server_takes = False
+    assert server_takes == generate_takes

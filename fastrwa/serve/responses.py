@@ -1,0 +1,177 @@
+r"""Every answer the server sends, built here (docs/serve.md, "The API"): the completion, its
+streamed chunks, the errors, the models list, ``/health`` and ``/stats``; and how they go on
+the wire. :mod:`.schema` is the other half of the protocol (the request, checked).
+
+A body is a ``dict`` sent as :func:`encode` writes it: compact JSON with ASCII escapes (any
+``str``, a lone surrogate too, encodes; clients read the same text). A stream is server-sent
+events: one :func:`event` per chunk, then :data:`DONE`. Text is bytes: a completion's bytes
+become text through :func:`text_decoder` (UTF-8, incrementally: a character split across
+steps comes out whole; bytes that are not UTF-8 become U+FFFD).
+
+Example::
+
+    >>> head = Head("cmpl-7", created=1700000000, model="bytelm")
+    >>> completion(head, "hi", "length", usage(prompt_tokens=3, completion_tokens=2))["choices"]
+    [{'text': 'hi', 'index': 0, 'logprobs': None, 'finish_reason': 'length'}]
+    >>> event(chunk(head, "\u00e9", None))[-79:]
+    b'"choices":[{"text":"\\u00e9","index":0,"logprobs":null,"finish_reason":null}]}\n\n'
+"""
+
+from __future__ import annotations
+
+import codecs
+import dataclasses
+import json
+from typing import Optional
+
+DONE = b"data: [DONE]\n\n"          # a stream's last event
+JSON_TYPE = b"application/json"
+STREAM_HEADERS = ((b"content-type", b"text/event-stream; charset=utf-8"),
+                  (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no"))
+
+
+def encode(body: dict) -> bytes:
+    """``body`` as the server sends it: compact JSON, ASCII escapes (module doc)."""
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def event(body: dict) -> bytes:
+    """One server-sent event holding ``body``: ``data: {...}\\n\\n``."""
+    return b"data: " + encode(body) + b"\n\n"
+
+
+def text_decoder() -> codecs.IncrementalDecoder:
+    """A fresh decoder of one completion's bytes into its text (module doc): ``decode(data,
+    final)`` returns the characters complete so far."""
+    return codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+
+# -- completions --------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Head:
+    """What every body of one completion starts with: its ``id`` (``cmpl-N``), ``created``
+    (Unix seconds) and ``model`` (the request's, or the server's name)."""
+
+    id: str
+    created: int
+    model: str
+
+    def as_dict(self) -> dict:
+        return {"id": self.id, "object": "text_completion", "created": self.created,
+                "model": self.model}
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    """The ``usage`` of a completion (a token is a byte)."""
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def choice(text: str, finish: Optional[str], logprobs: Optional[dict] = None) -> dict:
+    """The one choice of a completion or a chunk: ``finish`` is ``"stop"``, ``"length"`` or
+    ``None`` (a chunk before the last); ``logprobs`` ``None`` (the server computes none)."""
+    return {"text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish}
+
+
+def completion(head: Head, text: str, finish: str, usage: dict) -> dict:
+    """The answer to a request without ``stream``: the whole ``text``, why it ended and
+    its :func:`usage`."""
+    return {**head.as_dict(), "choices": [choice(text, finish)], "usage": usage}
+
+
+def chunk(head: Head, text: str, finish: Optional[str]) -> dict:
+    """One event of a stream: the ``text`` since the last one (``finish`` on the last)."""
+    return {**head.as_dict(), "choices": [choice(text, finish)]}
+
+
+def usage_chunk(head: Head, usage: dict) -> dict:
+    """A stream's event after the last text, with ``stream_options.include_usage``: no
+    choice, the :func:`usage`."""
+    return {**head.as_dict(), "choices": [], "usage": usage}
+
+
+# -- the other routes ---------------------------------------------------------------------
+
+def models(model: str, created: int) -> dict:
+    """``GET /v1/models``: the one model served."""
+    return {"object": "list", "data": [{"id": model, "object": "model", "created": created,
+                                        "owned_by": "fastrwa"}]}
+
+
+def health(draining: bool, model: str, active: int, queued: int, capacity: int,
+           decoder: str) -> tuple[int, dict]:
+    """``GET /health``'s status and body: 200 ``ok`` while serving, 503 ``draining`` once
+    shutting down; the engine's jobs in rows (``active``), waiting (``queued``), its rows
+    (``capacity``) and its ``decoder``."""
+    body = {"status": "draining" if draining else "ok", "model": model, "active": active,
+            "queued": queued, "capacity": capacity, "decoder": decoder}
+    return (503 if draining else 200), body
+
+
+def stats(active: int, queued: int, capacity: int, counters: dict) -> dict:
+    """``GET /stats``: :func:`health`'s numbers and the engine's ``counters``."""
+    return {"active": active, "queued": queued, "capacity": capacity, **counters}
+
+
+# -- errors -------------------------------------------------------------------------------
+
+class RequestError(Exception):
+    """A request refused, or failed: the HTTP ``status``, the ``param`` at fault (``None``:
+    the body as a whole), a message for the client, OpenAI's ``code`` and extra
+    ``headers`` (``Retry-After``, ``Allow``)."""
+
+    def __init__(self, message: str, param: Optional[str] = None, status: int = 400,
+                 code: Optional[str] = None, headers: Optional[dict] = None):
+        super().__init__(message)
+        self.message, self.param, self.status = message, param, status
+        self.code, self.headers = code, headers or {}
+
+    def body(self) -> dict:
+        """The JSON body of the answer: ``{"error": {"message", "type", "param", "code"}}``
+        (``type`` ``invalid_request_error`` below 500, else ``server_error``), also the
+        event a stream that fails ends with."""
+        kind = "invalid_request_error" if self.status < 500 else "server_error"
+        return {"error": {"message": self.message, "type": kind, "param": self.param,
+                          "code": self.code}}
+
+
+def not_found(path: str) -> RequestError:
+    """404: no such route."""
+    return RequestError(f"no route {path}", status=404, code="not_found")
+
+
+def wrong_method(path: str, allowed: str, method: str) -> RequestError:
+    """405, with ``Allow``."""
+    return RequestError(f"{path} takes {allowed}, got {method}", status=405,
+                        headers={"allow": allowed})
+
+
+def body_too_large(limit: int) -> RequestError:
+    """413: the body is over ``limit`` bytes."""
+    return RequestError(f"the request body is over {limit} bytes", status=413,
+                        code="body_too_large")
+
+
+def shutting_down(retry_after: int, message: str = "the server is shutting down") \
+        -> RequestError:
+    """503 with ``Retry-After``: the server takes no more requests."""
+    return RequestError(message, status=503, code="shutting_down",
+                        headers={"retry-after": str(retry_after)})
+
+
+def busy(reason: str, retry_after: int) -> RequestError:
+    """503 with ``Retry-After``: the engine's queue is full (``reason``: the engine's)."""
+    return RequestError(f"the server is busy: {reason}; retry later", status=503,
+                        code="queue_full", headers={"retry-after": str(retry_after)})
+
+
+def generation_failed(error: Optional[str]) -> RequestError:
+    """500: the request's generation failed (``error``: the engine's reason)."""
+    return RequestError(f"generation failed: {error}", status=500, code="generation_failed")
+
+
+def internal_error() -> RequestError:
+    """500: an unexpected error (a defect, logged by the server)."""
+    return RequestError("internal server error (logged by the server)", status=500,
+                        code="internal_error")

@@ -1,0 +1,84 @@
+"""The answers without a server: each body's exact bytes on the wire (compact JSON, ASCII
+escapes, OpenAI's key order), the error shape, and a job's bytes reaching a route as whole
+characters however the engine splits them (:class:`fastrwa.serve.app.Released`)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from fastrwa.serve import responses
+from fastrwa.serve.app import Released
+
+HEAD = responses.Head("cmpl-3", created=1700000000, model="m\u00e9")
+START = b'{"id":"cmpl-3","object":"text_completion","created":1700000000,"model":"m\\u00e9",'
+
+
+def test_completion_and_chunks_are_openais_bytes():
+    usage = responses.usage(prompt_tokens=2, completion_tokens=3)
+    assert responses.encode(responses.completion(HEAD, "a\ud800", "stop", usage)) == START + (
+        b'"choices":[{"text":"a\\ud800","index":0,"logprobs":null,"finish_reason":"stop"}],'
+        b'"usage":{"prompt_tokens":2,"completion_tokens":3,"total_tokens":5}}')
+    assert responses.event(responses.chunk(HEAD, "\u20ac", None)) == b"data: " + START + (
+        b'"choices":[{"text":"\\u20ac","index":0,"logprobs":null,"finish_reason":null}]}\n\n')
+    assert responses.encode(responses.usage_chunk(HEAD, usage)) == START + (
+        b'"choices":[],"usage":{"prompt_tokens":2,"completion_tokens":3,"total_tokens":5}}')
+    assert responses.DONE == b"data: [DONE]\n\n"
+
+
+def test_errors_have_openais_shape():
+    error = responses.busy("3 requests are waiting", retry_after=2)
+    assert (error.status, error.headers) == (503, {"retry-after": "2"})
+    assert responses.encode(error.body()) == (
+        b'{"error":{"message":"the server is busy: 3 requests are waiting; retry later",'
+        b'"type":"server_error","param":null,"code":"queue_full"}}')
+    refused = responses.RequestError("top_k must be ...", "top_k")
+    assert refused.body() == {"error": {"message": "top_k must be ...", "type":
+                                        "invalid_request_error", "param": "top_k",
+                                        "code": None}}
+    assert responses.wrong_method("/health", "GET", "POST").headers == {"allow": "GET"}
+    assert responses.generation_failed("NaN").body()["error"]["type"] == "server_error"
+
+
+def test_the_other_routes_bodies():
+    assert responses.encode(responses.models("m", 5)) == (
+        b'{"object":"list","data":[{"id":"m","object":"model","created":5,'
+        b'"owned_by":"fastrwa"}]}')
+    assert responses.health(False, "m", 1, 2, 4, "fused") == (200, {
+        "status": "ok", "model": "m", "active": 1, "queued": 2, "capacity": 4,
+        "decoder": "fused"})
+    assert responses.health(True, "m", 0, 0, 4, "fused")[0] == 503
+    assert list(responses.stats(1, 2, 4, {"steps": 9})) == ["active", "queued", "capacity",
+                                                          "steps"]
+
+
+class FakeJob:
+    """What :class:`Released` reads of a job: ``waker``, and ``take()`` handing out the
+    scripted ``(bytes, finish)`` pieces one at a time."""
+
+    def __init__(self, pieces: list):
+        self.pieces, self._lock = list(pieces), threading.Lock()
+        self.waker = asyncio.Event()
+        self.waker.set()
+
+    def take(self):
+        with self._lock:
+            piece = self.pieces.pop(0)
+        if self.pieces:
+            self.waker.set()
+        return piece
+
+
+@pytest.mark.parametrize("finish", ["length", "stop", "error", "cancelled"])
+def test_released_sends_characters_whole_and_ends_at_the_finish(finish):
+    euro = "\u20ac".encode()            # (3 bytes, split across three steps)
+    pieces = [(b"a" + euro[:1], None), (euro[1:2], None), (b"", None),
+              (euro[2:] + b"\xff", None), (b"b\xe2", finish)]
+
+    async def run():
+        return [piece async for piece in Released(FakeJob(pieces))]
+    got = asyncio.run(run())
+    assert got == [("a", None), ("", None), ("", None), ("\u20ac\ufffd", None),
+                   ("b\ufffd", finish)]
