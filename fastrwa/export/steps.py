@@ -1,7 +1,9 @@
 """The streaming step of the scan layers and of :class:`fastrwa.models.ByteLM` in plain
-PyTorch operations (no fastrwa custom op, no numba), for ONNX export: the max-stabilised
-recurrence of :mod:`fastrwa.reference` with its limits (``-inf`` log-weights, an empty
-state, equal infinities), one token at a time.
+PyTorch operations (no fastrwa custom op, no numba), for ONNX export: the layer's public
+transforms (:meth:`~fastrwa.nn.RDA.value`, :meth:`~fastrwa.nn.RDA.discount_to_channels`,
+:meth:`~fastrwa.nn.RDA.output`) around :func:`fastrwa.reference.weighted_step_reference`,
+the max-stabilised recurrence with its limits (``-inf`` log-weights, an empty state, equal
+infinities), one token at a time.
 
 :class:`LayerStep` wraps an :class:`fastrwa.nn.RWA` / :class:`fastrwa.nn.RDA` (its own
 parameters, not copies); :class:`ByteLMStep` a whole ``ByteLM``. Their ``forward`` takes
@@ -14,7 +16,6 @@ the user's own step exports with ``torch.onnx.export``.
 from __future__ import annotations
 
 import contextlib
-import math
 from typing import TYPE_CHECKING, Iterator, Optional, Sequence, Union
 
 import torch
@@ -22,8 +23,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..nn import RDA, RWA, LayerState, RDACell, RRACell, RWACell, Recurrent
-# (the attention's log-weight in plain operations: the torch backend's, which exports as is)
-from ..ops.transforms import log_weight
+# (the attention's log-weight and the discount's log-decay in plain operations: the torch
+# backend's, which export as they are)
+from ..ops.transforms import log_decay, log_weight
+from ..reference import weighted_step_reference
 from ..state import ScanState
 
 if TYPE_CHECKING:                      # (annotations only: steps.py imports no models)
@@ -34,7 +37,6 @@ if TYPE_CHECKING:                      # (annotations only: steps.py imports no 
 # The state of one scan layer, as named tensors: the scan's m, n, d and, with token_shift,
 # the previous token's input.
 SCAN_FIELDS = ("m", "n", "d")
-NEG_INF = float("-inf")
 
 
 def check_exportable(layer: object, where: str = "layer") -> None:
@@ -63,34 +65,6 @@ def layer_state_names(layer: nn.Module, prefix: str = "state") -> list[str]:
     return names + [f"{prefix}.last"] if layer.token_shift else names
 
 
-def _weight(x: Tensor, m: Tensor) -> Tensor:
-    """``exp(x - m)`` for ``x <= m``, with the reference's limits (:mod:`fastrwa.reference`):
-    0 for ``x = -inf``, 1 for ``x = m = +-inf``. (``x == -inf`` rather than ``isneginf``:
-    both exporters translate a comparison.)"""
-    infinite = torch.abs(m) == math.inf
-    shift = torch.where(m == NEG_INF, torch.zeros_like(m), m)
-    diff = torch.where((x == m) & infinite, torch.zeros_like(x), x - shift)
-    return torch.where(x == NEG_INF, torch.zeros_like(x), torch.exp(diff))
-
-
-def scan_step(z: Tensor, l: Tensor, lam: Optional[Tensor], m: Tensor, n: Tensor,
-              d: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """One step of the weighted scan: ``(y, m', n', d')`` from the value ``z``, log-weight
-    ``l`` and log-decay ``lam`` (``None``: no discount) of this token, all ``(B, D)``.
-    ``m' = max(m + lam, l)``, ``n' = n exp(m + lam - m') + z exp(l - m')``, ``d'`` alike,
-    ``y = n' / d'`` (0 for an empty state)."""
-    decayed = m
-    if lam is not None:               # (lam = -inf forgets the past, even a max of +inf)
-        decayed = torch.where(lam == NEG_INF, lam, m + lam)
-    m_new = torch.maximum(decayed, l)
-    keep, take = _weight(decayed, m_new), _weight(l, m_new)
-    n_new = n * keep + z * take
-    d_new = d * keep + take
-    empty = d_new == 0
-    y = torch.where(empty, torch.zeros_like(n_new), n_new / torch.where(empty, 1.0, d_new))
-    return y, m_new, n_new, d_new
-
-
 def _linear(x: Tensor, linear: nn.Linear) -> Tensor:
     """``linear(x)`` in float32 as a ``MatMul`` (and an ``Add``) of the exported graph, not a
     ``Gemm``: onnxruntime's dynamic int8 quantisation quantises ``MatMul`` weights."""
@@ -103,21 +77,14 @@ def layer_step(layer: nn.Module, x: Tensor, m: Tensor, n: Tensor, d: Tensor,
     """``layer.step`` (an ``RWA``/``RDA``) in plain operations: ``x`` ``(B, input_size)``
     and the state's tensors -> ``(y, m, n, d[, last])``, ``y`` ``(B, hidden_size)``."""
     inp = torch.cat([x, last], dim=-1) if layer.token_shift else x
-    proj = _linear(inp, layer.proj)
-    H = layer.hidden_size
-    parts = torch.split(proj, list(layer.gate_widths), dim=-1)
-    u, g, a = parts[0], parts[1], parts[2]
-    z = u * torch.tanh(g)
-    if isinstance(layer, RDA):
-        lam = F.logsigmoid(parts[3])
-        if layer.discount_groups is not None:       # each group's discount to its channels
-            groups = layer.discount_groups
-            lam = lam.unsqueeze(-1).expand(-1, groups, H // groups).reshape(-1, H)
-        y, m, n, d = scan_step(z, log_weight(a, layer.attention), lam, m, n, d)
-        y = layer._f_o(layer._f_h(y))
+    u, g, a, *c = torch.split(_linear(inp, layer.proj), list(layer.gate_widths), dim=-1)
+    if isinstance(layer, RDA):          # (RDA's gamma = sigmoid(c), as fastrwa.rda_step's)
+        log_w = log_weight(a, layer.attention)
+        lam = layer.discount_to_channels(log_decay(c[0], "sigmoid"))
     else:
-        y, m, n, d = scan_step(z, a, None, m, n, d)
-        y = torch.tanh(y)
+        log_w, lam = a, None
+    y, (m, n, d) = weighted_step_reference(layer.value(u, g), log_w, lam, ScanState(m, n, d))
+    y = layer.output(y)
     return (y, m, n, d, x) if layer.token_shift else (y, m, n, d)
 
 

@@ -202,16 +202,39 @@ class _ScanLayer(nn.Module):
         of its channels)."""
         G = self.num_gates
         gates = [parts[d * G:(d + 1) * G] for d in range(self.num_directions)]
-        if self.discount_groups is not None:    # each group's discount to its channels
-            r = self.hidden_size // self.discount_groups
-            gates = [(*mine[:3], repeat(mine[3], "... c -> ... (c r)", r=r)) for mine in gates]
+        if self.discount_groups is not None:
+            gates = [(*mine[:3], self.discount_to_channels(mine[3])) for mine in gates]
         return gates
+
+    def discount_to_channels(self, c: Tensor) -> Tensor:
+        """Each group's discount (its logit, or any elementwise function of it) given to each
+        of its channels: ``(..., discount_groups)`` -> ``(..., hidden_size)``, group ``k`` to
+        channels ``k * r .. (k + 1) * r - 1`` (``r = hidden_size / discount_groups``); ``c``
+        itself for a per-channel discount (and for RWA, which has none).
+
+        Example:
+            >>> import torch, fastrwa
+            >>> layer = fastrwa.nn.RDA(8, 4, discount_groups=2)
+            >>> layer.discount_to_channels(torch.tensor([1.0, 2.0]))
+            tensor([1., 1., 2., 2.])
+        """
+        if self.discount_groups is None:
+            return c
+        return repeat(c, "... c -> ... (c r)", r=self.hidden_size // self.discount_groups)
 
     def _scan(self, gates: tuple[Tensor, ...], state: Optional[ScanState], reverse: bool,
               step: bool, context_group=None, cu_seqlens=None):
         raise NotImplementedError
 
-    def _output(self, y: Tensor) -> Tensor:
+    @staticmethod
+    def value(u: Tensor, g: Tensor) -> Tensor:
+        """The value ``z = u * tanh(g)`` the scan averages, from the gate pre-activations
+        ``u`` and ``g`` (the first two of the fused projection's, any shape, elementwise)."""
+        return u * torch.tanh(g)
+
+    def output(self, y: Tensor) -> Tensor:
+        """The layer's output from the scan's average ``y = n / d`` (any shape,
+        elementwise): ``tanh(y)`` for RWA, ``f_o(f_h(y))`` for RDA."""
         raise NotImplementedError
 
     def forward(self, x: Tensor, state: Optional[LayerState] = None,
@@ -304,8 +327,8 @@ class _ScanLayer(nn.Module):
 
     def _joined(self, ys: list, finals: list) -> tuple[Tensor, ScanState]:
         """The output and the final state of the directions' scans, channels side by side."""
-        out = torch.cat([self._output(y) for y in ys], dim=-1) if len(ys) > 1 \
-            else self._output(ys[0])
+        out = torch.cat([self.output(y) for y in ys], dim=-1) if len(ys) > 1 \
+            else self.output(ys[0])
         final = finals[0] if len(finals) == 1 else ScanState(
             *(torch.cat(parts, dim=-1) for parts in zip(*finals)))
         return out, final
@@ -447,7 +470,7 @@ class _ScanLayer(nn.Module):
         gates = self._gates(x_t[:, None], state.last_input)[0]
         y, final = self._scan(gates, state.scan, reverse=False, step=True)
         last = x_t.clone() if self.token_shift else None
-        return self._output(y)[:, 0], LayerState(final, last)
+        return self.output(y)[:, 0], LayerState(final, last)
 
     # -- allocation-free streaming ----------------------------------------------------------
     def step_workspace(self, batch: int, dtype: Optional[torch.dtype] = None) -> dict:
@@ -646,14 +669,14 @@ class RWA(_ScanLayer):
 
     def _scan(self, gates, state, reverse, step, context_group=None, cu_seqlens=None):
         u, g, a = gates
-        z = u * torch.tanh(g)
+        z = self.value(u, g)
         if step:
             y, final = _scan.rwa_step(z[:, 0], a[:, 0], state)
             return y[:, None], final
         return _scan.rwa_scan(z, a, state, output_final_state=True, reverse=reverse,
                               cu_seqlens=cu_seqlens, context_group=context_group)
 
-    def _output(self, y):
+    def output(self, y):
         return torch.tanh(y)
 
     def _step_scan_(self, work, scan, y):
@@ -751,7 +774,7 @@ class RDA(NamedActivations, _ScanLayer):
 
     def _scan(self, gates, state, reverse, step, context_group=None, cu_seqlens=None):
         u, g, a, c = gates
-        z = u * torch.tanh(g)
+        z = self.value(u, g)
         if step:
             y, final = _scan.rda_step(z[:, 0], a[:, 0], c[:, 0], state, self.attention)
             return y[:, None], final
@@ -759,7 +782,7 @@ class RDA(NamedActivations, _ScanLayer):
                               reverse=reverse, cu_seqlens=cu_seqlens,
                               context_group=context_group)
 
-    def _output(self, y):
+    def output(self, y):
         return self._f_o(self._f_h(y))
 
     def _step_scan_(self, work, scan, y):
