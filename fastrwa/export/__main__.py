@@ -20,6 +20,8 @@ from typing import Optional
 
 from ..extras import install_hint
 from ..models.files import sigterm_raises, stop_line
+from ..options import add_model_directory, add_overwrite
+from .names import WHAT
 
 
 def _torch_bits_per_byte(model, data: bytes, rows: int) -> float:
@@ -73,6 +75,30 @@ def _missing_extra(exporter: str) -> Optional[str]:
     return None
 
 
+def parser() -> argparse.ArgumentParser:
+    """The command line's parser: ``onnx``'s options (those the CLIs share:
+    :mod:`fastrwa.options`)."""
+    p = argparse.ArgumentParser(prog="python -m fastrwa.export", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="format", required=True, metavar="FORMAT")
+    o = sub.add_parser("onnx", help="prompt.onnx and step.onnx for onnxruntime",
+                       description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_directory(o, "source")
+    o.add_argument("out_dir", type=Path, metavar="OUT_DIR")
+    o.add_argument("--weights", choices=("float32", "int8", "float16"), default="float32",
+                   help="how the weight matrices are stored (default: float32)")
+    o.add_argument("--exporter", choices=("torchscript", "dynamo"), default="torchscript",
+                   help="torch.onnx's exporter (dynamo needs onnxscript; default: torchscript)")
+    add_overwrite(o, "OUT_DIR", WHAT)
+    o.add_argument("--eval", type=Path, metavar="FILE",
+                   help="print the bits per byte of the export and of the PyTorch model on "
+                        "the first --eval-bytes bytes of FILE")
+    o.add_argument("--eval-bytes", type=int, default=16000, metavar="N",
+                   help="bytes of FILE to evaluate, read as 8 rows (at least 16; default: 16000)")
+    return p
+
+
 def main(argv: list[str] | None = None) -> int:
     """The command line ``python -m fastrwa.export onnx RUN_OR_MODEL_DIR OUT_DIR [...]``
     (``argv``: its arguments, ``sys.argv[1:]`` when ``None``). Returns the exit status: 0
@@ -83,27 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     130 for Ctrl-C and 143 for SIGTERM, with one ``stopped`` line (``OUT_DIR`` as it was,
     or written whole if the stop came during ``--eval``). argparse's own usage errors exit
     2 as well (``SystemExit``)."""
-    p = argparse.ArgumentParser(prog="python -m fastrwa.export", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="format", required=True, metavar="FORMAT")
-    o = sub.add_parser("onnx", help="prompt.onnx and step.onnx for onnxruntime",
-                       description=__doc__,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    o.add_argument("source", type=Path, metavar="RUN_OR_MODEL_DIR")
-    o.add_argument("out_dir", type=Path, metavar="OUT_DIR")
-    o.add_argument("--best", action="store_true", help="the run's best-validation model")
-    o.add_argument("--weights", choices=("float32", "int8", "float16"), default="float32",
-                   help="how the weight matrices are stored (default: float32)")
-    o.add_argument("--exporter", choices=("torchscript", "dynamo"), default="torchscript",
-                   help="torch.onnx's exporter (dynamo needs onnxscript; default: torchscript)")
-    o.add_argument("--overwrite", action="store_true",
-                   help="replace OUT_DIR if it holds an earlier ONNX export")
-    o.add_argument("--eval", type=Path, metavar="FILE",
-                   help="print the bits per byte of the export and of the PyTorch model on "
-                        "the first --eval-bytes bytes of FILE")
-    o.add_argument("--eval-bytes", type=int, default=16000, metavar="N",
-                   help="bytes of FILE to evaluate, read as 8 rows (at least 16; default: 16000)")
-    args = p.parse_args(argv)
+    args = parser().parse_args(argv)
     # (absolute: an OUT_DIR of "." or one holding the working directory is replaced by a
     # rename; --eval then reads the new directory, not the one the process stood in)
     args.out_dir = args.out_dir.absolute()
@@ -132,14 +138,12 @@ def _export(args: argparse.Namespace) -> int:
         if missing:
             raise ValueError(missing)
 
-        from ..models import load_pretrained, run_model_dir
-        from .onnx import export_onnx
+        from ..models import load_bytelm
+        from .onnx import USE, export_onnx
 
-        source = run_model_dir(args.source, args.best)
-        args.model = load_pretrained(source)
-        out = export_onnx(args.model if type(args.model).__name__ == "ByteLM" else source,
-                          args.out_dir, weights=args.weights, exporter=args.exporter,
-                          overwrite=args.overwrite)
+        args.model = load_bytelm(args.source, args.best, USE)
+        out = export_onnx(args.model, args.out_dir, weights=args.weights,
+                          exporter=args.exporter, overwrite=args.overwrite)
     except (FileNotFoundError, ValueError, TypeError, OSError, ImportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

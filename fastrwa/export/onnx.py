@@ -23,8 +23,8 @@ import torch
 from torch import nn
 
 from ..extras import install_hint
-from .names import (CONFIG, FILES_KEY, FORMAT, PROMPT, PROPS, PROPS_KEY, STEP,
-                    VERSION, WHAT, file_record, foreign_files)
+from .names import (CONFIG, EXPORT_FILES, FILES_KEY, FORMAT, OLD_LEFTOVERS, PROMPT, PROPS,
+                    PROPS_KEY, STEP, VERSION, WHAT, file_record)
 
 try:
     import onnx
@@ -33,10 +33,15 @@ except ImportError as exc:             # pragma: no cover (CI installs the extra
     raise ImportError(f"fastrwa.export.onnx needs onnx and onnxruntime: "
                       f"{install_hint('onnx')}") from exc
 
-from ..models import ByteLM, load_pretrained, run_model_dir
-from ..models.files import (check_output_directory, staged_directory, write_atomically,
-                             write_file)
+from ..models import ByteLM, load_bytelm
+from ..models.files import (ExportDirectory, check_output_directory, staged_directory,
+                            write_atomically, write_file)
 from .steps import ByteLMStep, LayerStep, check_exportable, layer_state_names, state_names
+
+# What --overwrite may replace: an earlier export (its files, an older version's leftover
+# temporary files, and an onnx_config.json of this format beside any graph).
+OUTPUT = ExportDirectory(WHAT, EXPORT_FILES, CONFIG, ("format", FORMAT), OLD_LEFTOVERS)
+USE = "the ONNX export"         # (what refuses a baseline: load_bytelm)
 WEIGHTS = ("float32", "int8", "float16")
 EXPORTERS = ("torchscript", "dynamo")
 OPSET = 17
@@ -315,23 +320,19 @@ def export_onnx(model: "ByteLM | str | os.PathLike", out_dir: "str | os.PathLike
     The directory is written whole or not at all: staged beside ``out_dir`` and renamed
     into place (:func:`fastrwa.models.files.staged_directory`; a full disk, Ctrl-C or a
     kill leaves ``out_dir`` as it was). An existing non-empty ``out_dir`` is replaced only
-    with ``overwrite``, and only if it is an earlier export (:func:`foreign_files`): else
-    ``ValueError`` naming it, before anything is exported; a failed write is a
+    with ``overwrite``, and only if it is an earlier export (:data:`OUTPUT`): else
+    ``ValueError`` naming it, before anything is exported; a baseline is refused
+    (:func:`fastrwa.models.load_bytelm`); a failed write is a
     :class:`~fastrwa.models.files.WriteError` naming ``out_dir``, the file and the
     cause."""
     out_dir = Path(out_dir)
-    check_output_directory(out_dir, overwrite, foreign_files, WHAT)   # (before the work)
+    check_output_directory(out_dir, overwrite, OUTPUT)   # (before the work)
     if not isinstance(model, nn.Module):
-        source = run_model_dir(model, best)
-        model = load_pretrained(source)
-        if not isinstance(model, ByteLM):
-            raise ValueError(f"{source}: the {model.config.layer!r} baseline "
-                             f"({type(model).__name__}) is not exported to ONNX (only the "
-                             f"rda/rwa scan models are)")
+        model = load_bytelm(model, best, USE)
     prompt, step, config = bytelm_onnx(model, weights, exporter, opset)
     graphs = {PROMPT: prompt.SerializeToString(), STEP: step.SerializeToString()}
     config[FILES_KEY] = {name: file_record(content) for name, content in graphs.items()}
-    with staged_directory(out_dir, overwrite, foreign_files, WHAT) as staging:
+    with staged_directory(out_dir, overwrite, OUTPUT) as staging:
         for name, content in (*graphs.items(),
                               (CONFIG, (json.dumps(config, indent=2) + "\n").encode())):
             write_file(staging / name, content)

@@ -1,11 +1,11 @@
-"""``python -m fastrwa.hf.export RUN_DIR OUT_DIR``: a training run's model as a Hugging Face
-directory (``config.json``, ``model.safetensors``, ``generation_config.json``, the
+"""``python -m fastrwa.hf.export RUN_OR_MODEL_DIR OUT_DIR``: a training run's model as a
+Hugging Face directory (``config.json``, ``model.safetensors``, ``generation_config.json``, the
 tokenizer's files, the ``auto_map`` modules and the run's model card ``README.md``: the
 format of :mod:`fastrwa.models.directory`) that ``AutoModelForCausalLM`` /
 ``AutoTokenizer.from_pretrained`` load after ``import fastrwa.hf`` or with
 ``trust_remote_code=True``.
 
-``RUN_DIR`` is a run directory (its final ``model/`` export, or ``best/`` with ``--best``)
+``RUN_OR_MODEL_DIR`` is a run directory (its final ``model/``, or ``best/`` with ``--best``)
 or any directory ``fastrwa.models.save_pretrained`` wrote. The directory is written beside
 ``OUT_DIR`` and renamed into place when complete: an interrupted export leaves no half
 directory (what a killed export left beside it is tidied by the next one). An existing
@@ -18,7 +18,6 @@ naming ``OUT_DIR``, with nothing half-written left behind. (The ONNX export,
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
 from pathlib import Path
@@ -26,38 +25,35 @@ from typing import Optional
 
 from safetensors import SafetensorError
 
-from ..models import ByteLM, load_pretrained, run_model_dir
+from ..models import load_bytelm, run_model_dir
 from ..models.directory import REMOTE_CODE, is_model_card
-from ..models.files import check_output_directory, sigterm_raises, staged_directory, stop_line
+from ..models.files import (ExportDirectory, check_output_directory, sigterm_raises,
+                            staged_directory, stop_line)
+from ..options import add_model_directory, add_overwrite
 from . import FastRWAByteTokenizer, FastRWAConfig, FastRWAForCausalLM
 from .progress import no_progress_bars
 
 
-# What an export holds (save_pretrained's files for the model and the tokenizer, the
-# modules auto_map names, the model card).
-EXPORT_FILES = {"config.json", "model.safetensors", "generation_config.json",
-                "tokenizer_config.json", "added_tokens.json", "special_tokens_map.json",
-                "README.md", *REMOTE_CODE}
+# What --overwrite may replace: an earlier export (save_pretrained's files for the model and
+# the tokenizer, the modules auto_map names, the model card), its config.json of the model
+# type, and a README.md only if it is the card an export wrote (a README of one's own is
+# never deleted).
 WHAT = "fastrwa Hugging Face export"
+USE = "the Hugging Face export"      # (what refuses a baseline: load_bytelm)
 
 
-def foreign_files(directory: Path) -> Optional[str]:
-    """``None`` if ``directory`` is a fastrwa export and nothing else (``--overwrite``
-    replaces only that), else why not, in a few words."""
-    try:
-        names = {p.name for p in directory.iterdir()}
-        config = json.loads((directory / "config.json").read_text())
-    except (OSError, ValueError):
-        return "no readable config.json"
-    others = sorted(names - EXPORT_FILES)
-    if others:
-        return f"it holds {others[0]}, which an export does not write"
-    if not (isinstance(config, dict) and config.get("model_type") == FastRWAConfig.model_type):
-        return f"its config.json is not of model_type {FastRWAConfig.model_type!r}"
+def _card_only(directory: Path) -> Optional[str]:
     card = directory / "README.md"
-    if card.exists() and not (card.is_file() and is_model_card(card.read_text(errors="replace"))):
-        return "its README.md is not a model card"   # (a README of one's own is never deleted)
+    if card.exists() and not is_model_card(card.read_text(errors="replace")):
+        return "its README.md is not a model card"
     return None
+
+
+OUTPUT = ExportDirectory(
+    WHAT, frozenset({"config.json", "model.safetensors", "generation_config.json",
+                     "tokenizer_config.json", "added_tokens.json", "special_tokens_map.json",
+                     "README.md", *REMOTE_CODE}),
+    "config.json", ("model_type", FastRWAConfig.model_type), own=_card_only)
 
 
 def export(run_dir: str | Path, out_dir: str | Path, best: bool = False,
@@ -67,18 +63,14 @@ def export(run_dir: str | Path, out_dir: str | Path, best: bool = False,
     baseline, an ``out_dir`` that is a symbolic link or would be overwritten without
     ``overwrite``, or is not an earlier export), :class:`~fastrwa.models.files.WriteError`
     (a full disk: one line naming ``out_dir``; nothing is left behind). The directory is
-    staged beside ``out_dir`` and renamed into place, with the ONNX export's policy
-    (:func:`fastrwa.models.files.staged_directory`)."""
+    staged beside ``out_dir`` and renamed into place
+    (:func:`fastrwa.models.files.staged_directory`), under the policy of every exporter
+    (:data:`OUTPUT`)."""
     out_dir = Path(out_dir)
-    check_output_directory(out_dir, overwrite, foreign_files, WHAT)   # (before the work)
+    check_output_directory(out_dir, overwrite, OUTPUT)   # (before the work)
     source = run_model_dir(run_dir, best)
-    model = load_pretrained(source)
-    if not isinstance(model, ByteLM):
-        raise ValueError(f"{run_dir}: the {model.config.layer!r} baseline "
-                         f"({type(model).__name__}) has no Hugging Face class (only the rda/rwa "
-                         f"scan models export)")
-    with staged_directory(out_dir, overwrite, foreign_files, WHAT,
-                          failures=(SafetensorError,)) as staging:
+    model = load_bytelm(source, use=USE)
+    with staged_directory(out_dir, overwrite, OUTPUT, failures=(SafetensorError,)) as staging:
         if (source / "README.md").is_file():      # (the run's model card: how it was trained)
             shutil.copyfile(source / "README.md", staging / "README.md")
         with no_progress_bars():
@@ -87,15 +79,18 @@ def export(run_dir: str | Path, out_dir: str | Path, best: bool = False,
     return out_dir
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The command line's parser (the options the CLIs share: :mod:`fastrwa.options`)."""
     p = argparse.ArgumentParser(prog="python -m fastrwa.hf.export", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    add_model_directory(p)
     p.add_argument("out_dir", type=Path, metavar="OUT_DIR")
-    p.add_argument("--best", action="store_true", help="the run's best-validation model")
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace OUT_DIR if it holds an earlier export")
-    args = p.parse_args(argv)
+    add_overwrite(p, "OUT_DIR", WHAT)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     args.out_dir = args.out_dir.absolute()
     existed = args.out_dir.exists()
     try:

@@ -1,12 +1,14 @@
 """Writing a file so that it is never left half-written (``path.tmp``, then a rename): the
 model directory (:mod:`.pretrained`, :mod:`.integrity`) and the trainer's run directory use
 it; and a whole directory so (:func:`staged_directory`: staged beside it, then renamed into
-place), with one policy for what it may replace: the exporters (``fastrwa.hf.export``,
-``fastrwa.export``) use it."""
+place), with one policy for what it may replace (:class:`ExportDirectory`): the exporters
+(``fastrwa.hf.export``, ``fastrwa.export``) use it."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import os
 import re
 import shutil
@@ -125,15 +127,76 @@ def recover_stale(out_dir: Path) -> None:
                 shutil.rmtree(entry)
 
 
-def check_output_directory(out_dir: Path, overwrite: bool,
-                           foreign: Callable[[Path], Optional[str]], what: str) -> None:
-    """Refuse (``ValueError``, one line naming ``out_dir``) to write the ``what`` (e.g.
-    "fastrwa ONNX export") to ``out_dir`` where it would replace anything but an earlier
-    one: a symbolic link (never followed or replaced), a file, a non-empty directory
-    without ``overwrite``, or with it one that ``foreign(out_dir)`` says is not an earlier
-    ``what`` (it returns why, or ``None`` for an earlier one). A missing or empty
-    ``out_dir`` is accepted. What a killed earlier write left is tidied first
-    (:func:`recover_stale`)."""
+@dataclasses.dataclass(frozen=True)
+class ExportDirectory:
+    """What an exporter writes into its ``OUT_DIR``, and so what ``--overwrite`` may
+    replace: the one policy of every exporter (:func:`check_output_directory`).
+
+    Attributes:
+        what: the export's name in the errors, e.g. "fastrwa ONNX export".
+        files: every name the export writes.
+        config: the JSON file among ``files`` that says the directory is an export.
+        mark: the key and value that ``config`` holds, e.g. ``("format", "fastrwa-onnx")``.
+        leftovers: names an older version left in the directory (killed mid-write).
+        own: a last check of an earlier export's files (why not, or ``None``), e.g. that
+            its ``README.md`` is a model card the export wrote.
+
+    Example:
+        >>> import tempfile
+        >>> from pathlib import Path
+        >>> policy = ExportDirectory("notes export", frozenset({"a.json"}), "a.json",
+        ...                          ("format", "notes"))
+        >>> d = Path(tempfile.mkdtemp())
+        >>> _ = (d / "mine.txt").write_text("keep me")
+        >>> policy.foreign(d)
+        'it holds mine.txt'
+    """
+
+    what: str
+    files: frozenset
+    config: str
+    mark: tuple
+    leftovers: frozenset = frozenset()
+    own: Optional[Callable[[Path], Optional[str]]] = None
+
+    def foreign(self, directory: Path) -> Optional[str]:
+        """``None`` if ``directory`` is an earlier export: plain files only, each one of
+        :attr:`files` or :attr:`leftovers`, and (unless it holds leftovers only) its
+        :attr:`config` with :attr:`mark`, then :attr:`own`'s check; else why not, in a
+        few words."""
+        entries = list(Path(directory).iterdir())
+        names = {p.name for p in entries}
+        others = sorted(names - self.files - self.leftovers)
+        if others:
+            more = f" and {len(others) - 1} other file{'s' * (len(others) > 2)}" \
+                if len(others) > 1 else ""
+            return f"it holds {others[0]}{more}"
+        odd = sorted(p.name for p in entries if p.is_symlink() or not p.is_file())
+        if odd:
+            return f"its {odd[0]} is not a plain file"
+        if names <= self.leftovers:
+            return None
+        if self.config not in names:
+            return f"it has no {self.config}"
+        try:
+            config = json.loads((Path(directory) / self.config).read_text())
+        except (OSError, ValueError):
+            return f"its {self.config} cannot be read"
+        key, value = self.mark
+        if not isinstance(config, dict) or config.get(key) != value:
+            return f"its {self.config} is not of {key} {value!r}"
+        return self.own(Path(directory)) if self.own is not None else None
+
+
+def check_output_directory(out_dir: Path, overwrite: bool, policy: ExportDirectory) -> None:
+    """Refuse (``ValueError``, one line naming ``out_dir``) to write the export
+    ``policy`` describes (its ``what``, e.g. "fastrwa ONNX export") to ``out_dir`` where
+    it would replace anything but an earlier one: a symbolic link (never followed or
+    replaced), a file, a non-empty directory without ``overwrite``, or with it one that
+    ``policy.foreign(out_dir)`` says is not an earlier export (it returns why, or
+    ``None`` for an earlier one). A missing or empty ``out_dir`` is accepted. What a
+    killed earlier write left is tidied first (:func:`recover_stale`)."""
+    what = policy.what
     out_dir = _absolute(out_dir)
     recover_stale(out_dir)
     if out_dir.is_symlink():
@@ -157,7 +220,7 @@ def check_output_directory(out_dir: Path, overwrite: bool,
     if not overwrite:
         raise ValueError(f"{out_dir} exists and is not empty; pass --overwrite "
                          f"(overwrite=True) to replace an earlier {what}")
-    reason = foreign(out_dir)
+    reason = policy.foreign(out_dir)
     if reason is not None:
         raise ValueError(f"{out_dir} exists and is not a {what} ({reason}); --overwrite "
                          f"replaces only an earlier {what}: choose another OUT_DIR")
@@ -252,21 +315,20 @@ def _cannot_write(out_dir: Path, staging: Optional[Path], existed: bool,
 
 
 @contextlib.contextmanager
-def staged_directory(out_dir: Path, overwrite: bool,
-                     foreign: Callable[[Path], Optional[str]], what: str,
+def staged_directory(out_dir: Path, overwrite: bool, policy: ExportDirectory,
                      failures: tuple[type[BaseException], ...] = ()) -> Iterator[Path]:
     """Write a directory whole or not at all: ``with staged_directory(out_dir, ...) as
     staging:`` the caller writes its files into ``staging``; when the block ends, they are
     flushed to disk and ``staging`` takes ``out_dir``'s place (section comment).
 
-    ``out_dir`` is checked by :func:`check_output_directory` (``overwrite``, ``foreign``,
-    ``what``: see there) on entry and again just before the swap. An ``OSError`` (a full
+    ``out_dir`` is checked by :func:`check_output_directory` (``overwrite``, ``policy``:
+    see there) on entry and again just before the swap. An ``OSError`` (a full
     disk, no permission), or one of ``failures`` (another library's write error), raised
     while writing or swapping is raised as :class:`WriteError`, one line naming
     ``out_dir``, the file and the cause. Whatever ends the block early (those, a
     ``KeyboardInterrupt``) removes ``staging`` and leaves ``out_dir`` as it was."""
     out_dir = _absolute(out_dir)
-    check_output_directory(out_dir, overwrite, foreign, what)
+    check_output_directory(out_dir, overwrite, policy)
     existed = out_dir.exists()
     staging = None
     try:
@@ -277,7 +339,7 @@ def staged_directory(out_dir: Path, overwrite: bool,
         staging.chmod(0o777 & ~umask)          # (mkdtemp's 0700 would outlive the rename)
         yield staging
         _sync(staging)
-        check_output_directory(out_dir, overwrite, foreign, what)   # (changed meanwhile?)
+        check_output_directory(out_dir, overwrite, policy)   # (changed meanwhile?)
         _swap(staging, out_dir)
         with contextlib.suppress(OSError):
             _fsync(out_dir.parent)              # (the renames, on disk)

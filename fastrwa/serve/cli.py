@@ -17,13 +17,14 @@ import logging
 import os
 import socket
 import sys
-from pathlib import Path
 from typing import Optional
 
 import torch
 
 from ..extras import install_hint
-from ..models import WEIGHT_FORMATS, ByteLM, load_pretrained, run_model_dir
+from ..models import load_bytelm
+from ..options import (add_device, add_model_directory, add_threads, add_weights,
+                       check_options, device_of)
 from .app import App
 from .batcher import Engine
 from .rows import make_rows
@@ -38,19 +39,14 @@ def parser() -> argparse.ArgumentParser:
     """The command line's parser (the options: docs/serve.md)."""
     p = argparse.ArgumentParser(prog="python -m fastrwa.serve", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("run_dir", type=Path, metavar="RUN_OR_MODEL_DIR",
-                   help="a training run's directory (its model/) or a model directory")
-    p.add_argument("--best", action="store_true", help="the run's best-validation model")
+    add_model_directory(p)
     p.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1 (this machine only)")
     p.add_argument("--port", type=int, default=8000, help="default 8000; 0: any free port")
     p.add_argument("--model-name", default=None,
                    help="the model's id in responses and /v1/models (default: the directory's "
                         "name)")
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    p.add_argument("--weights", choices=("auto", "eager", *WEIGHT_FORMATS), default="auto",
-                   help="as generate's --weights: the fused CPU decode step with float32 "
-                        "(auto on CPU), bfloat16 or int8 matrices; eager; auto on CUDA: the "
-                        "step replayed from a CUDA graph")
+    add_device(p)
+    add_weights(p)
     p.add_argument("--max-batch", type=int, default=64,
                    help="streams decoded at once (rows of the batch; default 64)")
     p.add_argument("--max-queue", type=int, default=256,
@@ -61,7 +57,7 @@ def parser() -> argparse.ArgumentParser:
                    help="longest prompt in UTF-8 bytes (default 16384; longer: 400)")
     p.add_argument("--max-tokens-limit", type=int, default=4096,
                    help="largest max_tokens a request may ask for (default 4096; more: 400)")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: PyTorch's)")
+    add_threads(p)
     p.add_argument("--log-level", default="warning",
                    choices=("critical", "error", "warning", "info", "debug"),
                    help="uvicorn's and the server's log level (default warning)")
@@ -84,22 +80,7 @@ def check_args(args: argparse.Namespace) -> None:
                          f"{args.shutdown_timeout}")
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
-    if args.threads is not None and args.threads < 1:
-        raise ValueError(f"--threads must be at least 1, got {args.threads}")
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda: no CUDA device is available here")
-
-
-def load_model(args: argparse.Namespace) -> ByteLM:
-    """The ``ByteLM`` of ``args.run_dir`` on ``args.device`` (``ValueError`` for another
-    kind of model; ``FileNotFoundError`` without one)."""
-    device = torch.device("cuda" if args.device == "cuda" or (
-        args.device == "auto" and torch.cuda.is_available()) else "cpu")
-    model = load_pretrained(run_model_dir(args.run_dir, args.best)).to(device)
-    if not isinstance(model, ByteLM):
-        raise ValueError(f"{args.run_dir}: the server decodes fastrwa.models.ByteLM models "
-                         f"(rda, rwa); this one is a {model.config.layer!r} baseline")
-    return model
+    check_options(args)
 
 
 def served_name(args: argparse.Namespace) -> str:
@@ -146,7 +127,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     # keeps either from waiting long for the other.
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     try:
-        model = load_model(args)
+        model = load_bytelm(args.run_dir, args.best, "the server").to(device_of(args.device))
         rows = make_rows(model, args.weights, args.max_batch)
     except (FileNotFoundError, ValueError, TypeError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from ..kernels.codes import ATTENTIONS
 from ..models.files import WriteError
+from ..options import add_device, add_overwrite
 from .config import (AUTOCASTS, DEFAULTS, DEVICES, LM_ONLY_MODELS, RELOCATABLE, RESUMABLE_CHANGES,
                      SCHEDULES, RunConfig, flag_name, parse_lm_field)
 from .budget import Deadline, calibrate, plan
@@ -96,7 +97,7 @@ def parser() -> argparse.ArgumentParser:
              "into the rows without padding, nothing carried between steps "
              "(docs/training.md)")
     add("--data", help="enwik8 (raw or .zip) / text: a file; mnist, pmnist: the IDX directory")
-    add("--device", choices=DEVICES, help="auto: CUDA when present, else the CPU (default auto)")
+    add_device(p, default=None)
     add("--autocast", choices=AUTOCASTS, help="bf16: forward in bfloat16 autocast (default none)")
     p.add_argument("--lm", type=parse_lm_field, action="append", metavar="KEY=VALUE",
                    help="byte corpora: an LMConfig field of the model, e.g. --lm mlp_ratio=2 "
@@ -114,7 +115,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", type=Path, metavar="RUN_DIR",
                    help="continue this run; it says the step it resumes from (the flags the "
                         "run started with may be given again, with the same values)")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing --run-dir")
+    add_overwrite(p, "--run-dir", "fastrwa run")
     p.add_argument("--threads", type=parse_threads, default="auto", metavar="N",
                    help="CPU threads of each process (not recorded: a machine's setting); "
                         "auto: PyTorch's count, less, in a one-process CPU run, the cores "

@@ -10,6 +10,7 @@ from typing import Any, Optional
 
 from ..models.config import BYTE_VOCAB, LMConfig, heads_split_evenly
 from ..models.sampling import FLOAT32_MAX   # the largest float32: the largest usable --lr
+from ..options import DEVICES               # --device, as every command takes it
 
 # Flags that may change when a run is resumed (they do not change what has been computed).
 RESUMABLE_CHANGES = ("steps", "eval_every", "log_every", "checkpoint_every", "progress",
@@ -27,7 +28,6 @@ LM_ONLY_MODELS = ("transformer", "mingru")    # --model values for byte corpora 
 # LMConfig fields that a run sets by its own flags (--model, --hidden, --layers, --attention,
 # --bptt), never through --lm.
 LM_FLAG_FIELDS = ("layer", "d_model", "n_layers", "attention", "context")
-DEVICES = ("auto", "cpu", "cuda")
 SCHEDULES = ("constant", "cosine")
 AUTOCASTS = ("none", "bf16")
 MAX_TRAIN_SEED = 2 ** 32 - 1          # seeds derived from --seed must fit torch's 64 bits

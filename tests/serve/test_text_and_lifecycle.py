@@ -257,14 +257,14 @@ if mode == "import":
 elif mode in ("load", "load-twice"):
     import fastrwa.models as models
     import time
-    load = models.load_pretrained
+    load = models.load_bytelm           # (what the server loads with)
     def loading(*args, **kwargs):
         stop()
         if mode == "load-twice":        # (a long load: the second Ctrl-C must not wait)
             stop()
             time.sleep(60)
         return load(*args, **kwargs)
-    models.load_pretrained = loading
+    models.load_bytelm = loading
 else:
     say = builtins.print
     @functools.wraps(say)           # (torch's import checks the builtins' names)
