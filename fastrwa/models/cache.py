@@ -5,18 +5,48 @@ the fused CPU step of :class:`fastrwa.models.PackedLM`)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple, Optional, Protocol
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from ..nn import LayerState
 from ..nn.checks import check_count
 from ..ops.contract import state_dtype
 from ..state import ScanState
+from .config import LMConfig
 
-if TYPE_CHECKING:
-    from .lm import ByteLM
+
+class CacheLayout(NamedTuple):
+    """What an :class:`InferenceCache`'s buffers depend on: a cache is refused by a model
+    (or a pack of one) of another layout. ``discount_groups`` is ``None`` unless the layer
+    is ``"rda"`` (the step's buffers depend on it there only)."""
+
+    n_layers: int
+    d_model: int
+    vocab_size: int
+    layer: str
+    token_shift: bool
+    mlp_ratio: int
+    discount_groups: Optional[int]
+    dtype: torch.dtype
+    device: torch.device
+
+    def describe(self) -> str:
+        """``field=value, ...`` for messages."""
+        return ", ".join(f"{k}={v}" for k, v in zip(self._fields, self))
+
+
+class CachedModel(Protocol):
+    """What an :class:`InferenceCache` is allocated for (a :class:`fastrwa.models.ByteLM`):
+    its configuration, its embedding (the dtype and device of the buffers), its blocks (their
+    step workspaces and initial states) and its layout."""
+
+    config: LMConfig
+    embed: nn.Embedding
+    blocks: nn.ModuleList
+
+    def cache_layout(self) -> CacheLayout: ...
 
 
 class LMState(NamedTuple):
@@ -34,14 +64,14 @@ class InferenceCache:
     search); :meth:`ByteLM.step_` updates it in place. The next prefill can reuse it.
     """
 
-    def __init__(self, model: "ByteLM", batch: int):
+    def __init__(self, model: CachedModel, batch: int):
         check_count(batch, "batch")
         d, dev = model.config.d_model, model.embed.weight.device
         dtype = model.embed.weight.dtype
         sdt = state_dtype(dtype)
         self.batch, self.device = batch, dev
         # what the buffers were sized for: ByteLM.step_ and prefill refuse another model's
-        self.layout = model._cache_layout()
+        self.layout = model.cache_layout()
         # One (layers, B, d_model) tensor per quantity (the fused decode step of PackedLM
         # reads them so); each block's state is a view of its row.
         L, shift = len(model.blocks), model.config.token_shift

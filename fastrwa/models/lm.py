@@ -15,12 +15,13 @@ from ..nn.functional import rms_norm_into
 from ..nn.masks import last_kept
 from ..ops.context import CALL_MODEL, agree, fingerprint, refuse_together, same_everywhere
 from .block import Block, longest_timescale  # noqa: F401 (longest_timescale: callers import it here)
-from .cache import InferenceCache, LMState
+from .cache import CacheLayout, InferenceCache, LMState
 from .checks import check_tokens
 from .config import SCAN_LAYERS, LMConfig
+from .decoding import Decoder, Sampling, check_rows, draw_and_step
 from .graphed import CUDAGraphDecoder
 from .packed import WEIGHT_FORMATS, PackedLM, unsupported_reason
-from .sampling import check_logits, collect, prepare_prompt, sample_fused, sample_loop
+from .sampling import check_logits, collect, prepare_prompt, sample
 from .storage import load_weights, read_pretrained, save_pretrained
 
 
@@ -53,6 +54,8 @@ class ByteLM(nn.Module):
         >>> out.shape
         torch.Size([1, 7])
     """
+
+    kind = "eager ByteLM.step_"     # (as a decoder: fastrwa.models.decoding.Decoder)
 
     def __init__(self, config: LMConfig):
         super().__init__()
@@ -155,15 +158,13 @@ class ByteLM(nn.Module):
         """An :class:`InferenceCache` for ``batch`` sequences (an int >= 0)."""
         return InferenceCache(self, batch)
 
-    # what an InferenceCache's buffers depend on, named for the messages
-    _CACHE_FIELDS = ("n_layers", "d_model", "vocab_size", "layer", "token_shift", "mlp_ratio",
-                     "discount_groups", "dtype", "device")
-
-    def _cache_layout(self) -> tuple:
+    def cache_layout(self) -> CacheLayout:
+        """What an :class:`InferenceCache` of this model depends on (its shape, dtype and
+        device): a cache of another layout is refused."""
         c, weight = self.config, self.embed.weight
         groups = c.discount_groups if c.layer == "rda" else None      # (the step's buffers)
-        return (len(self.blocks), c.d_model, c.vocab_size, c.layer, c.token_shift, c.mlp_ratio,
-                groups, weight.dtype, weight.device)
+        return CacheLayout(len(self.blocks), c.d_model, c.vocab_size, c.layer, c.token_shift,
+                           c.mlp_ratio, groups, weight.dtype, weight.device)
 
     def _check_cache(self, cache: object) -> InferenceCache:
         """``cache`` was allocated by a model of this one's shape, dtype and device (an
@@ -171,18 +172,12 @@ class ByteLM(nn.Module):
         if not isinstance(cache, InferenceCache):
             raise TypeError(f"cache must be a fastrwa.models.InferenceCache (from "
                             f"model.allocate_cache(B)), got {type(cache).__name__}")
-        mine = self._cache_layout()
+        mine = self.cache_layout()
         if cache.layout != mine:
             raise ValueError(f"cache was allocated by a model of another shape, dtype or "
-                             f"device ({self.describe_layout(cache.layout)}); this model has "
-                             f"{self.describe_layout(mine)}: allocate one with "
-                             f"model.allocate_cache(B)")
+                             f"device ({cache.layout.describe()}); this model has "
+                             f"{mine.describe()}: allocate one with model.allocate_cache(B)")
         return cache
-
-    @classmethod
-    def describe_layout(cls, layout: tuple) -> str:
-        """A cache layout (``InferenceCache.layout``) as ``field=value, ...`` for messages."""
-        return ", ".join(f"{k}={v}" for k, v in zip(cls._CACHE_FIELDS, layout))
 
     def prefill(self, tokens: Tensor, cache: InferenceCache) -> Tensor:
         """Run ``tokens`` ``(B, T)`` (``B`` the cache's batch, ``T >= 1``) in parallel from
@@ -203,7 +198,8 @@ class ByteLM(nn.Module):
         return logits[:, -1]
 
     @torch.no_grad()
-    def step_(self, token: Tensor, cache: InferenceCache, check: bool = True) -> Tensor:
+    def step_(self, token: Tensor, cache: InferenceCache, check: bool = True, *,
+              rows: Optional[int] = None) -> Tensor:
         """One token ``(B,)`` with the state in ``cache``, updated in place; returns logits.
 
         Allocates nothing on CPU: every intermediate lives in ``cache.work``, and the
@@ -212,7 +208,9 @@ class ByteLM(nn.Module):
         ``check=False`` skips the range check of the ids, which reads them back to the host:
         then the step can be captured in a CUDA graph (an id out of range is then an indexing
         error of the device, not a ValueError). A cache allocated by a model of another shape,
-        dtype or device is refused (``ValueError``) before anything is written.
+        dtype or device is refused (``ValueError``) before anything is written. ``rows``
+        (:meth:`fastrwa.models.decoding.Decoder.step_`) is checked; every row steps (one
+        product over the batch).
 
         Example:
             >>> import torch
@@ -223,6 +221,8 @@ class ByteLM(nn.Module):
             torch.Size([2, 257])
         """
         self._check_cache(cache)
+        if rows is not None:
+            check_rows(rows, cache.batch)
         if not isinstance(token, Tensor) or token.dim() != 1 or token.shape[0] != cache.batch:
             got = f"{tuple(token.shape)} {token.dtype}" if isinstance(token, Tensor) \
                 else type(token).__name__
@@ -242,13 +242,41 @@ class ByteLM(nn.Module):
         return torch.mm(work["normed"], self.head.weight.t(), out=work["logits"])
 
     # -- generation -----------------------------------------------------------------------
-    def decoder(self, weights: object = "auto"):
+    def draw(self, logits: Tensor, sampling: Sampling, forbidden: int) -> Tensor:
+        """As a decoder (:meth:`fastrwa.models.decoding.Decoder.draw`): one id per row of
+        ``logits`` ``(B, V)`` by :func:`fastrwa.models.sampling.sample`."""
+        return sample(logits, sampling.temperature, sampling.top_k, sampling.top_p,
+                      sampling.generator, forbidden)
+
+    def sample_steps(self, logits: Tensor, cache: InferenceCache, max_new_tokens: int,
+                     temperature: float = 1.0, top_k: Optional[int] = None,
+                     top_p: Optional[float] = None, generator: Optional[torch.Generator] = None,
+                     forbidden: Optional[int] = None) -> Iterator[Tensor]:
+        """As a decoder (:meth:`fastrwa.models.decoding.Decoder.sample_steps`): ``max_new_tokens``
+        ids ``(B,)``, :meth:`draw` and :meth:`step_` in turn from ``logits`` (what
+        :meth:`prefill` or :meth:`step_` returned for ``cache``); ``forbidden`` defaults to
+        the BOS id.
+
+        Example:
+            >>> import torch
+            >>> from fastrwa.models import ByteLM, LMConfig
+            >>> model = ByteLM(LMConfig(d_model=16, n_layers=1)).eval()
+            >>> cache = model.allocate_cache(1)
+            >>> logits = model.prefill(torch.tensor([[104, 105]]), cache)
+            >>> [t.shape for t in model.sample_steps(logits, cache, 2)]
+            [torch.Size([1]), torch.Size([1])]
+        """
+        return draw_and_step(self, logits, cache, max_new_tokens, temperature, top_k, top_p,
+                             generator, forbidden=self.config.bos_token
+                             if forbidden is None else forbidden)
+
+    def decoder(self, weights: object = "auto") -> Decoder:
         """What runs the steps of ``generate``/``stream`` for their ``weights`` argument (see
         :meth:`generate`): this model (the eager :meth:`step_`), its step replayed from a
         CUDA graph (:class:`fastrwa.models.graphed.CUDAGraphDecoder`) or a
-        :class:`fastrwa.models.PackedLM` of it. Each has ``prefill(tokens, cache)`` and
-        ``step_(token, cache)`` on an :class:`InferenceCache` of this model (the Hugging
-        Face class decodes through it).
+        :class:`fastrwa.models.PackedLM` of it: a :class:`fastrwa.models.decoding.Decoder`
+        (allocate a cache, prefill, step rows in place, draw), which is all that
+        ``generate``, beam search, the Hugging Face class and the server use of it.
 
         Example:
             >>> from fastrwa.models import ByteLM, LMConfig
@@ -337,26 +365,23 @@ class ByteLM(nn.Module):
         yield from self._stream(decoder, context, max_new_tokens, temperature, top_k, top_p,
                                 generator)
 
-    def _stream(self, decoder, context, max_new_tokens, temperature, top_k, top_p, generator):
+    def _stream(self, decoder: Decoder, context: Tensor, max_new_tokens: int,
+                temperature: float, top_k: Optional[int], top_p: Optional[float],
+                generator: Optional[torch.Generator]) -> Iterator[Tensor]:
         if max_new_tokens == 0:
             return
-        cache = self.allocate_cache(context.shape[0])
+        cache = decoder.allocate_cache(context.shape[0])
         logits = decoder.prefill(context, cache)
-        if hasattr(decoder, "sample_steps"):        # a PackedLM: draws and steps in one loop
-            yield from decoder.sample_steps(logits, cache, max_new_tokens, temperature, top_k,
-                                            top_p, generator, self.config.bos_token)
-            return
-        yield from sample_loop(logits, lambda token: decoder.step_(token, cache),
-                               max_new_tokens, temperature, top_k, top_p, generator,
-                               self.config.bos_token, None if decoder is self else sample_fused)
+        yield from decoder.sample_steps(logits, cache, max_new_tokens, temperature, top_k,
+                                        top_p, generator, self.config.bos_token)
 
-    def _beam_search(self, decoder, prompt: Tensor, context: Tensor, max_new: int,
+    def _beam_search(self, decoder: Decoder, prompt: Tensor, context: Tensor, max_new: int,
                      K: int) -> Tensor:
         B, P = prompt.shape
         V = self.config.vocab_size
         out = prompt.new_empty((B * K, P + max_new))
         out[:, :P] = prompt.repeat_interleave(K, dim=0)
-        cache = self.allocate_cache(B * K)
+        cache = decoder.allocate_cache(B * K)
         logits = decoder.prefill(context.repeat_interleave(K, dim=0), cache)
         scores = torch.full((B, K), float("-inf"), device=prompt.device)
         scores[:, 0] = 0.0                            # the K copies start as one beam

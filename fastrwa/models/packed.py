@@ -2,22 +2,51 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterator, Optional
+import dataclasses
+from typing import Iterator, NamedTuple, Optional, Protocol
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from ..kernels.codes import (ATTENTION_CODE, DISCOUNT_CODE, OUTPUT_FUNCTION_CODE)
 from ..ops import decode_host
 from ..ops.decode_host import WEIGHT_FORMATS, Shapes, Weights, dequantize, quantize
 from ..ops.numba_common import flat
 from .block import Block
-from .cache import InferenceCache
-from .sampling import check_sampling_args, refuse_logits
+from .cache import CachedModel, InferenceCache
+from .checks import check_tokens
+from .decoding import Sampling, check_forbidden, check_rows
+from .sampling import check_sampling_args, draw_fused, sample_fused
 
-if TYPE_CHECKING:
-    from .lm import ByteLM
+
+class Packable(CachedModel, Protocol):
+    """What :class:`PackedLM` packs and decodes for (a float32 CPU
+    :class:`fastrwa.models.ByteLM`, :func:`unsupported_reason`): an ``nn.Module`` with an
+    embedding, blocks, a final norm and a head, which allocates the caches and runs
+    ``generate``/``stream`` with a ``PackedLM`` as their ``weights``."""
+
+    norm: nn.RMSNorm
+    head: nn.Linear
+    training: bool
+
+    def state_dict(self) -> dict: ...
+    def allocate_cache(self, batch: int) -> InferenceCache: ...
+    def generate(self, prompt: Tensor, max_new_tokens: int, **options) -> Tensor: ...
+    def stream(self, prompt: Tensor, max_new_tokens: int, **options) -> Iterator[Tensor]: ...
+
+
+class _Bindings(NamedTuple):
+    """What a cache keeps for a pack (``cache.work["packed"]``): the kernel's work buffers
+    (``work``, tensors; ``arrays``, their flat NumPy views), the flat views of the cache's
+    state, the kernel's arguments for all of them (``bound``) and, by number of rows, those
+    of calls over the first rows only (``cut``)."""
+
+    work: dict
+    arrays: dict
+    state: tuple
+    bound: Optional[decode_host.Bound]
+    cut: dict
 
 
 def unsupported_reason(model: object) -> Optional[str]:
@@ -69,7 +98,9 @@ class PackedLM:
         torch.Size([1, 6])
     """
 
-    def __init__(self, model: "ByteLM", weights: str = "float32"):
+    kind = "fused CPU decode (PackedLM)"
+
+    def __init__(self, model: Packable, weights: str = "float32"):
         problem = unsupported_reason(model)
         if problem:
             raise ValueError(problem)
@@ -123,14 +154,14 @@ class PackedLM:
             self.shapes, flat(self._embed), flat(self._norms), self._eps.numpy(),
             tuple(tuple(flat(t) for t in self._tensors[name])
                   for name in ("proj", "gate", "up", "down", "head")))
-        self.layout = model._cache_layout()
+        self.layout = model.cache_layout()
 
     @property
     def matrix_bytes(self) -> int:
         """Bytes of weight matrices one step reads: the bound of a step at batch 1."""
         return self._weights.matrix_bytes
 
-    def dequantized(self) -> "ByteLM":
+    def dequantized(self) -> Packable:
         """The model as it was packed, with its matrices exactly what this pack multiplies
         by (``q * scale`` for int8, the bfloat16 values in float32): its eager forward is the
         reference of the packed step, and measures the validation loss of the format in
@@ -163,10 +194,10 @@ class PackedLM:
     # -- streaming ------------------------------------------------------------------------
     def allocate_cache(self, batch: int) -> InferenceCache:
         """An :class:`InferenceCache` for ``batch`` rows (the model's)."""
-        if self.model._cache_layout() != self.layout:
-            raise ValueError(f"the model changed since it was packed (now "
-                             f"{self.model.describe_layout(self.model._cache_layout())}, packed "
-                             f"{self.model.describe_layout(self.layout)}): pack it again")
+        now = self.model.cache_layout()
+        if now != self.layout:
+            raise ValueError(f"the model changed since it was packed (now {now.describe()}, "
+                             f"packed {self.layout.describe()}): pack it again")
         return self.model.allocate_cache(batch)
 
     def _check_cache(self, cache: object) -> InferenceCache:
@@ -176,12 +207,12 @@ class PackedLM:
                             f"packed.allocate_cache(B)), got {type(cache).__name__}")
         if cache.layout != self.layout:
             raise ValueError(f"cache was allocated by a model of another shape, dtype or "
-                             f"device ({self.model.describe_layout(cache.layout)}); this pack holds "
-                             f"{self.model.describe_layout(self.layout)}: allocate one with "
+                             f"device ({cache.layout.describe()}); this pack holds "
+                             f"{self.layout.describe()}: allocate one with "
                              f"packed.allocate_cache(B)")
         return cache
 
-    def _buffers(self, cache: InferenceCache) -> tuple:
+    def _buffers(self, cache: InferenceCache) -> _Bindings:
         """This cache's kernel buffers and the kernel's arguments for them and this pack's
         weights (made on first use, kept in ``cache.work``; the arguments are made again when
         another pack of the model uses the cache)."""
@@ -190,18 +221,29 @@ class PackedLM:
             work = decode_host.work_buffers(self.shapes, cache.batch)
             arrays = {name: flat(t) for name, t in work.items()}
             state = tuple(flat(t) for t in cache.stacked)
-            found = (work, arrays, state, None)
-        work, arrays, state, bound = found
-        if bound is None or bound.weights is not self._weights:
-            bound = decode_host.bind(self._weights, state, arrays, cache.batch)
-            found = cache.work["packed"] = (work, arrays, state, bound)
+            found = _Bindings(work, arrays, state, None, {})
+        if found.bound is None or found.bound.weights is not self._weights:
+            bound = decode_host.bind(self._weights, found.state, found.arrays, cache.batch)
+            found = cache.work["packed"] = found._replace(bound=bound, cut={})
         return found
+
+    def _bound_rows(self, cache: InferenceCache, rows: int) -> decode_host.Bound:
+        """The kernel's arguments for calls over the cache's rows ``[0, rows)``: the cache's
+        own with the batch cut to ``rows`` (and a choice of threads of their own)."""
+        found = self._buffers(cache)
+        if rows == cache.batch:
+            return found.bound
+        cut = found.cut.get(rows)
+        if cut is None:
+            cut = found.cut[rows] = dataclasses.replace(found.bound, batch=rows,
+                                                        choice=decode_host.Choice())
+        return cut
 
     def _run(self, tokens: Tensor, cache: InferenceCache, name: str) -> Tensor:
         """Advance the cache by ``tokens`` ``(B, T)``: one call for ``T = 1``; for a prompt,
         calls of ``PREFILL_ROWS // B`` positions (at least 1), with buffers for them made
         per prompt (about 20 KB a row at the default size)."""
-        work, arrays, state, bound = self._buffers(cache)
+        work, arrays, state, bound, _ = self._buffers(cache)
         ids = tokens.to(torch.int64)
         T = ids.shape[1]
         chunk = min(T, max(1, decode_host.PREFILL_ROWS // max(1, cache.batch)))
@@ -237,7 +279,7 @@ class PackedLM:
             got = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
             raise ValueError(f"tokens must have shape (B, T) = ({B}, T) with T >= 1 (the "
                              f"cache's batch), got {got}")
-        self.model._check_tokens(tokens, 2)
+        check_tokens(tokens, self.shapes.V, 2)
         if tokens.device.type != "cpu":
             raise ValueError(f"tokens must be on the CPU (the packed model's), "
                              f"got {tokens.device}")
@@ -248,11 +290,14 @@ class PackedLM:
         return self._run(tokens, cache, "tokens")
 
     @torch.no_grad()
-    def step_(self, token: Tensor, cache: InferenceCache) -> Tensor:
+    def step_(self, token: Tensor, cache: InferenceCache, *,
+              rows: Optional[int] = None) -> Tensor:
         """One token ``(B,)`` with the state in ``cache``, updated in place; returns the
         logits ``(B, vocab_size)``, a buffer the next step overwrites (as
         :meth:`ByteLM.step_`). Ids outside the vocabulary are refused (``ValueError``)
-        before anything is written."""
+        before anything is written. ``rows`` (:meth:`fastrwa.models.decoding.Decoder.step_`):
+        one call over rows ``[0, rows)`` only, the others left as they were (each row is
+        computed on its own: its logits are the same bits whatever the number of rows)."""
         self._check_cache(cache)
         if not isinstance(token, Tensor) or token.is_floating_point() or token.is_complex() \
                 or token.dtype == torch.bool:
@@ -263,7 +308,20 @@ class PackedLM:
                              f"got {tuple(token.shape)}")
         if token.device.type != "cpu":
             raise ValueError(f"token must be on the CPU (the packed model's), got {token.device}")
-        return self._run(token[:, None], cache, "token")
+        if rows is None:
+            return self._run(token[:, None], cache, "token")
+        rows = check_rows(rows, cache.batch)
+        ids = token[:rows].to(torch.int64).contiguous()
+        bad = decode_host.run(self._bound_rows(cache, rows), flat(ids))
+        if bad >= 0:
+            self._refuse(ids[:, None], bad, "token")
+        return self._buffers(cache).work["logits"]
+
+    def draw(self, logits: Tensor, sampling: Sampling, forbidden: int) -> Tensor:
+        """:meth:`fastrwa.models.decoding.Decoder.draw`: the fused sampler on contiguous
+        float32 CPU logits (this pack's), :func:`fastrwa.models.sampling.sample_fused`."""
+        return sample_fused(logits, sampling.temperature, sampling.top_k, sampling.top_p,
+                            sampling.generator, forbidden)
 
     def sample_steps(self, logits: Tensor, cache: InferenceCache, max_new_tokens: int,
                      temperature: float = 1.0, top_k: Optional[int] = None,
@@ -299,11 +357,8 @@ class PackedLM:
             raise ValueError(f"logits must be contiguous float32 CPU ({B}, {V}) (what "
                              f"prefill or step_ returned for this cache), got {got}")
         check_sampling_args(max_new_tokens, temperature, top_k, top_p)
-        forbidden = self.model.config.bos_token if forbidden is None else forbidden
-        if isinstance(forbidden, bool) or not isinstance(forbidden, int) \
-                or not 0 < forbidden <= V:
-            raise ValueError(f"forbidden must be an int in [1, {V}] (ids from it on are "
-                             f"never drawn), got {forbidden!r}")
+        forbidden = check_forbidden(self.model.config.bos_token if forbidden is None
+                                    else forbidden, V)
         return self._sample_steps(logits.detach(), cache, max_new_tokens, temperature,
                                   top_k, top_p, generator, forbidden)
 
@@ -312,15 +367,13 @@ class PackedLM:
                       temperature: float, top_k: Optional[int], top_p: Optional[float],
                       generator: Optional[torch.Generator], forbidden: int) -> Iterator[Tensor]:
         B, V = cache.batch, self.shapes.V
-        _, _, _, bound = self._buffers(cache)
+        bound = self._buffers(cache).bound
         ids = np.empty(B, dtype=np.int64)       # [B] the drawn ids: the next step's input
         scratch = np.empty(V, dtype=np.float32)
         source = flat(logits)
         for i in range(max_new_tokens):
-            uniforms = torch.rand(B, generator=generator, dtype=torch.float64)
-            if decode_host.draw(source, B, V, temperature, top_k, top_p, uniforms.numpy(),
-                                forbidden, ids, scratch) >= 0:
-                refuse_logits(torch.from_numpy(source).view(B, V), forbidden)
+            draw_fused(source, B, V, temperature, top_k, top_p, generator, forbidden, ids,
+                       scratch)
             yield torch.from_numpy(ids.copy())
             if i + 1 < max_new_tokens:
                 bad = decode_host.run(bound, ids)

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 from typing import Callable, Iterator, NoReturn, Optional
 
+import numpy as np
 import torch
 from torch import Tensor
+
+from ..ops import decode_host
 
 # The largest float32: the sampler computes in float32, so a temperature above it is inf
 # there (and -inf / inf is NaN: every draw failed with a raw "probability tensor" error).
@@ -169,12 +172,38 @@ def sample_fused(logits: Tensor, temperature: float, top_k: Optional[int],
     if logits.device.type != "cpu" or logits.dtype != torch.float32 \
             or not logits.is_contiguous():
         return sample(logits, temperature, top_k, top_p, generator, forbidden)
-    from ..ops import decode_host
-    uniforms = torch.rand(logits.shape[0], generator=generator, dtype=torch.float64)
-    token, bad = decode_host.sample(logits, temperature, top_k, top_p, uniforms, forbidden)
-    if bad >= 0:
-        refuse_logits(logits, forbidden)
+    B, V = logits.shape
+    token = torch.empty(B, dtype=torch.int64)
+    draw_fused(logits.numpy().reshape(-1), B, V, temperature, top_k, top_p, generator,
+               forbidden, token.numpy(), np.empty(V, dtype=np.float32))
     return token
+
+
+def draw_fused(logits: np.ndarray, B: int, V: int, temperature: float, top_k: Optional[int],
+               top_p: Optional[float], generator: Optional[torch.Generator], forbidden: int,
+               out: np.ndarray, scratch: np.ndarray) -> None:
+    """The fused path's draw, written once (:func:`sample_fused`, the loop of
+    ``PackedLM.sample_steps``, the server's rows through ``PackedLM.draw``): one id per row
+    of ``logits``, a flat float32 NumPy array holding ``(B, V)`` row-major (or more: the rest
+    is not read), into ``out`` (int64, ``(B,)``), each drawn by the compiled sampler
+    (``kernels/cpu/sampling.py``) at one float64 uniform of ``generator`` (``B`` of them,
+    in row order), never an id ``>= forbidden``. ``scratch``: ``V`` float32, overwritten.
+    A row nothing can be drawn from (NaN or ``+inf`` logits, every id excluded) is the
+    ``ValueError`` of :func:`check_logits` (then ``out`` is incomplete).
+
+    Example:
+        >>> import numpy as np, torch
+        >>> out = np.empty(1, dtype=np.int64)
+        >>> logits = np.array([0.0, 9.0, 1.0, 50.0], dtype=np.float32)
+        >>> draw_fused(logits, 1, 4, 1.0, 1, None, torch.Generator().manual_seed(0), 3, out,
+        ...            np.empty(4, dtype=np.float32))
+        >>> int(out[0])
+        1
+    """
+    uniforms = torch.rand(B, generator=generator, dtype=torch.float64)
+    if decode_host.draw(logits, B, V, temperature, top_k, top_p, uniforms.numpy(), forbidden,
+                        out, scratch) >= 0:
+        refuse_logits(torch.from_numpy(logits[:B * V]).view(B, V), forbidden)
 
 
 def refuse_logits(logits: Tensor, forbidden: int) -> NoReturn:
