@@ -15,7 +15,8 @@ from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
 from transformers.generation import GenerationMode
 from transformers.utils import ModelOutput
 
-from ..models import ByteLM, LMState, load_pretrained
+from ..models import ByteLM, InferenceCache, LMState, load_pretrained
+from ..models.decoding import Decoder
 from ..models import directory as fmt
 from ..models.storage import CONFIG, read_config, run_model_dir, weights_file
 from ..models.config import BYTE_VOCAB, LMConfig
@@ -48,15 +49,17 @@ class FastRWACache:
     whatever the length; ``seen`` counts the positions read (padding included).
 
     Inside ``generate()`` the state lives in a :class:`fastrwa.models.InferenceCache`
-    (``inference``) that ``decoder`` (a ``ByteLM.decoder(weights)``: the fused CPU step, the
-    CUDA-graph step or the eager in-place step) advances one token at a time;
+    (``inference``) that ``decoder`` (a :class:`fastrwa.models.decoding.Decoder`,
+    ``ByteLM.decoder(weights)``: the fused CPU step, the CUDA-graph step or the eager
+    in-place step) allocated and advances one token at a time;
     ``reorder_cache`` permutes it between beams. Otherwise (a ``forward`` called with
     ``use_cache=True``) it holds the forward's ``LMState``."""
 
     is_compileable = False
     is_croppable = False
 
-    def __init__(self, state: Optional[LMState], seen: int, inference=None, decoder=None):
+    def __init__(self, state: Optional[LMState], seen: int,
+                 inference: Optional[InferenceCache] = None, decoder: Optional[Decoder] = None):
         self._state, self.seen = state, seen
         self.inference, self.decoder = inference, decoder
 
@@ -275,7 +278,7 @@ class FastRWAForCausalLM(FastRWAPreTrainedModel, GenerationMixin):
                 "force_words_ids": "constrained beam search"}
 
     @property
-    def _decoding(self):
+    def _decoding(self) -> Optional[Decoder]:
         """The decoder of the ``generate()`` call this thread is running on this model, or
         ``None`` (per thread: concurrent calls do not see each other's)."""
         return getattr(_GENERATING, "decoders", {}).get(id(self))
@@ -439,7 +442,7 @@ class FastRWAForCausalLM(FastRWAPreTrainedModel, GenerationMixin):
             past_key_values.inference.load_(state)
             past_key_values.seen, cache = seen, past_key_values
         elif use_cache and decoder is not None and past_key_values is None:
-            inference = self.model.allocate_cache(input_ids.shape[0])   # (a prompt: prefill)
+            inference = decoder.allocate_cache(input_ids.shape[0])      # (a prompt: prefill)
             inference.load_(state)
             cache = FastRWACache(None, seen, inference, decoder)
         elif use_cache:

@@ -39,7 +39,8 @@ from typing import Callable, Optional
 
 import torch
 
-from .rows import GREEDY_TEMPERATURE, Rows, Sampling
+from ..models.decoding import Sampling
+from .rows import GREEDY_TEMPERATURE, Rows
 from .schema import Completion
 
 log = logging.getLogger("fastrwa.serve")
@@ -159,9 +160,9 @@ class Engine:
 
     def __init__(self, rows: Rows, bos_token: int, max_queue: int = 256,
                  notify: Optional[Callable[[list], None]] = None):
-        """``rows``: the batch's rows (:class:`fastrwa.serve.rows.PackedRows`,
-        :class:`fastrwa.serve.rows.StepRows`, or any object with their methods, ``capacity``
-        and ``tokens``; ``device``, where draws are made, is CPU if it has none);
+        """``rows``: the batch's rows (:class:`fastrwa.serve.rows.DecoderRows`, or any
+        object with its methods, ``capacity`` and ``tokens``; ``device``, where draws are
+        made, is CPU if it has none);
         ``bos_token``: what an empty prompt starts from; ``max_queue`` >= 0."""
         if max_queue < 0:
             raise ValueError(f"max_queue must be 0 or more, got {max_queue}")
