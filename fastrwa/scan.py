@@ -142,12 +142,8 @@ def rwa_scan(
     Args:
         z: ``(B, T, D)`` values (e.g. ``u * tanh(g)``); float16, bfloat16, float32, float64.
         a: ``(B, T, D)`` attention logits, same dtype and device; ``-inf`` masks a step.
-        initial_state: a :class:`ScanState` of ``(B, D)`` tensors, or ``None``.
-        output_final_state: also return the state after the last step.
-        reverse: scan from the last step to the first.
-        cu_seqlens: packed variable-length sequences (see :func:`weighted_scan`).
-        context_group: split the sequence along time over a process group (see
-            :func:`weighted_scan`).
+        initial_state, output_final_state, reverse, cu_seqlens, context_group: as for
+            :func:`weighted_scan`.
 
     Returns:
         ``(y, state)``: ``y`` is the raw average ``n / d`` (no ``tanh``; layers apply
@@ -182,12 +178,8 @@ def rda_scan(
         a: ``(B, T, D)`` attention logits.
         g: ``(B, T, D)`` discount logits; ``gamma = sigmoid(g)``.
         attention: ``f_a``, one of "exp", "sigmoid", "softplus", "relu".
-        initial_state: a :class:`ScanState` of ``(B, D)`` tensors, or ``None``.
-        output_final_state: also return the state after the last step.
-        reverse: scan from the last step to the first.
-        cu_seqlens: packed variable-length sequences (see :func:`weighted_scan`).
-        context_group: split the sequence along time over a process group (see
-            :func:`weighted_scan`).
+        initial_state, output_final_state, reverse, cu_seqlens, context_group: as for
+            :func:`weighted_scan`.
 
     Returns:
         ``(y, state)`` with ``y = n / d`` of shape ``(B, T, D)`` in the input dtype

@@ -48,7 +48,7 @@ from . import kernel
 from ..codes import EXP, NO_DISCOUNT
 from .rows import (attention_grad_row, decay_grad_row, log_decay_grad_rows,
                    log_weight_grad_rows)
-from .scan_fwd import input_row, step_row, time_index
+from .scan_fwd import input_row, step_row, task_channels, time_index
 from .sync import next_task
 
 # Scratch of a task (step_row's docstring has the rule behind so many arrays): running rows
@@ -125,16 +125,12 @@ def backward(claim, tasks, z, a, g, gy, gz, ga, gg, state0, g_final, g_init, ck,
     zero, one, ninf, tiny = consts[0], consts[1], consts[2], consts[3]
     n_seq = seq_b.shape[0]
     nd = n_seq * D
-    n_blk = (D + block - 1) // block
     n_ck = ck.shape[0] // (3 * D)
     with_decay = discount != NO_DISCOUNT
     dt = consts.dtype
-    n_tasks = tasks.shape[0]
     taken = next_task(claim)                  # the index in ``tasks`` of this thread's task
-    while taken < n_tasks:
-        task = tasks[taken]
-        i, lo = task // n_blk, (task % n_blk) * block
-        w = min(block, D - lo)
+    while taken < tasks.shape[0]:
+        i, lo, w = task_channels(tasks[taken], D, block)
         m, n, d = np.zeros(w, dt), np.zeros(w, dt), np.zeros(w, dt)
         rho, sigma = np.zeros(w, dt), np.zeros(w, dt)
         gl, glam = np.zeros(chunk * w, dt), np.zeros(chunk * w, dt)

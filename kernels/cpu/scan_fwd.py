@@ -85,6 +85,16 @@ def time_index(lo, hi, s, reverse):
 
 
 @kernel
+def task_channels(task, D, block):
+    """What task ``task`` of a scan call covers, ``(i, lo, w)``: sequence ``i = task //
+    n_blk`` and its channels ``[lo, lo + w)`` of channel block ``task % n_blk``, ``block``
+    wide (the last one narrower), of the ``n_blk = ceil(D / block)`` blocks."""
+    n_blk = (D + block - 1) // block
+    lo = (task % n_blk) * block
+    return task // n_blk, lo, min(block, D - lo)
+
+
+@kernel
 def input_row(strides, k, b, t, lo):
     """Offset of channel ``lo`` of row ``(b, t)`` of input ``k`` (0: z, 1: a, 2: g), whose
     element strides along B and T are ``strides[2k]``, ``strides[2k + 1]`` (channels: 1)."""
@@ -98,8 +108,8 @@ def forward(claim, tasks, z, a, g, y, state0, final, ck, consts, strides, seq_b,
     """Forward of the (sequence, channel block) pairs: task ``tasks[k]`` for each ``k``
     taken from the counter ``claim`` (``int64 [1]``, shared by every thread running the
     call, 0 at the start: ``sync.next_task``) until none is left; task ``t`` is sequence
-    ``t // n_blk``, channel block ``t % n_blk``, and ``tasks`` (``int64``) lists every task
-    once (the launcher puts the longest first).
+    ``t // n_blk``, channel block ``t % n_blk`` (:func:`task_channels`), and ``tasks``
+    (``int64``) lists every task once (the launcher puts the longest first).
 
     Data: ``z, a, g, y`` flat ``(B, T, D)`` in the inputs' type (``uint16`` holds
     bfloat16; ``g`` unused without a discount); ``y`` is contiguous, the inputs' rows may be
@@ -115,14 +125,10 @@ def forward(claim, tasks, z, a, g, y, state0, final, ck, consts, strides, seq_b,
     """
     zero, one, ninf, tiny = consts[0], consts[1], consts[2], consts[3]
     n_seq = seq_b.shape[0]
-    n_blk = (D + block - 1) // block
     n_ck = ck.shape[0] // (3 * D) if save else 0
-    n_tasks = tasks.shape[0]
     taken = next_task(claim)                  # the index in ``tasks`` of this thread's task
-    while taken < n_tasks:
-        task = tasks[taken]
-        i, lo = task // n_blk, (task % n_blk) * block
-        w = min(block, D - lo)
+    while taken < tasks.shape[0]:
+        i, lo, w = task_channels(tasks[taken], D, block)
         m, n, d = np.zeros(w, consts.dtype), np.zeros(w, consts.dtype), np.zeros(w, consts.dtype)
         tb = np.zeros(2 * w, consts.dtype)      # [2 * w] l, lam (lam = 0 without discount)
         # What step_row can save for a backward goes to three distinct scratch rows: cheaper
