@@ -60,9 +60,10 @@ def write_atomically(path: Path, write: Callable[[BinaryIO], None]) -> None:
 # An exporter writes its directory into a staging directory beside OUT_DIR (same parent, so
 # a rename moves it), named ".OUT_DIR.fastrwa-staging-PID-RANDOM", and swaps it in with two
 # renames (an earlier OUT_DIR moved aside to ".OUT_DIR.fastrwa-old-PID-RANDOM", removed once
-# the new one is in place). The PID in the names lets a later run tell what a killed run
-# (SIGKILL, a power cut) left: its staging is removed, an earlier directory it had moved
-# aside is put back where it was missing. Names are unique: nothing left ever blocks a run.
+# the new one is in place). Each is locked (flock) while its write runs and named with the
+# writer's PID, so that a later run tells what a killed run (SIGKILL, a power cut) left: its
+# staging is removed, an earlier directory it had moved aside is put back where it was
+# missing. Names are unique: nothing left ever blocks a run.
 MARK = ".fastrwa-"
 STAGING, ASIDE = "staging", "old"
 
@@ -98,6 +99,51 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _lock(directory: Path) -> Optional[int]:
+    """An open descriptor of ``directory`` holding an exclusive ``flock``, for as long as
+    the caller keeps it open (the kernel releases it when the process dies, however it
+    dies): while it is held, :func:`recover_stale` in any process leaves ``directory``
+    alone, on another machine too where the file system locks across machines. ``None``
+    where the system or the file system has no ``flock``."""
+    try:
+        import fcntl
+        fd = os.open(directory, os.O_RDONLY)
+    except (ImportError, OSError):
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _unlock(fd: Optional[int]) -> None:
+    if fd is not None:
+        os.close(fd)
+
+
+def _in_use(entry: Path, pid: int) -> bool:
+    """Whether a write may still be using ``entry``, a staging or set-aside directory of
+    process ``pid``: its lock held (:func:`_lock`), here or on another machine; or, when
+    it is not, its process alive here (a write locks its directory just after making it;
+    a system without ``flock``)."""
+    try:
+        import fcntl
+        fd = os.open(entry, os.O_RDONLY)
+    except (ImportError, OSError):
+        return _alive(pid)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        pass                        # (no flock on this file system)
+    finally:
+        os.close(fd)
+    return _alive(pid)
+
+
 def _sibling(out_dir: Path, kind: str) -> str:
     """The name prefix of ``out_dir``'s staging (``kind`` :data:`STAGING`) or set-aside
     (:data:`ASIDE`) directory of this process."""
@@ -118,7 +164,8 @@ def recover_stale(out_dir: Path) -> None:
         return
     for entry in entries:
         found = pattern.match(entry.name)
-        if not found or _alive(int(found[2])) or entry.is_symlink() or not entry.is_dir():
+        if not found or entry.is_symlink() or not entry.is_dir() or \
+                _in_use(entry, int(found[2])):
             continue
         with contextlib.suppress(OSError):
             if found[1] == ASIDE and not os.path.lexists(out_dir):
@@ -271,26 +318,35 @@ def _swap(staging: Path, out_dir: Path) -> None:
     meanwhile comes when the swap is complete: it says so (``out_dir_written`` True)."""
     try:
         with _signals_held():
-            aside = _renamed_in(staging, out_dir)
+            aside, held = _renamed_in(staging, out_dir)
             if aside is not None:
                 shutil.rmtree(aside, ignore_errors=True)
+            _unlock(held)
     except KeyboardInterrupt as stop:
         stop.out_dir_written = True
         raise
 
 
-def _renamed_in(staging: Path, out_dir: Path) -> Optional[Path]:
-    aside = None
+def _renamed_in(staging: Path, out_dir: Path) -> tuple[Optional[Path], Optional[int]]:
+    """Rename ``staging`` to ``out_dir``, an existing ``out_dir`` moved aside first: the
+    set-aside directory (or ``None``) and its lock (:func:`_lock`, taken before the move)."""
+    aside = held = None
     if out_dir.exists():
         aside = out_dir.with_name(_sibling(out_dir, ASIDE) + os.urandom(4).hex())
-        os.rename(out_dir, aside)
+        held = _lock(out_dir)
+        try:
+            os.rename(out_dir, aside)
+        except BaseException:
+            _unlock(held)
+            raise
     try:
         os.rename(staging, out_dir)
     except BaseException:
         if aside is not None:
             os.rename(aside, out_dir)
+        _unlock(held)
         raise
-    return aside
+    return aside, held
 
 
 def _cannot_write(out_dir: Path, staging: Optional[Path], existed: bool,
@@ -330,10 +386,11 @@ def staged_directory(out_dir: Path, overwrite: bool, policy: ExportDirectory,
     out_dir = _absolute(out_dir)
     check_output_directory(out_dir, overwrite, policy)
     existed = out_dir.exists()
-    staging = None
+    staging = held = None
     try:
         out_dir.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=_sibling(out_dir, STAGING), dir=out_dir.parent))
+        held = _lock(staging)
         umask = os.umask(0)
         os.umask(umask)
         staging.chmod(0o777 & ~umask)          # (mkdtemp's 0700 would outlive the rename)
@@ -350,6 +407,7 @@ def staged_directory(out_dir: Path, overwrite: bool, policy: ExportDirectory,
     finally:
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)
+        _unlock(held)
 
 
 class Terminated(KeyboardInterrupt):

@@ -4,6 +4,7 @@ the one policy of what an exporter's ``--overwrite`` replaces
 (``fastrwa.models.files.ExportDirectory``)."""
 
 import json
+import os
 
 import pytest
 import torch
@@ -95,3 +96,26 @@ def test_both_exporters_use_the_one_policy():
     assert isinstance(onnx.OUTPUT, ExportDirectory) and isinstance(hf.OUTPUT, ExportDirectory)
     assert onnx.OUTPUT.what == "fastrwa ONNX export"
     assert hf.OUTPUT.what == "fastrwa Hugging Face export"
+
+
+def test_a_locked_staging_of_a_process_not_seen_here_is_left_alone(tmp_path):
+    """A staging directory whose PID names no process here may be a write running on another
+    machine (a shared file system): its lock, not the PID, says it is still in use; once the
+    lock is released (its writer died) the next run removes it."""
+    import fcntl
+
+    from fastrwa.models.files import recover_stale
+
+    out = tmp_path / "out"
+    dead = 2 ** 22 + 12345          # (above Linux's largest PID: no such process here)
+    staging = tmp_path / f".out.fastrwa-staging-{dead}-abcd"
+    staging.mkdir()
+    fd = os.open(staging, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        recover_stale(out)
+        assert staging.is_dir()
+    finally:
+        os.close(fd)
+    recover_stale(out)
+    assert not staging.exists()
