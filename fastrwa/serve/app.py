@@ -3,9 +3,14 @@ routes: a request is parsed by :mod:`.schema`, submitted to the engine, and answ
 what :mod:`.responses` builds.
 
 Routes: ``POST /v1/completions`` (OpenAI's completions API: docs/serve.md), ``GET
-/v1/models``, ``GET /health`` (200 while serving, 503 while shutting down) and ``GET
-/stats`` (the engine's counters and where its time goes). A completion's bytes reach its
-route as text through :class:`Released` (streamed or not). Any error is answered in
+/v1/models``, ``GET /health`` (200 while serving, 503 while shutting down), ``GET /stats``
+(the engine's counters and where its time goes), ``GET /metrics`` (Prometheus' text:
+:mod:`.metrics`) and the tokenizer's ``POST /tokenize``, ``POST /detokenize`` and ``GET
+/tokenizer_info`` (vLLM's, which lm-eval's ``local-completions`` reads: :mod:`.tokens`). A
+completion's bytes reach its route as text through :class:`Released` (streamed or not);
+:class:`Pieces` puts the echoed prompt before them and their log-probabilities beside them
+when asked for (:class:`Scoring`: the model's own forward,
+:func:`fastrwa.models.scoring.score`, on a thread of its own). Any error is answered in
 OpenAI's shape (an unexpected one: a 500, logged, if the answer has not started).
 """
 
@@ -15,12 +20,17 @@ import asyncio
 import logging
 import threading
 import time
-from typing import Callable, Optional
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Optional, Sequence
 
-from . import responses
+from ..models import ByteLM
+from ..models.scoring import Scores, score
+from . import responses, tokens
 from .batcher import Closed, Engine, Job, QueueFull
+from .metrics import CONTENT_TYPE as METRICS_TYPE
+from .metrics import Metrics
 from .responses import RequestError
-from .schema import Completion, Limits, parse_completion
+from .schema import Completion, Limits, parse_completion, parse_detokenize, parse_tokenize
 
 log = logging.getLogger("fastrwa.serve")
 
@@ -35,11 +45,18 @@ class App:
     connection."""
 
     def __init__(self, make_engine: Callable[[Callable[[list], None]], Engine],
-                 model_name: str, limits: Limits, retry_after: int = RETRY_AFTER_S):
+                 model_name: str, limits: Limits, retry_after: int = RETRY_AFTER_S,
+                 model: Optional[ByteLM] = None):
         """``model_name``: the id in answers and ``/v1/models``; ``limits``: what requests
-        may ask for; ``retry_after``: the seconds of a 503's ``Retry-After``."""
+        may ask for; ``retry_after``: the seconds of a 503's ``Retry-After``; ``model``:
+        the model the engine decodes, whose forward gives ``logprobs`` (``None``: a
+        request with ``logprobs`` is refused)."""
         self.make_engine, self.model_name, self.limits = make_engine, model_name, limits
-        self.retry_after = retry_after
+        self.retry_after, self.model = retry_after, model
+        self.metrics = Metrics()
+        # (one thread scores every request's bytes, in turn: the forward's memory is one
+        # request's at a time, and the engine's thread keeps the other cores)
+        self.scoring = ThreadPoolExecutor(1, thread_name_prefix="fastrwa-serve-scoring")
         # (a prompt of byte ids is up to 4 JSON characters a byte; escaped text up to 6)
         self.max_body = max(MIN_BODY_BYTES, 8 * limits.max_prompt_bytes)
         self.engine: Optional[Engine] = None
@@ -125,6 +142,7 @@ class App:
                 self.draining = True
                 if self.engine is not None:
                     await asyncio.get_running_loop().run_in_executor(None, self.engine.close)
+                self.scoring.shutdown(wait=False)
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
@@ -132,7 +150,10 @@ class App:
         path, method = scope["path"], scope["method"]
         routes = {"/v1/completions": ("POST", self._completions),
                   "/health": ("GET", self._health), "/v1/models": ("GET", self._models),
-                  "/stats": ("GET", self._stats)}
+                  "/stats": ("GET", self._stats), "/metrics": ("GET", self._metrics),
+                  "/tokenize": ("POST", self._tokenize),
+                  "/detokenize": ("POST", self._detokenize),
+                  "/tokenizer_info": ("GET", self._tokenizer_info)}
         if path not in routes:
             raise responses.not_found(path)
         allowed, handler = routes[path]
@@ -155,22 +176,57 @@ class App:
         await _send_json(send, 200, responses.stats(e.active, e.queued, e.capacity,
                                                     e.stats.as_dict()))
 
+    async def _metrics(self, scope, receive, send) -> None:
+        e = self.engine
+        data = self.metrics.render(e.queued, e.active, e.capacity).encode()
+        await send({"type": "http.response.start", "status": 200, "headers": [
+            (b"content-type", METRICS_TYPE), (b"content-length", str(len(data)).encode())]})
+        await send({"type": "http.response.body", "body": data})
+
+    # -- the tokenizer --------------------------------------------------------------------
+    async def _tokenize(self, scope, receive, send) -> None:
+        request = parse_tokenize(await _read_body(receive, self.max_body))
+        ids = tokens.encode(request.text, request.add_special_tokens)
+        await _send_json(send, 200, responses.tokenized(ids, self.limits.max_prompt_bytes,
+                                                        request.return_token_strs))
+
+    async def _detokenize(self, scope, receive, send) -> None:
+        ids = parse_detokenize(await _read_body(receive, self.max_body))
+        await _send_json(send, 200, responses.detokenized(tokens.decode(ids)))
+
+    async def _tokenizer_info(self, scope, receive, send) -> None:
+        await _send_json(send, 200, responses.tokenizer_info(self.limits.max_prompt_bytes))
+
     # -- completions ----------------------------------------------------------------------
     async def _completions(self, scope, receive, send) -> None:
-        request = parse_completion(await _read_body(receive, self.max_body), self.limits)
-        job = self._submit(request)
+        arrived = time.perf_counter()
+        try:
+            request = parse_completion(await _read_body(receive, self.max_body), self.limits)
+            if request.logprobs is not None and self.model is None:
+                raise RequestError("logprobs: this server has no model to score with",
+                                   "logprobs", code="unsupported")
+            job = self._submit(request)
+        except RequestError:
+            self.metrics.finished("refused")
+            raise
+        self.metrics.prompt_bytes += len(request.prompt)
+        scoring = None if request.logprobs is None else Scoring(
+            self.model, request.logprobs, job.context[0].tolist(), self.scoring)
+        released = Pieces(job, scoring, self.metrics, arrived)
         watcher = asyncio.ensure_future(_watch_disconnect(receive, job))
         try:
             if request.stream:
-                await self._stream(job, send)
+                await self._stream(released, send)
             else:
-                await self._complete(job, send)
+                await self._complete(released, send)
         except OSError:                 # (the client went away while we wrote)
             job.cancel()
         finally:
             watcher.cancel()
             if job.finish is None:
                 job.cancel()
+            self.metrics.finished(released.finish if released.finish in (
+                "stop", "length", "error") else "cancelled", released.first_byte_s)
 
     def _submit(self, request: Completion) -> Job:
         """``request``'s job in the engine, its ``waker`` set up for :class:`Released`
@@ -196,30 +252,34 @@ class App:
     def _usage(job: Job) -> dict:
         return responses.usage(len(job.request.prompt), len(job.generated))
 
-    async def _complete(self, job: Job, send) -> None:
-        parts, finish = [], None
-        async for text, finish in Released(job):
+    async def _complete(self, released: Pieces, send) -> None:
+        job, parts, scored, finish = released.job, [], [], None
+        async for text, finish, logprobs in released:
             parts.append(text)
+            if logprobs is not None:
+                scored.append(logprobs)
         if finish == "cancelled":
             return
         if finish == "error":
             raise responses.generation_failed(job.error)
+        logprobs = responses.joined_logprobs(scored) if scored else None
         await _send_json(send, 200, responses.completion(self._head(job), "".join(parts),
-                                                         finish, self._usage(job)))
+                                                         finish, self._usage(job), logprobs))
 
-    async def _stream(self, job: Job, send) -> None:
+    async def _stream(self, released: Pieces, send) -> None:
+        job = released.job
         await send({"type": "http.response.start", "status": 200,
                     "headers": list(responses.STREAM_HEADERS)})
         head = self._head(job)
-        async for text, finish in Released(job):
+        async for text, finish, logprobs in released:
             if finish == "cancelled":
                 return
             if finish == "error":
                 if text:            # (what was released before the error: sent first)
-                    await _send_event(send, responses.chunk(head, text, None))
+                    await _send_event(send, responses.chunk(head, text, None, logprobs))
                 await _send_event(send, responses.generation_failed(job.error).body())
-            elif text or finish is not None:
-                await _send_event(send, responses.chunk(head, text, finish))
+            elif text or finish is not None or (logprobs and logprobs["tokens"]):
+                await _send_event(send, responses.chunk(head, text, finish, logprobs))
                 if finish is not None and job.request.include_usage:
                     await _send_event(send, responses.usage_chunk(head, self._usage(job)))
         await send({"type": "http.response.body", "body": responses.DONE, "more_body": False})
@@ -228,12 +288,16 @@ class App:
 class Released:
     """A job's text as the engine releases it, for ``async for text, finish in
     Released(job)``: each time the job's ``waker`` is set, the bytes released since (decoded
-    by :func:`fastrwa.serve.responses.text_decoder`) and ``finish``, ``None`` until the last
-    (``"stop"``, ``"length"``, ``"cancelled"`` or ``"error"``), after which it ends."""
+    by ``transcript``, a :class:`fastrwa.serve.tokens.Transcript`: a fresh one by default)
+    and ``finish``, ``None`` until the last (``"stop"``, ``"length"``, ``"cancelled"`` or
+    ``"error"``), after which it ends. After each piece, ``data`` holds its bytes and, with
+    ``offsets``, ``text_offset`` their characters' offsets in the text."""
 
-    def __init__(self, job: Job):
-        self.job, self.finish = job, None
-        self.decoder = responses.text_decoder()
+    def __init__(self, job: Job, transcript: Optional[tokens.Transcript] = None,
+                 offsets: bool = False):
+        self.job, self.finish, self.offsets = job, None, offsets
+        self.transcript = transcript or tokens.Transcript()
+        self.data, self.text_offset = b"", []
 
     def __aiter__(self) -> Released:
         return self
@@ -244,8 +308,97 @@ class Released:
         job = self.job
         await job.waker.wait()
         job.waker.clear()
-        data, self.finish = job.take()
-        return self.decoder.decode(data, final=self.finish is not None), self.finish
+        self.data, self.finish = job.take()
+        text, self.text_offset = self.transcript.add(self.data, self.finish is not None,
+                                                     self.offsets)
+        return text, self.finish
+
+
+class Pieces:
+    """What a completion's route sends, for ``async for text, finish, logprobs in
+    Pieces(job, scoring, metrics, arrived)``: first, with ``echo``, the prompt's text; then
+    :class:`Released`'s pieces (decoded with the prompt's when echoed); ``logprobs``: each
+    piece's :func:`fastrwa.serve.responses.logprobs` from ``scoring`` (``None`` without
+    it). The generated bytes' counts and times go to ``metrics`` (``arrived``: the
+    request's ``time.perf_counter()`` on arrival; ``first_byte_s``: its time to the first
+    generated bytes, once there are some)."""
+
+    def __init__(self, job: Job, scoring: Optional[Scoring], metrics: Metrics,
+                 arrived: float):
+        self.job, self.scoring, self.metrics, self.arrived = job, scoring, metrics, arrived
+        self.released = Released(job, offsets=scoring is not None)
+        self.echo = job.request.echo            # (the prompt is still to be given out)
+        self.first_byte_s: Optional[float] = None
+        self._last: Optional[float] = None      # (when bytes were last released)
+
+    @property
+    def finish(self) -> Optional[str]:
+        return self.released.finish
+
+    def __aiter__(self) -> Pieces:
+        return self
+
+    async def __anext__(self) -> tuple[str, Optional[str], Optional[dict]]:
+        want = self.scoring is not None
+        if self.echo:
+            self.echo = False
+            ids = list(self.job.request.prompt)
+            text, offsets = self.released.transcript.add(ids, offsets=want)
+            return text, None, (await self.scoring.prompt(ids, offsets) if want else None)
+        text, finish = await self.released.__anext__()
+        data = self.released.data
+        self._count(len(data))
+        logprobs = await self.scoring.more(data, self.released.text_offset) if want else None
+        return text, finish, logprobs
+
+    def _count(self, n: int) -> None:
+        if not n:
+            return
+        now = time.perf_counter()
+        if self._last is None:
+            self.first_byte_s = now - self.arrived
+        self.metrics.observe_bytes(n, None if self._last is None else now - self._last)
+        self._last = now
+
+
+class Scoring:
+    """One request's ``logprobs`` (``top`` alternatives a position) from ``model``'s
+    forward (:func:`fastrwa.models.scoring.score`), run by ``pool``: the prompt's when
+    echoed (:meth:`prompt`; its first id has no past), then the generated bytes' in the
+    pieces they are released in (:meth:`more`), each given all the ids before it.
+    ``context``: what the engine prefilled (the prompt, or BOS for an empty one), scored
+    first without being reported when the prompt is not echoed."""
+
+    def __init__(self, model: ByteLM, top: int, context: Sequence[int],
+                 pool: ThreadPoolExecutor):
+        self.model, self.top, self.context, self.pool = model, top, list(context), pool
+        self.past: Optional[Scores] = None
+
+    async def _score(self, ids: Sequence[int]) -> Scores:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.pool, score, self.model, ids, self.top,
+                                          self.past)
+
+    async def prompt(self, ids: Sequence[int], offsets: Sequence[int]) -> dict:
+        """The echoed prompt's ``ids`` (``offsets``: their characters')."""
+        if not ids:                     # (an empty prompt: the engine's context is BOS)
+            return await self.more(ids, offsets)
+        self.past = await self._score(ids)
+        return self._logprobs(ids, self.past, offsets)
+
+    async def more(self, ids: Sequence[int], offsets: Sequence[int]) -> dict:
+        """The next generated ``ids`` (``offsets``: their characters')."""
+        if self.past is None:
+            self.past = await self._score(self.context)
+        if ids:
+            self.past = await self._score(ids)
+        return self._logprobs(ids, self.past, offsets)
+
+    @staticmethod
+    def _logprobs(ids: Sequence[int], s: Scores, offsets: Sequence[int]) -> dict:
+        n = len(ids)                    # (no ids: an empty piece, whatever ``s`` holds)
+        return responses.logprobs(ids, s.logprobs.tolist()[:n], s.top_ids.tolist()[:n],
+                                  s.top_logprobs.tolist()[:n], offsets)
 
 
 async def _watch_disconnect(receive, job: Job) -> None:

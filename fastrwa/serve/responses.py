@@ -1,6 +1,7 @@
 r"""Every answer the server sends, built here (docs/serve.md, "The API"): the completion, its
-streamed chunks, the errors, the models list, ``/health`` and ``/stats``; and how they go on
-the wire. :mod:`.schema` is the other half of the protocol (the request, checked).
+streamed chunks and their ``logprobs``, the errors, the models list, the tokenizer's routes
+(``/tokenize``, ``/detokenize``, ``/tokenizer_info``), ``/health`` and ``/stats``; and how
+they go on the wire (``/metrics``, Prometheus' text, is :mod:`.metrics`'s). :mod:`.schema` is the other half of the protocol (the request, checked).
 
 A body is a ``dict`` sent as :func:`encode` writes it: compact JSON with ASCII escapes (any
 ``str``, a lone surrogate too, encodes; clients read the same text). A stream is server-sent
@@ -22,7 +23,10 @@ from __future__ import annotations
 import codecs
 import dataclasses
 import json
-from typing import Optional
+import math
+from typing import Optional, Sequence
+
+from . import tokens as _tokens
 
 DONE = b"data: [DONE]\n\n"          # a stream's last event
 JSON_TYPE = b"application/json"
@@ -70,25 +74,95 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
 
 def choice(text: str, finish: Optional[str], logprobs: Optional[dict] = None) -> dict:
     """The one choice of a completion or a chunk: ``finish`` is ``"stop"``, ``"length"`` or
-    ``None`` (a chunk before the last); ``logprobs`` ``None`` (the server computes none)."""
+    ``None`` (a chunk before the last); ``logprobs``: :func:`logprobs`'s object, or
+    ``None`` (none asked for)."""
     return {"text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish}
 
 
-def completion(head: Head, text: str, finish: str, usage: dict) -> dict:
-    """The answer to a request without ``stream``: the whole ``text``, why it ended and
-    its :func:`usage`."""
-    return {**head.as_dict(), "choices": [choice(text, finish)], "usage": usage}
+def completion(head: Head, text: str, finish: str, usage: dict,
+               logprobs: Optional[dict] = None) -> dict:
+    """The answer to a request without ``stream``: the whole ``text``, why it ended, its
+    :func:`usage` and its ``logprobs`` (:func:`logprobs`, when asked for)."""
+    return {**head.as_dict(), "choices": [choice(text, finish, logprobs)], "usage": usage}
 
 
-def chunk(head: Head, text: str, finish: Optional[str]) -> dict:
-    """One event of a stream: the ``text`` since the last one (``finish`` on the last)."""
-    return {**head.as_dict(), "choices": [choice(text, finish)]}
+def chunk(head: Head, text: str, finish: Optional[str],
+          logprobs: Optional[dict] = None) -> dict:
+    """One event of a stream: the ``text`` since the last one (``finish`` on the last) and
+    its ids' ``logprobs`` (when asked for)."""
+    return {**head.as_dict(), "choices": [choice(text, finish, logprobs)]}
+
+
+def logprobs(ids: Sequence[int], token_logprobs: Sequence[float],
+             top_ids: Sequence[Sequence[int]], top_logprobs: Sequence[Sequence[float]],
+             offsets: Sequence[int]) -> dict:
+    """The ``logprobs`` object of OpenAI's completions for the ids ``ids`` of a text (or a
+    chunk of one): per id its text (``tokens``, :func:`fastrwa.serve.tokens.token_text`),
+    its log-probability given everything before it (``token_logprobs``: ``None`` where a
+    NaN says it has no past, the first id of an echoed prompt), the most likely ids there
+    and the id itself with theirs (``top_logprobs``, a ``{text: logprob}`` for each id,
+    most likely first, ``None`` with the logprob) and its character's offset in the
+    completion's text (``text_offset``).
+
+    Example::
+
+        >>> out = logprobs([256, 104], [math.nan, -0.5], [[-1], [105]], [[math.nan], [-0.25]],
+        ...                [0, 5])
+        >>> out["tokens"], out["token_logprobs"], out["text_offset"]
+        (['<bos>', 'h'], [None, -0.5], [0, 5])
+        >>> out["top_logprobs"]
+        [None, {'i': -0.25, 'h': -0.5}]
+    """
+    out: dict = {"tokens": [_tokens.token_text(i) for i in ids], "token_logprobs": [],
+                 "top_logprobs": [], "text_offset": list(offsets)}
+    for token, lp, alt_ids, alt_lps in zip(ids, token_logprobs, top_ids, top_logprobs):
+        if math.isnan(lp):
+            out["token_logprobs"].append(None)
+            out["top_logprobs"].append(None)
+            continue
+        top = {_tokens.token_text(i): float(v) for i, v in zip(alt_ids, alt_lps)}
+        top.setdefault(_tokens.token_text(token), float(lp))
+        out["token_logprobs"].append(float(lp))
+        out["top_logprobs"].append(top)
+    return out
+
+
+def joined_logprobs(parts: Sequence[dict]) -> dict:
+    """The :func:`logprobs` objects of a text's pieces, in order, as one."""
+    keys = ("tokens", "token_logprobs", "top_logprobs", "text_offset")
+    return {key: [v for part in parts for v in part[key]] for key in keys}
 
 
 def usage_chunk(head: Head, usage: dict) -> dict:
     """A stream's event after the last text, with ``stream_options.include_usage``: no
     choice, the :func:`usage`."""
     return {**head.as_dict(), "choices": [], "usage": usage}
+
+
+# -- the tokenizer's routes (vLLM's, as lm-eval's remote tokenizer reads them) ------------
+
+def tokenized(ids: Sequence[int], max_model_len: int, token_strs: bool) -> dict:
+    """``POST /tokenize``: the ``tokens`` (ids), their ``count``, the longest prompt this
+    server takes (``max_model_len``: its ``--max-prompt-bytes``) and, when asked for, each
+    id's text (``token_strs``; else ``None``)."""
+    return {"count": len(ids), "max_model_len": max_model_len, "tokens": list(ids),
+            "token_strs": [_tokens.token_text(i) for i in ids] if token_strs else None}
+
+
+def detokenized(text: str) -> dict:
+    """``POST /detokenize``: the ids' text, in ``prompt``."""
+    return {"prompt": text}
+
+
+def tokenizer_info(max_model_len: int) -> dict:
+    """``GET /tokenizer_info``: the byte tokenizer's settings as the Hugging Face one
+    saves them (its class, the special tokens' texts: BOS is also EOS, no padding) and the
+    longest prompt this server takes."""
+    return {"tokenizer_class": "FastRWAByteTokenizer", "bos_token": _tokens.BOS_TEXT,
+            "eos_token": _tokens.BOS_TEXT, "pad_token": None, "unk_token": None,
+            "bos_token_id": _tokens.BOS_ID, "eos_token_id": _tokens.BOS_ID,
+            "vocab_size": _tokens.BOS_ID + 1, "model_max_length": max_model_len,
+            "add_bos_token": False, "chat_template": None}
 
 
 # -- the other routes ---------------------------------------------------------------------

@@ -3,19 +3,25 @@ JSON body into a :class:`Completion` or raises :class:`RequestError` naming the 
 OpenAI error shape, ``{"error": {"message", "type", "param", "code"}}``). This is half of the
 server's protocol; :mod:`.responses` builds every answer.
 
+A prompt is text (its UTF-8 bytes) or token ids: the bytes 0-255 and the BOS id 256
+(:attr:`fastrwa.models.LMConfig.bos_token`, anywhere: lm-eval starts its windows with it).
+``logprobs: k`` (0 to :data:`MAX_LOGPROBS`) asks for each byte's log-probability and the
+``k`` most likely bytes at each position; ``echo: true`` returns the prompt before the
+completion (with its log-probabilities when ``logprobs`` is given), ``max_tokens`` 0 too.
+
 ``max_tokens``, ``temperature``, ``top_p`` and ``top_k`` are checked by
 :mod:`fastrwa.models.sampling`'s checks of ``generate``'s arguments, so the server takes what
 ``ByteLM.generate`` takes (the messages say it as JSON does), and besides: ``temperature`` 0
 (greedy), ``top_k`` -1 (off, as vLLM), ``max_tokens`` 0, and its own limits.
 
 What OpenAI's completions API takes and this server does not (refused by name, 400):
-``echo: true``, ``logprobs``, ``best_of > 1``, ``n > 1``, ``suffix``, non-zero
-``presence_penalty``/``frequency_penalty``, a non-empty ``logit_bias``, several prompts in
-one request. Any other unknown field is refused too (OpenAI does the same), so a typo such
-as ``max_token`` is an error, not a silent default. ``null`` is every field's default
-(``prompt`` excepted); ``true``/``false`` are not numbers and numbers are not booleans
-(``best_of: true`` and ``echo: 0`` are refused, as Python's ``True == 1`` would accept them);
-``user`` is any string (an identifier of the end user: ignored).
+``best_of > 1``, ``n > 1``, ``suffix``, non-zero ``presence_penalty``/``frequency_penalty``,
+a non-empty ``logit_bias``, several prompts in one request. Any other unknown field is
+refused too (OpenAI does the same), so a typo such as ``max_token`` is an error, not a silent
+default. ``null`` is every field's default (``prompt`` excepted); ``true``/``false`` are not
+numbers and numbers are not booleans (``best_of: true``, ``logprobs: true`` and ``echo: 0``
+are refused, as Python's ``True == 1`` would accept them); ``user`` is any string (an
+identifier of the end user: ignored).
 
 Whatever JSON can carry is answered with a 400 naming the field: a string that is not valid
 Unicode (a lone surrogate such as ``"\\ud800"``, which has no UTF-8 and could not be echoed
@@ -30,16 +36,18 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 from ..models.sampling import FLOAT32_MAX, check_sampling_args, check_temperature, check_top_p
 from .responses import RequestError     # (the error answer: .responses builds every answer)
+from .tokens import BOS_ID
 
 # OpenAI's defaults
 DEFAULT_MAX_TOKENS = 16
 MAX_STOPS = 4
 MAX_STOP_BYTES = 256
 MAX_SEED = 2 ** 64 - 1          # torch.Generator.manual_seed's largest
+MAX_LOGPROBS = 20               # the most alternatives per position (vLLM's default limit)
 MAX_INT_DIGITS = 100            # a longer JSON integer is out of range for every field
 SHOWN_CHARS = 40                # a value is shown in a message up to this many characters
 
@@ -60,10 +68,13 @@ class Limits:
 
 @dataclasses.dataclass
 class Completion:
-    """One checked completion request. ``prompt``: its bytes (UTF-8 of the text, or the byte
-    ids given); ``temperature`` 0 means greedy; ``stop``: byte strings."""
+    """One checked completion request. ``prompt``: its ids, as ``bytes`` (UTF-8 of the
+    text, or the byte ids given) or, when the ids hold BOS (256), a ``tuple`` of ints;
+    ``temperature`` 0 means greedy; ``stop``: byte strings; ``logprobs``: ``None`` (none
+    asked for) or how many alternatives per position; ``echo``: the prompt comes back
+    before the completion."""
 
-    prompt: bytes
+    prompt: Union[bytes, tuple]
     max_tokens: int = DEFAULT_MAX_TOKENS
     temperature: float = 1.0
     top_p: Optional[float] = None
@@ -73,6 +84,8 @@ class Completion:
     stream: bool = False
     include_usage: bool = False
     model: Optional[str] = None
+    logprobs: Optional[int] = None
+    echo: bool = False
 
 
 class _OutOfRange:
@@ -164,23 +177,24 @@ def _bool(value: object, name: str, param: Optional[str] = None) -> bool:
     raise RequestError(f"{name} must be true, false or null, got {_got(value)}", param or name)
 
 
-def _prompt(value: object, limits: Limits) -> bytes:
+def _prompt(value: object, limits: Limits) -> Union[bytes, tuple]:
     if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list)):
         value = value[0]                # ([text] or [[ids]]: one prompt in a list)
     if isinstance(value, str):
         data = value.encode("utf-8")        # (valid Unicode: _check_json)
     elif isinstance(value, list) and any(isinstance(v, (str, list)) for v in value):
-        raise RequestError("prompt: one prompt per request (a string, or a list of byte ids "
-                           "0-255); send several prompts as several requests", "prompt")
+        raise RequestError("prompt: one prompt per request (a string, or a list of token "
+                           "ids); send several prompts as several requests", "prompt")
     elif isinstance(value, list):
         for i, v in enumerate(value):
-            if not _is_int(v) or not 0 <= v <= 255:
+            if not _is_int(v) or not 0 <= v <= BOS_ID:
                 raise RequestError(f"prompt: token ids are bytes here, each an int in "
-                                   f"[0, 255]; got {_got(v)} at index {i}", "prompt")
-        data = bytes(value)
+                                   f"[0, 255], or the BOS id {BOS_ID}; got {_got(v)} at "
+                                   f"index {i}", "prompt")
+        data = tuple(value) if BOS_ID in value else bytes(value)
     else:
-        raise RequestError(f"prompt must be a string or a list of byte ids 0-255, got "
-                           f"{_got(value)}", "prompt")
+        raise RequestError(f"prompt must be a string or a list of token ids (bytes 0-255, "
+                           f"BOS {BOS_ID}), got {_got(value)}", "prompt")
     if len(data) > limits.max_prompt_bytes:
         raise RequestError(f"prompt is {len(data)} bytes, over this server's limit of "
                            f"{limits.max_prompt_bytes} (--max-prompt-bytes)", "prompt",
@@ -273,6 +287,8 @@ def parse_completion(raw: bytes, limits: Limits) -> Completion:
                                f"got {_got(seed)}", "seed")
         req.seed = seed
     req.stream = _bool(body.get("stream"), "stream")
+    req.echo = _bool(body.get("echo"), "echo")
+    req.logprobs = _logprobs(body.get("logprobs"))
     req.include_usage = _include_usage(body.get("stream_options"), req.stream)
     return req
 
@@ -307,12 +323,6 @@ def _refuse_unsupported(body: dict) -> None:
             raise RequestError(f"{name} is not supported by this server (only "
                                f"{json.dumps(neutral)} or null), got {_got(value)}", name,
                                code="unsupported")
-    if _bool(body.get("echo"), "echo"):
-        raise RequestError("echo is not supported by this server (only false)", "echo",
-                           code="unsupported")
-    if body.get("logprobs") is not None:
-        raise RequestError("logprobs is not supported by this server (only null)", "logprobs",
-                           code="unsupported")
     for name, what in (("best_of", "best_of is not supported by this server"),
                        ("n", "n: one completion per request")):
         value = body.get(name)
@@ -333,6 +343,17 @@ def _max_tokens(body: dict, limits: Limits) -> int:
     return max_tokens
 
 
+def _logprobs(value: object) -> Optional[int]:
+    """``logprobs``: ``None`` (null: none), or how many alternatives per position."""
+    if value is None:
+        return None
+    if not _is_int(value) or not 0 <= value <= MAX_LOGPROBS:
+        raise RequestError(f"logprobs must be an integer from 0 to {MAX_LOGPROBS} (the most "
+                           f"likely bytes given at each position) or null, got {_got(value)}",
+                           "logprobs")
+    return value
+
+
 def _include_usage(options: object, stream: bool) -> bool:
     """``stream_options.include_usage``: false when ``options`` is null."""
     if options is None:
@@ -345,3 +366,67 @@ def _include_usage(options: object, stream: bool) -> bool:
                            "stream_options")
     return _bool(options.get("include_usage"), "stream_options.include_usage",
                  "stream_options")
+
+
+# -- the tokenizer's routes (vLLM's request bodies, as lm-eval's remote tokenizer sends them)
+
+@dataclasses.dataclass
+class Tokenize:
+    """A checked ``POST /tokenize``: the ``text`` (``prompt``), whether the special tokens
+    are added (``add_special_tokens``, default true: an empty text is BOS) and whether each
+    id's text comes back too (``return_token_strs``)."""
+
+    text: str
+    add_special_tokens: bool = True
+    return_token_strs: bool = False
+
+
+def parse_tokenize(raw: bytes) -> Tokenize:
+    """The body ``raw`` of ``POST /tokenize``, checked (a :class:`RequestError` names the
+    field that is wrong).
+
+    Example::
+
+        >>> parse_tokenize(b'{"prompt": "hi", "add_special_tokens": false}')
+        Tokenize(text='hi', add_special_tokens=False, return_token_strs=False)
+    """
+    body = _json_object(raw)
+    _only(body, ("model", "prompt", "add_special_tokens", "return_token_strs"))
+    if not isinstance(body.get("prompt"), str):
+        raise RequestError(f"prompt must be a string, got {_got(body.get('prompt'))}",
+                           "prompt")
+    special = body.get("add_special_tokens")
+    return Tokenize(body["prompt"], True if special is None else _bool(special,
+                                                                       "add_special_tokens"),
+                    _bool(body.get("return_token_strs"), "return_token_strs"))
+
+
+def parse_detokenize(raw: bytes) -> list[int]:
+    """The ids (``tokens``: bytes 0-255 and BOS 256) of a ``POST /detokenize`` body
+    ``raw``, checked.
+
+    Example::
+
+        >>> parse_detokenize(b'{"tokens": [256, 104, 105]}')
+        [256, 104, 105]
+    """
+    body = _json_object(raw)
+    _only(body, ("model", "tokens"))
+    ids = body.get("tokens")
+    if not isinstance(ids, list):
+        raise RequestError(f"tokens must be a list of token ids, got {_got(ids)}", "tokens")
+    for i, v in enumerate(ids):
+        if not _is_int(v) or not 0 <= v <= BOS_ID:
+            raise RequestError(f"tokens: each id is an int in [0, 255] (a byte), or the BOS "
+                               f"id {BOS_ID}; got {_got(v)} at index {i}", "tokens")
+    return ids
+
+
+def _only(body: dict, known: tuple) -> None:
+    """Refuse a field of ``body`` not in ``known``; ``model`` is a string if given."""
+    for name in body:
+        if name not in known:
+            raise RequestError(f"unrecognized request argument supplied: {_shorten(name)}",
+                               name)
+    if body.get("model") is not None and not isinstance(body["model"], str):
+        raise RequestError(f"model must be a string, got {_got(body['model'])}", "model")

@@ -119,7 +119,7 @@ def test_bad_requests_name_the_field(server):
     for body, param in [
             (b'{"prompt": "a", ', None), (b"[1, 2]", None), (b"\xff\xfe", None),
             ({"max_tokens": 3}, "prompt"), ({"prompt": 5}, "prompt"),
-            ({"prompt": ["a", "b"]}, "prompt"), ({"prompt": [1, 256]}, "prompt"),
+            ({"prompt": ["a", "b"]}, "prompt"), ({"prompt": [1, 257]}, "prompt"),
             ({"prompt": "a", "max_tokens": -1}, "max_tokens"),
             ({"prompt": "a", "max_tokens": "3"}, "max_tokens"),
             ({"prompt": "a", "temperature": -0.1}, "temperature"),
@@ -128,7 +128,7 @@ def test_bad_requests_name_the_field(server):
             ({"prompt": "a", "stop": ["a", "b", "c", "d", "e"]}, "stop"),
             ({"prompt": "a", "seed": -1}, "seed"), ({"prompt": "a", "seed": 2 ** 64}, "seed"),
             ({"prompt": "a", "stream": "yes"}, "stream"), ({"prompt": "a", "n": 2}, "n"),
-            ({"prompt": "a", "echo": True}, "echo"), ({"prompt": "a", "logprobs": 2}, "logprobs"),
+            ({"prompt": "a", "echo": 1}, "echo"), ({"prompt": "a", "logprobs": 21}, "logprobs"),
             ({"prompt": "a", "best_of": 3}, "best_of"), ({"prompt": "a", "suffix": "z"}, "suffix"),
             ({"prompt": "a", "presence_penalty": 1}, "presence_penalty"),
             ({"prompt": "a", "max_token": 3}, "max_token"),

@@ -37,7 +37,7 @@ def test_user_is_any_string():
 def test_prompt_ids_name_the_bad_one():
     error = refused({"prompt": [104, True, 105]})
     assert error.param == "prompt" and "true" in error.message and "index 1" in error.message
-    error = refused({"prompt": [104, 256]})
+    error = refused({"prompt": [104, 257]})
     assert "[0, 255]" in error.message and "256" in error.message
     assert "one prompt per request" in refused({"prompt": ["a", "b"]}).message
     assert parse_completion(b'{"prompt": [[104, 105]]}', LIMITS).prompt == b"hi"
