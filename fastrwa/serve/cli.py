@@ -137,7 +137,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     name = served_name(args)
     bos = model.config.bos_token
     app = App(lambda notify: Engine(rows, bos, args.max_queue, notify), name,
-              Limits(args.max_prompt_bytes, args.max_tokens_limit))
+              Limits(args.max_prompt_bytes, args.max_tokens_limit), model=model)
     sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
