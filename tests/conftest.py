@@ -17,7 +17,11 @@ The op tests take one of two fixtures:
 Two kinds of ``backend`` items are deselected for Triton (pytest reports them as deselected,
 not passed): a ``chunk`` other than ``None`` (the torch and numba backends' chunk length;
 Triton has no such knob, so they would repeat the ``None`` case), and a ``dtype`` of float64
-(Triton refuses it; tests/backends/test_selection.py checks the error).
+(Triton refuses it; tests/backends/test_selection.py checks the error). A third kind, on the
+interpreter only: items marked ``triton_repeat``, whose Triton column repeats what the op
+tests check through the interpreter (a training step over packed documents, which the
+cu_seqlens op tests cover; input layouts, which the Triton launcher makes contiguous before
+any kernel reads them); under ``--cuda`` they run.
 
 ``python -m pytest --cuda`` (on a machine with a CUDA GPU) runs the Triton column compiled,
 on CUDA tensors, twice per test: "triton-looped" and "triton-segments", each with the same
@@ -96,6 +100,8 @@ def pytest_addoption(parser):
 def pytest_configure(config):
     config.addinivalue_line("markers", "cuda: needs a CUDA GPU; runs only under --cuda")
     config.addinivalue_line("markers", "interpreter: runs Triton on CPU tensors; not under --cuda")
+    config.addinivalue_line("markers", "triton_repeat: its Triton column repeats what the op "
+                            "tests check; left out on the interpreter, run under --cuda")
     if config.getoption("--cuda"):
         if not torch.cuda.is_available():
             raise pytest.UsageError("--cuda needs a CUDA GPU, and torch sees none")
@@ -157,7 +163,8 @@ def pytest_collection_modifyitems(config, items):
         params = getattr(item, "callspec", None)
         params = params.params if params else {}
         triton = str(params.get("backend", "")).startswith("triton")
-        repeat = params.get("chunk") is not None or params.get("dtype") == torch.float64
+        repeat = params.get("chunk") is not None or params.get("dtype") == torch.float64 \
+            or (item.get_closest_marker("triton_repeat") is not None and not cuda)
         needs_gpu = item.get_closest_marker("cuda") is not None and not cuda
         needs_cpu = item.get_closest_marker("interpreter") is not None and cuda
         (drop if (triton and repeat) or needs_gpu or needs_cpu else keep).append(item)

@@ -167,7 +167,13 @@ def _layouts(B, T, D, dtype, gen):
     ]
 
 
-@pytest.mark.parametrize("layout", range(6), ids=[name for name, _ in _layouts(1, 1, 1, torch.float32, torch.Generator())])
+# (Triton's launcher makes every input contiguous before a kernel reads it: on the
+# interpreter its column keeps one strided layout, "every other channel", as the check of
+# that; tests/conftest.py, triton_repeat)
+@pytest.mark.parametrize("layout", [
+    pytest.param(i, id=name, marks=[] if name == "every other channel"
+                 else [pytest.mark.triton_repeat])
+    for i, (name, _) in enumerate(_layouts(1, 1, 1, torch.float32, torch.Generator()))])
 def test_every_dtype_and_layout_gives_the_contiguous_answer(backend, layout):
     """Inputs in any layout give the outputs and gradients of the same numbers made
     contiguous, for every dtype (float16 strided along channels was misread on numba)."""

@@ -71,6 +71,7 @@ def _alone(model, x, y, starts):
     return total, count
 
 
+@pytest.mark.triton_repeat        # (tests/op/test_cu_seqlens.py: Triton's packed sequences)
 @pytest.mark.parametrize("layer", ["rda", "rwa"])
 def test_the_packed_step_equals_each_document_alone(corpus, backend, layer):
     """Forward and backward: the trainer's loss of a packed batch (model_inputs, the
