@@ -205,3 +205,23 @@ def test_metrics_in_prometheus_text_format(server):
                if k.startswith("fastrwa_time_per_byte_seconds_bucket")]
     assert buckets == sorted(buckets) and buckets[-1] == after[
         "fastrwa_time_per_byte_seconds_count"]
+
+
+def test_metrics_histograms_count_every_byte():
+    from fastrwa.serve.metrics import Metrics
+
+    m = Metrics()
+    m.observe_bytes(3, None)                # (a request's first release: no per-byte time)
+    m.observe_bytes(4, 0.004)               # (4 bytes over 4 ms: 1 ms each)
+    m.finished("stop", first_byte_s=0.02)
+    m.finished("refused")
+    s = _samples(m.render(queued=2, active=3, capacity=8))
+    assert s["fastrwa_generated_bytes_total"] == 7
+    assert s["fastrwa_time_per_byte_seconds_count"] == 4
+    assert s['fastrwa_time_per_byte_seconds_bucket{le="0.0005"}'] == 0
+    assert s['fastrwa_time_per_byte_seconds_bucket{le="0.001"}'] == 4
+    assert s["fastrwa_time_per_byte_seconds_sum"] == pytest.approx(0.004)
+    assert s['fastrwa_time_to_first_byte_seconds_bucket{le="0.01"}'] == 0
+    assert s['fastrwa_time_to_first_byte_seconds_bucket{le="0.025"}'] == 1
+    assert s['fastrwa_requests_total{outcome="refused"}'] == 1
+    assert (s["fastrwa_queue_depth"], s["fastrwa_rows_in_use"], s["fastrwa_rows"]) == (2, 3, 8)
