@@ -1,13 +1,14 @@
 r"""Every answer the server sends, built here (docs/serve.md, "The API"): the completion, its
 streamed chunks and their ``logprobs``, the errors, the models list, the tokenizer's routes
 (``/tokenize``, ``/detokenize``, ``/tokenizer_info``), ``/health`` and ``/stats``; and how
-they go on the wire (``/metrics``, Prometheus' text, is :mod:`.metrics`'s). :mod:`.schema` is the other half of the protocol (the request, checked).
+they go on the wire (``/metrics``, Prometheus' text, is :mod:`.metrics`'s). :mod:`.schema`
+is the other half of the protocol (the request, checked).
 
 A body is a ``dict`` sent as :func:`encode` writes it: compact JSON with ASCII escapes (any
 ``str``, a lone surrogate too, encodes; clients read the same text). A stream is server-sent
 events: one :func:`event` per chunk, then :data:`DONE`. Text is bytes: a completion's bytes
-become text through :func:`text_decoder` (UTF-8, incrementally: a character split across
-steps comes out whole; bytes that are not UTF-8 become U+FFFD).
+become text through :class:`fastrwa.serve.tokens.Transcript` (UTF-8, incrementally: a
+character split across steps comes out whole; bytes that are not UTF-8 become U+FFFD).
 
 Example::
 
@@ -20,7 +21,6 @@ Example::
 
 from __future__ import annotations
 
-import codecs
 import dataclasses
 import json
 import math
@@ -42,12 +42,6 @@ def encode(body: dict) -> bytes:
 def event(body: dict) -> bytes:
     """One server-sent event holding ``body``: ``data: {...}\\n\\n``."""
     return b"data: " + encode(body) + b"\n\n"
-
-
-def text_decoder() -> codecs.IncrementalDecoder:
-    """A fresh decoder of one completion's bytes into its text (module doc): ``decode(data,
-    final)`` returns the characters complete so far."""
-    return codecs.getincrementaldecoder("utf-8")(errors="replace")
 
 
 # -- completions --------------------------------------------------------------------------
