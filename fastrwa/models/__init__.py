@@ -12,10 +12,11 @@ from .lm import ByteLM
 from .mingru import MinGRULM
 from .packed import WEIGHT_FORMATS, PackedLM
 from .pretrained import build, load_bytelm, load_model, load_pretrained
+from .scoring import score
 from .storage import run_model_dir, save_pretrained
 from .transformer import TransformerLM
 
 __all__ = ["LMConfig", "ByteLM", "Block", "InferenceCache", "LMState", "RecurrentLM",
            "TransformerLM", "MinGRULM", "build",
            "save_pretrained", "load_pretrained", "load_model", "load_bytelm", "run_model_dir",
-           "PackedLM", "WEIGHT_FORMATS"]
+           "PackedLM", "WEIGHT_FORMATS", "score"]
