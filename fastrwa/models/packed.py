@@ -289,7 +289,6 @@ class PackedLM:
             cache.stacked[3].zero_()
         return self._run(tokens, cache, "tokens")
 
-    @torch.no_grad()
     def step_(self, token: Tensor, cache: InferenceCache, *,
               rows: Optional[int] = None) -> Tensor:
         """One token ``(B,)`` with the state in ``cache``, updated in place; returns the
@@ -297,25 +296,34 @@ class PackedLM:
         :meth:`ByteLM.step_`). Ids outside the vocabulary are refused (``ValueError``)
         before anything is written. ``rows`` (:meth:`fastrwa.models.decoding.Decoder.step_`):
         one call over rows ``[0, rows)`` only, the others left as they were (each row is
-        computed on its own: its logits are the same bits whatever the number of rows)."""
+        computed on its own: its logits are the same bits whatever the number of rows).
+        (No autograd: the kernel reads and writes NumPy views.)"""
         self._check_cache(cache)
+        if not (isinstance(token, Tensor) and token.dtype == torch.int64 and token.is_cpu
+                and token.dim() == 1 and token.shape[0] == cache.batch):
+            self._check_token(token, cache.batch)       # (other integer dtypes pass)
+        if rows is None:
+            return self._run(token[:, None], cache, "token")
+        rows = check_rows(rows, cache.batch)
+        ids = token.to(torch.int64).contiguous().numpy()[:rows]
+        bad = decode_host.run(self._bound_rows(cache, rows), ids)
+        if bad >= 0:
+            self._refuse(torch.from_numpy(ids)[:, None], bad, "token")
+        return self._buffers(cache).work["logits"]
+
+    @staticmethod
+    def _check_token(token: object, batch: int) -> None:
+        """``TypeError``/``ValueError`` unless ``token`` is integer ids ``(batch,)`` on the
+        CPU."""
         if not isinstance(token, Tensor) or token.is_floating_point() or token.is_complex() \
                 or token.dtype == torch.bool:
             got = token.dtype if isinstance(token, Tensor) else type(token).__name__
             raise TypeError(f"token must be a tensor of integer ids (B,), got {got}")
-        if token.dim() != 1 or token.shape[0] != cache.batch:
-            raise ValueError(f"token must have shape (B,) = ({cache.batch},), "
+        if token.dim() != 1 or token.shape[0] != batch:
+            raise ValueError(f"token must have shape (B,) = ({batch},), "
                              f"got {tuple(token.shape)}")
         if token.device.type != "cpu":
             raise ValueError(f"token must be on the CPU (the packed model's), got {token.device}")
-        if rows is None:
-            return self._run(token[:, None], cache, "token")
-        rows = check_rows(rows, cache.batch)
-        ids = token[:rows].to(torch.int64).contiguous()
-        bad = decode_host.run(self._bound_rows(cache, rows), flat(ids))
-        if bad >= 0:
-            self._refuse(ids[:, None], bad, "token")
-        return self._buffers(cache).work["logits"]
 
     def draw(self, logits: Tensor, sampling: Sampling, forbidden: int) -> Tensor:
         """:meth:`fastrwa.models.decoding.Decoder.draw`: the fused sampler on contiguous

@@ -169,14 +169,13 @@ def sample_fused(logits: Tensor, temperature: float, top_k: Optional[int],
     inverse of the cumulative weights at one uniform per row from ``generator``: other
     draws than :func:`sample`'s for the same seed. NaN or ``+inf`` logits, or a row with
     every id excluded, are the same ``ValueError``."""
-    if logits.device.type != "cpu" or logits.dtype != torch.float32 \
-            or not logits.is_contiguous():
+    if not logits.is_cpu or logits.dtype != torch.float32 or not logits.is_contiguous():
         return sample(logits, temperature, top_k, top_p, generator, forbidden)
     B, V = logits.shape
-    token = torch.empty(B, dtype=torch.int64)
-    draw_fused(logits.numpy().reshape(-1), B, V, temperature, top_k, top_p, generator,
-               forbidden, token.numpy(), np.empty(V, dtype=np.float32))
-    return token
+    token = np.empty(B, dtype=np.int64)     # (NumPy arrays: the server draws a row a call)
+    draw_fused(logits.numpy().ravel(), B, V, temperature, top_k, top_p, generator, forbidden,
+               token, np.empty(V, dtype=np.float32))
+    return torch.from_numpy(token)
 
 
 def draw_fused(logits: np.ndarray, B: int, V: int, temperature: float, top_k: Optional[int],

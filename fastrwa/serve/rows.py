@@ -77,7 +77,7 @@ class DecoderRows:
         self._token = torch.from_numpy(self.tokens) if self.device.type == "cpu" \
             else torch.zeros(capacity, dtype=torch.int64, device=self.device)
         self._staged: Optional[Tensor] = None
-        self._logits: Optional[Tensor] = None
+        self._logits: tuple = ()
 
     def prefill(self, context: Tensor) -> None:
         """Run ``context`` ``(1, P)`` (on any device) into the staging cache at batch 1, as
@@ -86,7 +86,7 @@ class DecoderRows:
 
     def draw_staged(self, sampling: Sampling) -> int:
         """The first id of the stream just prefilled, drawn from its prompt's logits."""
-        return int(self.decoder.draw(self._staged, sampling, self.forbidden)[0])
+        return self.decoder.draw(self._staged, sampling, self.forbidden).item()
 
     def place(self, row: int) -> None:
         """Copy the staging cache's state into ``row``."""
@@ -103,11 +103,12 @@ class DecoderRows:
         """Advance rows ``[0, n)`` by their ``tokens`` (the decoder may step every row)."""
         if self.device.type != "cpu":
             self._token.copy_(torch.from_numpy(self.tokens))
-        self._logits = self.decoder.step_(self._token, self.cache, rows=n)
+        # (a (1, V) view of each row's logits, made in one call: the engine draws row by row)
+        self._logits = self.decoder.step_(self._token, self.cache, rows=n)[:n].split(1)
 
     def draw(self, row: int, sampling: Sampling) -> int:
         """Row ``row``'s next id, from the logits of the last step."""
-        return int(self.decoder.draw(self._logits[row:row + 1], sampling, self.forbidden)[0])
+        return self.decoder.draw(self._logits[row], sampling, self.forbidden).item()
 
 
 def make_rows(model: ByteLM, weights: object, capacity: int) -> DecoderRows:
