@@ -22,6 +22,7 @@ from torch import Tensor, nn
 from .checks import check_tokens
 from .config import LMConfig
 from .sampling import Sampler
+from .stack import stacked_parts
 
 
 CHUNK = 512           # steps of min_gru_scan's log-space scan read at once
@@ -124,14 +125,7 @@ class MinGRULM(Sampler, nn.Module):
         if config.layer != "mingru":
             raise ValueError(f"MinGRULM needs LMConfig.layer 'mingru', got {config.layer!r}")
         self.config = config
-        d = config.d_model
-        self.embed = nn.Embedding(config.vocab_size, d)
-        self.blocks = nn.ModuleList(MinGRUBlock(config) for _ in range(config.n_layers))
-        self.norm = nn.RMSNorm(d)
-        self.head = nn.Linear(d, config.vocab_size, bias=False)
-        nn.init.normal_(self.embed.weight, std=d ** -0.5)
-        if config.tie_embeddings:
-            self.head.weight = self.embed.weight
+        self.embed, self.blocks, self.norm, self.head = stacked_parts(config, MinGRUBlock)
 
     def forward(self, tokens: Tensor, state: Optional[tuple] = None) -> tuple[Tensor, tuple]:
         """Logits ``(B, T, vocab_size)`` and the state after the last position."""

@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from .checks import check_tokens
 from .config import LMConfig
 from .sampling import Sampler
+from .stack import stacked_parts
 
 KV = tuple[Tensor, Tensor]           # keys and values (B, heads, L, head_dim)
 
@@ -116,14 +117,7 @@ class TransformerLM(Sampler, nn.Module):
             raise ValueError(f"TransformerLM needs LMConfig.layer 'transformer', "
                              f"got {config.layer!r}")
         self.config = config
-        d = config.d_model
-        self.embed = nn.Embedding(config.vocab_size, d)
-        self.blocks = nn.ModuleList(TransformerBlock(config) for _ in range(config.n_layers))
-        self.norm = nn.RMSNorm(d)
-        self.head = nn.Linear(d, config.vocab_size, bias=False)
-        nn.init.normal_(self.embed.weight, std=d ** -0.5)
-        if config.tie_embeddings:
-            self.head.weight = self.embed.weight
+        self.embed, self.blocks, self.norm, self.head = stacked_parts(config, TransformerBlock)
 
     @property
     def stride(self) -> int:

@@ -135,18 +135,30 @@ class _Layout:
         offsets) and ``co_ptr`` (the first chunk of each); :func:`unused` where dense."""
         return dict(cu_ptr=unused(like, self.cu), co_ptr=unused(like, self.chunk_offsets))
 
-    def segments(self, cps: int, BT: int, like: torch.Tensor) -> tuple[int, dict]:
-        """The count of segments of ``cps`` chunks (kernels/triton/sequence.py ``segments``:
-        at least one a sequence) and the tables a launch reads, by argument name: ``so_ptr``
-        (the first segment of each sequence) and ``ss_ptr`` (the sequence of each segment);
-        :func:`unused` where dense."""
+    def one_pass(self, like: torch.Tensor, f32: torch.dtype) -> dict:
+        """What a "looped" launch reads besides the scan's own arguments, by argument name:
+        one program per sequence walks all its chunks (``PHASE=ONE_PASS``; each sequence one
+        segment, so the segment tables and summaries are :func:`unused`)."""
+        return dict(s_ptr=unused(like, dtype=f32), so_ptr=unused(like), ss_ptr=unused(like),
+                    T=self.T, CPS=1, NS=self.n_seq, NCT=self.rows, NSEG=self.n_seq,
+                    PHASE=ONE_PASS)
+
+    def segments(self, D: int, opts: Options, like: torch.Tensor) -> tuple[int, dict, dict]:
+        """The "segments" algorithm's cut: the count of segments of :func:`segment_chunks`
+        chunks each (kernels/triton/sequence.py ``segments``: at least one a sequence), the
+        tables its launches read, by argument name: ``so_ptr`` (the first segment of each
+        sequence) and ``ss_ptr`` (the sequence of each segment), :func:`unused` where
+        dense; and the sizes they read (``T``, ``CPS``, ``NS``, ``NSEG``)."""
+        BT, cps = opts.block_t, segment_chunks(self.n_seq, D, self.max_len, opts, like.device)
         if self.lengths is None:
             count = self.n_seq * max(1, triton.cdiv(triton.cdiv(self.T, BT), cps))
-            return count, dict(so_ptr=unused(like), ss_ptr=unused(like))
-        per_seq = torch.clamp((self.lengths + BT * cps - 1) // (BT * cps), min=1)
-        offsets = torch.cumsum(per_seq, 0) - per_seq
-        seq = torch.repeat_interleave(torch.arange(self.n_seq, device=like.device), per_seq)
-        return int(per_seq.sum()), dict(so_ptr=offsets, ss_ptr=seq)
+            tables = dict(so_ptr=unused(like), ss_ptr=unused(like))
+        else:
+            per_seq = torch.clamp((self.lengths + BT * cps - 1) // (BT * cps), min=1)
+            offsets = torch.cumsum(per_seq, 0) - per_seq
+            seq = torch.repeat_interleave(torch.arange(self.n_seq, device=like.device), per_seq)
+            count, tables = int(per_seq.sum()), dict(so_ptr=offsets, ss_ptr=seq)
+        return count, tables, dict(T=self.T, CPS=cps, NS=self.n_seq, NSEG=count)
 
 
 def unused(like: torch.Tensor, tensor: torch.Tensor | None = None,
@@ -238,16 +250,12 @@ def _forward(args: ScanArgs, output_final_state: bool, save: bool) -> ForwardRes
                                    NS=B, D=D, ATTN=ATTN, DISCOUNT=DISCOUNT,
                                    HAS_INIT=init is not None, BD=BD, **launch)
     elif algorithm == "looped":
-        scan_fwd.fwd_kernel[(lay.n_seq, n_d)](
-            **scan, s_ptr=unused(z, dtype=f32), so_ptr=unused(z), ss_ptr=unused(z), T=lay.T,
-            CPS=1, NS=lay.n_seq, NCT=lay.rows, NSEG=lay.n_seq, PHASE=ONE_PASS,
-            HAS_INIT=init is not None, STORE_FINAL=need_final)
+        scan_fwd.fwd_kernel[(lay.n_seq, n_d)](**scan, **lay.one_pass(z, f32),
+                                              HAS_INIT=init is not None, STORE_FINAL=need_final)
     else:
-        cps = segment_chunks(lay.n_seq, D, lay.max_len, opts, z.device)
-        n_seg, segs = lay.segments(cps, BT, z)
+        n_seg, segs, sizes = lay.segments(D, opts, z)
         summary = empty((4, n_seg, D), f32, z.device)      # (m, n~, d~, G) of every segment
         incoming = empty((3, n_seg, D), f32, z.device)     # the state entering every segment
-        sizes = dict(T=lay.T, CPS=cps, NS=lay.n_seq, NSEG=n_seg)
         scan_fwd.fwd_kernel[(n_seg, n_d)](
             **scan, **segs, **sizes, s_ptr=summary, NCT=lay.rows, PHASE=SUMMARY,
             HAS_INIT=False, STORE_FINAL=False)
@@ -328,16 +336,13 @@ def _backward(args: ScanArgs, saved: list, m_final, gy, g_final) -> Gradients:
                 ATTN=ATTN, DISCOUNT=DISCOUNT, REVERSE=reverse,
                 LOOKAHEAD=backward_lookahead(ATTN, opts), **flags)
     if algorithm == "looped":
-        scan_bwd.bwd_kernel[(lay.n_seq, n_d)](
-            **scan, s_ptr=unused(z, dtype=f32), so_ptr=unused(z), ss_ptr=unused(z), T=lay.T,
-            CPS=1, NS=lay.n_seq, NCT=lay.rows, NSEG=lay.n_seq, PHASE=ONE_PASS,
-            HAS_INIT=init is not None, HAS_FINAL_GRAD=has_final_grad)
+        scan_bwd.bwd_kernel[(lay.n_seq, n_d)](**scan, **lay.one_pass(z, f32),
+                                              HAS_INIT=init is not None,
+                                              HAS_FINAL_GRAD=has_final_grad)
     else:
-        cps = segment_chunks(lay.n_seq, D, lay.max_len, opts, z.device)
-        n_seg, segs = lay.segments(cps, BT, z)
+        n_seg, segs, sizes = lay.segments(D, opts, z)
         summary = empty((3, n_seg, D), f32, z.device)      # (K, W, V) of every segment
         entering = empty((2, n_seg, D), f32, z.device)     # (W, V) entering every segment
-        sizes = dict(T=lay.T, CPS=cps, NS=lay.n_seq, NSEG=n_seg)
         scan_bwd.bwd_kernel[(n_seg, n_d)](
             **scan, **segs, **sizes, s_ptr=summary, NCT=lay.rows, PHASE=SUMMARY,
             HAS_INIT=False, HAS_FINAL_GRAD=False)
