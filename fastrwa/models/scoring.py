@@ -1,7 +1,8 @@
 """The log-probability the model gives each token of a sequence, given the tokens before it:
 :func:`score`, from :meth:`ByteLM.forward` (the parallel forward, in the model's own dtype)
 and a float64 ``log_softmax`` of its logits over the whole vocabulary (the 256 bytes and
-BOS), as a harness scoring a text computes it.
+BOS), as a harness scoring a text computes it; :func:`scores_of`, the same of the logits a
+decoder's step gave (what a generated token was drawn from).
 
 A sequence is scored in one call or in pieces: ``score(model, more, past=earlier)`` carries
 ``earlier``'s state, so its first token is scored given everything before it. The first
@@ -90,12 +91,39 @@ def score(model: ByteLM, tokens: Sequence[int], top: int = 0,
     # row t: the distribution token t is drawn from (the past's last one for t = 0)
     nan_row = torch.full((1, V), float("nan"), dtype=torch.float64)
     dist = torch.cat([before[None] if before is not None else nan_row, after[:-1]])
-    logprobs = dist.gather(1, ids[:, None])[:, 0]
-    top_logprobs, top_ids = dist.topk(top, dim=-1) if top else (
-        torch.empty(T, 0, dtype=torch.float64), torch.empty(T, 0, dtype=torch.int64))
+    logprobs, top_ids, top_logprobs = _pick(dist, ids, top)
     if before is None and top:                  # (no past: no alternatives either)
         top_ids[0] = -1
     return Scores(logprobs, top_ids, top_logprobs, state, after[-1])
 
 
-__all__ = ["Scores", "score"]
+@torch.no_grad()
+def scores_of(logits: Tensor, tokens: Sequence[int], top: int = 0) -> tuple:
+    """Per row ``i`` of ``logits`` ``(B, V)`` (a step's, on any device): the
+    log-probability of ``tokens[i]`` under it (float64 ``log_softmax`` over the whole
+    vocabulary: the model's distribution, before temperature, top-k or top-p) and its
+    ``top`` most likely ids and their log-probabilities, most likely first: ``(logprobs
+    (B,), top_ids (B, top), top_logprobs (B, top))`` on the CPU, as in :class:`Scores`.
+
+    Example::
+
+        >>> lp, ids, top_lp = scores_of(torch.tensor([[0.0, 1.0, 2.0]]), [1], top=1)
+        >>> round(float(lp[0]), 4), ids.tolist(), round(float(top_lp[0, 0]), 4)
+        (-1.4076, [[2]], -0.4076)
+    """
+    dist = logits.detach().double().log_softmax(-1).cpu()
+    return _pick(dist, torch.as_tensor(list(tokens), dtype=torch.int64), top)
+
+
+def _pick(dist: Tensor, ids: Tensor, top: int) -> tuple:
+    """``dist`` ``(T, V)`` log-probabilities: row ``t``'s of ``ids[t]``, and its ``top``."""
+    logprobs = dist.gather(1, ids[:, None])[:, 0]
+    if not top:
+        T = dist.shape[0]
+        return (logprobs, torch.empty(T, 0, dtype=torch.int64),
+                torch.empty(T, 0, dtype=torch.float64))
+    top_logprobs, top_ids = dist.topk(top, dim=-1)
+    return logprobs, top_ids, top_logprobs
+
+
+__all__ = ["Scores", "score", "scores_of"]

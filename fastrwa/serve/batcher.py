@@ -40,6 +40,7 @@ from typing import Callable, Optional
 import torch
 
 from ..models.decoding import Sampling
+from ..models.scoring import scores_of
 from .rows import GREEDY_TEMPERATURE, Rows
 from .schema import Completion
 
@@ -74,6 +75,9 @@ class Job:
         self.context = torch.tensor([prompt], dtype=torch.int64)
         self.stops = request.stop
         self.generated = bytearray()        # every byte drawn (engine thread only)
+        # (with logprobs: per byte drawn, its (logprob, top ids, top logprobs) from the
+        # logits its draw read, appended before the byte is released)
+        self.scores: Optional[list] = [] if request.logprobs is not None else None
         self.released = 0                   # of them, handed out
         self.finish: Optional[str] = None   # "stop" | "length" | "cancelled" | "error"
         self.error: Optional[str] = None
@@ -107,6 +111,12 @@ class Job:
         with self._lock:
             self.finish, self.error = reason, error
         self.done.set()
+
+    def score(self, logits: torch.Tensor, token: int) -> None:
+        """Note ``token``'s log-probabilities under ``logits`` ``(1, V)``, the ones its draw
+        read (a request with ``logprobs`` only: ``scores`` is a list)."""
+        lp, ids, top = scores_of(logits, [token], self.request.logprobs)
+        self.scores.append((float(lp[0]), ids[0].tolist(), top[0].tolist()))
 
     def accept(self, token: int) -> bool:
         """Add a drawn byte; True when the job is done."""
@@ -309,6 +319,8 @@ class Engine:
         try:
             rows.prefill(job.context)
             token = rows.draw_staged(job.sampling)
+            if job.scores is not None:
+                job.score(rows.logits(), token)
         except ValueError as exc:               # (NaN logits: the model's fault, this job's)
             job._end("error", str(exc))
             return False
@@ -351,6 +363,8 @@ class Engine:
                 continue
             try:
                 token = rows.draw(row, job.sampling)
+                if job.scores is not None:
+                    job.score(rows.logits(row), token)
             except ValueError as exc:
                 job._end("error", str(exc))
                 updated.append(job)

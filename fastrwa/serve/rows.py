@@ -110,6 +110,11 @@ class DecoderRows:
         """Row ``row``'s next id, from the logits of the last step."""
         return self.decoder.draw(self._logits[row], sampling, self.forbidden).item()
 
+    def logits(self, row: Optional[int] = None) -> Tensor:
+        """The logits ``(1, V)`` that row ``row``'s last draw read (``None``: the prompt just
+        prefilled), until the next step or prefill: what a request's ``logprobs`` are of."""
+        return self._staged if row is None else self._logits[row]
+
 
 def make_rows(model: ByteLM, weights: object, capacity: int) -> DecoderRows:
     """The rows of ``capacity`` streams for ``model`` with ``weights`` as
