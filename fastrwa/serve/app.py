@@ -9,8 +9,9 @@ Routes: ``POST /v1/completions`` (OpenAI's completions API: docs/serve.md), ``GE
 /tokenizer_info`` (vLLM's, which lm-eval's ``local-completions`` reads: :mod:`.tokens`). A
 completion's bytes reach its route as text through :class:`Released` (streamed or not);
 :class:`Pieces` puts the echoed prompt before them and their log-probabilities beside them
-when asked for (:class:`Scoring`: the model's own forward,
-:func:`fastrwa.models.scoring.score`, on a thread of its own). Any error is answered in
+when asked for (:class:`Scoring`: the engine's notes of each draw's logits, and the model's
+own forward of an echoed prompt, :func:`fastrwa.models.scoring.score`, on a thread of its
+own). Any error is answered in
 OpenAI's shape (an unexpected one: a 500, logged, if the answer has not started).
 """
 
