@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING
 
 import torch
@@ -197,3 +198,30 @@ def fit_on_bytes(model: torch.nn.Module, data: bytes, steps: int, window: int) -
         loss.backward()
         optimizer.step()
     return model.eval()
+
+
+# lm-evaluation-harness's perplexity task over local documents (tests/hf/test_lm_eval.py,
+# tests/serve/test_lm_eval_server.py): a JSON-lines file of {"text": ...}, read offline.
+LM_EVAL_PPL_TASK = """task: fastrwa_local_ppl
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: loglikelihood_rolling
+doc_to_text: ""
+doc_to_target: "{{{{text}}}}"
+metric_list:
+  - metric: bits_per_byte
+"""
+
+
+def lm_eval_ppl_task(tmp_path, docs: list[str]):
+    """Write the documents and :data:`LM_EVAL_PPL_TASK` over them under ``tmp_path``;
+    return the folder of tasks to give lm-eval's ``TaskManager(include_path=...)``."""
+    data = tmp_path / "docs.jsonl"
+    data.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "fastrwa_local_ppl.yaml").write_text(LM_EVAL_PPL_TASK.format(data=data))
+    return tasks

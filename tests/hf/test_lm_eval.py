@@ -21,7 +21,7 @@ if not os.environ.get("CI"):
 
 import fastrwa.hf as fhf  # noqa: E402,F401 (the extra: CI fails here without it)
 import lm_eval  # noqa: E402,F401 (CI installs it: there a missing lm_eval fails)
-from helpers import fit_on_bytes  # noqa: E402
+from helpers import fit_on_bytes, lm_eval_ppl_task  # noqa: E402
 from fastrwa.models import ByteLM, LMConfig, save_pretrained  # noqa: E402
 
 # (a process of its own: HF_HUB_OFFLINE is read when huggingface_hub is imported)
@@ -61,20 +61,6 @@ HARNESS = textwrap.dedent("""
                           "bpb": results["results"]["fastrwa_local_ppl"]["bits_per_byte,none"]}))
 """)
 
-TASK = """task: fastrwa_local_ppl
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {data}
-test_split: test
-output_type: loglikelihood_rolling
-doc_to_text: ""
-doc_to_target: "{{{{text}}}}"
-metric_list:
-  - metric: bits_per_byte
-"""
-
-
 @pytest.fixture(scope="module")
 def byte_lm():
     """A ByteLM trained a little on the documents (an untrained one gives every byte about
@@ -106,12 +92,9 @@ def test_lm_eval_reads_a_runs_model_directory_and_its_export_as_the_model_does(b
 
     save_pretrained(byte_lm, tmp_path / "run" / "model")
     directories = [tmp_path / "run" / "model", export(tmp_path / "run", tmp_path / "hf")]
-    data = tmp_path / "docs.jsonl"
-    data.write_text("".join(json.dumps({"text": d}) + "\n" for d in DOCS))
-    (tmp_path / "tasks").mkdir()
-    (tmp_path / "tasks" / "fastrwa_local_ppl.yaml").write_text(TASK.format(data=data))
+    tasks = lm_eval_ppl_task(tmp_path, DOCS)
     prompts = ["the cat ", "line 3: a dog"]
-    done = subprocess.run([sys.executable, "-c", HARNESS, str(tmp_path / "tasks"),
+    done = subprocess.run([sys.executable, "-c", HARNESS, str(tasks),
                            json.dumps(DOCS), json.dumps(prompts), *map(str, directories)],
                           capture_output=True, text=True, timeout=600, cwd=tmp_path,
                           env={**ENV, "HF_HOME": str(tmp_path / "hf_home")})

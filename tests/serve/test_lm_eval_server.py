@@ -21,7 +21,7 @@ if not os.environ.get("CI"):
     pytest.importorskip("tenacity")         # (lm-eval's api extra)
 
 from lm_eval import utils as lm_utils  # noqa: E402 (CI installs it: there a missing one fails)
-from helpers import fit_on_bytes  # noqa: E402
+from helpers import fit_on_bytes, lm_eval_ppl_task  # noqa: E402
 from fastrwa.models import ByteLM, LMConfig  # noqa: E402
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
@@ -58,20 +58,6 @@ HARNESS = textwrap.dedent("""
                       "rolling": rolling,
                       "bpb": results["results"]["fastrwa_local_ppl"]["bits_per_byte,none"]}))
 """)
-
-TASK = """task: fastrwa_local_ppl
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {data}
-test_split: test
-output_type: loglikelihood_rolling
-doc_to_text: ""
-doc_to_target: "{{{{text}}}}"
-metric_list:
-  - metric: bits_per_byte
-"""
-
 
 @pytest.fixture(scope="module")
 def trained_dir(tmp_path_factory):
@@ -112,12 +98,9 @@ def test_lm_eval_local_completions_scores_as_the_models_forward(trained_dir, tmp
     """Issue 61 item 3: lm-eval's perplexity task through the server (echo, logprobs, a
     BOS in the token prompt, the remote tokenizer) gives the forward's bits per byte."""
     server = server_process(trained_dir, "--max-batch", "4")
-    data = tmp_path / "docs.jsonl"
-    data.write_text("".join(json.dumps({"text": d}) + "\n" for d in DOCS))
-    (tmp_path / "tasks").mkdir()
-    (tmp_path / "tasks" / "fastrwa_local_ppl.yaml").write_text(TASK.format(data=data))
+    tasks = lm_eval_ppl_task(tmp_path, DOCS)
     done = subprocess.run([sys.executable, "-c", HARNESS, server.url, "tiny",
-                           str(tmp_path / "tasks"), json.dumps(DOCS)],
+                           str(tasks), json.dumps(DOCS)],
                           capture_output=True, text=True, timeout=600, cwd=tmp_path,
                           env={**ENV, "HF_HOME": str(tmp_path / "hf_home")})
     assert done.returncode == 0, done.stderr[-4000:]
