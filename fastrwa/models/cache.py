@@ -161,6 +161,40 @@ class InferenceCache:
         for buf in self.stacked:
             buf.copy_(buf.index_select(1, index))
 
+    def read_row(self, row: int) -> tuple[Tensor, ...]:
+        """A copy of row ``row``'s state (an int in ``[0, batch)``): one ``(layers,
+        d_model)`` tensor per buffer of ``stacked`` (scan ``m, n, d``, previous input), for
+        :meth:`write_row_` of this cache or another of its layout (the server's prefix cache
+        keeps a prompt's state so).
+
+        Example:
+            >>> from fastrwa.models import ByteLM, LMConfig
+            >>> model = ByteLM(LMConfig(d_model=16, n_layers=1))
+            >>> a, b = model.allocate_cache(2), model.allocate_cache(1)
+            >>> b.write_row_(0, a.read_row(1))
+        """
+        self._check_row(row)
+        return tuple(buf[:, row].clone() for buf in self.stacked)
+
+    @torch.no_grad()
+    def write_row_(self, row: int, saved: tuple) -> None:
+        """Copy ``saved`` (what :meth:`read_row` returned, from a cache of this layout) into
+        row ``row``; the other rows are left as they were. Checked before anything is
+        written (``ValueError``)."""
+        self._check_row(row)
+        if not isinstance(saved, tuple) or len(saved) != len(self.stacked) or any(
+                not isinstance(t, Tensor) or t.shape != buf[:, row].shape
+                for t, buf in zip(saved, self.stacked)):
+            raise ValueError("saved must be what read_row returned for a cache of this "
+                             "layout (one (layers, d_model) tensor per buffer)")
+        for buf, t in zip(self.stacked, saved):
+            buf[:, row].copy_(t)
+
+    def _check_row(self, row: object) -> None:
+        if isinstance(row, bool) or not isinstance(row, int) or not 0 <= row < self.batch:
+            raise ValueError(f"row must be an int in [0, {self.batch}) (the cache's rows), "
+                             f"got {row!r}")
+
     @property
     def nbytes(self) -> int:
         """Bytes of the streaming state (scan states and previous inputs), work buffers aside."""

@@ -27,7 +27,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterator, Optional, Protocol
+from typing import Iterator, Optional, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -93,6 +93,19 @@ class Decoder(Protocol):
         Arguments are checked when it is called (``ValueError``), before the first id."""
 
 
+@runtime_checkable
+class Extendable(Decoder, Protocol):
+    """A decoder whose prefill may be cut anywhere: :meth:`extend` continues from the state
+    a cache holds, and ``prefill(a)`` then ``extend(b)`` leave the state and logits of
+    ``prefill(a + b)`` bit for bit, at any cut (:class:`fastrwa.models.PackedLM`; the eager
+    parallel forward's sums depend on where the sequence is cut, within float rounding:
+    not one). The server keeps prompts' states for reuse only with such a decoder."""
+
+    def extend(self, tokens: Tensor, cache: InferenceCache) -> Tensor:
+        """:meth:`Decoder.prefill` from the state in ``cache`` rather than the initial one:
+        ``tokens`` ``(B, T)``, ``T >= 1``; returns the last position's logits ``(B, V)``."""
+
+
 def check_forbidden(forbidden: object, vocab_size: int) -> int:
     """``forbidden`` after checking it is an int in ``[1, vocab_size]`` (ids from it on are
     never drawn: at least one id is left); else a ``ValueError`` naming it."""
@@ -139,4 +152,4 @@ def _draw_and_step(decoder: Decoder, logits: Tensor, cache: InferenceCache,
             logits = decoder.step_(token, cache)
 
 
-__all__ = ["Decoder", "Sampling", "check_forbidden", "check_rows", "draw_and_step"]
+__all__ = ["Decoder", "Extendable", "Sampling", "check_forbidden", "check_rows", "draw_and_step"]

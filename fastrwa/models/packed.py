@@ -272,6 +272,36 @@ class PackedLM:
         layer by layer, each product on up to 256 (batch row, position) pairs at once, the
         scan along the positions in order, the head after the last. Checked before anything
         is written."""
+        self._check_prompt(tokens, cache)
+        for buf, init in zip(cache.stacked, self._initial):
+            buf.copy_(init[:, None])
+        if cache.stacked[3].numel():
+            cache.stacked[3].zero_()
+        return self._run(tokens, cache, "tokens")
+
+    @torch.no_grad()
+    def extend(self, tokens: Tensor, cache: InferenceCache) -> Tensor:
+        """:meth:`prefill` from the state ``cache`` holds rather than the initial one
+        (:class:`fastrwa.models.decoding.Extendable`): ``prefill(a)`` then ``extend(b)``
+        leave the state and logits of ``prefill(a + b)``, bit for bit, wherever the prompt
+        is cut (each position's sums are computed alone, in the same order, whatever the
+        positions run with it: tests/models/test_prefix_split.py).
+
+        Example:
+            >>> import torch
+            >>> from fastrwa.models import ByteLM, LMConfig, PackedLM
+            >>> packed = PackedLM(ByteLM(LMConfig(d_model=16, n_layers=1)))
+            >>> a, b = packed.allocate_cache(1), packed.allocate_cache(1)
+            >>> whole = packed.prefill(torch.tensor([[72, 105, 33]]), a).clone()
+            >>> _ = packed.prefill(torch.tensor([[72]]), b)
+            >>> torch.equal(packed.extend(torch.tensor([[105, 33]]), b), whole)
+            True
+        """
+        self._check_prompt(tokens, cache)
+        return self._run(tokens, cache, "tokens")
+
+    def _check_prompt(self, tokens: object, cache: object) -> None:
+        """``tokens`` ``(B, T)`` ids on the CPU for ``cache`` (``B`` its rows, ``T >= 1``)."""
         self._check_cache(cache)
         B = cache.batch
         if not isinstance(tokens, Tensor) or tokens.dim() != 2 or tokens.shape[0] != B \
@@ -283,11 +313,6 @@ class PackedLM:
         if tokens.device.type != "cpu":
             raise ValueError(f"tokens must be on the CPU (the packed model's), "
                              f"got {tokens.device}")
-        for buf, init in zip(cache.stacked, self._initial):
-            buf.copy_(init[:, None])
-        if cache.stacked[3].numel():
-            cache.stacked[3].zero_()
-        return self._run(tokens, cache, "tokens")
 
     def step_(self, token: Tensor, cache: InferenceCache, *,
               rows: Optional[int] = None) -> Tensor:

@@ -7,6 +7,13 @@ decoder's ``step_`` over rows ``[0, n)``, each row's next id the decoder's ``dra
 row's logits with the stream's own settings and generator (:class:`Sampling`): the decoder
 contract is all the server uses of the model.
 
+With a prefix cache (:mod:`.prefix_cache`, ``--prefix-cache-mb``) and a decoder whose prefill
+may be cut anywhere bit for bit (:class:`~fastrwa.models.decoding.Extendable`: the fused CPU
+decoder), a prompt starts from the state kept after its longest prefix seen before (copied
+into the staging row, ``InferenceCache.write_row_``) and only the rest is prefilled, in
+pieces whose ends' states are kept (``read_row``): the same state and logits as one prefill
+of the whole prompt, so the same bytes.
+
 * The fused CPU decode step (a :class:`fastrwa.models.PackedLM`: what ``generate`` runs for
   a float32 ``ByteLM`` on CPU by default) steps rows ``[0, n)`` only, in one kernel call, and
   draws each row from one float64 uniform of the stream's generator, as ``generate`` draws
@@ -34,7 +41,8 @@ import torch
 from torch import Tensor
 
 from ..models import ByteLM
-from ..models.decoding import Decoder, Sampling
+from ..models.decoding import Decoder, Extendable, Sampling
+from .prefix_cache import ID_BYTES, PrefixCache, key_of
 
 # What temperature 0 (greedy) is sampled with: float32's smallest normal number. Every id
 # below the maximum gets weight 0 (the quotient overflows), the maximum 1: the greedy choice
@@ -64,10 +72,14 @@ class DecoderRows:
     """The rows of a decoder's cache (module doc): ``cache`` (``capacity`` rows),
     ``staging`` (one row, where a prompt is prefilled), ``tokens`` (each row's next input)."""
 
-    def __init__(self, decoder: Decoder, capacity: int, forbidden: int):
+    def __init__(self, decoder: Decoder, capacity: int, forbidden: int,
+                 prefix_cache: Optional[PrefixCache] = None):
         """``decoder``: ``model.decoder(weights)``; ``forbidden``: the first id never drawn
-        (the BOS id)."""
+        (the BOS id); ``prefix_cache``: where prompts' states are kept for reuse (used only
+        when the decoder's prefill may be cut anywhere, :class:`Extendable`; else
+        ``self.prefix_cache`` is ``None``)."""
         self.decoder, self.capacity, self.forbidden = decoder, capacity, forbidden
+        self.prefix_cache = prefix_cache if isinstance(decoder, Extendable) else None
         self.kind = decoder.kind
         self.cache = decoder.allocate_cache(capacity)
         self.staging = decoder.allocate_cache(1)          # each prompt's prefill, at batch 1
@@ -81,8 +93,30 @@ class DecoderRows:
 
     def prefill(self, context: Tensor) -> None:
         """Run ``context`` ``(1, P)`` (on any device) into the staging cache at batch 1, as
-        ``generate`` does; its last logits are kept for :meth:`draw_staged`."""
-        self._staged = self.decoder.prefill(context.to(self.device), self.staging)
+        ``generate`` does; its last logits are kept for :meth:`draw_staged`. With a prefix
+        cache, from the state after the prompt's longest cached prefix (the same bits:
+        :class:`Extendable`), keeping the states its plan says
+        (:class:`fastrwa.serve.prefix_cache.PrefixCache`)."""
+        context = context.to(self.device)
+        if self.prefix_cache is None:
+            self._staged = self.decoder.prefill(context, self.staging)
+            return
+        cache, staging, decoder = self.prefix_cache, self.staging, self.decoder
+        key = key_of(context[0].cpu().numpy())
+        start, value, cuts = cache.plan(key)
+        logits = None
+        if value is not None:
+            state, logits = value
+            staging.write_row_(0, state)
+        for cut in cuts:
+            piece = context[:, start:cut]
+            logits = (decoder.extend(piece, staging) if start else
+                      decoder.prefill(piece, staging)).clone()
+            state = staging.read_row(0)
+            size = sum(t.numel() * t.element_size() for t in (*state, logits))
+            cache.store(key[:cut * ID_BYTES], (state, logits), size)
+            start = cut
+        self._staged = logits
 
     def draw_staged(self, sampling: Sampling) -> int:
         """The first id of the stream just prefilled, drawn from its prompt's logits."""
@@ -116,7 +150,10 @@ class DecoderRows:
         return self._staged if row is None else self._logits[row]
 
 
-def make_rows(model: ByteLM, weights: object, capacity: int) -> DecoderRows:
+def make_rows(model: ByteLM, weights: object, capacity: int,
+              prefix_cache_bytes: int = 0) -> DecoderRows:
     """The rows of ``capacity`` streams for ``model`` with ``weights`` as
-    ``ByteLM.generate`` takes it (``model.decoder(weights)``)."""
-    return DecoderRows(model.decoder(weights), capacity, model.config.bos_token)
+    ``ByteLM.generate`` takes it (``model.decoder(weights)``), with a prefix cache of
+    ``prefix_cache_bytes`` (0: none; used only with a decoder that may be cut anywhere)."""
+    cache = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes else None
+    return DecoderRows(model.decoder(weights), capacity, model.config.bos_token, cache)
