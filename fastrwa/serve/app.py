@@ -179,7 +179,8 @@ class App:
 
     async def _metrics(self, scope, receive, send) -> None:
         e = self.engine
-        data = self.metrics.render(e.queued, e.active, e.capacity).encode()
+        data = self.metrics.render(e.queued, e.active, e.capacity,
+                                   getattr(e.rows, "prefix_cache", None)).encode()
         await send({"type": "http.response.start", "status": 200, "headers": [
             (b"content-type", METRICS_TYPE), (b"content-length", str(len(data)).encode())]})
         await send({"type": "http.response.body", "body": data})

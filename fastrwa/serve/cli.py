@@ -27,12 +27,14 @@ from ..options import (add_device, add_model_directory, add_threads, add_weights
                        check_options, device_of)
 from .app import App
 from .batcher import Engine
+from .prefix_cache import megabytes
 from .rows import make_rows
 from .schema import Limits
 from .signals import STOPS
 
 SWITCH_INTERVAL_S = 5e-4
 SHUTDOWN_TIMEOUT_S = 30.0
+PREFIX_CACHE_MB = 256.0
 
 
 def parser() -> argparse.ArgumentParser:
@@ -57,6 +59,12 @@ def parser() -> argparse.ArgumentParser:
                    help="longest prompt in UTF-8 bytes (default 16384; longer: 400)")
     p.add_argument("--max-tokens-limit", type=int, default=4096,
                    help="largest max_tokens a request may ask for (default 4096; more: 400)")
+    p.add_argument("--prefix-cache-mb", type=float, default=PREFIX_CACHE_MB,
+                   help="memory for the decoder states after prompts seen, reused by a "
+                        "prompt that starts with one (only its rest is prefilled; the "
+                        "same bytes): MiB, least recently used evicted (default "
+                        f"{PREFIX_CACHE_MB:g}; 0: none). Used with the fused CPU decoder "
+                        "only (the others' prefill depends on where a prompt is cut)")
     add_threads(p)
     p.add_argument("--log-level", default="warning",
                    choices=("critical", "error", "warning", "info", "debug"),
@@ -73,6 +81,8 @@ def check_args(args: argparse.Namespace) -> None:
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got "
                              f"{getattr(args, name)}")
+    if not args.prefix_cache_mb >= 0:           # (NaN too)
+        raise ValueError(f"--prefix-cache-mb must be 0 or more, got {args.prefix_cache_mb}")
     if args.max_queue < 0:
         raise ValueError(f"--max-queue must be 0 or more, got {args.max_queue}")
     if not args.shutdown_timeout >= 0:          # (NaN too)
@@ -128,7 +138,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     try:
         model = load_bytelm(args.run_dir, args.best, "the server").to(device_of(args.device))
-        rows = make_rows(model, args.weights, args.max_batch)
+        rows = make_rows(model, args.weights, args.max_batch, megabytes(args.prefix_cache_mb))
     except (FileNotFoundError, ValueError, TypeError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
