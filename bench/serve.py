@@ -19,6 +19,13 @@ default: the default ``ByteLM``, d_model 256 x 4 blocks, its float32 fused CPU d
   the prompts' prefill, the hand-over to the event loop, and the rest of the wall time
   (the event loop's HTTP work and waits for the GIL; the client shares the machine too).
 
+* the prefix cache (``--prefix-cache-mb``, in process: the server's rows, each prompt's
+  prefill and first draw one after another): a ``--prefix``-byte shared prefix (4,096) asked
+  ``--questions`` (32) different 64-byte questions, first byte and total prefill time with
+  and without the cache (the first bytes drawn must be the same), and the hit rate of
+  prompts sharing each of ``--shares`` bytes (1, 100, 1,000); ``--prefix-only``: only
+  these (``OUT/serve_prefix.json``).
+
 The target (issue 55): 64 streams at 0.7x or more of batch-64 ``generate``'s bytes/s.
 Prints a table and writes ``OUT/serve.json`` (``--out``: by default ``bench-results/serve``,
 which git ignores; a committed record under bench/results/ only with ``--record``, never
@@ -31,6 +38,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import re
 import statistics
 import subprocess
@@ -46,6 +54,10 @@ from bench.cli import (ROOT, add_out, check_out, int_at_least, int_list, positiv
                        smaller)
 from bench.cli import save_json
 from fastrwa.models import ByteLM, LMConfig, PackedLM
+from fastrwa.models.decoding import Sampling
+from fastrwa.serve.cli import PREFIX_CACHE_MB
+from fastrwa.serve.prefix_cache import megabytes
+from fastrwa.serve.rows import GREEDY_TEMPERATURE, make_rows
 
 PROMPT = b"The quick brown "       # 16 bytes
 
@@ -121,6 +133,53 @@ async def _gather(port: int, streams: int, n_bytes: int) -> list:
     return await asyncio.gather(*(one_stream(port, n_bytes, seed) for seed in range(streams)))
 
 
+def prefill_run(packed: PackedLM, prompts: list, cache_bytes: int) -> dict:
+    """The server's admission of ``prompts`` (bytes) one after another, in process: each
+    prompt's prefill and first draw (its first byte, queueing aside) through the server's
+    rows, with a prefix cache of ``cache_bytes`` (0: none), at greedy settings. The prefix
+    cache's counters, and the first bytes drawn (a hit must not change them)."""
+    rows = make_rows(packed.model, packed, 1, cache_bytes)
+    greedy = Sampling(GREEDY_TEMPERATURE, generator=torch.Generator().manual_seed(0))
+    rows.prefill(torch.tensor([list(b"warm")]))
+    times, drawn = [], []
+    for prompt in prompts:
+        began = time.perf_counter()
+        rows.prefill(torch.tensor([list(prompt)]))
+        drawn.append(rows.draw_staged(greedy))
+        times.append(time.perf_counter() - began)
+    cache = rows.prefix_cache
+    return dict(first_byte_ms=dict(median=1e3 * statistics.median(times),
+                                   max=1e3 * max(times), first=1e3 * times[0]),
+                total_s=sum(times), drawn=drawn,
+                queries=cache.queries - 1 if cache else len(prompts),
+                hits=cache.hits if cache else 0,
+                ids_saved=cache.ids_saved if cache else 0,
+                ids=sum(len(p) for p in prompts), cache_bytes=cache.nbytes if cache else 0)
+
+
+def prefix_cache_runs(packed: PackedLM, prefix: int, questions: int, shares: list,
+                      cache_bytes: int) -> dict:
+    """A ``prefix``-byte shared prefix asked ``questions`` different questions, with and
+    without the prefix cache; and ``questions`` prompts sharing each of ``shares`` bytes
+    (each a shared start and a 64-byte tail of its own): hit rates and ids saved."""
+    rng = random.Random(0)
+    text = bytes(rng.randrange(32, 127) for _ in range(max(prefix, *shares)))
+
+    def tails(n: int) -> list:         # (64 bytes each, their first bytes all different)
+        return [bytes([33 + i % 94, *(rng.randrange(32, 127) for _ in range(63))])
+                for i in range(n)]
+    asked = [text[:prefix] + q for q in tails(questions)]
+    out = dict(prefix=prefix, questions=questions,
+               without=prefill_run(packed, asked, 0),
+               with_cache=prefill_run(packed, asked, cache_bytes), shares={})
+    if out["without"]["drawn"] != out["with_cache"]["drawn"]:
+        raise RuntimeError("a prefix-cache hit changed a first byte")
+    for share in shares:
+        out["shares"][str(share)] = prefill_run(
+            packed, [text[:share] + t for t in tails(questions)], cache_bytes)
+    return out
+
+
 class Server:
     """``python -m fastrwa.serve DIR --port 0`` in a subprocess."""
 
@@ -156,15 +215,44 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="concurrent streams, comma-separated (default 1,8,64)")
     p.add_argument("--rounds", type=positive_int, default=3,
                    help="rounds of generate and the server's runs, interleaved (default 3)")
+    p.add_argument("--prefix", type=int_at_least(1), default=4096,
+                   help="bytes of the shared prefix of the prefix-cache run (default 4096)")
+    p.add_argument("--questions", type=positive_int, default=32,
+                   help="different questions after it, and prompts of each share (default 32)")
+    p.add_argument("--shares", type=int_list(), default=[1, 100, 1000],
+                   help="bytes shared by the prompts of the hit-rate runs (default 1,100,1000)")
+    p.add_argument("--prefix-cache-mb", type=float, default=PREFIX_CACHE_MB,
+                   help=f"the prefix cache's size (default {PREFIX_CACHE_MB:g}, the server's)")
+    p.add_argument("--prefix-only", action="store_true",
+                   help="only the prefix-cache runs (no server, no generate)")
     add_out(p, "serve", "serve.json")
     p.add_argument("--quick", action="store_true", help="a tiny model, a few bytes (CI)")
     args = p.parse_args(argv)
-    small = [f"--{n.replace('_', '-')}" for n in ("d_model", "layers", "bytes", "streams", "rounds")
+    small = [f"--{n.replace('_', '-')}" for n in ("d_model", "layers", "bytes", "streams", "rounds",
+                                                  "prefix", "questions")
              if smaller(getattr(args, n), p.get_default(n))]
     if args.quick:
         args.d_model, args.layers, args.bytes, args.streams, args.rounds = 32, 2, 40, [1, 8], 1
+        args.prefix, args.questions = 1024, 4
     check_out(p, args, "serve", small=small)
     return args
+
+
+def print_prefix(prefix: dict, mb: float) -> None:
+    """The table of :func:`prefix_cache_runs`' result."""
+    print(f"prefix cache ({mb:g} MiB): a {prefix['prefix']}-byte prefix, "
+          f"{prefix['questions']} questions of 64 bytes, prefilled one after another "
+          f"(first byte: prefill and first draw, ms)")
+    print(f"{'':>14} {'first byte median':>17} {'max':>7} {'total s':>8} {'hits':>6} "
+          f"{'ids saved':>10}")
+    for name in ("without", "with_cache"):
+        r = prefix[name]
+        print(f"{name:>14} {r['first_byte_ms']['median']:>17.2f} {r['first_byte_ms']['max']:>7.2f} "
+              f"{r['total_s']:>8.3f} {r['hits']:>3}/{r['queries']:<2} "
+              f"{r['ids_saved'] / r['ids']:>9.0%}")
+    for share, r in prefix["shares"].items():
+        print(f"prompts sharing {share:>5} bytes: {r['hits']}/{r['queries']} hits, "
+              f"{r['ids_saved'] / r['ids']:.0%} of prompt ids not prefilled")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -173,6 +261,17 @@ def main(argv: list[str] | None = None) -> int:
     config = LMConfig(d_model=args.d_model, n_layers=args.layers)
     model = ByteLM(config).eval()
     packed = PackedLM(model, args.weights)
+    if args.prefix_only:
+        prefix = prefix_cache_runs(packed, args.prefix, args.questions, args.shares,
+                                   megabytes(args.prefix_cache_mb))
+        args.out.mkdir(parents=True, exist_ok=True)
+        save_json(args.out / "serve_prefix.json", dict(config=config.to_dict(),
+                  weights=args.weights, threads=torch.get_num_threads(), prefix_cache=prefix,
+                  date=time.strftime("%Y-%m-%d")))
+        print(f"d_model {args.d_model} x {args.layers}, {args.weights}, "
+              f"{torch.get_num_threads()} threads")
+        print_prefix(prefix, args.prefix_cache_mb)
+        return 0
     big = max(args.streams)
     gen_batches = sorted({1, big})
     rates: dict = {b: [] for b in gen_batches}
@@ -189,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
                     runs[streams].append(serve_run(server.port, streams, args.bytes))
         finally:
             code = server.stop()
+    prefix = prefix_cache_runs(packed, args.prefix, args.questions, args.shares,
+                               megabytes(args.prefix_cache_mb))
     ratios = [r["bytes_per_s"] / g for r, g in zip(runs[big], rates[big])]
     result = dict(config=config.to_dict(), weights=args.weights, bytes=args.bytes,
                   rounds=args.rounds, torch=torch.__version__, cpu_count=os.cpu_count(),
@@ -196,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
                   generate={str(b): rates[b] for b in gen_batches},
                   serve={str(n): runs[n] for n in args.streams},
                   ratios_to_generate=ratios, ratio_median=statistics.median(ratios),
+                  prefix_cache=prefix,
                   date=time.strftime("%Y-%m-%d"))
     args.out.mkdir(parents=True, exist_ok=True)
     save_json(args.out / "serve.json", result)
@@ -219,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{big} streams / generate batch {big} (each round against its own generate): "
           + ", ".join(f"{x:.2f}x" for x in ratios)
           + f"; median {result['ratio_median']:.2f}x (target 0.7x)")
+    print_prefix(prefix, args.prefix_cache_mb)
     print(args.out / "serve.json")
     return 0
 
