@@ -151,10 +151,11 @@ def prefill_run(packed: PackedLM, prompts: list, cache_bytes: int) -> dict:
     return dict(first_byte_ms=dict(median=1e3 * statistics.median(times),
                                    max=1e3 * max(times), first=1e3 * times[0]),
                 total_s=sum(times), drawn=drawn,
-                queries=cache.queries - 1 if cache else len(prompts),
-                hits=cache.hits if cache else 0,
-                ids_saved=cache.ids_saved if cache else 0,
-                ids=sum(len(p) for p in prompts), cache_bytes=cache.nbytes if cache else 0)
+                queries=cache.queries - 1 if cache is not None else len(prompts),
+                hits=cache.hits if cache is not None else 0,
+                ids_saved=cache.ids_saved if cache is not None else 0,
+                ids=sum(len(p) for p in prompts),
+                cache_bytes=cache.nbytes if cache is not None else 0)
 
 
 def prefix_cache_runs(packed: PackedLM, prefix: int, questions: int, shares: list,
