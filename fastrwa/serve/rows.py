@@ -1,8 +1,10 @@
 """The rows of a batch the engine steps: a capacity-``N`` cache of a decoder
 (:class:`fastrwa.models.decoding.Decoder`, what ``ByteLM.decoder(weights)`` returns) whose
 rows ``[0, n)`` hold the ``n`` streams in flight (kept compact: a stream that leaves is
-replaced by the last one), with each stream's prompt prefilled alone at batch 1, exactly as
-``ByteLM.generate`` prefills it, and its state copied into a free row. Each step is the
+replaced by the last one), with the prompts admitted at one step prefilled together (the
+fused decoder, :meth:`DecoderRows.prefill_many`: each prompt's state and logits the bits of
+its prefill alone at batch 1, as ``ByteLM.generate`` prefills it; other decoders prefill
+them one after another at batch 1), and each state copied into a free row. Each step is the
 decoder's ``step_`` over rows ``[0, n)``, each row's next id the decoder's ``draw`` from that
 row's logits with the stream's own settings and generator (:class:`Sampling`): the decoder
 contract is all the server uses of the model.
@@ -34,7 +36,7 @@ of the whole prompt, so the same bytes.
 
 from __future__ import annotations
 
-from typing import Optional, Protocol
+from typing import Optional, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -42,7 +44,7 @@ from torch import Tensor
 
 from ..models import ByteLM
 from ..models.decoding import Decoder, Extendable, Sampling
-from .prefix_cache import ID_BYTES, PrefixCache, key_of
+from .prefix_cache import ID_BYTES, Plan, PrefixCache, key_of
 
 # What temperature 0 (greedy) is sampled with: float32's smallest normal number. Every id
 # below the maximum gets weight 0 (the quotient overflows), the maximum 1: the greedy choice
@@ -68,6 +70,16 @@ class Rows(Protocol):
     def draw(self, row: int, sampling: Sampling) -> int: ...
 
 
+@runtime_checkable
+class ManyRows(Protocol):
+    """Rows that stage the prompts admitted at one step together (:class:`DecoderRows`):
+    the engine prefills them in one :meth:`prefill_many`, then :meth:`select` s each in turn
+    for ``draw_staged``/``place`` (rows without these: one ``prefill`` each)."""
+
+    def prefill_many(self, contexts: list) -> None: ...
+    def select(self, index: int) -> None: ...
+
+
 class DecoderRows:
     """The rows of a decoder's cache (module doc): ``cache`` (``capacity`` rows),
     ``staging`` (one row, where a prompt is prefilled), ``tokens`` (each row's next input)."""
@@ -89,43 +101,85 @@ class DecoderRows:
         self._token = torch.from_numpy(self.tokens) if self.device.type == "cpu" \
             else torch.zeros(capacity, dtype=torch.int64, device=self.device)
         self._staged: Optional[Tensor] = None
+        self._prompts: list = []                          # (state, logits) of each staged
+        self._selected = 0
+        self._stagings: dict = {}                         # rows -> a cache (prefill_many)
+        self._initial = self.staging.read_row(0)          # (the state before any id)
         self._logits: tuple = ()
 
     def prefill(self, context: Tensor) -> None:
-        """Run ``context`` ``(1, P)`` (on any device) into the staging cache at batch 1, as
-        ``generate`` does; its last logits are kept for :meth:`draw_staged`. With a prefix
-        cache, from the state after the prompt's longest cached prefix (the same bits:
-        :class:`Extendable`), keeping the states its plan says
-        (:class:`fastrwa.serve.prefix_cache.PrefixCache`)."""
-        context = context.to(self.device)
-        if self.prefix_cache is None:
-            self._staged = self.decoder.prefill(context, self.staging)
-            return
-        cache, staging, decoder = self.prefix_cache, self.staging, self.decoder
-        key = key_of(context[0].cpu().numpy())
-        start, value, cuts = cache.plan(key)
-        logits = None
-        if value is not None:
-            state, logits = value
-            staging.write_row_(0, state)
-        for cut in cuts:
-            piece = context[:, start:cut]
-            logits = (decoder.extend(piece, staging) if start else
-                      decoder.prefill(piece, staging)).clone()
-            state = staging.read_row(0)
-            size = sum(t.numel() * t.element_size() for t in (*state, logits))
-            cache.store(key[:cut * ID_BYTES], (state, logits), size)
-            start = cut
-        self._staged = logits
+        """Stage one prompt, ``context`` ``(1, P)`` (:meth:`prefill_many` of one)."""
+        self.prefill_many([context])
+
+    def prefill_many(self, contexts: list) -> None:
+        """Stage the prompts ``contexts`` (each ``(1, P)``, on any device; at least one): the
+        state after each and its last logits, as ``generate``'s prefill leaves them;
+        the first selected (:meth:`select`) for :meth:`draw_staged` and :meth:`place`.
+
+        With a decoder whose prefill may be cut anywhere (:class:`Extendable`) the prompts
+        run together, each from the state after its longest prefix in the prefix cache (if
+        any) and cut where the cache keeps states: in rounds, each one call of
+        ``extend`` over the prompts not yet done, as many positions as the nearest cut
+        (all of a batch of prompts of one length: one call). A row's state and logits are
+        the same bits at any batch and any cut, so each prompt's are its own prefill's.
+        Other decoders prefill the prompts one after another at batch 1."""
+        contexts = [c.to(self.device) for c in contexts]
+        if isinstance(self.decoder, Extendable):
+            self._prompts = self._prefill_together(contexts)
+        else:
+            self._prompts = []
+            for context in contexts:
+                logits = self.decoder.prefill(context, self.staging)
+                self._prompts.append((self.staging.read_row(0), logits))
+        self.select(0)
+
+    def select(self, index: int) -> None:
+        """Make the prompt ``index`` of the last :meth:`prefill_many` the staged one."""
+        self._selected = index
+        self._staged = self._prompts[index][1]
+
+    def _prefill_together(self, contexts: list) -> list:
+        """The state and logits ``(1, V)`` after each of ``contexts`` (:meth:`prefill_many`),
+        keeping states in the prefix cache where its plans say."""
+        cache, n = self.prefix_cache, len(contexts)
+        keys = [key_of(c[0].cpu().numpy()) for c in contexts] if cache is not None else []
+        plans = [cache.plan(key) for key in keys] if cache is not None else \
+            [Plan(0, None, [c.shape[1]]) for c in contexts]
+        states, logits = [], []
+        for start, value, _ in plans:
+            state, last = value if value is not None else (self._initial, None)
+            states.append(state)
+            logits.append(last)
+        at = [plan.start for plan in plans]
+        todo = [list(plan.cuts) for plan in plans]
+        while True:
+            active = [i for i in range(n) if todo[i]]
+            if not active:
+                return list(zip(states, logits))
+            length = min(todo[i][0] - at[i] for i in active)
+            work = self._stagings.get(len(active))
+            if work is None:
+                work = self._stagings[len(active)] = self.decoder.allocate_cache(len(active))
+            for row, i in enumerate(active):
+                work.write_row_(row, states[i])
+            piece = torch.cat([contexts[i][:, at[i]:at[i] + length] for i in active])
+            out = self.decoder.extend(piece, work)
+            for row, i in enumerate(active):
+                at[i] += length
+                states[i], logits[i] = work.read_row(row), out[row:row + 1].clone()
+                if at[i] == todo[i][0]:
+                    todo[i].pop(0)
+                    if cache is not None:
+                        size = sum(t.numel() * t.element_size() for t in (*states[i], logits[i]))
+                        cache.store(keys[i][:at[i] * ID_BYTES], (states[i], logits[i]), size)
 
     def draw_staged(self, sampling: Sampling) -> int:
         """The first id of the stream just prefilled, drawn from its prompt's logits."""
         return self.decoder.draw(self._staged, sampling, self.forbidden).item()
 
     def place(self, row: int) -> None:
-        """Copy the staging cache's state into ``row``."""
-        for buf, one in zip(self.cache.stacked, self.staging.stacked):
-            buf[:, row].copy_(one[:, 0])
+        """Copy the staged prompt's state into ``row``."""
+        self.cache.write_row_(row, self._prompts[self._selected][0])
 
     def move(self, src: int, dst: int) -> None:
         """Row ``src``'s state (and next input) into row ``dst``."""
