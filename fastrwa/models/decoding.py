@@ -27,7 +27,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterator, Optional, Protocol, runtime_checkable
+from typing import Callable, Iterator, Optional, Protocol, Sequence, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -47,6 +47,31 @@ class Sampling:
     top_k: Optional[int] = None
     top_p: Optional[float] = None
     generator: Optional[torch.Generator] = None
+
+
+def draw_each(draw: Callable[[Tensor, Sampling, int], Tensor], logits: Tensor,
+              samplings: Sequence[Optional[Sampling]], forbidden: int) -> Tensor:
+    """:meth:`Decoder.draw` for a list of settings, one per row of ``logits`` ``(B,
+    V)``, by a decoder's own ``draw`` called on each row ``(1, V)`` in turn: CPU int64
+    ``(B,)``, -1 for a row skipped (``None``) or one the draw refused (``ValueError``).
+
+    Example:
+        >>> import torch
+        >>> from fastrwa.models.sampling import sample
+        >>> def draw(logits, s, forbidden):
+        ...     return sample(logits, s.temperature, s.top_k, s.top_p, s.generator, forbidden)
+        >>> logits = torch.tensor([[0.0, 5.0, 9.0], [float("nan"), 0.0, 0.0], [3.0, 0.0, 0.0]])
+        >>> draw_each(draw, logits, [Sampling(top_k=1), Sampling(), None], 2).tolist()
+        [1, -1, -1]
+    """
+    ids = torch.full((len(samplings),), -1, dtype=torch.int64)
+    for row, sampling in enumerate(samplings):
+        if sampling is not None:
+            try:
+                ids[row] = int(draw(logits[row:row + 1], sampling, forbidden))
+            except ValueError:
+                pass
+    return ids
 
 
 class Decoder(Protocol):
@@ -75,12 +100,21 @@ class Decoder(Protocol):
         every row: a CUDA graph has a fixed batch); only the first ``rows`` rows of the
         logits are defined."""
 
-    def draw(self, logits: Tensor, sampling: Sampling, forbidden: int) -> Tensor:
+    def draw(self, logits: Tensor, sampling: Sampling | Sequence[Optional[Sampling]],
+             forbidden: int) -> Tensor:
         """One id per row of ``logits`` ``(B, V)`` (what :meth:`prefill` or :meth:`step_`
         returned, or rows of it), ``(B,)`` int64 on their device, drawn with ``sampling`` in
         row order, never one ``>= forbidden``: the draw of :meth:`sample_steps`. A row per
-        call draws each row with its own settings and generator (the server). NaN or
-        ``+inf`` logits, or a row with every id excluded: ``ValueError`` naming the row."""
+        call draws each row with its own settings and generator. NaN or ``+inf`` logits, or
+        a row with every id excluded: ``ValueError`` naming the row.
+
+        ``sampling`` may also be a list (or tuple) of ``B`` settings, one per row (``None``: the
+        row is skipped): each row is drawn with its own settings and generator, in row
+        order, the id it would get drawn alone (a ``(1, V)`` row a call), in one call where
+        the decoder can (the server's streams; ``PackedLM``: one compiled call,
+        :func:`draw_each` otherwise). Then the ids are a CPU int64 ``(B,)``, -1 where the row
+        was skipped or nothing can be drawn from it (drawn alone, that row raises the
+        ``ValueError``)."""
 
     def sample_steps(self, logits: Tensor, cache: InferenceCache, max_new_tokens: int,
                      temperature: float = 1.0, top_k: Optional[int] = None,

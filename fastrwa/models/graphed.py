@@ -13,7 +13,7 @@ from torch import Tensor
 
 from .cache import InferenceCache
 from .config import LMConfig
-from .decoding import Sampling, check_rows, draw_and_step
+from .decoding import Sampling, check_rows, draw_and_step, draw_each
 from .sampling import sample
 
 # Eager steps run before a capture (Triton compiles its kernels, cuBLAS picks its workspace
@@ -78,7 +78,10 @@ class CUDAGraphDecoder:
         return self._logits
 
     def draw(self, logits: Tensor, sampling: Sampling, forbidden: int) -> Tensor:
-        """:func:`fastrwa.models.sampling.sample` on the logits' device."""
+        """:func:`fastrwa.models.sampling.sample` on the logits' device (settings per row: a
+        row a call, :func:`fastrwa.models.decoding.draw_each`)."""
+        if isinstance(sampling, (list, tuple)):
+            return draw_each(self.draw, logits, sampling, forbidden)
         return sample(logits, sampling.temperature, sampling.top_k, sampling.top_p,
                       sampling.generator, forbidden)
 

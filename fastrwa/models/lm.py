@@ -18,7 +18,7 @@ from .block import Block, longest_timescale  # noqa: F401 (longest_timescale: ca
 from .cache import CacheLayout, InferenceCache, LMState
 from .checks import check_tokens
 from .config import SCAN_LAYERS, LMConfig
-from .decoding import Decoder, Sampling, check_rows, draw_and_step
+from .decoding import Decoder, Sampling, check_rows, draw_and_step, draw_each
 from .graphed import CUDAGraphDecoder
 from .packed import WEIGHT_FORMATS, PackedLM, unsupported_reason
 from .sampling import check_logits, collect, prepare_prompt, sample
@@ -244,7 +244,10 @@ class ByteLM(nn.Module):
     # -- generation -----------------------------------------------------------------------
     def draw(self, logits: Tensor, sampling: Sampling, forbidden: int) -> Tensor:
         """As a decoder (:meth:`fastrwa.models.decoding.Decoder.draw`): one id per row of
-        ``logits`` ``(B, V)`` by :func:`fastrwa.models.sampling.sample`."""
+        ``logits`` ``(B, V)`` by :func:`fastrwa.models.sampling.sample` (settings per row:
+        a row a call, :func:`fastrwa.models.decoding.draw_each`)."""
+        if isinstance(sampling, (list, tuple)):
+            return draw_each(self.draw, logits, sampling, forbidden)
         return sample(logits, sampling.temperature, sampling.top_k, sampling.top_p,
                       sampling.generator, forbidden)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterator, NamedTuple, Optional, Protocol
+from typing import Iterator, NamedTuple, Optional, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -16,8 +16,8 @@ from ..ops.numba_common import flat
 from .block import Block
 from .cache import CachedModel, InferenceCache
 from .checks import check_tokens
-from .decoding import Sampling, check_forbidden, check_rows
-from .sampling import check_sampling_args, draw_fused, sample_fused
+from .decoding import Sampling, check_forbidden, check_rows, draw_each
+from .sampling import check_sampling_args, draw_fused, draw_fused_rows, sample_fused
 
 
 class Packable(CachedModel, Protocol):
@@ -350,11 +350,24 @@ class PackedLM:
         if token.device.type != "cpu":
             raise ValueError(f"token must be on the CPU (the packed model's), got {token.device}")
 
-    def draw(self, logits: Tensor, sampling: Sampling, forbidden: int) -> Tensor:
+    def draw(self, logits: Tensor, sampling: Sampling | Sequence[Optional[Sampling]],
+             forbidden: int) -> Tensor:
         """:meth:`fastrwa.models.decoding.Decoder.draw`: the fused sampler on contiguous
-        float32 CPU logits (this pack's), :func:`fastrwa.models.sampling.sample_fused`."""
-        return sample_fused(logits, sampling.temperature, sampling.top_k, sampling.top_p,
-                            sampling.generator, forbidden)
+        float32 CPU logits (this pack's), :func:`fastrwa.models.sampling.sample_fused`; with
+        settings per row, every row in one compiled call
+        (:func:`fastrwa.models.sampling.draw_fused_rows`: each row's id is the one it gets
+        drawn alone)."""
+        if not isinstance(sampling, (list, tuple)):
+            return sample_fused(logits, sampling.temperature, sampling.top_k, sampling.top_p,
+                                sampling.generator, forbidden)
+        B = len(sampling)
+        if not (logits.is_cpu and logits.dtype == torch.float32 and logits.is_contiguous()
+                and logits.dim() == 2 and logits.shape[0] == B):
+            return draw_each(self.draw, logits, sampling, forbidden)
+        ids = np.full(B, -1, dtype=np.int64)
+        draw_fused_rows(logits.detach().numpy().ravel(), logits.shape[1], sampling, forbidden,
+                        ids, np.empty(logits.shape[1], dtype=np.float32))
+        return torch.from_numpy(ids)
 
     def sample_steps(self, logits: Tensor, cache: InferenceCache, max_new_tokens: int,
                      temperature: float = 1.0, top_k: Optional[int] = None,

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, Iterator, NoReturn, Optional
+from typing import Callable, Iterator, NoReturn, Optional, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -203,6 +203,56 @@ def draw_fused(logits: np.ndarray, B: int, V: int, temperature: float, top_k: Op
     if decode_host.draw(logits, B, V, temperature, top_k, top_p, uniforms.numpy(), forbidden,
                         out, scratch) >= 0:
         refuse_logits(torch.from_numpy(logits[:B * V]).view(B, V), forbidden)
+
+
+class RowSampling(Protocol):
+    """One row's settings for :func:`draw_fused_rows` (``fastrwa.models.decoding.Sampling``:
+    checked as ``generate``'s arguments are)."""
+
+    temperature: float
+    top_k: Optional[int]
+    top_p: Optional[float]
+    generator: Optional[torch.Generator]
+
+
+def draw_fused_rows(logits: np.ndarray, V: int, samplings: Sequence[Optional[RowSampling]],
+                    forbidden: int, out: np.ndarray, scratch: np.ndarray) -> int:
+    """:func:`draw_fused` for rows each drawn with its own settings and generator, in one
+    compiled call: row ``b`` of ``logits`` (flat float32 holding ``(B, V)`` row-major or
+    more, ``B = len(samplings)``) with ``samplings[b]`` (``None``: skipped, ``out[b]`` left
+    as it is), each at one float64 uniform of its own generator, drawn in row order: the
+    ids :func:`draw_fused` draws for each row alone, from the same generators. A row
+    nothing can be drawn from gets -1 in ``out`` (int64, ``(B,)``; its uniform was drawn,
+    as alone); returns how many did. ``scratch``: ``V`` float32, overwritten.
+
+    Example:
+        >>> import numpy as np, torch
+        >>> from fastrwa.models.decoding import Sampling
+        >>> logits = np.array([0.0, 9.0, 1.0, 50.0, 5.0, 0.0, 1.0, 50.0], dtype=np.float32)
+        >>> out = np.zeros(2, dtype=np.int64)
+        >>> rows = [Sampling(1.0, 1, None, torch.Generator().manual_seed(0)),
+        ...         Sampling(0.5, None, 0.9, torch.Generator().manual_seed(1))]
+        >>> draw_fused_rows(logits, 4, rows, 3, out, np.empty(4, dtype=np.float32))
+        0
+        >>> out.tolist()
+        [1, 0]
+    """
+    B = len(samplings)
+    temperatures = np.ones(B, dtype=np.float32)
+    top_ks = np.full(B, -1, dtype=np.int64)             # (-1: skipped)
+    top_ps = np.ones(B, dtype=np.float64)
+    uniforms = torch.empty(B, dtype=torch.float64)
+    for b, sampling in enumerate(samplings):
+        if sampling is None:
+            continue
+        temperatures[b] = sampling.temperature
+        top_ks[b] = min(sampling.top_k or 0, V)
+        if sampling.top_p is not None:
+            top_ps[b] = sampling.top_p
+        # (torch.rand(1, generator=...) of draw_fused: the same float64 from the generator)
+        uniforms[b:b + 1].uniform_(generator=sampling.generator)
+    return decode_host.draw_each(logits, B, V, temperatures, top_ks, top_ps, uniforms.numpy(),
+                                 forbidden, out, scratch)
 
 
 def refuse_logits(logits: Tensor, forbidden: int) -> NoReturn:

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from ..kernels.cpu.decode import check_tokens, decode as decode_kernel, serve
-from ..kernels.cpu.sampling import sample_rows
+from ..kernels.cpu.sampling import sample_rows, sample_rows_each
 from ..kernels.cpu.sync import (BUSY, CONTROL_SIZE, MAX_PARTS, PARKED, POSTED, STATE,
                                 SYNC_SIZE, cancel, claim_parked, dismiss, post)
 from .numba_common import flat, kernel_consts, pool, threads
@@ -374,6 +374,18 @@ def draw(logits: np.ndarray, B: int, V: int, temperature: float, top_k: int | No
     return sample_rows(logits, B, V, forbidden, np.float32(temperature),
                        min(top_k or 0, V), 1.0 if top_p is None else float(top_p),
                        uniforms, out, scratch)
+
+
+def draw_each(logits: np.ndarray, B: int, V: int, temperatures: np.ndarray,
+              top_ks: np.ndarray, top_ps: np.ndarray, uniforms: np.ndarray, forbidden: int,
+              out: np.ndarray, scratch: np.ndarray) -> int:
+    """:func:`draw` with each row's own settings, in one call: row ``b`` at
+    ``temperatures[b]`` (float32), ``top_ks[b]`` (int64, 0: no top-k; below 0: the row is
+    skipped, ``out[b]`` left as it is) and ``top_ps[b]`` (float64, 1: no top-p), at
+    ``uniforms[b]`` (float64). A row nothing can be drawn from gets -1 in ``out``; returns
+    how many did."""
+    return sample_rows_each(logits, B, V, forbidden, temperatures, top_ks, top_ps, uniforms,
+                            out, scratch)
 
 
 def sample(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None,

@@ -1,7 +1,6 @@
 """The continuous-batching engine: one thread owns the model's rows (:mod:`.rows`) and loops
 
-    admit waiting jobs into free rows (their prompts prefilled together, then each one's
-        first byte drawn)
+    admit waiting jobs into free rows (each prompt prefilled alone, its first byte drawn)
     drop the rows of jobs done or cancelled (the last row moves into the hole)
     one decode step over the rows in flight, then one draw per row from its own generator
     hand the new bytes to the consumers (one call of ``notify`` per step)
@@ -42,7 +41,7 @@ import torch
 
 from ..models.decoding import Sampling
 from ..models.scoring import scores_of
-from .rows import GREEDY_TEMPERATURE, ManyRows, Rows
+from .rows import GREEDY_TEMPERATURE, Rows
 from .schema import Completion
 
 log = logging.getLogger("fastrwa.serve")
@@ -273,9 +272,8 @@ class Engine:
                 job._end("cancelled")
                 updated.append(job)
             try:
-                staged = self._stage(joiners)
                 for job in joiners:
-                    self._admit_one(job, updated, staged.get(job.number))
+                    self._admit_one(job, updated)
                     if self.notify is not None and len(joiners) > 1:
                         self.notify([job])          # (its first byte, before the others' prefill)
                 self._retire(updated)
@@ -297,28 +295,10 @@ class Engine:
                 self.notify(updated)
                 self.stats.notify_s += time.perf_counter() - t
 
-    def _stage(self, joiners: list) -> dict:
-        """Prefill the prompts of ``joiners`` not cancelled together (rows that can:
-        :class:`~fastrwa.serve.rows.ManyRows`, two jobs or more): each job's number to its
-        index among the staged prompts; empty when each is to be prefilled at its admission
-        (a failure here is logged, and each is then)."""
-        live = [job for job in joiners if not job.cancelled]
-        if len(live) < 2 or not isinstance(self.rows, ManyRows):
-            return {}
-        t = time.perf_counter()
-        try:
-            self.rows.prefill_many([job.context for job in live])
-        except Exception:                   # (a defect: each prompt on its own instead)
-            log.exception("prefilling the prompts together failed: one by one")
-            return {}
-        finally:
-            self.stats.prefill_s += time.perf_counter() - t
-        return {job.number: i for i, job in enumerate(live)}
-
-    def _admit_one(self, job: Job, updated: list, staged: Optional[int] = None) -> None:
+    def _admit_one(self, job: Job, updated: list) -> None:
         """Admit ``job`` (:meth:`_admit`); any error there fails this job only (logged)."""
         try:
-            placed = self._admit(job, updated, staged)
+            placed = self._admit(job, updated)
         except Exception as exc:            # (a defect, or a device error: this job's)
             log.exception("admitting a job failed")
             job._end("error", f"{type(exc).__name__}: {exc}")
@@ -328,20 +308,16 @@ class Engine:
             if placed:
                 self._active.append(job)
 
-    def _admit(self, job: Job, updated: list, staged: Optional[int] = None) -> bool:
-        """Prefill ``job``'s prompt (``staged``: already, the rows' staged prompt of that
-        index) and draw its first byte; True when it goes on in row ``len(self._active)``
-        (placed there), False when it has ended."""
+    def _admit(self, job: Job, updated: list) -> bool:
+        """Prefill ``job``'s prompt and draw its first byte; True when it goes on in row
+        ``len(self._active)`` (placed there), False when it has ended."""
         updated.append(job)
         if job.cancelled:
             job._end("cancelled")
             return False
         rows, t = self.rows, time.perf_counter()
         try:
-            if staged is None:
-                rows.prefill(job.context)
-            else:
-                rows.select(staged)
+            rows.prefill(job.context)
             token = rows.draw_staged(job.sampling)
             if job.scores is not None:
                 job.score(rows.logits(), token)

@@ -1,11 +1,12 @@
 """The rows of a batch the engine steps: a capacity-``N`` cache of a decoder
 (:class:`fastrwa.models.decoding.Decoder`, what ``ByteLM.decoder(weights)`` returns) whose
 rows ``[0, n)`` hold the ``n`` streams in flight (kept compact: a stream that leaves is
-replaced by the last one), with the prompts admitted at one step prefilled together (the
-fused decoder, :meth:`DecoderRows.prefill_many`: each prompt's state and logits the bits of
-its prefill alone at batch 1, as ``ByteLM.generate`` prefills it; other decoders prefill
-them one after another at batch 1), and each state copied into a free row. Each step is the
-decoder's ``step_`` over rows ``[0, n)``, each row's next id the decoder's ``draw`` from that
+replaced by the last one), with each stream's prompt prefilled alone at batch 1, exactly as
+``ByteLM.generate`` prefills it, and its state copied into a free row
+(:meth:`DecoderRows.prefill_many` stages several prompts in one batched prefill with the
+same bits, but on CPU it is no faster than one after another, which gives the earlier
+prompts their first byte sooner: the engine prefills one at a time; docs/serve.md). Each
+step is the decoder's ``step_`` over rows ``[0, n)``, each row's next id the decoder's ``draw`` from that
 row's logits with the stream's own settings and generator (:class:`Sampling`): the decoder
 contract is all the server uses of the model.
 
@@ -36,7 +37,7 @@ of the whole prompt, so the same bytes.
 
 from __future__ import annotations
 
-from typing import Optional, Protocol, runtime_checkable
+from typing import Optional, Protocol
 
 import numpy as np
 import torch
@@ -68,16 +69,6 @@ class Rows(Protocol):
     def move(self, src: int, dst: int) -> None: ...
     def step(self, n: int) -> None: ...
     def draw(self, row: int, sampling: Sampling) -> int: ...
-
-
-@runtime_checkable
-class ManyRows(Protocol):
-    """Rows that stage the prompts admitted at one step together (:class:`DecoderRows`):
-    the engine prefills them in one :meth:`prefill_many`, then :meth:`select` s each in turn
-    for ``draw_staged``/``place`` (rows without these: one ``prefill`` each)."""
-
-    def prefill_many(self, contexts: list) -> None: ...
-    def select(self, index: int) -> None: ...
 
 
 class DecoderRows:

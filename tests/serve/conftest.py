@@ -203,6 +203,16 @@ class ScriptRows:
             raise ValueError(f"scripted draw failure on byte {token}")
         return token
 
+    def draw_rows(self, samplings):
+        out = [None] * len(samplings)
+        for row, sampling in enumerate(samplings):
+            if sampling is not None:
+                try:
+                    out[row] = self.draw(row, sampling)
+                except ValueError as exc:
+                    out[row] = exc
+        return out
+
     @staticmethod
     def _next(state) -> int:
         script, i = state

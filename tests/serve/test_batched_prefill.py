@@ -1,7 +1,6 @@
-"""The prompts admitted at one step prefilled together (``DecoderRows.prefill_many``, issue 61
-item 1): each prompt's state and logits are the bits of its prefill alone, prompts of every
-length mixed in one step (with and without a prefix cache), a burst of prompts of one length
-is one call, and every stream's bytes are ``generate``'s (greedy and seeded)."""
+"""Prompts prefilled together (``DecoderRows.prefill_many``, issue 61 item 1): each prompt's
+state and logits are the bits of its prefill alone, prompts of every length mixed in one call
+(with and without a prefix cache), and a burst of prompts of one length is one call."""
 
 from __future__ import annotations
 
@@ -10,12 +9,8 @@ import random
 import torch
 
 from fastrwa.models import PackedLM
-from fastrwa.serve.batcher import Engine
 from fastrwa.serve.prefix_cache import PrefixCache
 from fastrwa.serve.rows import DecoderRows
-from fastrwa.serve.schema import Completion
-
-from .test_engine import TIMEOUT, expected, run_all
 
 
 class Counting:
@@ -74,21 +69,3 @@ def test_a_burst_of_one_length_is_one_call(tiny_model):
     decoder.calls.clear()
     rows.prefill_many([torch.tensor([[1] * n]) for n in (5, 9, 9, 12)])
     assert decoder.calls == [(4, 5), (3, 4), (1, 3)]
-
-
-def test_the_engine_admits_together_with_the_same_bytes(tiny_model):
-    packed = PackedLM(tiny_model)
-    rng = random.Random(4)
-    requests = [Completion(prompt=p or b"x", max_tokens=rng.randrange(1, 20),
-                           temperature=rng.choice([0.0, 0.8]), top_k=rng.choice([None, 9]),
-                           seed=50 + i) for i, p in enumerate(_prompts(rng, 24))]
-    for cache in (None, PrefixCache(1 << 24, every=64)):
-        decoder = Counting(packed)
-        engine = Engine(DecoderRows(decoder, 8, 256, cache), 256)
-        try:
-            jobs = run_all(engine, requests)
-        finally:
-            assert engine.close(timeout=TIMEOUT)
-        assert [bytes(job.generated) for job in jobs] == \
-            [expected(tiny_model, packed, req) for req in requests]
-        assert any(shape[0] > 1 for shape in decoder.calls if shape[0] != "prefill")
