@@ -23,8 +23,11 @@ default: the default ``ByteLM``, d_model 256 x 4 blocks, its float32 fused CPU d
   prefill and first draw one after another): a ``--prefix``-byte shared prefix (4,096) asked
   ``--questions`` (32) different 64-byte questions, first byte and total prefill time with
   and without the cache (the first bytes drawn must be the same), and the hit rate of
-  prompts sharing each of ``--shares`` bytes (1, 100, 1,000); ``--prefix-only``: only
-  these (``OUT/serve_prefix.json``).
+  prompts sharing each of ``--shares`` bytes (1, 100, 1,000);
+* bursts of ``max(--streams)`` different prompts arriving at once (``--burst-bytes``: 16 and
+  2,048 bytes), in process: each one's first byte with the prompts prefilled one after
+  another and together, against one packed prefill of all of them and one decode step.
+  ``--prefill-only``: these two in-process runs only (``OUT/serve_prefill.json``).
 
 The target (issue 55): 64 streams at 0.7x or more of batch-64 ``generate``'s bytes/s.
 Prints a table and writes ``OUT/serve.json`` (``--out``: by default ``bench-results/serve``,
@@ -158,6 +161,55 @@ def prefill_run(packed: PackedLM, prompts: list, cache_bytes: int) -> dict:
                 cache_bytes=cache.nbytes if cache is not None else 0)
 
 
+def burst_run(packed: PackedLM, prompt_bytes: int, n: int) -> dict:
+    """``n`` different prompts of ``prompt_bytes`` arriving at once, in process (the
+    server's rows, no prefix cache): each one's first byte (prefill and first draw, ms from
+    the burst's start) with the prompts prefilled one after another at batch 1 and together
+    (``DecoderRows.prefill_many``), and the physical reference: one packed prefill of all of
+    them at batch ``n`` and one decode step. The first bytes drawn must be the same."""
+    rng = random.Random(prompt_bytes)
+    contexts = [torch.tensor([[rng.randrange(32, 127) for _ in range(prompt_bytes)]])
+                for _ in range(n)]
+    greedy = [Sampling(GREEDY_TEMPERATURE, generator=torch.Generator().manual_seed(i))
+              for i in range(n)]
+    rows = make_rows(packed.model, packed, n, 0)
+    rows.prefill_many(contexts[:2])                     # (warm)
+    out: dict = dict(prompt_bytes=prompt_bytes, prompts=n)
+    drawn = {}
+    for way in ("one_by_one", "together"):
+        began, firsts, drawn[way] = time.perf_counter(), [], []
+        if way == "together":
+            rows.prefill_many(contexts)
+        for i, context in enumerate(contexts):
+            if way == "together":
+                rows.select(i)
+            else:
+                rows.prefill(context)
+            drawn[way].append(rows.draw_staged(greedy[i]))
+            firsts.append(1e3 * (time.perf_counter() - began))
+        out[way] = dict(median_ms=statistics.median(firsts), max_ms=max(firsts))
+    if drawn["one_by_one"] != drawn["together"]:
+        raise RuntimeError("prefilling the prompts together changed a first byte")
+    cache = packed.allocate_cache(n)
+    began = time.perf_counter()
+    packed.prefill(torch.cat(contexts), cache)
+    packed.step_(torch.zeros(n, dtype=torch.int64), cache)
+    out["reference_ms"] = 1e3 * (time.perf_counter() - began)
+    out["max_over_reference"] = out["together"]["max_ms"] / out["reference_ms"]
+    return out
+
+
+def print_bursts(bursts: list) -> None:
+    """The table of :func:`burst_run` s' results."""
+    print(f"{'burst':>16} {'one by one (median, max) ms':>28} {'together (median, max) ms':>27} "
+          f"{'1 forward + 1 step ms':>22} {'max / it':>8}")
+    for b in bursts:
+        print(f"{b['prompts']:>3} x {b['prompt_bytes']:>5} bytes "
+              f"{b['one_by_one']['median_ms']:>14.1f}, {b['one_by_one']['max_ms']:>11.1f} "
+              f"{b['together']['median_ms']:>13.1f}, {b['together']['max_ms']:>11.1f} "
+              f"{b['reference_ms']:>22.1f} {b['max_over_reference']:>7.2f}x")
+
+
 def prefix_cache_runs(packed: PackedLM, prefix: int, questions: int, shares: list,
                       cache_bytes: int) -> dict:
     """A ``prefix``-byte shared prefix asked ``questions`` different questions, with and
@@ -224,8 +276,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="bytes shared by the prompts of the hit-rate runs (default 1,100,1000)")
     p.add_argument("--prefix-cache-mb", type=float, default=PREFIX_CACHE_MB,
                    help=f"the prefix cache's size (default {PREFIX_CACHE_MB:g}, the server's)")
-    p.add_argument("--prefix-only", action="store_true",
-                   help="only the prefix-cache runs (no server, no generate)")
+    p.add_argument("--burst-bytes", type=int_list(), default=[16, 2048],
+                   help="prompt sizes of the in-process bursts of max(--streams) prompts "
+                        "(default 16,2048)")
+    p.add_argument("--prefill-only", action="store_true",
+                   help="only the in-process prefill runs: the prefix cache's and the "
+                        "bursts' (no server, no generate)")
     add_out(p, "serve", "serve.json")
     p.add_argument("--quick", action="store_true", help="a tiny model, a few bytes (CI)")
     args = p.parse_args(argv)
@@ -234,7 +290,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
              if smaller(getattr(args, n), p.get_default(n))]
     if args.quick:
         args.d_model, args.layers, args.bytes, args.streams, args.rounds = 32, 2, 40, [1, 8], 1
-        args.prefix, args.questions = 1024, 4
+        args.prefix, args.questions, args.burst_bytes = 1024, 4, [16, 256]
     check_out(p, args, "serve", small=small)
     return args
 
@@ -262,16 +318,18 @@ def main(argv: list[str] | None = None) -> int:
     config = LMConfig(d_model=args.d_model, n_layers=args.layers)
     model = ByteLM(config).eval()
     packed = PackedLM(model, args.weights)
-    if args.prefix_only:
+    if args.prefill_only:
         prefix = prefix_cache_runs(packed, args.prefix, args.questions, args.shares,
                                    megabytes(args.prefix_cache_mb))
+        bursts = [burst_run(packed, n, max(args.streams)) for n in args.burst_bytes]
         args.out.mkdir(parents=True, exist_ok=True)
-        save_json(args.out / "serve_prefix.json", dict(config=config.to_dict(),
+        save_json(args.out / "serve_prefill.json", dict(config=config.to_dict(),
                   weights=args.weights, threads=torch.get_num_threads(), prefix_cache=prefix,
-                  date=time.strftime("%Y-%m-%d")))
+                  bursts=bursts, date=time.strftime("%Y-%m-%d")))
         print(f"d_model {args.d_model} x {args.layers}, {args.weights}, "
               f"{torch.get_num_threads()} threads")
         print_prefix(prefix, args.prefix_cache_mb)
+        print_bursts(bursts)
         return 0
     big = max(args.streams)
     gen_batches = sorted({1, big})
@@ -291,6 +349,7 @@ def main(argv: list[str] | None = None) -> int:
             code = server.stop()
     prefix = prefix_cache_runs(packed, args.prefix, args.questions, args.shares,
                                megabytes(args.prefix_cache_mb))
+    bursts = [burst_run(packed, n, big) for n in args.burst_bytes]
     ratios = [r["bytes_per_s"] / g for r, g in zip(runs[big], rates[big])]
     result = dict(config=config.to_dict(), weights=args.weights, bytes=args.bytes,
                   rounds=args.rounds, torch=torch.__version__, cpu_count=os.cpu_count(),
@@ -298,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
                   generate={str(b): rates[b] for b in gen_batches},
                   serve={str(n): runs[n] for n in args.streams},
                   ratios_to_generate=ratios, ratio_median=statistics.median(ratios),
-                  prefix_cache=prefix,
+                  prefix_cache=prefix, bursts=bursts,
                   date=time.strftime("%Y-%m-%d"))
     args.out.mkdir(parents=True, exist_ok=True)
     save_json(args.out / "serve.json", result)
@@ -323,6 +382,7 @@ def main(argv: list[str] | None = None) -> int:
           + ", ".join(f"{x:.2f}x" for x in ratios)
           + f"; median {result['ratio_median']:.2f}x (target 0.7x)")
     print_prefix(prefix, args.prefix_cache_mb)
+    print_bursts(bursts)
     print(args.out / "serve.json")
     return 0
 
