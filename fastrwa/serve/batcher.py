@@ -2,7 +2,8 @@
 
     admit waiting jobs into free rows (each prompt prefilled alone, its first byte drawn)
     drop the rows of jobs done or cancelled (the last row moves into the hole)
-    one decode step over the rows in flight, then one draw per row from its own generator
+    one decode step over the rows in flight, then every row's draw in one call, each
+        from its own settings and generator
     hand the new bytes to the consumers (one call of ``notify`` per step)
 
 so a job joins at the next step and leaves the step its last byte is drawn (or the step
@@ -358,11 +359,16 @@ class Engine:
         t0 = time.perf_counter()
         rows.step(n)
         t1 = time.perf_counter()
+        # every row's draw in one call, each with its job's own settings and generator
+        drawn = rows.draw_rows([None if job.cancelled else job.sampling
+                                for job in self._active])
         for row, job in enumerate(self._active):
             if job.cancelled:
                 continue
+            token = drawn[row]
             try:
-                token = rows.draw(row, job.sampling)
+                if isinstance(token, ValueError):
+                    raise token
                 if job.scores is not None:
                     job.score(rows.logits(row), token)
             except ValueError as exc:

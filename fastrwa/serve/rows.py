@@ -6,9 +6,9 @@ replaced by the last one), with each stream's prompt prefilled alone at batch 1,
 (:meth:`DecoderRows.prefill_many` stages several prompts in one batched prefill with the
 same bits, but on CPU it is no faster than one after another, which gives the earlier
 prompts their first byte sooner: the engine prefills one at a time; docs/serve.md). Each
-step is the decoder's ``step_`` over rows ``[0, n)``, each row's next id the decoder's ``draw`` from that
-row's logits with the stream's own settings and generator (:class:`Sampling`): the decoder
-contract is all the server uses of the model.
+step is the decoder's ``step_`` over rows ``[0, n)``, then one call of the decoder's
+``draw`` over those rows, each with its stream's own settings and generator (a list of
+:class:`Sampling`): the decoder contract is all the server uses of the model.
 
 With a prefix cache (:mod:`.prefix_cache`, ``--prefix-cache-mb``) and a decoder whose prefill
 may be cut anywhere bit for bit (:class:`~fastrwa.models.decoding.Extendable`: the fused CPU
@@ -19,9 +19,10 @@ of the whole prompt, so the same bytes.
 
 * The fused CPU decode step (a :class:`fastrwa.models.PackedLM`: what ``generate`` runs for
   a float32 ``ByteLM`` on CPU by default) steps rows ``[0, n)`` only, in one kernel call, and
-  draws each row from one float64 uniform of the stream's generator, as ``generate`` draws
-  at batch 1. The kernel computes each row on its own (a weight row is read once for four
-  batch rows, but each row's sums are its own, in the same order): a row's logits are the
+  draws every row in one call of the compiled sampler, each from one float64 uniform of its
+  stream's generator, as ``generate`` draws at batch 1. The kernel computes each row on its
+  own (a weight row is read once for four batch rows, but each row's sums are its own, in
+  the same order): a row's logits are the
   same bits at batch 1 and inside any batch (checked by tests/serve/test_engine.py), so a
   stream's bytes are ``generate``'s for the same prompt, settings and seed, whatever else is
   in the batch.
@@ -37,7 +38,7 @@ of the whole prompt, so the same bytes.
 
 from __future__ import annotations
 
-from typing import Optional, Protocol
+from typing import Optional, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -69,6 +70,7 @@ class Rows(Protocol):
     def move(self, src: int, dst: int) -> None: ...
     def step(self, n: int) -> None: ...
     def draw(self, row: int, sampling: Sampling) -> int: ...
+    def draw_rows(self, samplings: Sequence[Optional[Sampling]]) -> list: ...
 
 
 class DecoderRows:
@@ -182,17 +184,34 @@ class DecoderRows:
         """Advance rows ``[0, n)`` by their ``tokens`` (the decoder may step every row)."""
         if self.device.type != "cpu":
             self._token.copy_(torch.from_numpy(self.tokens))
-        # (a (1, V) view of each row's logits, made in one call: the engine draws row by row)
-        self._logits = self.decoder.step_(self._token, self.cache, rows=n)[:n].split(1)
+        self._logits = self.decoder.step_(self._token, self.cache, rows=n)[:n]
 
     def draw(self, row: int, sampling: Sampling) -> int:
         """Row ``row``'s next id, from the logits of the last step."""
-        return self.decoder.draw(self._logits[row], sampling, self.forbidden).item()
+        return self.decoder.draw(self._logits[row:row + 1], sampling, self.forbidden).item()
+
+    def draw_rows(self, samplings: Sequence[Optional[Sampling]]) -> list:
+        """The next id of each of the last step's rows ``[0, n)``, ``samplings[i]`` row
+        ``i``'s settings and generator (``None``: skipped, its entry ``None``), in one call
+        of the decoder's draw: per row the id :meth:`draw` would give it, or the
+        ``ValueError`` its draw raises (NaN logits)."""
+        ids = self.decoder.draw(self._logits, samplings, self.forbidden).tolist()
+        out: list = [None] * len(samplings)
+        for row, (token, sampling) in enumerate(zip(ids, samplings)):
+            if sampling is None:
+                continue
+            if token < 0:           # (drawn alone, the row raises the draw's ValueError)
+                try:
+                    token = self.draw(row, sampling)
+                except ValueError as exc:
+                    token = exc
+            out[row] = token
+        return out
 
     def logits(self, row: Optional[int] = None) -> Tensor:
         """The logits ``(1, V)`` that row ``row``'s last draw read (``None``: the prompt just
         prefilled), until the next step or prefill: what a request's ``logprobs`` are of."""
-        return self._staged if row is None else self._logits[row]
+        return self._staged if row is None else self._logits[row:row + 1]
 
 
 def make_rows(model: ByteLM, weights: object, capacity: int,
