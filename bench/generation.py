@@ -22,7 +22,10 @@ decode step (``fastrwa.models.PackedLM``: float32, bfloat16, int8), measured in 
   time per token of transformers' own loop (its ``generate()`` on a forward that returns
   fixed logits): what HF adds to every step, whatever the model (skipped without the
   ``hf`` extra).
-* **ONNX**: greedy bytes/s at batch 1 and 64 of the model's ONNX export run by
+* **draws**: a step's draws at batch 64, each row with its own settings and generator (the
+  server's streams), a row a call against one call over the rows (``PackedLM.draw`` with a
+  list of ``Sampling``), in milliseconds;
+* **ONNX**: greedy bytes/s at batch 1, 8 and 64 of the model's ONNX export run by
   onnxruntime (docs/onnx.md's loop) against the fused float32 decode, interleaved
   (skipped without the ``onnx`` extra).
 
@@ -237,6 +240,36 @@ def onnx_against_fused(model: ByteLM, batches: list[int], n_bytes: int,
     return out
 
 
+def draws_per_row(model: ByteLM, batch: int, repeats: int) -> dict:
+    """Milliseconds of one step's draws at ``batch`` rows, each row with its own settings
+    and generator (the server's streams): a call of ``PackedLM.draw`` a row (a ``(1, V)``
+    row and one ``Sampling``), against one call over every row (a list of ``Sampling``);
+    the same ids (checked). Median of ``repeats`` steps, the two interleaved."""
+    from fastrwa.models.decoding import Sampling
+
+    packed = PackedLM(model, "float32")
+    cache = packed.allocate_cache(batch)
+    logits = packed.prefill(torch.tensor([list(b"The ")] * batch), cache).clone()
+    rows = logits.split(1)
+
+    def settings() -> list:
+        return [Sampling(1.0, None, None, torch.Generator().manual_seed(i))
+                for i in range(batch)]
+    each, one = settings(), settings()
+    times = dict(per_row=[], one_call=[])
+    for _ in range(repeats):
+        began = time.perf_counter()
+        alone = [int(packed.draw(rows[i], each[i], 256)) for i in range(batch)]
+        middle = time.perf_counter()
+        together = packed.draw(logits, one, 256).tolist()
+        times["per_row"].append(middle - began)
+        times["one_call"].append(time.perf_counter() - middle)
+        if alone != together:
+            raise AssertionError("the draws in one call differ from the draws a row a call")
+    out = {name: 1e3 * sorted(t)[len(t) // 2] for name, t in times.items()}
+    return dict(batch=batch, per_row_ms=out["per_row"], one_call_ms=out["one_call"])
+
+
 COLD = r"""
 import json, sys, time
 began = time.perf_counter()
@@ -348,12 +381,13 @@ def main(argv: list[str] | None = None) -> int:
                                    args.rss_bytes if weights != "eager" else 0, repeats, flops)
     hf = hf_against_bytelm(model, 20 if args.quick else 200, 2 if args.quick else 3) \
         if args.model == "default" else None
-    onnx = onnx_against_fused(model, [1, 64] if not args.quick else [1, 8],
+    onnx = onnx_against_fused(model, [1, 8, 64] if not args.quick else [1, 8],
                               args.bytes if not args.quick else 20, 2 if args.quick else 3)
+    draws = draws_per_row(model, 8 if args.quick else 64, 5 if args.quick else 200)
     cold = cold_start(args.cold_runs) if args.cold_runs else None
     result = dict(config=config.to_dict(), params=params, torch=torch.__version__,
                   cpu_count=os.cpu_count(), gemm_flops=flops, formats=formats, cold_start=cold,
-                  hugging_face=hf, onnx=onnx, date=time.strftime("%Y-%m-%d"))
+                  hugging_face=hf, onnx=onnx, draws=draws, date=time.strftime("%Y-%m-%d"))
     save_json(args.out / "generation.json", result)
     print(f"ByteLM d_model {args.d_model} x {args.layers} blocks ({params:,} parameters); "
           f"torch.mm peak {flops / 1e9:.0f} GFLOP/s")
@@ -391,6 +425,9 @@ def main(argv: list[str] | None = None) -> int:
             f"batch {B}: onnxruntime {onnx[B]['onnxruntime']:,.0f}, fused float32 decode "
             f"{onnx[B]['fused']:,.0f} ({onnx[B]['onnxruntime_over_fused']:.2f}x)"
             for B in onnx if isinstance(B, int)) + " (docs/onnx.md)")
+    print(f"a step's draws at batch {draws['batch']}, each row its own settings and generator: "
+          f"{draws['per_row_ms']:.3f} ms a row a call, {draws['one_call_ms']:.3f} ms in one call "
+          f"(median; the same ids)")
     if cold:
         fb, byte = cold["forward_backward"], cold["first_byte"]
         print(f"cold start (a fresh process each, median of {args.cold_runs}; d_model 64 x 2): "

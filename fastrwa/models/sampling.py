@@ -242,15 +242,16 @@ def draw_fused_rows(logits: np.ndarray, V: int, samplings: Sequence[Optional[Row
     top_ks = np.full(B, -1, dtype=np.int64)             # (-1: skipped)
     top_ps = np.ones(B, dtype=np.float64)
     uniforms = torch.empty(B, dtype=torch.float64)
-    for b, sampling in enumerate(samplings):
+    # (a view of each uniform made in one call; each drawn as torch.rand(1, generator=...)
+    # of draw_fused draws it: the same float64 from the generator)
+    for b, (sampling, uniform) in enumerate(zip(samplings, uniforms.unbind())):
         if sampling is None:
             continue
         temperatures[b] = sampling.temperature
         top_ks[b] = min(sampling.top_k or 0, V)
         if sampling.top_p is not None:
             top_ps[b] = sampling.top_p
-        # (torch.rand(1, generator=...) of draw_fused: the same float64 from the generator)
-        uniforms[b:b + 1].uniform_(generator=sampling.generator)
+        uniform.uniform_(generator=sampling.generator)
     return decode_host.draw_each(logits, B, V, temperatures, top_ks, top_ps, uniforms.numpy(),
                                  forbidden, out, scratch)
 
