@@ -58,9 +58,11 @@ from bench.cli import (ROOT, add_out, check_out, int_at_least, int_list, positiv
 from bench.cli import save_json
 from fastrwa.models import ByteLM, LMConfig, PackedLM
 from fastrwa.models.decoding import Sampling
-from fastrwa.serve.cli import PREFIX_CACHE_MB
+from fastrwa.serve.cli import PREFILL_CHUNK, PREFIX_CACHE_MB
 from fastrwa.serve.prefix_cache import megabytes
+from fastrwa.serve.batcher import Engine
 from fastrwa.serve.rows import GREEDY_TEMPERATURE, make_rows
+from fastrwa.serve.schema import Completion
 
 PROMPT = b"The quick brown "       # 16 bytes
 
@@ -199,6 +201,40 @@ def burst_run(packed: PackedLM, prompt_bytes: int, n: int) -> dict:
     return out
 
 
+def stall_run(packed: PackedLM, chunk: int | None, prompt_bytes: int = 4096,
+              long_prompts: int = 4, streams: int = 8) -> dict:
+    """How long ``streams`` running streams wait between two of their bytes while
+    ``long_prompts`` prompts of ``prompt_bytes`` arrive, in process (the server's engine
+    and rows, no HTTP, no prefix cache), with ``prefill_chunk`` ``chunk`` (``None``: each
+    prompt whole): the longest gap between two steps' hand-overs, and the median."""
+    rows = make_rows(packed.model, packed, streams + long_prompts, 0)
+    marks: list = []
+    engine = Engine(rows, packed.model.config.bos_token, notify=lambda jobs: marks.append(
+        time.perf_counter()), prefill_chunk=chunk)
+    rng = random.Random(1)
+    try:
+        running = [engine.submit(Completion(prompt=PROMPT, max_tokens=100_000, seed=i))
+                   for i in range(streams)]
+        while len(marks) < 20:
+            time.sleep(0.001)
+        began = time.perf_counter()
+        longs = [engine.submit(Completion(prompt=bytes(rng.randrange(32, 127)
+                                                       for _ in range(prompt_bytes)),
+                                          max_tokens=1, seed=i)) for i in range(long_prompts)]
+        for job in longs:
+            job.done.wait(600)
+        ended = time.perf_counter()
+        for job in running:
+            job.cancel()
+    finally:
+        engine.close(drain=False, timeout=60)
+    gaps = [b - a for a, b in zip(marks, marks[1:]) if b > began and a < ended] \
+        or [ended - began]
+    return dict(chunk=chunk, prompt_bytes=prompt_bytes, long_prompts=long_prompts,
+                streams=streams, burst_s=ended - began, max_gap_ms=1e3 * max(gaps),
+                median_gap_ms=1e3 * statistics.median(gaps))
+
+
 def print_bursts(bursts: list) -> None:
     """The table of :func:`burst_run` s' results."""
     print(f"{'burst':>16} {'one by one (median, max) ms':>28} {'together (median, max) ms':>27} "
@@ -208,6 +244,21 @@ def print_bursts(bursts: list) -> None:
               f"{b['one_by_one']['median_ms']:>14.1f}, {b['one_by_one']['max_ms']:>11.1f} "
               f"{b['together']['median_ms']:>13.1f}, {b['together']['max_ms']:>11.1f} "
               f"{b['reference_ms']:>22.1f} {b['max_over_reference']:>7.2f}x")
+
+
+def stall_runs(packed: PackedLM, args: argparse.Namespace) -> list:
+    """:func:`stall_run` with each prompt whole and with ``--prefill-chunk``, prompts of
+    ``--prefix`` bytes."""
+    return [stall_run(packed, chunk, args.prefix) for chunk in (None, args.prefill_chunk)]
+
+
+def print_stalls(stalls: list) -> None:
+    """The table of :func:`stall_runs`' results."""
+    for r in stalls:
+        print(f"{r['long_prompts']} prompts of {r['prompt_bytes']} bytes arriving while "
+              f"{r['streams']} streams run, prefill chunk {r['chunk'] or 'none (whole)'}: "
+              f"the streams' longest wait between steps {r['max_gap_ms']:.0f} ms (median "
+              f"{r['median_gap_ms']:.1f} ms), the prompts in after {r['burst_s']:.2f} s")
 
 
 def prefix_cache_runs(packed: PackedLM, prefix: int, questions: int, shares: list,
@@ -279,6 +330,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--burst-bytes", type=int_list(), default=[16, 2048],
                    help="prompt sizes of the in-process bursts of max(--streams) prompts "
                         "(default 16,2048)")
+    p.add_argument("--prefill-chunk", type=int_at_least(1), default=PREFILL_CHUNK,
+                   help=f"the engine's prefill chunk of the stall runs (default "
+                        f"{PREFILL_CHUNK}, the server's)")
     p.add_argument("--prefill-only", action="store_true",
                    help="only the in-process prefill runs: the prefix cache's and the "
                         "bursts' (no server, no generate)")
@@ -290,7 +344,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
              if smaller(getattr(args, n), p.get_default(n))]
     if args.quick:
         args.d_model, args.layers, args.bytes, args.streams, args.rounds = 32, 2, 40, [1, 8], 1
-        args.prefix, args.questions, args.burst_bytes = 1024, 4, [16, 256]
+        args.prefix, args.questions, args.burst_bytes = 512, 4, [16]
     check_out(p, args, "serve", small=small)
     return args
 
@@ -322,14 +376,16 @@ def main(argv: list[str] | None = None) -> int:
         prefix = prefix_cache_runs(packed, args.prefix, args.questions, args.shares,
                                    megabytes(args.prefix_cache_mb))
         bursts = [burst_run(packed, n, max(args.streams)) for n in args.burst_bytes]
+        stalls = stall_runs(packed, args)
         args.out.mkdir(parents=True, exist_ok=True)
         save_json(args.out / "serve_prefill.json", dict(config=config.to_dict(),
                   weights=args.weights, threads=torch.get_num_threads(), prefix_cache=prefix,
-                  bursts=bursts, date=time.strftime("%Y-%m-%d")))
+                  bursts=bursts, stalls=stalls, date=time.strftime("%Y-%m-%d")))
         print(f"d_model {args.d_model} x {args.layers}, {args.weights}, "
               f"{torch.get_num_threads()} threads")
         print_prefix(prefix, args.prefix_cache_mb)
         print_bursts(bursts)
+        print_stalls(stalls)
         return 0
     big = max(args.streams)
     gen_batches = sorted({1, big})
@@ -350,6 +406,7 @@ def main(argv: list[str] | None = None) -> int:
     prefix = prefix_cache_runs(packed, args.prefix, args.questions, args.shares,
                                megabytes(args.prefix_cache_mb))
     bursts = [burst_run(packed, n, big) for n in args.burst_bytes]
+    stalls = stall_runs(packed, args)
     ratios = [r["bytes_per_s"] / g for r, g in zip(runs[big], rates[big])]
     result = dict(config=config.to_dict(), weights=args.weights, bytes=args.bytes,
                   rounds=args.rounds, torch=torch.__version__, cpu_count=os.cpu_count(),
@@ -357,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
                   generate={str(b): rates[b] for b in gen_batches},
                   serve={str(n): runs[n] for n in args.streams},
                   ratios_to_generate=ratios, ratio_median=statistics.median(ratios),
-                  prefix_cache=prefix, bursts=bursts,
+                  prefix_cache=prefix, bursts=bursts, stalls=stalls,
                   date=time.strftime("%Y-%m-%d"))
     args.out.mkdir(parents=True, exist_ok=True)
     save_json(args.out / "serve.json", result)
@@ -383,6 +440,7 @@ def main(argv: list[str] | None = None) -> int:
           + f"; median {result['ratio_median']:.2f}x (target 0.7x)")
     print_prefix(prefix, args.prefix_cache_mb)
     print_bursts(bursts)
+    print_stalls(stalls)
     print(args.out / "serve.json")
     return 0
 

@@ -1,6 +1,7 @@
 """The continuous-batching engine: one thread owns the model's rows (:mod:`.rows`) and loops
 
-    admit waiting jobs into free rows (each prompt prefilled alone, its first byte drawn)
+    admit waiting jobs into free rows (each prompt prefilled alone, its first byte drawn;
+        a prompt longer than ``prefill_chunk`` a chunk a loop, then admitted)
     drop the rows of jobs done or cancelled (the last row moves into the hole)
     one decode step over the rows in flight, then every row's draw in one call, each
         from its own settings and generator
@@ -42,7 +43,7 @@ import torch
 
 from ..models.decoding import Sampling
 from ..models.scoring import scores_of
-from .rows import GREEDY_TEMPERATURE, Rows
+from .rows import GREEDY_TEMPERATURE, PiecewiseRows, Rows
 from .schema import Completion
 
 log = logging.getLogger("fastrwa.serve")
@@ -170,14 +171,22 @@ class Engine:
     have new bytes or finished."""
 
     def __init__(self, rows: Rows, bos_token: int, max_queue: int = 256,
-                 notify: Optional[Callable[[list], None]] = None):
+                 notify: Optional[Callable[[list], None]] = None,
+                 prefill_chunk: Optional[int] = None):
         """``rows``: the batch's rows (:class:`fastrwa.serve.rows.DecoderRows`, or any
         object with its methods, ``capacity`` and ``tokens``; ``device``, where draws are
         made, is CPU if it has none);
-        ``bos_token``: what an empty prompt starts from; ``max_queue`` >= 0."""
+        ``bos_token``: what an empty prompt starts from; ``max_queue`` >= 0;
+        ``prefill_chunk``: the most prompt ids prefilled between two decode steps (a longer
+        prompt is prefilled over several, rows that can:
+        :class:`~fastrwa.serve.rows.PiecewiseRows`; ``None``: each prompt whole)."""
         if max_queue < 0:
             raise ValueError(f"max_queue must be 0 or more, got {max_queue}")
+        if prefill_chunk is not None and prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be at least 1, got {prefill_chunk}")
         self.rows, self.bos_token, self.max_queue = rows, bos_token, max_queue
+        self.prefill_chunk = prefill_chunk if isinstance(rows, PiecewiseRows) else None
+        self._prefilling: list = []         # (job, its rows.begin handle), first first
         self.capacity = rows.capacity
         self.device = torch.device(getattr(rows, "device", "cpu"))
         self.notify = notify
@@ -257,15 +266,16 @@ class Engine:
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not (self._pending or self._active or self._purged or self._closing):
+                while not (self._pending or self._active or self._purged or self._closing
+                           or self._prefilling):
                     self._cond.wait()
                 if self._closing and not self._pending and not self._active \
-                        and not self._purged:
+                        and not self._purged and not self._prefilling:
                     return
-                free = self.capacity - len(self._active)
+                free = self.capacity - len(self._active) - len(self._prefilling)
                 joiners = [self._pending.popleft()
                            for _ in range(min(free, len(self._pending)))]
-                self._admitting = list(joiners)
+                self._admitting = [*(job for job, _ in self._prefilling), *joiners]
                 purged, self._purged = self._purged, []
             began = time.perf_counter()
             updated: list[Job] = []
@@ -274,7 +284,10 @@ class Engine:
                 updated.append(job)
             try:
                 for job in joiners:
-                    self._admit_one(job, updated)
+                    if not self._begin(job):
+                        self._admit_one(job, updated)
+                if self._prefilling:
+                    self._advance(updated)
                     if self.notify is not None and len(joiners) > 1:
                         self.notify([job])          # (its first byte, before the others' prefill)
                 self._retire(updated)
@@ -286,6 +299,7 @@ class Engine:
                 with self._cond:
                     failed, self._active, self._admitting = (
                         [*self._admitting, *self._active], [], [])
+                    self._prefilling = []
                 for job in failed:
                     if job.finish is None:
                         job._end("error", f"{type(exc).__name__}: {exc}")
@@ -296,10 +310,47 @@ class Engine:
                 self.notify(updated)
                 self.stats.notify_s += time.perf_counter() - t
 
-    def _admit_one(self, job: Job, updated: list) -> None:
+    def _begin(self, job: Job) -> bool:
+        """Start prefilling ``job``'s prompt in pieces if it is longer than
+        ``prefill_chunk`` (True: it waits in ``_prefilling``, :meth:`_advance`)."""
+        if self.prefill_chunk is None or job.cancelled \
+                or job.context.shape[1] <= self.prefill_chunk:
+            return False
+        t = time.perf_counter()
+        try:
+            self._prefilling.append((job, self.rows.begin(job.context)))
+        except Exception:                   # (a defect: the prompt whole instead)
+            log.exception("starting a prompt's prefill in pieces failed")
+            return False
+        finally:
+            self.stats.prefill_s += time.perf_counter() - t
+        return True
+
+    def _advance(self, updated: list) -> None:
+        """Prefill ``prefill_chunk`` more ids of the first prompt being prefilled in pieces;
+        admit it once it is all in (its state and logits are its whole prefill's)."""
+        job, pending = self._prefilling[0]
+        done, t = job.cancelled, time.perf_counter()
+        try:
+            done = done or self.rows.advance(pending, self.prefill_chunk)
+        except Exception as exc:            # (a defect: this job's)
+            log.exception("prefilling a prompt failed")
+            self._prefilling.pop(0)
+            job._end("error", f"{type(exc).__name__}: {exc}")
+            updated.append(job)
+            with self._cond:
+                self._admitting.remove(job)
+            return
+        finally:
+            self.stats.prefill_s += time.perf_counter() - t
+        if done:
+            self._prefilling.pop(0)
+            self._admit_one(job, updated, staged=True)
+
+    def _admit_one(self, job: Job, updated: list, staged: bool = False) -> None:
         """Admit ``job`` (:meth:`_admit`); any error there fails this job only (logged)."""
         try:
-            placed = self._admit(job, updated)
+            placed = self._admit(job, updated, staged)
         except Exception as exc:            # (a defect, or a device error: this job's)
             log.exception("admitting a job failed")
             job._end("error", f"{type(exc).__name__}: {exc}")
@@ -309,16 +360,18 @@ class Engine:
             if placed:
                 self._active.append(job)
 
-    def _admit(self, job: Job, updated: list) -> bool:
-        """Prefill ``job``'s prompt and draw its first byte; True when it goes on in row
-        ``len(self._active)`` (placed there), False when it has ended."""
+    def _admit(self, job: Job, updated: list, staged: bool = False) -> bool:
+        """Prefill ``job``'s prompt (``staged``: it is, the rows' staged prompt) and draw
+        its first byte; True when it goes on in row ``len(self._active)`` (placed there),
+        False when it has ended."""
         updated.append(job)
         if job.cancelled:
             job._end("cancelled")
             return False
         rows, t = self.rows, time.perf_counter()
         try:
-            rows.prefill(job.context)
+            if not staged:
+                rows.prefill(job.context)
             token = rows.draw_staged(job.sampling)
             if job.scores is not None:
                 job.score(rows.logits(), token)

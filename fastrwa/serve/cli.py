@@ -35,6 +35,7 @@ from .signals import STOPS
 SWITCH_INTERVAL_S = 5e-4
 SHUTDOWN_TIMEOUT_S = 30.0
 PREFIX_CACHE_MB = 256.0
+PREFILL_CHUNK = 256         # (ids: the fused prefill's calls at batch 1 are of 256 positions)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -65,6 +66,11 @@ def parser() -> argparse.ArgumentParser:
                         "same bytes): MiB, least recently used evicted (default "
                         f"{PREFIX_CACHE_MB:g}; 0: none). Used with the fused CPU decoder "
                         "only (the others' prefill depends on where a prompt is cut)")
+    p.add_argument("--prefill-chunk", type=int, default=PREFILL_CHUNK,
+                   help="the most prompt ids prefilled between two decode steps: a longer "
+                        "prompt is prefilled over several, so the running streams wait at "
+                        f"most that long for it (default {PREFILL_CHUNK}; 0: each prompt whole; "
+                        "with the fused CPU decoder, the same bytes)")
     add_threads(p)
     p.add_argument("--log-level", default="warning",
                    choices=("critical", "error", "warning", "info", "debug"),
@@ -83,6 +89,8 @@ def check_args(args: argparse.Namespace) -> None:
                              f"{getattr(args, name)}")
     if not args.prefix_cache_mb >= 0:           # (NaN too)
         raise ValueError(f"--prefix-cache-mb must be 0 or more, got {args.prefix_cache_mb}")
+    if args.prefill_chunk < 0:
+        raise ValueError(f"--prefill-chunk must be 0 or more, got {args.prefill_chunk}")
     if args.max_queue < 0:
         raise ValueError(f"--max-queue must be 0 or more, got {args.max_queue}")
     if not args.shutdown_timeout >= 0:          # (NaN too)
@@ -146,7 +154,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 0
     name = served_name(args)
     bos = model.config.bos_token
-    app = App(lambda notify: Engine(rows, bos, args.max_queue, notify), name,
+    app = App(lambda notify: Engine(rows, bos, args.max_queue, notify,
+                                    args.prefill_chunk or None), name,
               Limits(args.max_prompt_bytes, args.max_tokens_limit), model=model)
     sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -38,7 +38,7 @@ of the whole prompt, so the same bytes.
 
 from __future__ import annotations
 
-from typing import Optional, Protocol, Sequence
+from typing import Optional, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 import torch
@@ -116,55 +116,68 @@ class DecoderRows:
         (all of a batch of prompts of one length: one call). A row's state and logits are
         the same bits at any batch and any cut, so each prompt's are its own prefill's.
         Other decoders prefill the prompts one after another at batch 1."""
-        contexts = [c.to(self.device) for c in contexts]
-        if isinstance(self.decoder, Extendable):
-            self._prompts = self._prefill_together(contexts)
-        else:
-            self._prompts = []
-            for context in contexts:
-                logits = self.decoder.prefill(context, self.staging)
-                self._prompts.append((self.staging.read_row(0), logits))
+        pending = [self.begin(context) for context in contexts]
+        self._run(pending)
+        self._prompts = [(p.state, p.logits) for p in pending]
         self.select(0)
+
+    def begin(self, context: Tensor) -> "Pending":
+        """Start prefilling ``context`` ``(1, P)`` in pieces (:meth:`advance`): from the
+        state after its longest prefix in the prefix cache. A decoder that cannot be cut
+        (not :class:`Extendable`) prefills it whole now."""
+        context = context.to(self.device)
+        if not isinstance(self.decoder, Extendable):
+            logits = self.decoder.prefill(context, self.staging)
+            return Pending(context, b"", Plan(context.shape[1], (self.staging.read_row(0),
+                                                                  logits), []), self._initial)
+        cache = self.prefix_cache
+        key = key_of(context[0].cpu().numpy()) if cache is not None else b""
+        plan = cache.plan(key) if cache is not None else Plan(0, None, [context.shape[1]])
+        return Pending(context, key, plan, self._initial)
+
+    def advance(self, pending: "Pending", budget: int) -> bool:
+        """Prefill at most ``budget`` (>= 1) more ids of ``pending``; True when its prompt is
+        all in, then it is the staged prompt (:meth:`draw_staged`, :meth:`place`). Its state
+        and logits are those of its whole prefill at once (:class:`Extendable`)."""
+        self._run([pending], budget)
+        if pending.todo:
+            return False
+        self._prompts = [(pending.state, pending.logits)]
+        self.select(0)
+        return True
 
     def select(self, index: int) -> None:
         """Make the prompt ``index`` of the last :meth:`prefill_many` the staged one."""
         self._selected = index
         self._staged = self._prompts[index][1]
 
-    def _prefill_together(self, contexts: list) -> list:
-        """The state and logits ``(1, V)`` after each of ``contexts`` (:meth:`prefill_many`),
-        keeping states in the prefix cache where its plans say."""
-        cache, n = self.prefix_cache, len(contexts)
-        keys = [key_of(c[0].cpu().numpy()) for c in contexts] if cache is not None else []
-        plans = [cache.plan(key) for key in keys] if cache is not None else \
-            [Plan(0, None, [c.shape[1]]) for c in contexts]
-        states, logits = [], []
-        for start, value, _ in plans:
-            state, last = value if value is not None else (self._initial, None)
-            states.append(state)
-            logits.append(last)
-        at = [plan.start for plan in plans]
-        todo = [list(plan.cuts) for plan in plans]
-        while True:
-            active = [i for i in range(n) if todo[i]]
+    def _run(self, pending: list, budget: Optional[int] = None) -> None:
+        """Advance ``pending`` prompts together by at most ``budget`` ids each (``None``: to
+        their ends), keeping states in the prefix cache at their plans' cuts."""
+        cache, spent = self.prefix_cache, 0
+        while budget is None or spent < budget:
+            active = [p for p in pending if p.todo]
             if not active:
-                return list(zip(states, logits))
-            length = min(todo[i][0] - at[i] for i in active)
+                return
+            length = min(p.todo[0] - p.at for p in active)
+            if budget is not None:
+                length = min(length, budget - spent)
+            spent += length
             work = self._stagings.get(len(active))
             if work is None:
                 work = self._stagings[len(active)] = self.decoder.allocate_cache(len(active))
-            for row, i in enumerate(active):
-                work.write_row_(row, states[i])
-            piece = torch.cat([contexts[i][:, at[i]:at[i] + length] for i in active])
-            out = self.decoder.extend(piece, work)
-            for row, i in enumerate(active):
-                at[i] += length
-                states[i], logits[i] = work.read_row(row), out[row:row + 1].clone()
-                if at[i] == todo[i][0]:
-                    todo[i].pop(0)
+            for row, p in enumerate(active):
+                work.write_row_(row, p.state)
+            out = self.decoder.extend(torch.cat([p.context[:, p.at:p.at + length]
+                                                 for p in active]), work)
+            for row, p in enumerate(active):
+                p.at += length
+                p.state, p.logits = work.read_row(row), out[row:row + 1].clone()
+                if p.at == p.todo[0]:
+                    p.todo.pop(0)
                     if cache is not None:
-                        size = sum(t.numel() * t.element_size() for t in (*states[i], logits[i]))
-                        cache.store(keys[i][:at[i] * ID_BYTES], (states[i], logits[i]), size)
+                        size = sum(t.numel() * t.element_size() for t in (*p.state, p.logits))
+                        cache.store(p.key[:p.at * ID_BYTES], (p.state, p.logits), size)
 
     def draw_staged(self, sampling: Sampling) -> int:
         """The first id of the stream just prefilled, drawn from its prompt's logits."""
@@ -212,6 +225,26 @@ class DecoderRows:
         """The logits ``(1, V)`` that row ``row``'s last draw read (``None``: the prompt just
         prefilled), until the next step or prefill: what a request's ``logprobs`` are of."""
         return self._staged if row is None else self._logits[row:row + 1]
+
+
+class Pending:
+    """A prompt being prefilled in pieces (:meth:`DecoderRows.begin`): its ids ``context``
+    ``(1, P)`` and prefix-cache ``key``, the ids in so far (``at``), the cuts still to reach
+    (``todo``, ascending, the last ``P``: empty when done), and the state and last logits
+    after ``at`` ids."""
+
+    def __init__(self, context: Tensor, key: bytes, plan: Plan, initial: tuple):
+        self.context, self.key, self.at, self.todo = context, key, plan.start, list(plan.cuts)
+        self.state, self.logits = plan.value if plan.value is not None else (initial, None)
+
+
+@runtime_checkable
+class PiecewiseRows(Protocol):
+    """Rows that prefill a prompt in pieces across steps (:class:`DecoderRows`: the
+    engine's ``prefill_chunk``)."""
+
+    def begin(self, context: Tensor) -> Pending: ...
+    def advance(self, pending: Pending, budget: int) -> bool: ...
 
 
 def make_rows(model: ByteLM, weights: object, capacity: int,

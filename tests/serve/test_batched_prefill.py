@@ -29,6 +29,10 @@ class Counting:
         self.calls.append(("prefill", *tokens.shape))
         return self.inner.prefill(tokens, cache)
 
+    def step_(self, token, cache, *, rows=None):
+        self.calls.append("step")
+        return self.inner.step_(token, cache, rows=rows)
+
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
@@ -69,3 +73,36 @@ def test_a_burst_of_one_length_is_one_call(tiny_model):
     decoder.calls.clear()
     rows.prefill_many([torch.tensor([[1] * n]) for n in (5, 9, 9, 12)])
     assert decoder.calls == [(4, 5), (3, 4), (1, 3)]
+
+
+def test_long_prompts_prefilled_over_steps_keep_their_bytes(tiny_model):
+    """``prefill_chunk``: prompts longer than it are prefilled a chunk a step while the
+    running streams decode (with and without a prefix cache); every stream's bytes are
+    generate's, greedy and seeded, and the short streams are not held until a long prompt
+    is in."""
+    from fastrwa.serve.batcher import Engine
+    from fastrwa.serve.schema import Completion
+
+    from .test_engine import TIMEOUT, expected, run_all
+
+    packed = PackedLM(tiny_model)
+    rng = random.Random(9)
+    prompts = _prompts(rng, 12) + [bytes(rng.randrange(256) for _ in range(900))]
+    requests = [Completion(prompt=p or b"x", max_tokens=rng.randrange(1, 30),
+                           temperature=rng.choice([0.0, 0.9]), top_p=rng.choice([None, 0.8]),
+                           seed=70 + i) for i, p in enumerate(prompts)]
+    for cache in (None, PrefixCache(1 << 24, every=64)):
+        decoder = Counting(packed)
+        engine = Engine(DecoderRows(decoder, 4, 256, cache), 256, prefill_chunk=32)
+        try:
+            jobs = run_all(engine, requests)
+        finally:
+            assert engine.close(timeout=TIMEOUT)
+        assert [bytes(job.generated) for job in jobs] == \
+            [expected(tiny_model, packed, req) for req in requests]
+        pieces = [c for c in decoder.calls if c != "step"]
+        assert max(shape[1] for shape in pieces) <= 32           # (never more a call)
+        # (the long prompt's pieces come between the running streams' steps)
+        calls = ["step" if c == "step" else c[1] for c in decoder.calls]
+        assert any(calls[i:i + 3] == [32, "step", 32] for i in range(len(calls)))
+        assert engine.active == 0
