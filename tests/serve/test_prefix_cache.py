@@ -114,3 +114,21 @@ def test_the_server_reuses_prompts_and_counts_it(server):
     assert gained["fastrwa_prefix_cache_hits_total"] >= 1
     assert gained["fastrwa_prefix_cache_bytes_saved_total"] >= len(prompt)
     assert after["fastrwa_prefix_cache_bytes"] > 0
+
+
+def test_the_command_line_options():
+    """--prefix-cache-mb and --prefill-chunk: their defaults, 0 turns each off, a negative
+    value is refused naming it."""
+    from pathlib import Path
+
+    from fastrwa.serve.cli import PREFILL_CHUNK, PREFIX_CACHE_MB, check_args, parser
+    from fastrwa.serve.prefix_cache import megabytes
+
+    args = parser().parse_args(["somewhere"])
+    assert (args.prefix_cache_mb, args.prefill_chunk) == (PREFIX_CACHE_MB, PREFILL_CHUNK)
+    assert megabytes(args.prefix_cache_mb) == int(PREFIX_CACHE_MB * 2 ** 20)
+    assert megabytes(0) == 0
+    for option in ("--prefix-cache-mb", "--prefill-chunk"):
+        bad = parser().parse_args([str(Path("somewhere")), option, "-1"])
+        with pytest.raises(ValueError, match=option):
+            check_args(bad)
