@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from .cache import InferenceCache
-from .sampling import check_sampling_args
+from .sampling import check_sampling_args, sample
 
 
 @dataclasses.dataclass
@@ -72,6 +72,18 @@ def draw_each(draw: Callable[[Tensor, Sampling, int], Tensor], logits: Tensor,
             except ValueError:
                 pass
     return ids
+
+
+def draw_sampled(logits: Tensor, sampling: "Sampling | Sequence[Optional[Sampling]]",
+                 forbidden: int) -> Tensor:
+    """The eager decoders' :meth:`Decoder.draw` (``ByteLM``, ``CUDAGraphDecoder``):
+    :func:`fastrwa.models.sampling.sample` on the logits' device with one
+    :class:`Sampling` for every row; with a list of them, one per row, a row a call
+    (:func:`draw_each`)."""
+    if isinstance(sampling, (list, tuple)):
+        return draw_each(draw_sampled, logits, sampling, forbidden)
+    return sample(logits, sampling.temperature, sampling.top_k, sampling.top_p,
+                  sampling.generator, forbidden)
 
 
 class Decoder(Protocol):

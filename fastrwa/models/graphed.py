@@ -13,8 +13,7 @@ from torch import Tensor
 
 from .cache import InferenceCache
 from .config import LMConfig
-from .decoding import Sampling, check_rows, draw_and_step, draw_each
-from .sampling import sample
+from .decoding import Sampling, check_rows, draw_and_step, draw_sampled
 
 # Eager steps run before a capture (Triton compiles its kernels, cuBLAS picks its workspace
 # there: neither may happen inside a capture); their effect on the state is undone.
@@ -78,12 +77,8 @@ class CUDAGraphDecoder:
         return self._logits
 
     def draw(self, logits: Tensor, sampling: Sampling, forbidden: int) -> Tensor:
-        """:func:`fastrwa.models.sampling.sample` on the logits' device (settings per row: a
-        row a call, :func:`fastrwa.models.decoding.draw_each`)."""
-        if isinstance(sampling, (list, tuple)):
-            return draw_each(self.draw, logits, sampling, forbidden)
-        return sample(logits, sampling.temperature, sampling.top_k, sampling.top_p,
-                      sampling.generator, forbidden)
+        """:func:`fastrwa.models.decoding.draw_sampled`."""
+        return draw_sampled(logits, sampling, forbidden)
 
     def sample_steps(self, logits: Tensor, cache: InferenceCache, max_new_tokens: int,
                      temperature: float = 1.0, top_k: Optional[int] = None,

@@ -18,10 +18,10 @@ from .block import Block, longest_timescale  # noqa: F401 (longest_timescale: ca
 from .cache import CacheLayout, InferenceCache, LMState
 from .checks import check_tokens
 from .config import SCAN_LAYERS, LMConfig
-from .decoding import Decoder, Sampling, check_rows, draw_and_step, draw_each
+from .decoding import Decoder, Sampling, check_rows, draw_and_step, draw_sampled
 from .graphed import CUDAGraphDecoder
 from .packed import WEIGHT_FORMATS, PackedLM, unsupported_reason
-from .sampling import check_logits, collect, prepare_prompt, sample
+from .sampling import check_logits, collect, prepare_prompt
 from .storage import load_weights, read_pretrained, save_pretrained
 
 
@@ -244,12 +244,8 @@ class ByteLM(nn.Module):
     # -- generation -----------------------------------------------------------------------
     def draw(self, logits: Tensor, sampling: Sampling, forbidden: int) -> Tensor:
         """As a decoder (:meth:`fastrwa.models.decoding.Decoder.draw`): one id per row of
-        ``logits`` ``(B, V)`` by :func:`fastrwa.models.sampling.sample` (settings per row:
-        a row a call, :func:`fastrwa.models.decoding.draw_each`)."""
-        if isinstance(sampling, (list, tuple)):
-            return draw_each(self.draw, logits, sampling, forbidden)
-        return sample(logits, sampling.temperature, sampling.top_k, sampling.top_p,
-                      sampling.generator, forbidden)
+        ``logits`` ``(B, V)``: :func:`fastrwa.models.decoding.draw_sampled`."""
+        return draw_sampled(logits, sampling, forbidden)
 
     def sample_steps(self, logits: Tensor, cache: InferenceCache, max_new_tokens: int,
                      temperature: float = 1.0, top_k: Optional[int] = None,
