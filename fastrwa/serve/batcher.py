@@ -286,10 +286,10 @@ class Engine:
                 for job in joiners:
                     if not self._begin(job):
                         self._admit_one(job, updated)
+                        if self.notify is not None and len(joiners) > 1:
+                            self.notify([job])      # (its first byte, before the others' prefill)
                 if self._prefilling:
                     self._advance(updated)
-                    if self.notify is not None and len(joiners) > 1:
-                        self.notify([job])          # (its first byte, before the others' prefill)
                 self._retire(updated)
                 if self._active:
                     self._step(updated)

@@ -262,3 +262,29 @@ def test_engine_on_cuda_matches_generate_with_a_cuda_generator(tiny_model):
     want = model.generate(prompt, 20, GREEDY_TEMPERATURE,
                           generator=torch.Generator("cuda").manual_seed(3))
     assert bytes(jobs[0].generated) == bytes(want[0, len(reqs[0].prompt):].tolist())
+
+
+def test_each_joiner_gets_its_first_byte_before_the_next_joiners_prefill(script_rows):
+    """Prompts admitted at one step: each one's first byte is handed over (notify) as soon as
+    its own prefill is done, not after every other joiner's (a chunked-prefill change had
+    moved the hand-off after the loop, to the last joiner only)."""
+    events, gate = [], threading.Event()
+
+    class Recorded(script_rows):
+        def prefill(self, context):
+            super().prefill(context)
+            events.append(("prefill", bytes(context[0].tolist())))
+
+    engine = Engine(Recorded(4, prefill_gate=gate), 256,
+                    notify=lambda jobs: events.append(
+                        ("notify", [j.request.prompt for j in jobs])))
+    try:
+        first = engine.submit(Completion(prompt=b"a", max_tokens=2))
+        time.sleep(0.2)                   # (the engine waits in the first prefill)
+        later = [engine.submit(Completion(prompt=p, max_tokens=2)) for p in (b"b", b"c")]
+        gate.set()
+        for job in (first, *later):
+            assert job.done.wait(TIMEOUT)
+    finally:
+        engine.close()
+    assert events.index(("notify", [b"b"])) < events.index(("prefill", b"c")), events
