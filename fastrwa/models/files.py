@@ -111,7 +111,7 @@ def _lock(directory: Path) -> Optional[int]:
     except (ImportError, OSError):
         return None
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_EX)   # (blocking: a check of recover_stale holds it a moment)
     except OSError:
         os.close(fd)
         return None

@@ -177,8 +177,8 @@ class Engine:
         object with its methods, ``capacity`` and ``tokens``; ``device``, where draws are
         made, is CPU if it has none);
         ``bos_token``: what an empty prompt starts from; ``max_queue`` >= 0;
-        ``prefill_chunk``: the most prompt ids prefilled between two decode steps (a longer
-        prompt is prefilled over several, rows that can:
+        ``prefill_chunk``: a prompt longer than this is prefilled this many ids a loop,
+        between the decode steps (shorter ones whole at admission; rows that can:
         :class:`~fastrwa.serve.rows.PiecewiseRows`; ``None``: each prompt whole)."""
         if max_queue < 0:
             raise ValueError(f"max_queue must be 0 or more, got {max_queue}")

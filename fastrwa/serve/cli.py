@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import socket
 import sys
@@ -67,10 +68,11 @@ def parser() -> argparse.ArgumentParser:
                         f"{PREFIX_CACHE_MB:g}; 0: none). Used with the fused CPU decoder "
                         "only (the others' prefill depends on where a prompt is cut)")
     p.add_argument("--prefill-chunk", type=int, default=PREFILL_CHUNK,
-                   help="the most prompt ids prefilled between two decode steps: a longer "
-                        "prompt is prefilled over several, so the running streams wait at "
-                        f"most that long for it (default {PREFILL_CHUNK}; 0: each prompt whole; "
-                        "with the fused CPU decoder, the same bytes)")
+                   help="a prompt longer than this many ids is prefilled this many a step, "
+                        "between the running streams' steps, so they do not wait for its "
+                        "whole prefill (shorter prompts are prefilled whole at admission) "
+                        f"(default {PREFILL_CHUNK}; 0: each prompt whole; with the fused CPU "
+                        "decoder, the same bytes)")
     add_threads(p)
     p.add_argument("--log-level", default="warning",
                    choices=("critical", "error", "warning", "info", "debug"),
@@ -87,8 +89,9 @@ def check_args(args: argparse.Namespace) -> None:
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got "
                              f"{getattr(args, name)}")
-    if not args.prefix_cache_mb >= 0:           # (NaN too)
-        raise ValueError(f"--prefix-cache-mb must be 0 or more, got {args.prefix_cache_mb}")
+    if not 0 <= args.prefix_cache_mb < math.inf:    # (NaN and inf too)
+        raise ValueError(f"--prefix-cache-mb must be a number 0 or more, got "
+                         f"{args.prefix_cache_mb}")
     if args.prefill_chunk < 0:
         raise ValueError(f"--prefill-chunk must be 0 or more, got {args.prefill_chunk}")
     if args.max_queue < 0:

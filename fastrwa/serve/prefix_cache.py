@@ -116,10 +116,12 @@ class PrefixCache:
     def store(self, key: bytes, value: Any, nbytes: int) -> None:
         """Keep ``value`` (``nbytes`` bytes) as the state after the prompt of ``key``,
         evicting the least recently used past the capacity (a value larger than it is not
-        kept); a key already stored is marked as used, its value kept."""
+        kept); a key already stored is marked as used, its value kept. The key's own bytes
+        count against the capacity too (a long prompt's key can weigh as much as a state)."""
         if key in self._entries:
             self._entries.move_to_end(key)
             return
+        nbytes += len(key)
         if nbytes > self.capacity:
             return
         while self.nbytes + nbytes > self.capacity:

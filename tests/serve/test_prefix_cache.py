@@ -35,15 +35,17 @@ def test_plan_finds_the_longest_stored_prefix_and_the_branch():
 
 
 def test_least_recently_used_is_evicted():
-    cache = PrefixCache(300, every=1000)
+    """Least recently used out first; a key's own bytes count with its value's (2 a key
+    here: one id)."""
+    cache = PrefixCache(306, every=1000)
     for i in range(3):
         cache.store(key_of([i]), i, 100)
     cache.plan(key_of([0, 5]))              # (uses [0]: [1] is now the oldest)
     cache.store(key_of([3]), 3, 100)
     assert cache.plan(key_of([1, 5])).value is None
     assert [cache.plan(key_of([i, 5])).value for i in (0, 2, 3)] == [0, 2, 3]
-    assert cache.nbytes == 300 and len(cache) == 3 and cache.evictions == 1
-    cache.store(key_of([9]), 9, 301)        # (larger than the whole cache: not kept)
+    assert cache.nbytes == 306 and len(cache) == 3 and cache.evictions == 1
+    cache.store(key_of([9]), 9, 305)        # (with its key, larger than the whole cache)
     assert len(cache) == 3
     with pytest.raises(ValueError):
         PrefixCache(-1)
@@ -128,7 +130,8 @@ def test_the_command_line_options():
     assert (args.prefix_cache_mb, args.prefill_chunk) == (PREFIX_CACHE_MB, PREFILL_CHUNK)
     assert megabytes(args.prefix_cache_mb) == int(PREFIX_CACHE_MB * 2 ** 20)
     assert megabytes(0) == 0
-    for option in ("--prefix-cache-mb", "--prefill-chunk"):
-        bad = parser().parse_args([str(Path("somewhere")), option, "-1"])
+    for option, value in (("--prefix-cache-mb", "-1"), ("--prefill-chunk", "-1"),
+                          ("--prefix-cache-mb", "inf"), ("--prefix-cache-mb", "nan")):
+        bad = parser().parse_args([str(Path("somewhere")), option, value])
         with pytest.raises(ValueError, match=option):
             check_args(bad)
