@@ -123,17 +123,27 @@ class DecoderRows:
 
     def begin(self, context: Tensor) -> "Pending":
         """Start prefilling ``context`` ``(1, P)`` in pieces (:meth:`advance`): from the
-        state after its longest prefix in the prefix cache. A decoder that cannot be cut
-        (not :class:`Extendable`) prefills it whole now."""
+        state after its longest prefix in the prefix cache, looked up when its first piece
+        runs (so a prompt that waits behind others with the same prefix starts from their
+        states). A decoder that cannot be cut (not :class:`Extendable`) prefills it whole
+        now."""
         context = context.to(self.device)
         if not isinstance(self.decoder, Extendable):
             logits = self.decoder.prefill(context, self.staging)
             return Pending(context, b"", Plan(context.shape[1], (self.staging.read_row(0),
                                                                   logits), []), self._initial)
+        key = key_of(context[0].cpu().numpy()) if self.prefix_cache is not None else b""
+        return Pending(context, key, None, self._initial)
+
+    def _plan(self, pending: "Pending") -> None:
+        """Where ``pending`` starts (its longest prefix in the prefix cache now) and where
+        it stops to keep states."""
         cache = self.prefix_cache
-        key = key_of(context[0].cpu().numpy()) if cache is not None else b""
-        plan = cache.plan(key) if cache is not None else Plan(0, None, [context.shape[1]])
-        return Pending(context, key, plan, self._initial)
+        n = pending.context.shape[1]
+        plan = cache.plan(pending.key) if cache is not None else Plan(0, None, [n])
+        pending.at, pending.todo = plan.start, list(plan.cuts)
+        if plan.value is not None:
+            pending.state, pending.logits = plan.value
 
     def advance(self, pending: "Pending", budget: int) -> bool:
         """Prefill at most ``budget`` (>= 1) more ids of ``pending``; True when its prompt is
@@ -155,6 +165,9 @@ class DecoderRows:
         """Advance ``pending`` prompts together by at most ``budget`` ids each (``None``: to
         their ends), keeping states in the prefix cache at their plans' cuts."""
         cache, spent = self.prefix_cache, 0
+        for p in pending:
+            if p.todo is None:
+                self._plan(p)
         while budget is None or spent < budget:
             active = [p for p in pending if p.todo]
             if not active:
@@ -230,12 +243,14 @@ class DecoderRows:
 class Pending:
     """A prompt being prefilled in pieces (:meth:`DecoderRows.begin`): its ids ``context``
     ``(1, P)`` and prefix-cache ``key``, the ids in so far (``at``), the cuts still to reach
-    (``todo``, ascending, the last ``P``: empty when done), and the state and last logits
-    after ``at`` ids."""
+    (``todo``, ascending, the last ``P``: empty when done; ``None`` until its plan is made,
+    at its first piece), and the state and last logits after ``at`` ids."""
 
-    def __init__(self, context: Tensor, key: bytes, plan: Plan, initial: tuple):
-        self.context, self.key, self.at, self.todo = context, key, plan.start, list(plan.cuts)
-        self.state, self.logits = plan.value if plan.value is not None else (initial, None)
+    def __init__(self, context: Tensor, key: bytes, plan: Optional[Plan], initial: tuple):
+        self.context, self.key = context, key
+        self.at, self.todo = (0, None) if plan is None else (plan.start, list(plan.cuts))
+        self.state, self.logits = plan.value if plan is not None and plan.value is not None \
+            else (initial, None)
 
 
 @runtime_checkable

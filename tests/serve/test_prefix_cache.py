@@ -135,3 +135,30 @@ def test_the_command_line_options():
         bad = parser().parse_args([str(Path("somewhere")), option, value])
         with pytest.raises(ValueError, match=option):
             check_args(bad)
+
+
+def test_long_prompts_arriving_together_reuse_each_others_prefix(tiny_model):
+    """Long prompts with one shared prefix submitted at once, prefilled in pieces: each is
+    looked up in the prefix cache when its first piece runs, not when it arrives, so all but
+    the first start from the shared prefix's state (they were all planned against an empty
+    cache and all missed); the bytes are generate's."""
+    from fastrwa.models import PackedLM
+    from fastrwa.serve.batcher import Engine
+    from fastrwa.serve.rows import DecoderRows
+
+    from .test_engine import TIMEOUT, expected, run_all
+
+    packed = PackedLM(tiny_model)
+    rng = random.Random(4)
+    shared = bytes(rng.randrange(256) for _ in range(300))
+    requests = [Completion(prompt=shared + bytes([i, 7, i]), max_tokens=3, seed=i)
+                for i in range(6)]
+    cache = PrefixCache(1 << 24, every=100)
+    engine = Engine(DecoderRows(packed, 8, 256, cache), 256, prefill_chunk=64)
+    try:
+        jobs = run_all(engine, requests)
+    finally:
+        assert engine.close(timeout=TIMEOUT)
+    assert [bytes(job.generated) for job in jobs] == \
+        [expected(tiny_model, packed, req) for req in requests]
+    assert cache.queries == 6 and cache.hits >= 5, (cache.queries, cache.hits)
