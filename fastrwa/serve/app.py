@@ -228,7 +228,7 @@ class App:
             if job.finish is None:
                 job.cancel()
             self.metrics.finished(released.finish if released.finish in (
-                "stop", "length", "error") else "cancelled", released.first_byte_s)
+                "stop", "length", "error") else "cancelled")
 
     def _submit(self, request: Completion) -> Job:
         """``request``'s job in the engine, its ``waker`` set up for :class:`Released`
@@ -364,6 +364,7 @@ class Pieces:
         now = time.perf_counter()
         if self._last is None:
             self.first_byte_s = now - self.arrived
+            self.metrics.first_byte_seen(self.first_byte_s)
         self.metrics.observe_bytes(n, None if self._last is None else now - self._last)
         self._last = now
 

@@ -82,3 +82,23 @@ def test_released_sends_characters_whole_and_ends_at_the_finish(finish):
     got = asyncio.run(run())
     assert got == [("a", None), ("", None), ("", None), ("\u20ac\ufffd", None),
                    ("b\ufffd", finish)]
+
+
+def test_time_to_first_byte_is_observed_when_the_first_bytes_go_out():
+    """/metrics' time to first byte counts a stream as soon as its first bytes reach the
+    route, not when it ends (a long stream was missing from it until then)."""
+    import time
+    import types
+
+    from fastrwa.serve.app import Pieces
+    from fastrwa.serve.metrics import Metrics
+
+    job = FakeJob([(b"a", None), (b"b", None), (b"c", "length")])
+    job.request = types.SimpleNamespace(echo=False)
+    metrics = Metrics()
+    pieces = Pieces(job, None, metrics, time.perf_counter())
+
+    async def first():
+        return await pieces.__anext__()
+    assert asyncio.run(first())[0] == "a"
+    assert metrics.first_byte.count == 1          # (the stream has not ended)
