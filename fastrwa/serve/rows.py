@@ -71,6 +71,7 @@ class Rows(Protocol):
     def step(self, n: int) -> None: ...
     def draw(self, row: int, sampling: Sampling) -> int: ...
     def draw_rows(self, samplings: Sequence[Optional[Sampling]]) -> list: ...
+    # (and, for requests with logprobs, ``logits(row=None)``: DecoderRows.logits)
 
 
 class DecoderRows:
@@ -202,8 +203,7 @@ class DecoderRows:
 
     def move(self, src: int, dst: int) -> None:
         """Row ``src``'s state (and next input) into row ``dst``."""
-        for buf in self.cache.stacked:
-            buf[:, dst].copy_(buf[:, src])
+        self.cache.write_row_(dst, self.cache.read_row(src))
         self.tokens[dst] = self.tokens[src]
 
     def step(self, n: int) -> None:
