@@ -22,8 +22,7 @@ from .checkpoints import (check_checkpoint, check_provenance, load_checkpoint, p
                           truncate_samples)
 from .config import RunConfig
 from .device import Placement, placement
-from .parallel import (from_the_last_slice, initial_state_parameters, layout, rows,
-                       share_of_the_loss, time_slice, touching)
+from .parallel import from_the_last_slice, layout, rows, share_of_the_loss, time_slice
 from .models import build_model, detach_state
 from .packing import packed_loss, packed_slice
 from .optim import lr_factor, make_optimizer, set_lr
@@ -174,12 +173,16 @@ def _train(cfg: RunConfig, run_dir: Path, resume: bool, deadline: Deadline | Non
               f"{place.device}" + (f", autocast {cfg.autocast}" if cfg.autocast != "none" else ""),
               file=sys.stderr)
     # On a stateful task the carried state replaces a layer's learned initial state after the
-    # first segment of a pass, so those parameters would get no gradient then, and DDP waits
-    # for every parameter's: the loss touches them with an exact zero (parallel.touching).
+    # first segment of a pass, so those parameters get no gradient then: DDP must look for
+    # unused parameters or it waits for their gradients forever (a crash at the next step).
+    # (It then prints a C++ warning once, at the first step whose parameters are all used.
+    # Touching them with a zero instead would silence it, but without the search DDP
+    # rebuilds its gradient buckets after the first step in the order gradients arrive, which
+    # differs between a fresh start and a resume: the all-reduce's sums, and so a resume,
+    # would no longer be bit-identical; tests/context_parallel/test_training.py.)
     net = torch.nn.parallel.DistributedDataParallel(
-        model, device_ids=[place.device.index] if place.device.type == "cuda" else None
-    ) if world > 1 else model
-    replaced = initial_state_parameters(model) if world > 1 else []
+        model, device_ids=[place.device.index] if place.device.type == "cuda" else None,
+        find_unused_parameters=problem.stateful) if world > 1 else model
     forward = torch.compile(net) if cfg.compile else net
     context = {} if lay.context_group is None else {"context_group": lay.context_group}
     last = {}   # the latest record per split
@@ -227,7 +230,7 @@ def _train(cfg: RunConfig, run_dir: Path, resume: bool, deadline: Deadline | Non
                     loss, metric = loss * share, metric * share
                 else:
                     loss, metric = packed_loss(output, target, scored, lay.context_world)
-                (touching(loss, replaced) / accum).backward()
+                (loss / accum).backward()
             # (a Transformer trains each window from nothing: nothing is carried)
             carried[k] = from_the_last_slice(detach_state(state), lay) \
                 if problem.stateful and getattr(model, "carries_state_in_training", True) \

@@ -82,30 +82,6 @@ def share_of_the_loss(slice_length: int, segment: int, place: Layout) -> float:
     return place.context_world * slice_length / segment
 
 
-# What a carried state stands in for: each scan layer's learned initial state (the RWA
-# paper's pseudo-step s_0, a_0), which a segment continuing from the previous one never reads.
-INITIAL_STATE = ("initial_value", "initial_logit")
-
-
-def initial_state_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
-    """The trainable parameters of ``model`` that a carried state replaces (each scan layer's
-    ``initial_value`` and ``initial_logit``); empty for a model without them."""
-    found = (getattr(module, name, None) for module in model.modules() for name in INITIAL_STATE)
-    return [p for p in found if isinstance(p, torch.nn.Parameter) and p.requires_grad]
-
-
-def touching(loss: Tensor, parameters: list[torch.nn.Parameter]) -> Tensor:
-    """``loss`` plus an exact zero that depends on each of ``parameters`` (the sum of an empty
-    slice of each: zero whatever the values, inf and NaN included), so that every one gets a
-    gradient, zero where ``loss`` does not read it.
-
-    DDP waits for a gradient from every parameter at every step. Without this, a segment that
-    continues from a carried state leaves the learned initial state without one, and DDP
-    would need ``find_unused_parameters=True``: an extra traversal of the graph every step,
-    and a C++ warning at the first step whose parameters are all used."""
-    return loss + sum((p.view(-1)[:0].sum() for p in parameters), loss.new_zeros(()))
-
-
 def from_the_last_slice(state, place: Layout):
     """The carried state of the whole segment, on every process of the context group: the
     state after the last slice, broadcast from its process (the next segment starts from it
