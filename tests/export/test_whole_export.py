@@ -277,7 +277,11 @@ def test_a_signal_during_the_export_is_one_line(run, tmp_path, name, status):
     130 / 143, OUT_DIR as it was (Ctrl-C was a KeyboardInterrupt traceback; SIGTERM left
     the files written so far)."""
     out = tmp_path / "onnx"
-    script = ("import os, pathlib, signal, sys, runpy\n" + SIGNAL_WRITING_STEP.format(name=name)
+    # (Ctrl-C's handler set again: a child inherits an ignored SIGINT, which Python then
+    # leaves ignored, from a test process where another test left it so)
+    script = ("import os, pathlib, signal, sys, runpy\n"
+              "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+              + SIGNAL_WRITING_STEP.format(name=name)
               + f"sys.argv = ['x', 'onnx', {str(run)!r}, {str(out)!r}]\n"
               "runpy.run_module('fastrwa.export', run_name='__main__')\n")
     child = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
