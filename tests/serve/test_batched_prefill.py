@@ -80,10 +80,9 @@ def test_long_prompts_prefilled_over_steps_keep_their_bytes(tiny_model):
     running streams decode (with and without a prefix cache); every stream's bytes are
     generate's, greedy and seeded, and the short streams are not held until a long prompt
     is in."""
-    from fastrwa.serve.batcher import Engine
     from fastrwa.serve.schema import Completion
 
-    from .test_engine import TIMEOUT, expected, run_all
+    from .test_engine import run_checked
 
     packed = PackedLM(tiny_model)
     rng = random.Random(9)
@@ -93,16 +92,9 @@ def test_long_prompts_prefilled_over_steps_keep_their_bytes(tiny_model):
                            seed=70 + i) for i, p in enumerate(prompts)]
     for cache in (None, PrefixCache(1 << 24, every=64)):
         decoder = Counting(packed)
-        engine = Engine(DecoderRows(decoder, 4, 256, cache), 256, prefill_chunk=32)
-        try:
-            jobs = run_all(engine, requests)
-        finally:
-            assert engine.close(timeout=TIMEOUT)
-        assert [bytes(job.generated) for job in jobs] == \
-            [expected(tiny_model, packed, req) for req in requests]
+        run_checked(tiny_model, decoder, packed, requests, 4, cache, prefill_chunk=32)
         pieces = [c for c in decoder.calls if c != "step"]
         assert max(shape[1] for shape in pieces) <= 32           # (never more a call)
         # (the long prompt's pieces come between the running streams' steps)
         calls = ["step" if c == "step" else c[1] for c in decoder.calls]
         assert any(calls[i:i + 3] == [32, "step", 32] for i in range(len(calls)))
-        assert engine.active == 0

@@ -44,6 +44,24 @@ def run_all(engine: Engine, requests) -> list[Job]:
     return jobs
 
 
+def run_checked(model, decoder, weights, requests, capacity: int, cache=None,
+                prefill_chunk=None) -> list[Job]:
+    """``requests`` through an engine over ``decoder``'s rows (``capacity`` of them, the
+    prefix cache ``cache``, ``prefill_chunk``); every stream's bytes must be what
+    ``generate`` makes with ``weights``. Returns the jobs."""
+    from fastrwa.serve.rows import DecoderRows
+
+    engine = Engine(DecoderRows(decoder, capacity, 256, cache), 256, prefill_chunk=prefill_chunk)
+    try:
+        jobs = run_all(engine, requests)
+    finally:
+        assert engine.close(timeout=TIMEOUT)
+    assert engine.active == 0
+    assert [bytes(job.generated) for job in jobs] == \
+        [expected(model, weights, req) for req in requests]
+    return jobs
+
+
 @pytest.mark.parametrize("weights", ["float32", "bfloat16", "int8"])
 def test_fused_step_is_batch_invariant(weights):
     """A row's logits are the same bits at batch 1 and at batch 13 (rows in blocks of four

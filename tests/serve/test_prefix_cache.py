@@ -143,10 +143,8 @@ def test_long_prompts_arriving_together_reuse_each_others_prefix(tiny_model):
     the first start from the shared prefix's state (they were all planned against an empty
     cache and all missed); the bytes are generate's."""
     from fastrwa.models import PackedLM
-    from fastrwa.serve.batcher import Engine
-    from fastrwa.serve.rows import DecoderRows
 
-    from .test_engine import TIMEOUT, expected, run_all
+    from .test_engine import run_checked
 
     packed = PackedLM(tiny_model)
     rng = random.Random(4)
@@ -154,11 +152,5 @@ def test_long_prompts_arriving_together_reuse_each_others_prefix(tiny_model):
     requests = [Completion(prompt=shared + bytes([i, 7, i]), max_tokens=3, seed=i)
                 for i in range(6)]
     cache = PrefixCache(1 << 24, every=100)
-    engine = Engine(DecoderRows(packed, 8, 256, cache), 256, prefill_chunk=64)
-    try:
-        jobs = run_all(engine, requests)
-    finally:
-        assert engine.close(timeout=TIMEOUT)
-    assert [bytes(job.generated) for job in jobs] == \
-        [expected(tiny_model, packed, req) for req in requests]
+    run_checked(tiny_model, packed, packed, requests, 8, cache, prefill_chunk=64)
     assert cache.queries == 6 and cache.hits >= 5, (cache.queries, cache.hits)
