@@ -386,15 +386,3 @@ def draw_each(logits: np.ndarray, B: int, V: int, temperatures: np.ndarray,
     how many did."""
     return sample_rows_each(logits, B, V, forbidden, temperatures, top_ks, top_ps, uniforms,
                             out, scratch)
-
-
-def sample(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None,
-           uniforms: torch.Tensor, forbidden: int) -> tuple[torch.Tensor, int]:
-    """``(ids (B,) int64, -1)``: one id per row of contiguous float32 CPU ``logits``
-    ``(B, V)`` drawn at ``uniforms`` ``(B,)`` (:func:`draw`), or ``(_, row)`` naming the
-    first row nothing can be drawn from."""
-    B, V = logits.shape
-    out = torch.empty(B, dtype=torch.int64)
-    bad = draw(flat(logits), B, V, temperature, top_k, top_p, uniforms.numpy(), forbidden,
-               out.numpy(), np.empty(V, dtype=np.float32))
-    return out, bad
