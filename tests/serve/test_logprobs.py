@@ -240,7 +240,8 @@ def test_metrics_histograms_count_every_byte():
     m = Metrics()
     m.observe_bytes(3, None)                # (a request's first release: no per-byte time)
     m.observe_bytes(4, 0.004)               # (4 bytes over 4 ms: 1 ms each)
-    m.finished("stop", first_byte_s=0.02)
+    m.first_byte_seen(0.02)
+    m.finished("stop")
     m.finished("refused")
     s = _samples(m.render(queued=2, active=3, capacity=8))
     assert s["fastrwa_generated_bytes_total"] == 7
