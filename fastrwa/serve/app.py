@@ -211,7 +211,7 @@ class App:
         except RequestError:
             self.metrics.finished("refused")
             raise
-        self.metrics.prompt_bytes += len(request.prompt)
+        self.metrics.prompt_tokens += len(request.prompt)
         scoring = None if request.logprobs is None else Scoring(
             self.model, request.logprobs, self.scoring)
         released = Pieces(job, scoring, self.metrics, arrived)

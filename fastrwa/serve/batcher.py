@@ -311,13 +311,16 @@ class Engine:
                 self.stats.notify_s += time.perf_counter() - t
 
     def _begin(self, job: Job) -> bool:
-        """Start prefilling ``job``'s prompt in pieces if it is longer than
-        ``prefill_chunk`` (True: it waits in ``_prefilling``, :meth:`_advance`)."""
+        """Start prefilling ``job``'s prompt in pieces if more than ``prefill_chunk`` of
+        its ids are to be prefilled (past its longest prefix in the prefix cache now; True:
+        it waits in ``_prefilling``, :meth:`_advance`)."""
         if self.prefill_chunk is None or job.cancelled \
                 or job.context.shape[1] <= self.prefill_chunk:
             return False
         t = time.perf_counter()
         try:
+            if self.rows.uncached(job.context) <= self.prefill_chunk:
+                return False
             self._prefilling.append((job, self.rows.begin(job.context)))
         except Exception:                   # (a defect: the prompt whole instead)
             log.exception("starting a prompt's prefill in pieces failed")

@@ -88,14 +88,9 @@ class PrefixCache:
         query, and a hit if it starts from a stored state (marked as used)."""
         n = len(key) // ID_BYTES
         shared = self._shared(key)
-        start, value = 0, None
-        for length in sorted((k for k in self._lengths if k <= shared * ID_BYTES),
-                             reverse=True):
-            found = self._entries.get(key[:length])
-            if found is not None:
-                self._entries.move_to_end(key[:length])
-                start, value = length // ID_BYTES, found[0]
-                break
+        start, value = self._longest(key, shared)
+        if value is not None:
+            self._entries.move_to_end(key[:start * ID_BYTES])
         cuts = {n} | set(range((start // self.every + 1) * self.every, n, self.every))
         if start < shared < n:
             cuts.add(shared)
@@ -104,6 +99,21 @@ class PrefixCache:
         self.ids_saved += start
         self.ids_prefilled += n - start
         return Plan(start, value, sorted(c for c in cuts if c > start))
+
+    def cached(self, key: bytes) -> int:
+        """How many ids of the prompt of ``key`` its longest stored prefix covers (0: none);
+        a look only (no query counted, nothing marked as used)."""
+        return self._longest(key, self._shared(key))[0]
+
+    def _longest(self, key: bytes, shared: int) -> tuple[int, Any]:
+        """The longest stored prefix of ``key`` no longer than ``shared`` ids: its length in
+        ids and its value (0 and ``None``: none)."""
+        for length in sorted((k for k in self._lengths if k <= shared * ID_BYTES),
+                             reverse=True):
+            found = self._entries.get(key[:length])
+            if found is not None:
+                return length // ID_BYTES, found[0]
+        return 0, None
 
     def _shared(self, key: bytes) -> int:
         """The most ids ``key`` shares with a stored key (its neighbours in order have it)."""

@@ -146,6 +146,14 @@ class DecoderRows:
         if plan.value is not None:
             pending.state, pending.logits = plan.value
 
+    def uncached(self, context: Tensor) -> int:
+        """How many ids of ``context`` ``(1, P)`` a prefill would run now: those past its
+        longest prefix in the prefix cache (all ``P`` without a cache)."""
+        n = context.shape[1]
+        if self.prefix_cache is None:
+            return n
+        return n - self.prefix_cache.cached(key_of(context[0].cpu().numpy()))
+
     def advance(self, pending: "Pending", budget: int) -> bool:
         """Prefill at most ``budget`` (>= 1) more ids of ``pending``; True when its prompt is
         all in, then it is the staged prompt (:meth:`draw_staged`, :meth:`place`). Its state
@@ -259,6 +267,7 @@ class PiecewiseRows(Protocol):
     engine's ``prefill_chunk``)."""
 
     def begin(self, context: Tensor) -> Pending: ...
+    def uncached(self, context: Tensor) -> int: ...
     def advance(self, pending: Pending, budget: int) -> bool: ...
 
 

@@ -219,7 +219,7 @@ def test_metrics_in_prometheus_text_format(server):
     outcomes = {o: gained[f'fastrwa_requests_total{{outcome="{o}"}}']
                 for o in ("stop", "length", "cancelled", "error", "refused")}
     assert outcomes["refused"] == 1 and outcomes["length"] + outcomes["stop"] == 2
-    assert gained["fastrwa_prompt_bytes_total"] == 4
+    assert gained["fastrwa_prompt_tokens_total"] == 4
     assert 5 < gained["fastrwa_generated_bytes_total"] <= 10
     assert gained["fastrwa_time_to_first_byte_seconds_count"] == 2
     assert gained['fastrwa_time_to_first_byte_seconds_bucket{le="+Inf"}'] == 2

@@ -31,6 +31,9 @@ def test_plan_finds_the_longest_stored_prefix_and_the_branch():
     assert cache.plan(key_of(range(23))) == (20, 20, [23])
     # (an id past a byte, BOS, differs from every byte: keys are ids, exact)
     assert cache.plan(key_of([256, 1])) == (0, None, [2])
+    # (a look, counting nothing: the ids the longest stored prefix covers)
+    assert [cache.cached(key_of(ids)) for ids in ([*range(11), 99], range(23), [7])] == \
+        [8, 20, 0]
     assert (cache.queries, cache.hits, cache.ids_saved) == (5, 3, 8 + 20 + 20)
 
 
@@ -114,7 +117,7 @@ def test_the_server_reuses_prompts_and_counts_it(server):
     assert texts[0] == texts[1]
     assert gained["fastrwa_prefix_cache_queries_total"] == 3
     assert gained["fastrwa_prefix_cache_hits_total"] >= 1
-    assert gained["fastrwa_prefix_cache_bytes_saved_total"] >= len(prompt)
+    assert gained["fastrwa_prefix_cache_tokens_saved_total"] >= len(prompt)
     assert after["fastrwa_prefix_cache_bytes"] > 0
 
 
@@ -154,3 +157,33 @@ def test_long_prompts_arriving_together_reuse_each_others_prefix(tiny_model):
     cache = PrefixCache(1 << 24, every=100)
     run_checked(tiny_model, packed, packed, requests, 8, cache, prefill_chunk=64)
     assert cache.queries == 6 and cache.hits >= 5, (cache.queries, cache.hits)
+
+
+def test_a_long_prompt_mostly_cached_is_not_held_behind_one_in_pieces(tiny_model):
+    """Whether a prompt is prefilled in pieces depends on the ids left to prefill after its
+    longest cached prefix, not on its length: a prompt longer than the chunk whose rest is
+    within it is prefilled whole at admission, not queued behind a long prompt being
+    prefilled in pieces; the bytes are generate's."""
+    from .test_engine import run_checked
+
+    packed = PackedLM(tiny_model)
+    rng = random.Random(5)
+    shared = bytes(rng.randrange(256) for _ in range(300))
+    cache = PrefixCache(1 << 24, every=100)
+    run_checked(tiny_model, packed, packed, [Completion(prompt=shared, max_tokens=1, seed=0)],
+                4, cache, prefill_chunk=64)
+    finished: list = []
+    engine = Engine(DecoderRows(packed, 4, 256, cache), 256, prefill_chunk=64,
+                    notify=lambda jobs: finished.extend(
+                        j.number for j in jobs if j.finish is not None and
+                        j.number not in finished))
+    requests = [Completion(prompt=bytes(rng.randrange(256) for _ in range(2000)),
+                           max_tokens=2, seed=1),
+                Completion(prompt=shared + b"?!", max_tokens=2, seed=2)]
+    try:
+        jobs = run_all(engine, requests)
+    finally:
+        assert engine.close(timeout=TIMEOUT)
+    assert [bytes(job.generated) for job in jobs] == \
+        [expected(tiny_model, packed, req) for req in requests]
+    assert finished == [jobs[1].number, jobs[0].number]
