@@ -163,20 +163,20 @@ def prefill_run(packed: PackedLM, prompts: list, cache_bytes: int) -> dict:
                 cache_bytes=cache.nbytes if cache is not None else 0)
 
 
-def burst_run(packed: PackedLM, prompt_tokens: int, n: int) -> dict:
-    """``n`` different prompts of ``prompt_tokens`` arriving at once, in process (the
+def burst_run(packed: PackedLM, prompt_bytes: int, n: int) -> dict:
+    """``n`` different prompts of ``prompt_bytes`` arriving at once, in process (the
     server's rows, no prefix cache): each one's first byte (prefill and first draw, ms from
     the burst's start) with the prompts prefilled one after another at batch 1 and together
     (``DecoderRows.prefill_many``), and the physical reference: one packed prefill of all of
     them at batch ``n`` and one decode step. The first bytes drawn must be the same."""
-    rng = random.Random(prompt_tokens)
-    contexts = [torch.tensor([[rng.randrange(32, 127) for _ in range(prompt_tokens)]])
+    rng = random.Random(prompt_bytes)
+    contexts = [torch.tensor([[rng.randrange(32, 127) for _ in range(prompt_bytes)]])
                 for _ in range(n)]
     greedy = [Sampling(GREEDY_TEMPERATURE, generator=torch.Generator().manual_seed(i))
               for i in range(n)]
     rows = make_rows(packed.model, packed, n, 0)
     rows.prefill_many(contexts[:2])                     # (warm)
-    out: dict = dict(prompt_tokens=prompt_tokens, prompts=n)
+    out: dict = dict(prompt_bytes=prompt_bytes, prompts=n)
     drawn = {}
     for way in ("one_by_one", "together"):
         began, firsts, drawn[way] = time.perf_counter(), [], []
@@ -201,10 +201,10 @@ def burst_run(packed: PackedLM, prompt_tokens: int, n: int) -> dict:
     return out
 
 
-def stall_run(packed: PackedLM, chunk: int | None, prompt_tokens: int = 4096,
+def stall_run(packed: PackedLM, chunk: int | None, prompt_bytes: int = 4096,
               long_prompts: int = 4, streams: int = 8) -> dict:
     """How long ``streams`` running streams wait between two of their bytes while
-    ``long_prompts`` prompts of ``prompt_tokens`` arrive, in process (the server's engine
+    ``long_prompts`` prompts of ``prompt_bytes`` arrive, in process (the server's engine
     and rows, no HTTP, no prefix cache), with ``prefill_chunk`` ``chunk`` (``None``: each
     prompt whole): the longest gap between two steps' hand-overs, and the median."""
     rows = make_rows(packed.model, packed, streams + long_prompts, 0)
@@ -219,7 +219,7 @@ def stall_run(packed: PackedLM, chunk: int | None, prompt_tokens: int = 4096,
             time.sleep(0.001)
         began = time.perf_counter()
         longs = [engine.submit(Completion(prompt=bytes(rng.randrange(32, 127)
-                                                       for _ in range(prompt_tokens)),
+                                                       for _ in range(prompt_bytes)),
                                           max_tokens=1, seed=i)) for i in range(long_prompts)]
         for job in longs:
             job.done.wait(600)
@@ -230,7 +230,7 @@ def stall_run(packed: PackedLM, chunk: int | None, prompt_tokens: int = 4096,
         engine.close(drain=False, timeout=60)
     gaps = [b - a for a, b in zip(marks, marks[1:]) if b > began and a < ended] \
         or [ended - began]
-    return dict(chunk=chunk, prompt_tokens=prompt_tokens, long_prompts=long_prompts,
+    return dict(chunk=chunk, prompt_bytes=prompt_bytes, long_prompts=long_prompts,
                 streams=streams, burst_s=ended - began, max_gap_ms=1e3 * max(gaps),
                 median_gap_ms=1e3 * statistics.median(gaps))
 
@@ -240,7 +240,7 @@ def print_bursts(bursts: list) -> None:
     print(f"{'burst':>16} {'one by one (median, max) ms':>28} {'together (median, max) ms':>27} "
           f"{'1 forward + 1 step ms':>22} {'max / it':>8}")
     for b in bursts:
-        print(f"{b['prompts']:>3} x {b['prompt_tokens']:>5} bytes "
+        print(f"{b['prompts']:>3} x {b['prompt_bytes']:>5} bytes "
               f"{b['one_by_one']['median_ms']:>14.1f}, {b['one_by_one']['max_ms']:>11.1f} "
               f"{b['together']['median_ms']:>13.1f}, {b['together']['max_ms']:>11.1f} "
               f"{b['reference_ms']:>22.1f} {b['max_over_reference']:>7.2f}x")
@@ -255,7 +255,7 @@ def stall_runs(packed: PackedLM, args: argparse.Namespace) -> list:
 def print_stalls(stalls: list) -> None:
     """The table of :func:`stall_runs`' results."""
     for r in stalls:
-        print(f"{r['long_prompts']} prompts of {r['prompt_tokens']} bytes arriving while "
+        print(f"{r['long_prompts']} prompts of {r['prompt_bytes']} bytes arriving while "
               f"{r['streams']} streams run, prefill chunk {r['chunk'] or 'none (whole)'}: "
               f"the streams' longest wait between steps {r['max_gap_ms']:.0f} ms (median "
               f"{r['median_gap_ms']:.1f} ms), the prompts in after {r['burst_s']:.2f} s")

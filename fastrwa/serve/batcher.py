@@ -1,7 +1,8 @@
 """The continuous-batching engine: one thread owns the model's rows (:mod:`.rows`) and loops
 
     admit waiting jobs into free rows (each prompt prefilled alone, its first byte drawn;
-        a prompt longer than ``prefill_chunk`` a chunk a loop, then admitted)
+        a prompt with more than ``prefill_chunk`` ids left to prefill after its longest
+        cached prefix: a chunk a loop, then admitted)
     drop the rows of jobs done or cancelled (the last row moves into the hole)
     one decode step over the rows in flight, then every row's draw in one call, each
         from its own settings and generator
@@ -177,8 +178,9 @@ class Engine:
         object with its methods, ``capacity`` and ``tokens``; ``device``, where draws are
         made, is CPU if it has none);
         ``bos_token``: what an empty prompt starts from; ``max_queue`` >= 0;
-        ``prefill_chunk``: a prompt longer than this is prefilled this many ids a loop,
-        between the decode steps (shorter ones whole at admission; rows that can:
+        ``prefill_chunk``: a prompt with more ids than this left to prefill (after its
+        longest cached prefix) is prefilled this many ids a loop, between the decode steps
+        (the others whole at admission; rows that can:
         :class:`~fastrwa.serve.rows.PiecewiseRows`; ``None``: each prompt whole)."""
         if max_queue < 0:
             raise ValueError(f"max_queue must be 0 or more, got {max_queue}")
@@ -319,7 +321,8 @@ class Engine:
             return False
         t = time.perf_counter()
         try:
-            if self.rows.uncached(job.context) <= self.prefill_chunk:
+            uncached = getattr(self.rows, "uncached", None)     # (optional: PiecewiseRows)
+            if uncached is not None and uncached(job.context) <= self.prefill_chunk:
                 return False
             self._prefilling.append((job, self.rows.begin(job.context)))
         except Exception:                   # (a defect: the prompt whole instead)

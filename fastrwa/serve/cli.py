@@ -68,9 +68,10 @@ def parser() -> argparse.ArgumentParser:
                         f"{PREFIX_CACHE_MB:g}; 0: none). Used with the fused CPU decoder "
                         "only (the others' prefill depends on where a prompt is cut)")
     p.add_argument("--prefill-chunk", type=int, default=PREFILL_CHUNK,
-                   help="a prompt longer than this many ids is prefilled this many a step, "
+                   help="a prompt with more than this many ids to prefill (past its "
+                        "longest prefix in the prefix cache) is prefilled this many a step, "
                         "between the running streams' steps, so they do not wait for its "
-                        "whole prefill (shorter prompts are prefilled whole at admission) "
+                        "whole prefill (other prompts are prefilled whole at admission) "
                         f"(default {PREFILL_CHUNK}; 0: each prompt whole; with the fused CPU "
                         "decoder, the same bytes)")
     add_threads(p)

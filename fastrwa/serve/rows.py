@@ -264,10 +264,10 @@ class Pending:
 @runtime_checkable
 class PiecewiseRows(Protocol):
     """Rows that prefill a prompt in pieces across steps (:class:`DecoderRows`: the
-    engine's ``prefill_chunk``)."""
+    engine's ``prefill_chunk``). Optional: ``uncached(context) -> int``, the ids a prefill
+    of ``context`` would run now (past a cached prefix); without it, the prompt's length."""
 
     def begin(self, context: Tensor) -> Pending: ...
-    def uncached(self, context: Tensor) -> int: ...
     def advance(self, pending: Pending, budget: int) -> bool: ...
 
 

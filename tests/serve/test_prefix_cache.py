@@ -173,6 +173,7 @@ def test_a_long_prompt_mostly_cached_is_not_held_behind_one_in_pieces(tiny_model
     run_checked(tiny_model, packed, packed, [Completion(prompt=shared, max_tokens=1, seed=0)],
                 4, cache, prefill_chunk=64)
     finished: list = []
+    hits = cache.hits
     engine = Engine(DecoderRows(packed, 4, 256, cache), 256, prefill_chunk=64,
                     notify=lambda jobs: finished.extend(
                         j.number for j in jobs if j.finish is not None and
@@ -187,3 +188,4 @@ def test_a_long_prompt_mostly_cached_is_not_held_behind_one_in_pieces(tiny_model
     assert [bytes(job.generated) for job in jobs] == \
         [expected(tiny_model, packed, req) for req in requests]
     assert finished == [jobs[1].number, jobs[0].number]
+    assert cache.hits == hits + 1           # (the second, from the state after `shared`)
