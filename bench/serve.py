@@ -17,7 +17,9 @@ default: the default ``ByteLM``, d_model 256 x 4 blocks, its float32 fused CPU d
   bytes over its time from request to ``[DONE]``; median);
 * where the server's time goes in each run (its ``/stats``): the decode step, the draws,
   the prompts' prefill, the hand-over to the event loop, and the rest of the wall time
-  (the event loop's HTTP work and waits for the GIL; the client shares the machine too).
+  (the event loop's HTTP work and waits for the GIL; the client shares the machine too:
+  ``--server-cpus`` and ``--client-cpus`` put the server and ``generate`` on some CPUs, as
+  many threads, and the client on others, where the machine has enough of them).
 
 * the prefix cache (``--prefix-cache-mb``, in process: the server's rows, each prompt's
   prefill and first draw one after another): a ``--prefix``-byte shared prefix (4,096) asked
@@ -39,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -50,6 +53,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from typing import Optional
 
 import torch
 
@@ -115,10 +119,28 @@ def fetch(port: int, path: str) -> dict:
         return json.loads(r.read())
 
 
-def serve_run(port: int, streams: int, n_bytes: int) -> dict:
-    before = fetch(port, "/stats")
-    results = asyncio.run(_gather(port, streams, n_bytes))
-    after = fetch(port, "/stats")
+@contextlib.contextmanager
+def pinned(cpus: Optional[list]):
+    """This thread on ``cpus`` (``None``: as it is) for the block: the client of
+    ``--client-cpus`` (Linux: a thread's own affinity; threads started in the block inherit
+    it)."""
+    if not cpus:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+def serve_run(port: int, streams: int, n_bytes: int, client_cpus: Optional[list] = None) -> dict:
+    """``streams`` streams of ``n_bytes`` from the client (on ``client_cpus``, if given)."""
+    with pinned(client_cpus):
+        before = fetch(port, "/stats")
+        results = asyncio.run(_gather(port, streams, n_bytes))
+        after = fetch(port, "/stats")
     began = min(r["sent"] for r in results)
     wall = max(r["end"] for r in results) - began
     total = sum(r["bytes"] for r in results)
@@ -287,11 +309,19 @@ def prefix_cache_runs(packed: PackedLM, prefix: int, questions: int, shares: lis
 class Server:
     """``python -m fastrwa.serve DIR --port 0`` in a subprocess."""
 
-    def __init__(self, directory: str, capacity: int, weights: str):
+    def __init__(self, directory: str, capacity: int, weights: str,
+                 cpus: Optional[list] = None):
+        """``cpus``: the CPUs the server runs on (as many threads), ``None``: any. (A child
+        runs where the thread that starts it may: main() pins itself to them first.)"""
+        threads = ["--threads", str(len(cpus))] if cpus else []
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "fastrwa.serve", directory, "--port", "0", "--max-batch",
-             str(capacity), "--weights", weights, "--max-tokens-limit", "1000000"],
+             str(capacity), "--weights", weights, "--max-tokens-limit", "1000000", *threads],
             stdout=subprocess.PIPE, cwd=ROOT, text=True)
+        if cpus and os.sched_getaffinity(self.proc.pid) != set(cpus):
+            self.proc.kill()
+            raise RuntimeError(f"the server runs on CPUs {os.sched_getaffinity(self.proc.pid)}"
+                               f", not {cpus}")
         found: list = []
         reader = threading.Thread(target=lambda: found.append(self.proc.stdout.readline()))
         reader.start()
@@ -336,9 +366,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prefill-only", action="store_true",
                    help="only the in-process prefill runs: the prefix cache's and the "
                         "bursts' (no server, no generate)")
+    p.add_argument("--server-cpus", type=int_list(0), default=None,
+                   help="CPUs (comma-separated) of the server and of generate, with as many "
+                        "threads; with --client-cpus, the HTTP client runs on others "
+                        "(default: both anywhere, the two sharing the machine's cores)")
+    p.add_argument("--client-cpus", type=int_list(0), default=None,
+                   help="CPUs of the HTTP client (with --server-cpus, none in common)")
     add_out(p, "serve", "serve.json")
     p.add_argument("--quick", action="store_true", help="a tiny model, a few bytes (CI)")
     args = p.parse_args(argv)
+    check_cpus(p, args.server_cpus, args.client_cpus)
     small = [f"--{n.replace('_', '-')}" for n in ("d_model", "layers", "bytes", "streams", "rounds",
                                                   "prefix", "questions")
              if smaller(getattr(args, n), p.get_default(n))]
@@ -347,6 +384,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.prefix, args.questions, args.burst_bytes = 512, 4, [16]
     check_out(p, args, "serve", small=small)
     return args
+
+
+def check_cpus(p: argparse.ArgumentParser, server: Optional[list],
+               client: Optional[list]) -> None:
+    """``--server-cpus`` and ``--client-cpus``: both or neither, apart, each CPU one this
+    process may run on (Linux)."""
+    if (server is None) != (client is None):
+        p.error("argument --server-cpus and --client-cpus: give both or neither")
+    if server is None:
+        return
+    if not hasattr(os, "sched_setaffinity"):
+        p.error("argument --server-cpus: CPU affinity is not available on this system")
+    allowed = os.sched_getaffinity(0)
+    for flag, cpus in (("--server-cpus", server), ("--client-cpus", client)):
+        if not set(cpus) <= allowed:
+            p.error(f"argument {flag}: CPUs {sorted(set(cpus) - allowed)} are not among the "
+                    f"{len(allowed)} this process may run on ({sorted(allowed)})")
+    if set(server) & set(client):
+        p.error(f"argument --client-cpus: shares CPUs {sorted(set(server) & set(client))} "
+                f"with --server-cpus")
 
 
 def print_prefix(prefix: dict, mb: float) -> None:
@@ -368,6 +425,9 @@ def print_prefix(prefix: dict, mb: float) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.server_cpus:        # (generate, and every thread started from here, on them)
+        os.sched_setaffinity(0, args.server_cpus)
+        torch.set_num_threads(len(args.server_cpus))
     torch.manual_seed(0)
     config = LMConfig(d_model=args.d_model, n_layers=args.layers)
     model = ByteLM(config).eval()
@@ -393,14 +453,15 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict = {n: [] for n in args.streams}
     with tempfile.TemporaryDirectory() as directory:
         model.save_pretrained(directory)
-        server = Server(directory, big, args.weights)
+        server = Server(directory, big, args.weights, args.server_cpus)
         try:
-            serve_run(server.port, 1, 8)                         # (warm-up)
+            serve_run(server.port, 1, 8, args.client_cpus)          # (warm-up)
             for _ in range(args.rounds):     # interleaved: the machine's load changes
                 for b in gen_batches:
                     rates[b].append(generate_rate(packed, b, args.bytes))
                 for streams in args.streams:
-                    runs[streams].append(serve_run(server.port, streams, args.bytes))
+                    runs[streams].append(serve_run(server.port, streams, args.bytes,
+                                                   args.client_cpus))
         finally:
             code = server.stop()
     prefix = prefix_cache_runs(packed, args.prefix, args.questions, args.shares,
@@ -411,6 +472,7 @@ def main(argv: list[str] | None = None) -> int:
     result = dict(config=config.to_dict(), weights=args.weights, bytes=args.bytes,
                   rounds=args.rounds, torch=torch.__version__, cpu_count=os.cpu_count(),
                   threads=torch.get_num_threads(), server_exit=code,
+                  server_cpus=args.server_cpus, client_cpus=args.client_cpus,
                   generate={str(b): rates[b] for b in gen_batches},
                   serve={str(n): runs[n] for n in args.streams},
                   ratios_to_generate=ratios, ratio_median=statistics.median(ratios),
@@ -420,7 +482,9 @@ def main(argv: list[str] | None = None) -> int:
     save_json(args.out / "serve.json", result)
     print(f"d_model {args.d_model} x {args.layers}, {args.weights}, {args.bytes} bytes a "
           f"stream, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs, "
-          f"{args.rounds} interleaved rounds")
+          f"{args.rounds} interleaved rounds"
+          + (f"; server and generate on CPUs {args.server_cpus}, the client on "
+             f"{args.client_cpus}" if args.server_cpus else ""))
     for b in gen_batches:
         print(f"generate batch {b:>3}: " + ", ".join(f"{r:,.0f}" for r in rates[b])
               + " bytes/s")
