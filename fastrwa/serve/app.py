@@ -273,15 +273,16 @@ class App:
         await send({"type": "http.response.start", "status": 200,
                     "headers": list(responses.STREAM_HEADERS)})
         head = self._head(job)
+        events = responses.ChunkEvents(head)
         async for text, finish, logprobs in released:
             if finish == "cancelled":
                 return
             if finish == "error":
                 if text:            # (what was released before the error: sent first)
-                    await _send_event(send, responses.chunk(head, text, None, logprobs))
+                    await _send_body(send, events(text, None, logprobs))
                 await _send_event(send, responses.generation_failed(job.error).body())
             elif text or finish is not None or (logprobs and logprobs["tokens"]):
-                await _send_event(send, responses.chunk(head, text, finish, logprobs))
+                await _send_body(send, events(text, finish, logprobs))
                 if finish is not None and job.request.include_usage:
                     await _send_event(send, responses.usage_chunk(head, self._usage(job)))
         await send({"type": "http.response.body", "body": responses.DONE, "more_body": False})
@@ -428,6 +429,10 @@ async def _send_json(send, status: int, body: dict, headers: Optional[dict] = No
     await send({"type": "http.response.body", "body": data})
 
 
-async def _send_event(send, chunk: dict) -> None:
-    await send({"type": "http.response.body", "body": responses.event(chunk),
-                "more_body": True})
+async def _send_event(send, body: dict) -> None:
+    await _send_body(send, responses.event(body))
+
+
+async def _send_body(send, data: bytes) -> None:
+    """One more piece of a streamed answer (``data``: an event)."""
+    await send({"type": "http.response.body", "body": data, "more_body": True})

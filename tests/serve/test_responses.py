@@ -8,6 +8,8 @@ import asyncio
 import threading
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fastrwa.serve import responses
 from fastrwa.serve.app import Released
@@ -26,6 +28,27 @@ def test_completion_and_chunks_are_openais_bytes():
     assert responses.encode(responses.usage_chunk(HEAD, usage)) == START + (
         b'"choices":[],"usage":{"prompt_tokens":2,"completion_tokens":3,"total_tokens":5}}')
     assert responses.DONE == b"data: [DONE]\n\n"
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.text(), finish=st.sampled_from([None, "stop", "length"]),
+       model=st.text(min_size=1, max_size=8))
+def test_pre_encoded_chunk_events_are_the_chunks_bytes(text, finish, model):
+    # (any text: escapes, lone surrogates, non-ASCII; the head's model too)
+    head = responses.Head("cmpl-9", created=1700000001, model=model)
+    events = responses.ChunkEvents(head)
+    assert events(text, finish) == responses.event(responses.chunk(head, text, finish))
+    assert events(text, finish) == events(text, finish)        # (the tails kept are right)
+
+
+def test_pre_encoded_chunk_events_on_the_wire():
+    events = responses.ChunkEvents(HEAD)
+    assert events("\u20ac\n", "length") == b"data: " + START + (
+        b'"choices":[{"text":"\\u20ac\\n","index":0,"logprobs":null,'
+        b'"finish_reason":"length"}]}\n\n')
+    scored = responses.logprobs([104], [-0.5], [[105]], [[-0.25]], [0])
+    assert events("h", None, scored) == responses.event(
+        responses.chunk(HEAD, "h", None, scored))
 
 
 def test_errors_have_openais_shape():
