@@ -85,16 +85,53 @@ MAX_WARPS, MAX_BLOCKS = 64, 32   # resident an SM (cc 9.0)
 
 
 @dataclasses.dataclass(frozen=True)
+class Latency:
+    """A global load's latency as DRAM fills up (ns): ``light_ns`` up to ``light_at`` of the
+    card's peak DRAM throughput ``peak_bw`` (bytes/s), rising in a straight line through
+    ``loaded_ns`` at ``loaded_at``; the two points are profiler readings (:data:`CARDS`).
+    ``loaded_ns == light_ns``: a fixed latency (the model before 2026-12-06)."""
+    light_ns: float
+    light_at: float = 0.0
+    loaded_ns: float | None = None
+    loaded_at: float = 1.0
+    peak_bw: float = 0.0
+
+    def at(self, u: float) -> float:
+        """The latency (ns) at ``u``, the fraction of ``peak_bw`` a launch moves."""
+        if self.loaded_ns is None or u <= self.light_at:
+            return self.light_ns
+        slope = (self.loaded_ns - self.light_ns) / (self.loaded_at - self.light_at)
+        return self.light_ns + slope * (min(u, 1.0) - self.light_at)
+
+    @property
+    def fixed(self) -> bool:
+        return self.loaded_ns is None or self.loaded_ns == self.light_ns
+
+
+@dataclasses.dataclass(frozen=True)
 class Card:
     name: str
     sms: int
     clock_hz: float           # the SM clock the timed rows ran at (not recorded: max boost)
-    latency_ns: float         # DRAM load latency
+    latency_ns: float         # DRAM load latency, lightly loaded (Latency.light_ns)
     record: str | None        # the timed rows (bench/results/gpu/...)
     source: str | None        # the git commit whose kernels the card ran (None: working tree)
     ncu: str | None = None    # Nsight Compute output of the same run (kernel durations)
     ncu_clock_hz: float = 0.0
     notes: str = ""
+    peak_bw: float = 0.0              # DRAM bytes/s, the datasheet's (0: latency fixed)
+    light_at: float = 0.0             # the DRAM throughput (of peak) latency_ns was read at
+    loaded_ns: float | None = None    # a load's latency at loaded_at of peak (None: fixed)
+    loaded_at: float = 1.0
+
+    def latency(self, light_ns: float | None = None, fixed: bool = False) -> Latency:
+        """The card's :class:`Latency` (``light_ns``: another light-load latency, the line
+        moved with it; ``fixed``: ``light_ns`` whatever the load)."""
+        light = light_ns or self.latency_ns
+        if fixed or self.loaded_ns is None:
+            return Latency(light)
+        return Latency(light, self.light_at, self.loaded_ns + light - self.latency_ns,
+                       self.loaded_at, self.peak_bw)
 
 
 CARDS = {
@@ -108,10 +145,19 @@ CARDS = {
     # docs/benchmarks.md, "H100,
     # 2026-11-27 (second loan)": "The kernels are those of commit 596ded5". Triton 3.6.0 ran
     # there (the record's "triton"); --python compiles with another Triton.
+    #
+    # Under load a load waits longer (queues at the memory controllers): the same profile's
+    # forward, at 68% of peak DRAM throughput (Nsight Compute's "DRAM Throughput"), issued
+    # an instruction every 2.59 cycles, which the replay gives at 785 ns (750: 2.54, 800:
+    # 2.61). The latency is taken as a line through the two readings (26%: 500 ns; 68%: 785
+    # ns), flat below 26%; each launch's throughput is its bytes over its predicted time
+    # against the datasheet's peak (3.35 TB/s, NVIDIA H100 SXM5 datasheet), solved with the
+    # latency it gives (:func:`terms`). Two profiler readings, not the timed rows.
     "h100": Card("NVIDIA H100 80GB HBM3", 132, 1.98e9, 500.0,
                  "bench/results/gpu/2026-11-27-fixed/gpu-nvidia-h100-80gb-hbm3.json", "596ded5",
                  ncu="bench/results/gpu/2026-11-27-fixed/ncu-nvidia-h100-80gb-hbm3.txt",
-                 ncu_clock_hz=1.60e9),
+                 ncu_clock_hz=1.60e9, peak_bw=3.35e12, light_at=0.2618, loaded_ns=785.0,
+                 loaded_at=0.6812),
     # H200: 132 SMs, same SM and clock as the H100 SXM5 (NVIDIA H200 datasheet); its record
     # (2026-11-26) timed the kernels before one column a thread, so it gives the copy
     # bandwidth of that card and nothing to compare the current kernels with.
@@ -145,6 +191,7 @@ class Knobs:
     max_registers: int = 255
     lookahead: int | None = None       # None: triton_host.backward_lookahead; 0/1 force it
     depth: int = 1                     # chunks a load runs ahead (what-if: see --candidates)
+    forward_lookahead: int = 1         # the forward kernel's LOOKAHEAD (a build: 1 or 2)
 
 
 def default_knobs() -> Knobs:
@@ -152,7 +199,8 @@ def default_knobs() -> Knobs:
     o = tb.Options()
     return Knobs(o.block_t, o.block_d, o.block_d_backward, o.warps, o.warps_backward, o.stages,
                  o.segment_chunks, tb.PROGRAMS_PER_SM, tb.SEGMENT_PROGRAMS_PER_SM,
-                 tb.MIN_SEGMENT_CHUNKS, tb.MAX_REGISTERS)
+                 tb.MIN_SEGMENT_CHUNKS, tb.MAX_REGISTERS,
+                 forward_lookahead=o.forward_lookahead)
 
 
 def cdiv(a: int, b: int) -> int:
@@ -192,6 +240,7 @@ class Launch:
     bytes: int                # DRAM bytes read + written
     chunk_load_bytes: int     # bytes a program loads an iteration
     depth: int                # iterations a load is issued ahead of its use (0: at use)
+    ahead: int = 1            # chunks the build itself loads ahead (the forward's LOOKAHEAD)
 
 
 def lookahead(ATTN: int, k: Knobs) -> int:
@@ -203,10 +252,13 @@ def lookahead(ATTN: int, k: Knobs) -> int:
 
 
 def plan(op: str, shape, dtype: str, algorithm: str, pass_: str, k: Knobs, sms: int,
-         source_has_lookahead: bool = True) -> list[Launch]:
+         source_has_lookahead: bool = True,
+         source_has_forward_lookahead: bool = True) -> list[Launch]:
     """The launches of ``pass_`` ("fwd": the forward without autograd; "fwd+bwd": the
     forward that saves its chunk states, then the backward), as fastrwa/ops/triton_host.py
-    makes them."""
+    makes them. ``source_has_*``: the kernels compiled have the backward's (the forward's)
+    ``LOOKAHEAD`` constexpr; older sources have not (one chunk ahead in the forward, none in
+    the backward)."""
     B, T, D = shape
     spec = OPS[op]
     s, n_in = ITEMSIZE[dtype], spec["inputs"]
@@ -223,13 +275,16 @@ def plan(op: str, shape, dtype: str, algorithm: str, pass_: str, k: Knobs, sms: 
                   SAVE_CHUNKS=save, IS_VARLEN=False, BT=BT, BD=BD)
     fload = n_in * BT * BD * s
     common = dict(dtype=dtype, stages=k.stages, maxnreg=k.max_registers)
+    fahead = 1
+    if source_has_forward_lookahead:
+        fconst["LOOKAHEAD"] = fahead = k.forward_lookahead
     if algorithm == "looped":
         out.append(Launch(f"fwd[one_pass{',save' if save else ''}]", "scan_fwd.fwd_kernel",
                           _items(fconst, PHASE=0, HAS_INIT=False, STORE_FINAL=save, CPS=1),
                           (("T", T), ("NS", B), ("NCT", rows), ("NSEG", B)),
                           warps=k.warps, programs=B * n_d, iterations=cdiv(T, BT),
                           bytes=(n_in + 1) * E * s + save * (rows * state + B * state),
-                          chunk_load_bytes=fload, depth=k.depth, **common))
+                          chunk_load_bytes=fload, depth=k.depth, ahead=fahead, **common))
     else:
         cps = segment_chunks(B, D, T, k, sms)
         nseg = B * max(1, cdiv(cdiv(T, BT), cps))
@@ -238,7 +293,7 @@ def plan(op: str, shape, dtype: str, algorithm: str, pass_: str, k: Knobs, sms: 
                           _items(fconst, PHASE=1, HAS_INIT=False, STORE_FINAL=False), ints,
                           warps=k.warps, programs=nseg * n_d, iterations=cps,
                           bytes=n_in * E * s + 4 * nseg * D * 4, chunk_load_bytes=fload,
-                          depth=k.depth, **common))
+                          depth=k.depth, ahead=fahead, **common))
         out.append(Launch("fwd_carry", "scan_fwd.fwd_carry_kernel",
                           _items(dict(D=D, IS_VARLEN=False, BT=BT, BD=BD), HAS_INIT=False,
                                  STORE_FINAL=save),
@@ -250,7 +305,7 @@ def plan(op: str, shape, dtype: str, algorithm: str, pass_: str, k: Knobs, sms: 
                           _items(fconst, PHASE=2, HAS_INIT=False, STORE_FINAL=False), ints,
                           warps=k.warps, programs=nseg * n_d, iterations=cps,
                           bytes=(n_in + 1) * E * s + 3 * nseg * D * 4 + save * rows * state,
-                          chunk_load_bytes=fload, depth=k.depth, **common))
+                          chunk_load_bytes=fload, depth=k.depth, ahead=fahead, **common))
     if not save:
         return out
     # backward
@@ -561,6 +616,7 @@ class Terms:
     inflight_kib: float       # bytes in flight an SM (KiB)
     need_kib: float           # latency x bandwidth an SM (KiB)
     cpi: float                # one warp's cycles an instruction in the loop (C / N)
+    latency_ns: float = 0.0   # the load latency the terms were taken at
 
     @property
     def time(self) -> float:
@@ -582,8 +638,35 @@ def resident(regs: int, warps: int) -> int:
 
 
 def terms(launch: Launch, c: Counted, card: Card, bandwidth: float, clock_hz: float,
-          latency_ns: float) -> Terms:
-    """The five terms of one launch, in seconds (module docstring)."""
+          latency: float | Latency) -> Terms:
+    """The five terms of one launch, in seconds (module docstring), with a load's latency
+    ``latency`` (ns), or where it is a :class:`Latency`, the latency its DRAM throughput
+    gives: the fixed point of latency -> time -> throughput -> latency (one, since a longer
+    latency only lengthens the time and so lowers the throughput; found by bisection)."""
+    if not isinstance(latency, Latency):
+        return _terms(launch, c, card, bandwidth, clock_hz, latency)
+    if latency.fixed or not latency.peak_bw:
+        return _terms(launch, c, card, bandwidth, clock_hz, latency.light_ns)
+
+    def throughput(ns: float) -> tuple[float, Terms]:
+        t = _terms(launch, c, card, bandwidth, clock_hz, ns)
+        return launch.bytes / (t.time * latency.peak_bw), t
+
+    lo, hi = latency.light_ns, latency.at(1.0)
+    u, t = throughput(lo)
+    if latency.at(u) <= lo:         # (light load: the light latency)
+        return t
+    for _ in range(14):             # (the line's span in 1/16384ths: under 0.05 ns)
+        mid = (lo + hi) / 2
+        if latency.at(throughput(mid)[0]) > mid:
+            lo = mid
+        else:
+            hi = mid
+    return throughput((lo + hi) / 2)[1]
+
+
+def _terms(launch: Launch, c: Counted, card: Card, bandwidth: float, clock_hz: float,
+           latency_ns: float) -> Terms:
     load_cycles = latency_ns * 1e-9 * clock_hz
     R = resident(c.regs, launch.warps)
     p = min(R, cdiv(launch.programs, card.sms))
@@ -603,12 +686,13 @@ def terms(launch: Launch, c: Counted, card: Card, bandwidth: float, clock_hz: fl
     else:
         cyc = replay(c.body, load_cycles)
     chain = waves * (n * cyc + overhead) / clock_hz
-    little = waves * n * latency_ns * 1e-9 / max(1, launch.depth)
+    # (in flight: the what-if depth times the chunks the build itself loads ahead)
+    little = waves * n * latency_ns * 1e-9 / (max(1, launch.depth) * launch.ahead)
     dram = launch.bytes / bandwidth
-    inflight = p * max(1, launch.depth) * launch.chunk_load_bytes / 1024
+    inflight = p * max(1, launch.depth) * launch.ahead * launch.chunk_load_bytes / 1024
     need = latency_ns * 1e-9 * bandwidth / card.sms / 1024
     return Terms(issue, mufu, chain, little, dram, p, w, waves, inflight, need,
-                 cyc / max(1, c.instr))
+                 cyc / max(1, c.instr), latency_ns)
 
 
 # ---------------------------------------------------------------------------- records
@@ -659,11 +743,12 @@ def ncu_kernels(path: pathlib.Path) -> list[dict]:
 # ---------------------------------------------------------------------------- reports
 
 def predict(rows: list[tuple], card: Card, knobs: Knobs, source: str | None, python: str,
-            latency_ns: float, clock_hz: float) -> list[dict]:
+            latency_ns: "float | Latency", clock_hz: float) -> list[dict]:
     """``rows``: ``(op, shape, dtype, algorithm, pass, bandwidth, measured_ms or None)``;
     returns each with its launches' terms and the predicted ms."""
     has_la = _source_has_lookahead(source)
-    plans = [plan(op, shape, dt, alg, ps, knobs, card.sms, has_la)
+    has_fla = _source_has_lookahead(source, "scan_fwd.py")
+    plans = [plan(op, shape, dt, alg, ps, knobs, card.sms, has_la, has_fla)
              for op, shape, dt, alg, ps, _, _ in rows]
     compiled = compile_all([l for p in plans for l in p], source, python)
     out = []
@@ -678,9 +763,9 @@ def predict(rows: list[tuple], card: Card, knobs: Knobs, source: str | None, pyt
     return out
 
 
-def _source_has_lookahead(source: str | None) -> bool:
+def _source_has_lookahead(source: str | None, module: str = "scan_bwd.py") -> bool:
     folder, package = materialise(source)
-    return "LOOKAHEAD" in (folder / package / "triton" / "scan_bwd.py").read_text()
+    return "LOOKAHEAD" in (folder / package / "triton" / module).read_text()
 
 
 def table(results: list[dict], title: str) -> str:
@@ -733,7 +818,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--source", default="record",
                    help="kernel source: 'record' (the commit the card ran, where known), "
                         "'worktree', or a git commit")
-    p.add_argument("--latency-ns", type=float, default=None, help="DRAM latency (ns)")
+    p.add_argument("--latency-ns", type=float, default=None,
+                   help="DRAM latency under light load (ns; the loaded line moves with it)")
+    p.add_argument("--fixed-latency", action="store_true",
+                   help="one latency whatever the DRAM throughput (the model before "
+                        "2026-12-06)")
     p.add_argument("--clock-ghz", type=float, default=None, help="SM clock of the timed rows")
     p.add_argument("--ncu", action="store_true",
                    help="also the Nsight Compute kernels of the record, at their own clock")
@@ -747,12 +836,14 @@ def main(argv: list[str] | None = None) -> int:
         json.dump(_worker(json.loads(sys.stdin.read())), sys.stdout)
         return 0
     card = CARDS[args.card]
-    latency = args.latency_ns or card.latency_ns
+    latency = card.latency(args.latency_ns, args.fixed_latency)
     clock = (args.clock_ghz * 1e9) if args.clock_ghz else card.clock_hz
     source = {"record": card.source, "worktree": None}.get(args.source, args.source)
     knobs = default_knobs()
+    loaded = "" if latency.fixed else (f" ({latency.loaded_ns:.0f} ns at "
+                                       f"{100 * latency.loaded_at:.0f}% of peak DRAM)")
     print(f"{card.name}: {card.sms} SMs, clock {clock / 1e9:.2f} GHz, DRAM latency "
-          f"{latency:.0f} ns, kernels of {source or 'the working tree'}, record {card.record}"
+          f"{latency.light_ns:.0f} ns{loaded}, kernels of {source or 'the working tree'}, record {card.record}"
           + (f" ({card.notes})" if card.notes else ""))
     rows = record_rows(card)
     if args.rows == "brief":
@@ -779,7 +870,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def ncu_report(card: Card, knobs: Knobs, source, python: str, latency: float) -> str:
+def ncu_report(card: Card, knobs: Knobs, source, python: str, latency: "float | Latency") -> str:
     """The profiled kernels (bench/gpu_ncu.py: rda-exp 16x4096x1024 float32, forward that
     saves, then backward), predicted at the clock Nsight Compute held them at."""
     kernels = ncu_kernels(ROOT / card.ncu)
@@ -803,7 +894,8 @@ CANDIDATE_SHAPES = [((16, 4096, 1024), "looped"), ((8, 16384, 2048), "looped"),
                     ((1, 1 << 20, 256), "segments")]
 
 
-def candidates(card: Card, knobs: Knobs, python: str, latency: float, clock: float) -> str:
+def candidates(card: Card, knobs: Knobs, python: str, latency: "float | Latency",
+               clock: float) -> str:
     """Predictions for the changes issue 52 names, with the working tree's kernels (the
     backward's double buffer included): none of these is a measurement."""
     bws = {}
@@ -813,6 +905,7 @@ def candidates(card: Card, knobs: Knobs, python: str, latency: float, clock: flo
         ("as now (working tree)", knobs),
         ("backward LOOKAHEAD 0", dataclasses.replace(knobs, lookahead=0)),
         ("lookahead depth 2 (what-if)", dataclasses.replace(knobs, depth=2)),
+        ("forward LOOKAHEAD 2 (built)", dataclasses.replace(knobs, forward_lookahead=2)),
         ("BT 8", dataclasses.replace(knobs, block_t=8)),
         ("BT 32", dataclasses.replace(knobs, block_t=32)),
         ("2 warps, BD 64", dataclasses.replace(knobs, block_d=64, block_d_backward=64, warps=2,

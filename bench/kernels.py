@@ -73,7 +73,8 @@ def _kernels(opts=None):
     from fastrwa.ops import triton_host as tb
 
     opts = opts or tb.Options()
-    fwd = ((opts.warps, tb.MAX_REGISTERS), dict(BT=opts.block_t, BD=opts.block_d))
+    fwd = ((opts.warps, tb.MAX_REGISTERS), dict(BT=opts.block_t, BD=opts.block_d,
+                                                LOOKAHEAD=opts.forward_lookahead))
     bwd = ((opts.warps_backward, tb.MAX_REGISTERS),
            dict(BT=opts.block_t, BD=opts.block_d_backward))
     phases = {"one_pass": codes.ONE_PASS, "summary": codes.SUMMARY, "output": codes.OUTPUT}
@@ -97,8 +98,10 @@ def jobs(quick: bool, opts=None, channels: int = 1024):
     for name, fn, (warps, maxnreg), blocks in _kernels(opts):
         variants = [(label, attn, disc, {}) for label, attn, disc in MATH] + EXTRA_FLAGS
         for label, attn, disc, extra in variants:
-            const = dict(FLAGS, ATTN=attn, DISCOUNT=disc, D=channels, **blocks, **extra,
-                         LOOKAHEAD=tb.backward_lookahead(attn, opts))
+            # (the backward's LOOKAHEAD depends on the math; the forward's is a knob)
+            const = dict(FLAGS, ATTN=attn, DISCOUNT=disc, D=channels,
+                         LOOKAHEAD=tb.backward_lookahead(attn, opts), **extra)
+            const.update(blocks)
             const = {k: v for k, v in const.items() if k in fn.arg_names}
             key = (name, tuple(sorted(const.items())))
             if key in seen:           # e.g. the carry kernels do not depend on ATTN

@@ -112,3 +112,32 @@ def test_ncu_report_is_read():
     assert [k["kernel"] for k in kernels] == ["fwd_kernel", "bwd_kernel"]
     assert kernels[0]["regs"] == 158 and kernels[1]["cpi"] == pytest.approx(7.07)
     assert kernels[1]["seconds"] == pytest.approx(2.18e-3)
+
+
+def test_latency_rises_with_dram_throughput_through_its_two_readings():
+    lat = cm.Latency(500.0, 0.25, 800.0, 0.75, 3e12)
+    assert lat.at(0.0) == lat.at(0.25) == 500.0                 # flat under light load
+    assert lat.at(0.75) == pytest.approx(800.0)
+    assert lat.at(0.5) == pytest.approx(650.0)                  # a line between the two
+    assert lat.at(2.0) == lat.at(1.0) == pytest.approx(950.0)   # no more than all of DRAM
+    assert cm.Latency(500.0).at(0.9) == 500.0 and cm.Latency(500.0).fixed
+    card = cm.CARDS["h100"]
+    assert card.latency(fixed=True) == cm.Latency(card.latency_ns)
+    moved = card.latency(600.0)                                 # the line moves with its base
+    assert moved.at(moved.loaded_at) - card.latency().at(moved.loaded_at) == pytest.approx(100)
+
+
+def test_a_loaded_latency_is_the_fixed_point_of_the_launchs_own_throughput():
+    card, bw = cm.CARDS["h100"], 3.0e12
+    lat = card.latency()
+    for n_bytes in (10 ** 6, 10 ** 9, 4 * 10 ** 9):
+        launch = _launch(bytes=n_bytes)
+        t = cm.terms(launch, _counted(), card, bw, card.clock_hz, lat)
+        u = n_bytes / (t.time * lat.peak_bw)
+        assert t.latency_ns == pytest.approx(lat.at(u), abs=0.5)
+        fixed = cm.terms(launch, _counted(), card, bw, card.clock_hz, t.latency_ns)
+        assert fixed.time == pytest.approx(t.time)
+    light = cm.terms(_launch(bytes=10 ** 6), _counted(), card, bw, card.clock_hz, lat)
+    assert light.latency_ns == lat.light_ns                     # a launch that moves little
+    assert cm.terms(_launch(), _counted(), card, bw, card.clock_hz, card.latency(fixed=True)) \
+        == cm.terms(_launch(), _counted(), card, bw, card.clock_hz, card.latency_ns)

@@ -68,6 +68,7 @@ class Options:
     warps_backward: int = 1          # warps per program, backward kernels
     stages: int = 3                  # software-pipelining depth (Triton's num_stages)
     segment_chunks: int = 0          # chunks per segment ("segments"); 0: chosen per call
+    forward_lookahead: int = 1       # chunks the forward loads ahead of its scan: 1 or 2
 
 
 def _check(opts: Options) -> None:
@@ -80,6 +81,8 @@ def _check(opts: Options) -> None:
             raise ValueError(f"{name} must be a power of two, got {value!r}")
     if not (isinstance(opts.stages, int) and opts.stages >= 1):
         raise ValueError(f"stages must be an integer >= 1, got {opts.stages!r}")
+    if opts.forward_lookahead not in (1, 2) or isinstance(opts.forward_lookahead, bool):
+        raise ValueError(f"forward_lookahead must be 1 or 2, got {opts.forward_lookahead!r}")
     if not (isinstance(opts.segment_chunks, int) and opts.segment_chunks >= 0):
         raise ValueError(f"segment_chunks must be an integer >= 0, got {opts.segment_chunks!r}")
 
@@ -243,7 +246,7 @@ def _forward(args: ScanArgs, output_final_state: bool, save: bool) -> ForwardRes
     tensors = dict(z_ptr=z, a_ptr=a, g_ptr=g, y_ptr=y, h0_ptr=h0, ht_ptr=ht, hc_ptr=hc,
                    **lay.sequences(z))
     scan = dict(tensors, ATTN=ATTN, DISCOUNT=DISCOUNT, REVERSE=reverse,
-                SAVE_CHUNKS=save_for_backward, **flags)
+                SAVE_CHUNKS=save_for_backward, LOOKAHEAD=opts.forward_lookahead, **flags)
     if T == 1 and cu_seqlens is None and not save_for_backward:
         # Streaming inference: one fused step launch.
         step.step_kernel[(B, n_d)](z_ptr=z, a_ptr=a, g_ptr=g, y_ptr=y, h0_ptr=h0, ht_ptr=ht,

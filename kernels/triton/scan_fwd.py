@@ -45,11 +45,14 @@ def fwd_kernel(
     T, CPS, NS, NCT, NSEG, D: tl.constexpr,
     ATTN: tl.constexpr, DISCOUNT: tl.constexpr, PHASE: tl.constexpr, HAS_INIT: tl.constexpr,
     STORE_FINAL: tl.constexpr, SAVE_CHUNKS: tl.constexpr, IS_VARLEN: tl.constexpr,
-    REVERSE: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
+    REVERSE: tl.constexpr, LOOKAHEAD: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
 ):
     """One segment: ``ONE_PASS`` from ``h0`` (final state into ``ht``), ``SUMMARY`` from an
     empty state (its ``(m, n~, d~, G)`` into ``s``, ``(4, NSEG, D)``), ``OUTPUT`` from its
-    incoming state in ``s`` (``(3, NSEG, D)``, the carry kernel's)."""
+    incoming state in ``s`` (``(3, NSEG, D)``, the carry kernel's). ``LOOKAHEAD``: how
+    many chunks ahead of its scan a chunk's inputs are loaded, 1 (the next chunk's while
+    this one scans) or 2 (two chunks' loads in flight: more bytes in flight for the same
+    latency, at 3 x BT more registers a thread; the launcher's ``forward_lookahead``)."""
     pid, i, o_d, mask_d, bos, T_i, c0, c_lo, c_hi = segment_program(
         cu_ptr, co_ptr, so_ptr, ss_ptr, T, CPS, D, BT, BD, IS_VARLEN, PHASE == ONE_PASS)
     o_seg = pid * D + o_d                                                      # [BD]
@@ -62,12 +65,15 @@ def fwd_kernel(
     b_hG = tl.zeros([BD], tl.float32)                                          # [BD]
     b_z, b_a, b_g = _load(z_ptr, a_ptr, g_ptr, bos, T_i, c_lo, c_hi, o_d, mask_d, D, DISCOUNT,
                           REVERSE, BT)                                         # [BT, BD] x3
+    if LOOKAHEAD == 2:      # the chunk after it too: two chunks' loads in flight
+        m_z, m_a, m_g = _load(z_ptr, a_ptr, g_ptr, bos, T_i, c_lo + 1, c_hi, o_d, mask_d, D,
+                              DISCOUNT, REVERSE, BT)                           # [BT, BD] x3
     for c in range(c_lo, c_hi):
         if SAVE_CHUNKS and PHASE != SUMMARY:
             store_state(hc_ptr, (c0 + c) * D + o_d, mask_d, NCT * D, b_hm, b_hn, b_hd)
-        # the next chunk's loads are issued before this chunk's scan waits on its own
-        n_z, n_a, n_g = _load(z_ptr, a_ptr, g_ptr, bos, T_i, c + 1, c_hi, o_d, mask_d, D,
-                              DISCOUNT, REVERSE, BT)                           # [BT, BD] x3
+        # the loads LOOKAHEAD chunks on are issued before this chunk's scan waits on its own
+        n_z, n_a, n_g = _load(z_ptr, a_ptr, g_ptr, bos, T_i, c + LOOKAHEAD, c_hi, o_d, mask_d,
+                              D, DISCOUNT, REVERSE, BT)                        # [BT, BD] x3
         t0, o_dt, mask_t = chunk_rows(c, T_i, BT, REVERSE)
         mask = mask_t[:, None] & mask_d[None, :]                               # [BT, BD]
         b_l, b_lam = log_weights(b_a, b_g, mask, ATTN, DISCOUNT)               # [BT, BD] x2
@@ -77,7 +83,11 @@ def fwd_kernel(
                      average(b_n, b_d).to(y_ptr.dtype.element_ty), mask=mask)
         b_hm, b_hn, b_hd, b_cG = state_row(b_m, b_n, b_d, b_G, BT - 1, BT)    # [BD] x4
         b_hG += b_cG
-        b_z, b_a, b_g = n_z, n_a, n_g
+        if LOOKAHEAD == 2:
+            b_z, b_a, b_g = m_z, m_a, m_g
+            m_z, m_a, m_g = n_z, n_a, n_g
+        else:
+            b_z, b_a, b_g = n_z, n_a, n_g
     if PHASE == SUMMARY:
         store_summary(s_ptr, o_seg, mask_d, NSEG * D, b_hm, b_hn, b_hd, b_hG)
     elif PHASE == ONE_PASS and STORE_FINAL:

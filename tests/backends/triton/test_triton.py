@@ -17,7 +17,7 @@ import torch
 import fastrwa
 from fastrwa.ops import triton_host
 from fastrwa.testing import backend_options
-from helpers import assert_close, make_inputs
+from helpers import assert_close, leaf, loss_and_grads, make_inputs, reference
 
 SMALL = dict(block_t=4, block_d=4, block_d_backward=2, segment_chunks=2)
 ROOT = pathlib.Path(__file__).resolve().parents[3]
@@ -32,6 +32,31 @@ def test_algorithms_agree():
         with backend_options("triton", algorithm="segments", **SMALL):
             y, _ = fastrwa.rda_scan(z, a, g, "relu")
     assert_close(y, y_looped.double(), 1e-6, "segments vs looped")
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("algorithm", ["looped", "segments"])
+@pytest.mark.parametrize("reverse,packed", [(False, False), (True, False), (False, True)])
+def test_forward_lookahead_two_gives_the_same_bits(algorithm, reverse, packed):
+    """The forward loading two chunks ahead (``forward_lookahead=2``, a variant for the card
+    to time) computes what loading one ahead does, bit for bit, forward and backward: a
+    ragged last chunk, segments of 2 chunks and a segment of 1 (the loads past a segment's
+    end masked), reversed and packed; and both agree with the float64 reference."""
+    z, a, g = make_inputs(1 if packed else 2, 23, 5, dtype=torch.float32, seed=21)
+    cu = torch.tensor([0, 3, 12, 23]) if packed else None
+    got = {}
+    for ahead in (1, 2):
+        leaves = [leaf(x) for x in (z, a, g)]
+        fn = lambda: fastrwa.rda_scan(*leaves, "exp", reverse=reverse, cu_seqlens=cu,
+                                      output_final_state=True)
+        with fastrwa.use_backend("triton"), backend_options(
+                "triton", algorithm=algorithm, forward_lookahead=ahead, **SMALL):
+            y, final = fn()
+            got[ahead] = (y, final.m, final.n, final.d, *loss_and_grads(fn, leaves))
+    for one, two in zip(got[1], got[2]):
+        assert torch.equal(one, two)
+    y_ref, _ = reference(z, a, g, "exp", reverse=reverse, cu_seqlens=cu)
+    assert_close(got[2][0], y_ref, 1e-5, "forward_lookahead=2 vs the reference")
 
 
 def test_heuristic():
@@ -66,7 +91,9 @@ def test_segment_length():
 
 @pytest.mark.parametrize("knob,value", [("block_t", 24), ("block_d", 0), ("warps", 3),
                                         ("warps_backward", 6), ("stages", 0),
-                                        ("segment_chunks", -1)])
+                                        ("segment_chunks", -1),
+                                        ("forward_lookahead", 3),
+                                        ("forward_lookahead", 0)])
 def test_launch_knobs_are_checked(knob, value):
     with pytest.raises(ValueError, match=f"{knob} must be"):
         triton_host.set_options(**{knob: value})
