@@ -192,6 +192,7 @@ class Knobs:
     lookahead: int | None = None       # None: triton_host.backward_lookahead; 0/1 force it
     depth: int = 1                     # chunks a load runs ahead (what-if: see --candidates)
     forward_lookahead: int = 1         # the forward kernel's LOOKAHEAD (a build: 1 or 2)
+    carry_tile: int = 1                # segments a carry kernel's iteration takes (KT)
 
 
 def default_knobs() -> Knobs:
@@ -200,7 +201,7 @@ def default_knobs() -> Knobs:
     return Knobs(o.block_t, o.block_d, o.block_d_backward, o.warps, o.warps_backward, o.stages,
                  o.segment_chunks, tb.PROGRAMS_PER_SM, tb.SEGMENT_PROGRAMS_PER_SM,
                  tb.MIN_SEGMENT_CHUNKS, tb.MAX_REGISTERS,
-                 forward_lookahead=o.forward_lookahead)
+                 forward_lookahead=o.forward_lookahead, carry_tile=o.carry_tile)
 
 
 def cdiv(a: int, b: int) -> int:
@@ -253,12 +254,13 @@ def lookahead(ATTN: int, k: Knobs) -> int:
 
 def plan(op: str, shape, dtype: str, algorithm: str, pass_: str, k: Knobs, sms: int,
          source_has_lookahead: bool = True,
-         source_has_forward_lookahead: bool = True) -> list[Launch]:
+         source_has_forward_lookahead: bool = True,
+         source_has_carry_tile: bool = True) -> list[Launch]:
     """The launches of ``pass_`` ("fwd": the forward without autograd; "fwd+bwd": the
     forward that saves its chunk states, then the backward), as fastrwa/ops/triton_host.py
     makes them. ``source_has_*``: the kernels compiled have the backward's (the forward's)
-    ``LOOKAHEAD`` constexpr; older sources have not (one chunk ahead in the forward, none in
-    the backward)."""
+    ``LOOKAHEAD`` constexpr, the carry kernels ``KT``; older sources have not (one chunk
+    ahead in the forward, none in the backward, one segment a carry iteration)."""
     B, T, D = shape
     spec = OPS[op]
     s, n_in = ITEMSIZE[dtype], spec["inputs"]
@@ -276,6 +278,8 @@ def plan(op: str, shape, dtype: str, algorithm: str, pass_: str, k: Knobs, sms: 
     fload = n_in * BT * BD * s
     common = dict(dtype=dtype, stages=k.stages, maxnreg=k.max_registers)
     fahead = 1
+    KT = k.carry_tile if source_has_carry_tile else 1
+    ckt = dict(KT=KT) if source_has_carry_tile else {}
     if source_has_forward_lookahead:
         fconst["LOOKAHEAD"] = fahead = k.forward_lookahead
     if algorithm == "looped":
@@ -295,11 +299,11 @@ def plan(op: str, shape, dtype: str, algorithm: str, pass_: str, k: Knobs, sms: 
                           bytes=n_in * E * s + 4 * nseg * D * 4, chunk_load_bytes=fload,
                           depth=k.depth, ahead=fahead, **common))
         out.append(Launch("fwd_carry", "scan_fwd.fwd_carry_kernel",
-                          _items(dict(D=D, IS_VARLEN=False, BT=BT, BD=BD), HAS_INIT=False,
-                                 STORE_FINAL=save),
+                          _items(dict(D=D, IS_VARLEN=False, BT=BT, BD=BD, **ckt),
+                                 HAS_INIT=False, STORE_FINAL=save),
                           (("T", T), ("CPS", cps), ("NS", B), ("NSEG", nseg)),
-                          warps=k.warps, programs=B * n_d, iterations=nseg // B,
-                          bytes=7 * nseg * D * 4, chunk_load_bytes=4 * BD * 4, depth=0,
+                          warps=k.warps, programs=B * n_d, iterations=cdiv(nseg // B, KT),
+                          bytes=7 * nseg * D * 4, chunk_load_bytes=4 * KT * BD * 4, depth=0,
                           **common))
         out.append(Launch(f"fwd[output{',save' if save else ''}]", "scan_fwd.fwd_kernel",
                           _items(fconst, PHASE=2, HAS_INIT=False, STORE_FINAL=False), ints,
@@ -337,12 +341,12 @@ def plan(op: str, shape, dtype: str, algorithm: str, pass_: str, k: Knobs, sms: 
                           bytes=(n_in + 1) * E * s + rows * state + 3 * nseg * D * 4,
                           chunk_load_bytes=bload, depth=bdepth, **common))
         out.append(Launch("bwd_carry", "scan_bwd.bwd_carry_kernel",
-                          _items(dict(D=D, IS_VARLEN=False, BT=BT, BD=BD), HAS_INIT=False,
-                                 HAS_FINAL_GRAD=False),
+                          _items(dict(D=D, IS_VARLEN=False, BT=BT, BD=BD, **ckt),
+                                 HAS_INIT=False, HAS_FINAL_GRAD=False),
                           (("T", T), ("CPS", cps), ("NS", B), ("NSEG", nseg)),
-                          warps=k.warps_backward, programs=B * n_d, iterations=nseg // B,
-                          bytes=5 * nseg * D * 4, chunk_load_bytes=3 * BD * 4, depth=0,
-                          **common))
+                          warps=k.warps_backward, programs=B * n_d,
+                          iterations=cdiv(nseg // B, KT), bytes=5 * nseg * D * 4,
+                          chunk_load_bytes=3 * KT * BD * 4, depth=0, **common))
         out.append(Launch("bwd[output]", "scan_bwd.bwd_kernel",
                           _items(bconst, PHASE=2, HAS_INIT=False, HAS_FINAL_GRAD=False), ints,
                           warps=k.warps_backward, programs=nseg * n_d, iterations=cps,
@@ -594,8 +598,8 @@ def count(compiled: dict, launch: Launch) -> Counted:
     ins = control(compiled["sass"])
     body, rest = split_loop(ins)
     const = dict(launch.const)
-    per_iteration = const["BD"] if launch.kernel.endswith("carry_kernel") else \
-        const["BT"] * const["BD"]
+    per_iteration = const["BD"] * const.get("KT", 1) if launch.kernel.endswith(
+        "carry_kernel") else const["BT"] * const["BD"]
     costs = sass.costs(compiled["sass"], per_iteration, 32 * launch.warps)
     mufu = sum(1 for x in body if sass.opcode(x.text).startswith("MUFU"))
     return Counted(len(body), mufu, compiled["regs"], compiled["local"], body, rest, costs)
@@ -748,7 +752,8 @@ def predict(rows: list[tuple], card: Card, knobs: Knobs, source: str | None, pyt
     returns each with its launches' terms and the predicted ms."""
     has_la = _source_has_lookahead(source)
     has_fla = _source_has_lookahead(source, "scan_fwd.py")
-    plans = [plan(op, shape, dt, alg, ps, knobs, card.sms, has_la, has_fla)
+    has_kt = _source_has_lookahead(source, "scan_fwd.py", "KT: tl.constexpr")
+    plans = [plan(op, shape, dt, alg, ps, knobs, card.sms, has_la, has_fla, has_kt)
              for op, shape, dt, alg, ps, _, _ in rows]
     compiled = compile_all([l for p in plans for l in p], source, python)
     out = []
@@ -763,9 +768,11 @@ def predict(rows: list[tuple], card: Card, knobs: Knobs, source: str | None, pyt
     return out
 
 
-def _source_has_lookahead(source: str | None, module: str = "scan_bwd.py") -> bool:
+def _source_has_lookahead(source: str | None, module: str = "scan_bwd.py",
+                          name: str = "LOOKAHEAD") -> bool:
+    """Whether ``source``'s kernel ``module`` has the constexpr ``name``."""
     folder, package = materialise(source)
-    return "LOOKAHEAD" in (folder / package / "triton" / module).read_text()
+    return name in (folder / package / "triton" / module).read_text()
 
 
 def table(results: list[dict], title: str) -> str:
@@ -906,6 +913,8 @@ def candidates(card: Card, knobs: Knobs, python: str, latency: "float | Latency"
         ("backward LOOKAHEAD 0", dataclasses.replace(knobs, lookahead=0)),
         ("lookahead depth 2 (what-if)", dataclasses.replace(knobs, depth=2)),
         ("forward LOOKAHEAD 2 (built)", dataclasses.replace(knobs, forward_lookahead=2)),
+        ("carry tile 8 (built)", dataclasses.replace(knobs, carry_tile=8)),
+        ("carry tile 16 (built)", dataclasses.replace(knobs, carry_tile=16)),
         ("BT 8", dataclasses.replace(knobs, block_t=8)),
         ("BT 32", dataclasses.replace(knobs, block_t=32)),
         ("2 warps, BD 64", dataclasses.replace(knobs, block_d=64, block_d_backward=64, warps=2,

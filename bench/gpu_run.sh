@@ -14,9 +14,12 @@
 # Other steps, each its own call: checks (rda_scan against float64 at full scale and past
 # 2**31 elements, <= 60 s), layers (fastrwa.nn.RDA against cuDNN LSTM/GRU, ByteLM streaming,
 # <= 60 s), memcheck, bench (the older checks,ops,peers sections), train (needs
-# .carry/text-corpus.txt), tune (bench/gpu_sweep.py: the launch-knob sweep and the crossover):
+# .carry/text-corpus.txt), tune (bench/gpu_sweep.py: the launch-knob sweep and the crossover),
+# variants (the variants built for issue 62 beside the defaults at its three shapes: the
+# forward two chunks ahead, the carry kernels 8 or 16 segments at a time; <= 240 s):
 #     bash bench/gpu_run.sh checks,layers
 #     bash bench/gpu_run.sh tune
+#     bash bench/gpu_run.sh variants
 # Writes under $OUT (or bench-results/gpu): log.txt, pytest.txt, ncu.txt, gpu-<device>.json
 # and .png, and all of them again in one archive, gpu-run.tar.gz. Each step has a time
 # limit; a step that fails or outruns it is reported and the next still runs; the exit
@@ -205,6 +208,13 @@ if step tune; then
     timeout 540 python3 -m bench.gpu_sweep --out "$out/tune" --only sweep,crossover \
         ${record[@]+"${record[@]}"} 2>&1 | tee -a "$out/log.txt" | grep -v '^{' \
         || failed=$((failed + 1))
+fi
+if step variants; then
+    # issue 62's variants, each beside the defaults in one run (bench/gpu_sweep.py CANDIDATES)
+    note "bench/gpu_sweep.py --only defaults --candidates fwd-la2 carry8 carry16"
+    timeout 240 python3 -m bench.gpu_sweep --out "$out/variants" --only defaults \
+        --candidates fwd-la2 carry8 carry16 --shapes 0 1 2 2>&1 | tee -a "$out/log.txt" \
+        | grep -v '^{' || failed=$((failed + 1))
 fi
 # one report of every call (a call cut by its limit keeps what it wrote after each shape)
 reports=$(ls "$out"/{kernels,checks,layers,bench,tune}/gpu-*.json 2>/dev/null)

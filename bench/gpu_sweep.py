@@ -18,7 +18,8 @@ Sections (``--only``; sweep and crossover by default, bench/gpu_run.sh's ``tune`
   with ``algorithm="auto"`` at every ops shape (bench/gpu_ops.py ``SHAPES``; ``--shapes``
   picks some), float32 and bfloat16, forward and forward+backward, under each candidate knob
   set (``--candidates``: longer chunks, wider channel blocks, two columns a thread, the old
-  layout, the forward loading two chunks ahead), side by side in one run; the last lines printed are each candidate's time over
+  layout, the forward loading two chunks ahead, the carry kernels taking 8 or 16 segments
+  at a time), side by side in one run; the last lines printed are each candidate's time over
   the defaults' per (shape, dtype, op), forward and forward+backward (:func:`ratios`).
 
 sweep and crossover write ``DIR/gpu-<device>.json`` (bench/gpu_report.py's shape, joined
@@ -133,6 +134,8 @@ CANDIDATES = {
     "bd64-w1": dict(block_d=64, block_d_backward=64),
     "old-layout": dict(block_t=32, block_d=32, block_d_backward=16, warps=4, warps_backward=4),
     "fwd-la2": dict(forward_lookahead=2),
+    "carry8": dict(carry_tile=8),
+    "carry16": dict(carry_tile=16),
 }
 
 

@@ -99,7 +99,7 @@ def jobs(quick: bool, opts=None, channels: int = 1024):
         variants = [(label, attn, disc, {}) for label, attn, disc in MATH] + EXTRA_FLAGS
         for label, attn, disc, extra in variants:
             # (the backward's LOOKAHEAD depends on the math; the forward's is a knob)
-            const = dict(FLAGS, ATTN=attn, DISCOUNT=disc, D=channels,
+            const = dict(FLAGS, ATTN=attn, DISCOUNT=disc, D=channels, KT=opts.carry_tile,
                          LOOKAHEAD=tb.backward_lookahead(attn, opts), **extra)
             const.update(blocks)
             const = {k: v for k, v in const.items() if k in fn.arg_names}

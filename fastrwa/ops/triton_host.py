@@ -69,13 +69,15 @@ class Options:
     stages: int = 3                  # software-pipelining depth (Triton's num_stages)
     segment_chunks: int = 0          # chunks per segment ("segments"); 0: chosen per call
     forward_lookahead: int = 1       # chunks the forward loads ahead of its scan: 1 or 2
+    carry_tile: int = 1              # segments the carry kernels load and scan at once
 
 
 def _check(opts: Options) -> None:
     if opts.algorithm not in ("auto", "looped", "segments"):
         raise ValueError(f"algorithm must be 'auto', 'looped' or 'segments', "
                          f"got {opts.algorithm!r}")
-    for name in ("block_t", "block_d", "block_d_backward", "warps", "warps_backward"):
+    for name in ("block_t", "block_d", "block_d_backward", "warps", "warps_backward",
+                 "carry_tile"):
         value = getattr(opts, name)
         if not (isinstance(value, int) and value >= 1 and value & (value - 1) == 0):
             raise ValueError(f"{name} must be a power of two, got {value!r}")
@@ -265,7 +267,7 @@ def _forward(args: ScanArgs, output_final_state: bool, save: bool) -> ForwardRes
         scan_fwd.fwd_carry_kernel[(lay.n_seq, n_d)](
             s_ptr=summary, hs_ptr=incoming, h0_ptr=h0, ht_ptr=ht, **lay.sequences(z),
             so_ptr=segs["so_ptr"], **sizes, HAS_INIT=init is not None,
-            STORE_FINAL=need_final, **flags)
+            STORE_FINAL=need_final, KT=opts.carry_tile, **flags)
         scan_fwd.fwd_kernel[(n_seg, n_d)](
             **scan, **segs, **sizes, s_ptr=incoming, NCT=lay.rows, PHASE=OUTPUT,
             HAS_INIT=False, STORE_FINAL=False)
@@ -352,7 +354,7 @@ def _backward(args: ScanArgs, saved: list, m_final, gy, g_final) -> Gradients:
         scan_bwd.bwd_carry_kernel[(lay.n_seq, n_d)](
             s_ptr=summary, ac_ptr=entering, h0_ptr=h0, dh0_ptr=dh0, dht_ptr=dht,
             **lay.sequences(z), so_ptr=segs["so_ptr"], **sizes, HAS_INIT=init is not None,
-            HAS_FINAL_GRAD=has_final_grad, **flags)
+            HAS_FINAL_GRAD=has_final_grad, KT=opts.carry_tile, **flags)
         scan_bwd.bwd_kernel[(n_seg, n_d)](
             **scan, **segs, **sizes, s_ptr=entering, NCT=lay.rows, PHASE=OUTPUT,
             HAS_INIT=False, HAS_FINAL_GRAD=False)

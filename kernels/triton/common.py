@@ -287,6 +287,20 @@ def scan_chunk(b_l, b_z, b_lam, b_hm, b_hn, b_hd):
 
 
 @triton.jit
+def scan_summaries(b_sm, b_sn, b_sd, b_sG, b_hm, b_hn, b_hd):
+    """States ``(m, n~, d~, G)`` after every row of ``[KT, BD]`` segment summaries (rows in
+    order), from incoming ``[BD]`` state: :func:`scan_chunk` of summaries, whose rows are
+    the combine's elements already."""
+    b_first = (tl.arange(0, b_sm.shape[0]) == 0)[:, None]                     # [KT, 1]
+    f_m, f_n, f_d, _ = combine(b_hm[None, :], b_hn[None, :], b_hd[None, :], 0.0,
+                               b_sm, b_sn, b_sd, b_sG)                        # [KT, BD] x3
+    b_m = tl.where(b_first, f_m, b_sm)                                        # [KT, BD]
+    b_n = tl.where(b_first, f_n, b_sn)                                        # [KT, BD]
+    b_d = tl.where(b_first, f_d, b_sd)                                        # [KT, BD]
+    return tl.associative_scan((b_m, b_n, b_d, b_sG), 0, combine)            # [KT, BD] x4
+
+
+@triton.jit
 def _later(x1, i1, x2, i2):
     """Of two (value, row) pairs, the one with the larger row (associative and commutative)."""
     later = i2 > i1

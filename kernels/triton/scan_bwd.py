@@ -230,20 +230,35 @@ def bwd_carry_kernel(
     s_ptr, ac_ptr, h0_ptr, dh0_ptr, dht_ptr, cu_ptr, co_ptr, so_ptr,
     T, CPS, NS, NSEG, D: tl.constexpr,
     HAS_INIT: tl.constexpr, HAS_FINAL_GRAD: tl.constexpr, IS_VARLEN: tl.constexpr,
-    BT: tl.constexpr, BD: tl.constexpr,
+    BT: tl.constexpr, BD: tl.constexpr, KT: tl.constexpr,
 ):
     """Phase 2: per sequence, the ``(W, V)`` entering every segment after its last row (into
     ``ac``, ``(2, NSEG, D)``) from the summaries ``s`` (``(3, NSEG, D)``), then the initial
-    state's gradients."""
+    state's gradients. ``KT`` segments at a time, last first: their summaries loaded
+    together, the carried ``(W, V)`` folded into the last, the tile scanned back in time in
+    registers."""
     i, o_d, mask_d, bos, T_i, c0 = sequence_program(cu_ptr, co_ptr, T, D, BT, BD, IS_VARLEN)
     s0 = first_segment(i, so_ptr, T, CPS, BT, IS_VARLEN)
     b_W, b_V = _final_adjoint(i, dht_ptr, o_d, mask_d, D, NS, HAS_FINAL_GRAD, BD)   # [BD] x2
     n_seg = segments(T_i, CPS, BT)
-    for k in range(0, n_seg):
-        o_k = (s0 + n_seg - 1 - k) * D + o_d                                   # [BD]
-        tl.store(ac_ptr + o_k, b_W, mask=mask_d)
-        tl.store(ac_ptr + NSEG * D + o_k, b_V, mask=mask_d)
-        b_sK, b_sW, b_sV = load_state(s_ptr, o_k, mask_d, NSEG * D)               # [BD] x3
-        _, b_W, b_V = linear_combine(1.0, b_W, b_V, b_sK, b_sW, b_sV)          # [BD] x2
+    o_r = tl.arange(0, KT)                                                     # [KT]
+    for k in range(0, tl.cdiv(n_seg, KT)):
+        o_j = n_seg - (k + 1) * KT + o_r                                       # [KT]
+        mask = (o_j >= 0)[:, None] & mask_d[None, :]                           # [KT, BD]
+        o_k = (s0 + o_j)[:, None] * D + o_d[None, :]                           # [KT, BD]
+        # (rows before the first segment pass the adjoint through: K = 1, W = V = 0)
+        b_sK = tl.load(s_ptr + o_k, mask=mask, other=1.0)                      # [KT, BD]
+        b_sW = tl.load(plane(s_ptr, 1, NSEG * D) + o_k, mask=mask, other=0.0)  # [KT, BD]
+        b_sV = tl.load(plane(s_ptr, 2, NSEG * D) + o_k, mask=mask, other=0.0)  # [KT, BD]
+        b_last = (o_r == KT - 1)[:, None]                                      # [KT, 1]
+        f_K, f_W, f_V = linear_combine(1.0, b_W[None, :], b_V[None, :], b_sK, b_sW, b_sV)
+        b_sW = tl.where(b_last, f_W, b_sW)                                     # [KT, BD]
+        b_sV = tl.where(b_last, f_V, b_sV)                                     # [KT, BD]
+        # (W, V) before each segment, then each one's entering: the next row's
+        _, b_PW, b_PV = reverse_linear_scan(b_sK, b_sW, b_sV)                  # [KT, BD] x3
+        b_eW, b_eV = next_rows(b_PW, b_W, b_PV, b_V)                           # [KT, BD] x2
+        tl.store(ac_ptr + o_k, b_eW, mask=mask)
+        tl.store(plane(ac_ptr, 1, NSEG * D) + o_k, b_eV, mask=mask)
+        b_W, b_V = row(b_PW, o_r, 0), row(b_PV, o_r, 0)                        # [BD] x2
     if HAS_INIT:
         _initial_state_grads(i, h0_ptr, dh0_ptr, o_d, mask_d, D, NS, b_W, b_V)

@@ -14,7 +14,8 @@ shuffles, barriers or shared memory.
 * The "segments" algorithm, for long sequences with few channels: ``fwd_kernel`` with
   ``PHASE = SUMMARY`` (every segment's ``(m, n~, d~, G)`` from an empty state, in parallel),
   ``fwd_carry_kernel`` (per sequence, the summaries combined in order: each segment's incoming
-  state and the final state; a walk over segments, not chunks), ``fwd_kernel`` with
+  state and the final state; a walk over segments, ``KT`` at a time, not chunks),
+  ``fwd_kernel`` with
   ``PHASE = OUTPUT`` (every segment from its incoming state, as in one pass).
 
 State buffers are float32 ``(3, rows, D)``: ``m``, ``n~``, ``d~``; segment summaries add ``G``.
@@ -23,9 +24,10 @@ State buffers are float32 ``(3, rows, D)``: ``m``, ``n~``, ``d~``; segment summa
 import triton
 import triton.language as tl
 
-from .common import (ONE_PASS, OUTPUT, SUMMARY, average, chunk_offsets, chunk_rows, combine,
-                     initial_state, load_chunk, load_state, load_summary, log_weights, scan_chunk,
-                     state_row, store_state, store_summary)
+from .common import (ONE_PASS, OUTPUT, SUMMARY, average, chunk_offsets, chunk_rows,
+                     initial_state, load_chunk, load_state, load_summary, log_weights,
+                     previous_rows, scan_chunk, scan_summaries, state_row, store_state,
+                     store_summary)
 from .sequence import first_segment, segment_program, segments, sequence_program
 
 
@@ -99,18 +101,27 @@ def fwd_carry_kernel(
     s_ptr, hs_ptr, h0_ptr, ht_ptr, cu_ptr, co_ptr, so_ptr,
     T, CPS, NS, NSEG, D: tl.constexpr,
     HAS_INIT: tl.constexpr, STORE_FINAL: tl.constexpr, IS_VARLEN: tl.constexpr,
-    BT: tl.constexpr, BD: tl.constexpr,
+    BT: tl.constexpr, BD: tl.constexpr, KT: tl.constexpr,
 ):
     """Phase 2: per sequence, every segment's incoming state (into ``hs``, ``(3, NSEG, D)``)
-    from the summaries ``s`` (``(4, NSEG, D)``), and the final state."""
+    from the summaries ``s`` (``(4, NSEG, D)``), and the final state. ``KT`` segments at a
+    time: their summaries loaded together (one load latency a tile, not one a segment), the
+    carried state folded into the first, scanned in registers as a chunk's steps are."""
     i, o_d, mask_d, bos, T_i, c0 = sequence_program(cu_ptr, co_ptr, T, D, BT, BD, IS_VARLEN)
     o_s = i.to(tl.int64) * D + o_d                                             # [BD]
     s0 = first_segment(i, so_ptr, T, CPS, BT, IS_VARLEN)
+    n_seg = segments(T_i, CPS, BT)
     b_hm, b_hn, b_hd = initial_state(h0_ptr, o_s, mask_d, NS * D, HAS_INIT, BD)
-    for k in range(0, segments(T_i, CPS, BT)):
-        o_k = (s0 + k) * D + o_d                                               # [BD]
-        store_state(hs_ptr, o_k, mask_d, NSEG * D, b_hm, b_hn, b_hd)
-        b_sm, b_sn, b_sd, b_sG = load_summary(s_ptr, o_k, mask_d, NSEG * D)      # [BD] x4
-        b_hm, b_hn, b_hd, _ = combine(b_hm, b_hn, b_hd, 0.0, b_sm, b_sn, b_sd, b_sG)
+    o_r = tl.arange(0, KT)                                                     # [KT]
+    for k0 in range(0, n_seg, KT):
+        mask = ((k0 + o_r) < n_seg)[:, None] & mask_d[None, :]                 # [KT, BD]
+        o_k = (s0 + k0 + o_r)[:, None] * D + o_d[None, :]                      # [KT, BD]
+        # (segments past the last are empty: no weight, no decay)
+        b_sm, b_sn, b_sd, b_sG = load_summary(s_ptr, o_k, mask, NSEG * D)     # [KT, BD] x4
+        b_m, b_n, b_d, b_G = scan_summaries(b_sm, b_sn, b_sd, b_sG, b_hm, b_hn, b_hd)
+        # each segment's incoming state: the state after the one before it
+        b_im, b_in, b_id = previous_rows(b_m, b_hm, b_n, b_hn, b_d, b_hd)     # [KT, BD] x3
+        store_state(hs_ptr, o_k, mask, NSEG * D, b_im, b_in, b_id)
+        b_hm, b_hn, b_hd, _ = state_row(b_m, b_n, b_d, b_G, KT - 1, KT)        # [BD] x3
     if STORE_FINAL:
         store_state(ht_ptr, o_s, mask_d, NS * D, b_hm, b_hn, b_hd)

@@ -17,7 +17,8 @@ import torch
 import fastrwa
 from fastrwa.ops import triton_host
 from fastrwa.testing import backend_options
-from helpers import assert_close, leaf, loss_and_grads, make_inputs, reference
+from fastrwa.state import ScanState
+from helpers import assert_close, leaf, loss_and_grads, make_inputs, make_state, reference
 
 SMALL = dict(block_t=4, block_d=4, block_d_backward=2, segment_chunks=2)
 ROOT = pathlib.Path(__file__).resolve().parents[3]
@@ -35,8 +36,9 @@ def test_algorithms_agree():
 
 
 @pytest.mark.interpreter
-@pytest.mark.parametrize("algorithm", ["looped", "segments"])
-@pytest.mark.parametrize("reverse,packed", [(False, False), (True, False), (False, True)])
+@pytest.mark.parametrize("algorithm,reverse,packed", [
+    ("looped", False, False), ("segments", False, False), ("looped", True, False),
+    ("segments", False, True)])
 def test_forward_lookahead_two_gives_the_same_bits(algorithm, reverse, packed):
     """The forward loading two chunks ahead (``forward_lookahead=2``, a variant for the card
     to time) computes what loading one ahead does, bit for bit, forward and backward: a
@@ -57,6 +59,33 @@ def test_forward_lookahead_two_gives_the_same_bits(algorithm, reverse, packed):
         assert torch.equal(one, two)
     y_ref, _ = reference(z, a, g, "exp", reverse=reverse, cu_seqlens=cu)
     assert_close(got[2][0], y_ref, 1e-5, "forward_lookahead=2 vs the reference")
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("tile", [2, 16])
+@pytest.mark.parametrize("reverse,packed", [(False, False), (True, False), (False, True)])
+def test_carry_tiles_give_what_the_walk_gives(tile, reverse, packed):
+    """The carry kernels taking ``carry_tile`` segments at a time compute what the walk one
+    segment at a time does (forward, backward, final state and its gradient, an initial
+    state), with segment counts that are not a multiple of the tile (6 segments of 2 chunks,
+    the last of 1; packed: 2, 3 and 6), and agree with the float64 reference."""
+    B, T = (1, 73) if packed else (2, 43)
+    z, a, g = make_inputs(B, T, 5, dtype=torch.float32, seed=22)
+    h0 = [x.float() for x in make_state(3 if packed else 2, 5)]
+    cu = torch.tensor([0, 9, 30, 73]) if packed else None
+    got = {}
+    for KT in (1, tile):
+        leaves = [leaf(x) for x in (z, a, g, *h0)]
+        fn = lambda: fastrwa.rda_scan(*leaves[:3], "exp", initial_state=ScanState(*leaves[3:]),
+                                      output_final_state=True, reverse=reverse, cu_seqlens=cu)
+        with fastrwa.use_backend("triton"), backend_options(
+                "triton", algorithm="segments", carry_tile=KT, **SMALL):
+            y, final = fn()
+            got[KT] = (y, final.m, final.n, final.d, *loss_and_grads(fn, leaves))
+    for one, tiled in zip(got[1], got[tile]):
+        assert torch.equal(one, tiled)
+    y_ref, _ = reference(z, a, g, "exp", ScanState(*h0), reverse=reverse, cu_seqlens=cu)
+    assert_close(got[tile][0], y_ref, 1e-5, f"carry_tile={tile} vs the reference")
 
 
 def test_heuristic():
@@ -92,7 +121,7 @@ def test_segment_length():
 @pytest.mark.parametrize("knob,value", [("block_t", 24), ("block_d", 0), ("warps", 3),
                                         ("warps_backward", 6), ("stages", 0),
                                         ("segment_chunks", -1),
-                                        ("forward_lookahead", 3),
+                                        ("forward_lookahead", 3), ("carry_tile", 3),
                                         ("forward_lookahead", 0)])
 def test_launch_knobs_are_checked(knob, value):
     with pytest.raises(ValueError, match=f"{knob} must be"):
