@@ -33,8 +33,10 @@ grid's share, at most what the registers allow), ``w`` warps on the busiest sche
     issue  = waves * n * w * N / f                       one instruction a cycle a scheduler
     mufu   = waves * n * w * M * 8 / f                   16 MUFU lanes an SM: 8 cycles a warp op
     chain  = waves * (n * C(L) + C0) / f                 one warp's in-order critical path
-    little = waves * n * L_s / depth                     bytes in flight: p * depth * chunk bytes
-                                                         an SM against L_s * bandwidth
+    little = waves * n * L_s / (depth * ahead)           bytes in flight: p * depth * ahead *
+                                                         chunk bytes an SM against
+                                                         L_s * bandwidth (ahead: chunks the
+                                                         build loads ahead; depth: a what-if)
     dram   = bytes / copy bandwidth                      bytes: every load and store, counted
     time   = max(issue, mufu, chain, little, dram)
 
@@ -42,7 +44,9 @@ Each term is the time one resource needs alone (the schedulers, the MUFU pipes, 
 dependences, the loads a program keeps in flight, DRAM), and the resources work at once: a
 warp's loads are in flight while it and the others issue, so the slowest bounds the launch.
 What cannot overlap is already inside ``chain``: a load that the code waits on before it has
-issued enough other work to cover ``L`` adds its remaining latency there. An op's time is the
+issued enough other work to cover ``L`` adds its remaining latency there. ``L`` is the
+card's :class:`Latency` at the launch's own DRAM throughput (its bytes over its time, of the
+card's peak), solved per launch (:func:`terms`). An op's time is the
 sum of its launches (one stream). Nothing is fitted per row; the constants are in
 :data:`CARDS` and the module constants below, each with its source.
 """
@@ -89,12 +93,20 @@ class Latency:
     """A global load's latency as DRAM fills up (ns): ``light_ns`` up to ``light_at`` of the
     card's peak DRAM throughput ``peak_bw`` (bytes/s), rising in a straight line through
     ``loaded_ns`` at ``loaded_at``; the two points are profiler readings (:data:`CARDS`).
-    ``loaded_ns == light_ns``: a fixed latency (the model before 2026-12-06)."""
+    ``loaded_ns`` ``None`` or ``light_ns``: a fixed latency (the model before 2026-12-06)."""
     light_ns: float
     light_at: float = 0.0
     loaded_ns: float | None = None
     loaded_at: float = 1.0
     peak_bw: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.light_ns > 0:
+            raise ValueError(f"light_ns must be positive, got {self.light_ns}")
+        if self.loaded_ns is not None and not (
+                self.loaded_ns >= self.light_ns and 0 <= self.light_at < self.loaded_at <= 1):
+            raise ValueError(f"a loaded latency needs loaded_ns >= light_ns and 0 <= light_at "
+                             f"< loaded_at <= 1, got {self}")
 
     def at(self, u: float) -> float:
         """The latency (ns) at ``u``, the fraction of ``peak_bw`` a launch moves."""
@@ -105,6 +117,7 @@ class Latency:
 
     @property
     def fixed(self) -> bool:
+        """True when the latency does not depend on the throughput."""
         return self.loaded_ns is None or self.loaded_ns == self.light_ns
 
 
@@ -645,8 +658,10 @@ def terms(launch: Launch, c: Counted, card: Card, bandwidth: float, clock_hz: fl
           latency: float | Latency) -> Terms:
     """The five terms of one launch, in seconds (module docstring), with a load's latency
     ``latency`` (ns), or where it is a :class:`Latency`, the latency its DRAM throughput
-    gives: the fixed point of latency -> time -> throughput -> latency (one, since a longer
-    latency only lengthens the time and so lowers the throughput; found by bisection)."""
+    gives: the fixed point of latency -> time -> throughput -> latency, found by bisection.
+    It is one point where a longer latency never shortens the replayed time (so never
+    raises the throughput): what an in-order replay with waits gives, assumed here, not
+    proven for every listing."""
     if not isinstance(latency, Latency):
         return _terms(launch, c, card, bandwidth, clock_hz, latency)
     if latency.fixed or not latency.peak_bw:
@@ -750,9 +765,9 @@ def predict(rows: list[tuple], card: Card, knobs: Knobs, source: str | None, pyt
             latency_ns: "float | Latency", clock_hz: float) -> list[dict]:
     """``rows``: ``(op, shape, dtype, algorithm, pass, bandwidth, measured_ms or None)``;
     returns each with its launches' terms and the predicted ms."""
-    has_la = _source_has_lookahead(source)
-    has_fla = _source_has_lookahead(source, "scan_fwd.py")
-    has_kt = _source_has_lookahead(source, "scan_fwd.py", "KT: tl.constexpr")
+    has_la = _source_has(source, "scan_bwd.py", "LOOKAHEAD")
+    has_fla = _source_has(source, "scan_fwd.py", "LOOKAHEAD")
+    has_kt = _source_has(source, "scan_fwd.py", "KT")
     plans = [plan(op, shape, dt, alg, ps, knobs, card.sms, has_la, has_fla, has_kt)
              for op, shape, dt, alg, ps, _, _ in rows]
     compiled = compile_all([l for p in plans for l in p], source, python)
@@ -768,11 +783,10 @@ def predict(rows: list[tuple], card: Card, knobs: Knobs, source: str | None, pyt
     return out
 
 
-def _source_has_lookahead(source: str | None, module: str = "scan_bwd.py",
-                          name: str = "LOOKAHEAD") -> bool:
-    """Whether ``source``'s kernel ``module`` has the constexpr ``name``."""
+def _source_has(source: str | None, module: str, name: str) -> bool:
+    """Whether ``source``'s kernel ``module`` has the constexpr argument ``name``."""
     folder, package = materialise(source)
-    return name in (folder / package / "triton" / module).read_text()
+    return f"{name}: tl.constexpr" in (folder / package / "triton" / module).read_text()
 
 
 def table(results: list[dict], title: str) -> str:
@@ -850,7 +864,8 @@ def main(argv: list[str] | None = None) -> int:
     loaded = "" if latency.fixed else (f" ({latency.loaded_ns:.0f} ns at "
                                        f"{100 * latency.loaded_at:.0f}% of peak DRAM)")
     print(f"{card.name}: {card.sms} SMs, clock {clock / 1e9:.2f} GHz, DRAM latency "
-          f"{latency.light_ns:.0f} ns{loaded}, kernels of {source or 'the working tree'}, record {card.record}"
+          f"{latency.light_ns:.0f} ns{loaded}, kernels of {source or 'the working tree'}, "
+          f"record {card.record}"
           + (f" ({card.notes})" if card.notes else ""))
     rows = record_rows(card)
     if args.rows == "brief":

@@ -318,10 +318,10 @@ class Server:
         """``cpus``: the CPUs the server runs on, ``None``: any (a child runs where the
         thread that starts it may: main() pins itself to them first); ``threads``: its
         decode step's (``None``: the server's default)."""
-        threads = ["--threads", str(threads)] if threads else []
+        thread_args = ["--threads", str(threads)] if threads else []
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "fastrwa.serve", directory, "--port", "0", "--max-batch",
-             str(capacity), "--weights", weights, "--max-tokens-limit", "1000000", *threads],
+             str(capacity), "--weights", weights, "--max-tokens-limit", "1000000", *thread_args],
             stdout=subprocess.PIPE, cwd=ROOT, text=True)
         if cpus and os.sched_getaffinity(self.proc.pid) != set(cpus):
             self.proc.kill()

@@ -121,6 +121,10 @@ def test_latency_rises_with_dram_throughput_through_its_two_readings():
     assert lat.at(0.5) == pytest.approx(650.0)                  # a line between the two
     assert lat.at(2.0) == lat.at(1.0) == pytest.approx(950.0)   # no more than all of DRAM
     assert cm.Latency(500.0).at(0.9) == 500.0 and cm.Latency(500.0).fixed
+    for bad in (dict(loaded_at=0.25), dict(loaded_ns=400.0), dict(loaded_at=1.5)):
+        with pytest.raises(ValueError):
+            cm.Latency(**{**dict(light_ns=500.0, light_at=0.25, loaded_ns=800.0,
+                                 loaded_at=0.75), **bad})
     card = cm.CARDS["h100"]
     assert card.latency(fixed=True) == cm.Latency(card.latency_ns)
     moved = card.latency(600.0)                                 # the line moves with its base
@@ -137,6 +141,15 @@ def test_a_loaded_latency_is_the_fixed_point_of_the_launchs_own_throughput():
         assert t.latency_ns == pytest.approx(lat.at(u), abs=0.5)
         fixed = cm.terms(launch, _counted(), card, bw, card.clock_hz, t.latency_ns)
         assert fixed.time == pytest.approx(t.time)
+    # a chain-bound launch (its time grows with the latency) on the line's slope: it runs
+    # slower than at the light latency, and at the latency its own throughput gives
+    chained = _launch(bytes=2 * 10 ** 8)
+    t = cm.terms(chained, _counted(), card, bw, card.clock_hz, lat)
+    at_light = cm.terms(chained, _counted(), card, bw, card.clock_hz, lat.light_ns)
+    u = 2 * 10 ** 8 / (t.time * lat.peak_bw)
+    assert t.bound == "chain" and lat.light_at < u < lat.loaded_at
+    assert t.time > at_light.time and t.latency_ns > lat.light_ns
+    assert t.latency_ns == pytest.approx(lat.at(u), abs=0.5)
     light = cm.terms(_launch(bytes=10 ** 6), _counted(), card, bw, card.clock_hz, lat)
     assert light.latency_ns == lat.light_ns                     # a launch that moves little
     assert cm.terms(_launch(), _counted(), card, bw, card.clock_hz, card.latency(fixed=True)) \

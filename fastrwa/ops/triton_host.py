@@ -83,7 +83,7 @@ def _check(opts: Options) -> None:
             raise ValueError(f"{name} must be a power of two, got {value!r}")
     if not (isinstance(opts.stages, int) and opts.stages >= 1):
         raise ValueError(f"stages must be an integer >= 1, got {opts.stages!r}")
-    if opts.forward_lookahead not in (1, 2) or isinstance(opts.forward_lookahead, bool):
+    if not (type(opts.forward_lookahead) is int and opts.forward_lookahead in (1, 2)):
         raise ValueError(f"forward_lookahead must be 1 or 2, got {opts.forward_lookahead!r}")
     if not (isinstance(opts.segment_chunks, int) and opts.segment_chunks >= 0):
         raise ValueError(f"segment_chunks must be an integer >= 0, got {opts.segment_chunks!r}")

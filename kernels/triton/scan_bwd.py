@@ -242,6 +242,7 @@ def bwd_carry_kernel(
     b_W, b_V = _final_adjoint(i, dht_ptr, o_d, mask_d, D, NS, HAS_FINAL_GRAD, BD)   # [BD] x2
     n_seg = segments(T_i, CPS, BT)
     o_r = tl.arange(0, KT)                                                     # [KT]
+    b_last = (o_r == KT - 1)[:, None]                                          # [KT, 1]
     for k in range(0, tl.cdiv(n_seg, KT)):
         o_j = n_seg - (k + 1) * KT + o_r                                       # [KT]
         mask = (o_j >= 0)[:, None] & mask_d[None, :]                           # [KT, BD]
@@ -250,8 +251,8 @@ def bwd_carry_kernel(
         b_sK = tl.load(s_ptr + o_k, mask=mask, other=1.0)                      # [KT, BD]
         b_sW = tl.load(plane(s_ptr, 1, NSEG * D) + o_k, mask=mask, other=0.0)  # [KT, BD]
         b_sV = tl.load(plane(s_ptr, 2, NSEG * D) + o_k, mask=mask, other=0.0)  # [KT, BD]
-        b_last = (o_r == KT - 1)[:, None]                                      # [KT, 1]
-        f_K, f_W, f_V = linear_combine(1.0, b_W[None, :], b_V[None, :], b_sK, b_sW, b_sV)
+        _, f_W, f_V = linear_combine(1.0, b_W[None, :], b_V[None, :], b_sK, b_sW,
+                                     b_sV)                                     # [KT, BD] x2
         b_sW = tl.where(b_last, f_W, b_sW)                                     # [KT, BD]
         b_sV = tl.where(b_last, f_V, b_sV)                                     # [KT, BD]
         # (W, V) before each segment, then each one's entering: the next row's

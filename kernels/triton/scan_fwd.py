@@ -118,7 +118,8 @@ def fwd_carry_kernel(
         o_k = (s0 + k0 + o_r)[:, None] * D + o_d[None, :]                      # [KT, BD]
         # (segments past the last are empty: no weight, no decay)
         b_sm, b_sn, b_sd, b_sG = load_summary(s_ptr, o_k, mask, NSEG * D)     # [KT, BD] x4
-        b_m, b_n, b_d, b_G = scan_summaries(b_sm, b_sn, b_sd, b_sG, b_hm, b_hn, b_hd)
+        b_m, b_n, b_d, b_G = scan_summaries(b_sm, b_sn, b_sd, b_sG, b_hm, b_hn,
+                                            b_hd)                              # [KT, BD] x4
         # each segment's incoming state: the state after the one before it
         b_im, b_in, b_id = previous_rows(b_m, b_hm, b_n, b_hn, b_d, b_hd)     # [KT, BD] x3
         store_state(hs_ptr, o_k, mask, NSEG * D, b_im, b_in, b_id)

@@ -31,7 +31,8 @@ def test_completion_and_chunks_are_openais_bytes():
 
 
 @settings(max_examples=300, deadline=None)
-@given(text=st.text(), finish=st.sampled_from([None, "stop", "length"]),
+@given(text=st.text(st.characters(exclude_categories=())),      # (lone surrogates too)
+       finish=st.sampled_from([None, "stop", "length"]),
        model=st.text(min_size=1, max_size=8))
 def test_pre_encoded_chunk_events_are_the_chunks_bytes(text, finish, model):
     # (any text: escapes, lone surrogates, non-ASCII; the head's model too)
@@ -43,6 +44,7 @@ def test_pre_encoded_chunk_events_are_the_chunks_bytes(text, finish, model):
 
 def test_pre_encoded_chunk_events_on_the_wire():
     events = responses.ChunkEvents(HEAD)
+    assert events("\ud800", None) == responses.event(responses.chunk(HEAD, "\ud800", None))
     assert events("\u20ac\n", "length") == b"data: " + START + (
         b'"choices":[{"text":"\\u20ac\\n","index":0,"logprobs":null,'
         b'"finish_reason":"length"}]}\n\n')

@@ -35,6 +35,37 @@ def test_algorithms_agree():
     assert_close(y, y_looped.double(), 1e-6, "segments vs looped")
 
 
+def _same_bits_as_default(knob: dict, algorithm: str, reverse: bool, packed: bool,
+                          device: str, blocks: dict, T: int, lengths: list, D: int = 5):
+    """A knob's variant against the launcher's defaults on the same inputs: ``y``, the final
+    state and the gradients of the inputs and of an initial state, bit for bit (``blocks``:
+    the other knobs, each thread owning its channel columns; ``T``: the steps, or with
+    ``packed`` the sequences' ``lengths`` one after another), and the variant's ``y``
+    against the float64 reference."""
+    if packed:
+        T = sum(lengths)
+    z, a, g = (x.to(device) for x in make_inputs(1 if packed else 2, T, D,
+                                                 dtype=torch.float32, seed=21))
+    h0 = [x.float().to(device) for x in make_state(len(lengths) if packed else 2, D)]
+    cu = torch.tensor([0, *lengths]).cumsum(0).to(device) if packed else None
+    got = []
+    for knobs in ({}, knob):
+        leaves = [leaf(x) for x in (z, a, g, *h0)]
+        fn = lambda: fastrwa.rda_scan(*leaves[:3], "exp", initial_state=ScanState(*leaves[3:]),
+                                      output_final_state=True, reverse=reverse, cu_seqlens=cu)
+        with fastrwa.use_backend("triton"), backend_options(
+                "triton", algorithm=algorithm, **blocks, **knobs):
+            y, final = fn()
+            got.append((y, final.m, final.n, final.d, *loss_and_grads(fn, leaves)))
+    for default, variant in zip(*got):
+        assert torch.equal(default, variant), knob
+    y_ref, _ = reference(z.cpu(), a.cpu(), g.cpu(), "exp", ScanState(*(x.cpu() for x in h0)),
+                         reverse=reverse, cu_seqlens=None if cu is None else cu.cpu())
+    assert_close(got[1][0].cpu(), y_ref, 1e-5, f"{knob} vs the reference")
+
+
+# (T = 23 at SMALL's blocks: 6 chunks, the last ragged; segments of 2 chunks. Packed: 3, 9
+# and 11 steps.)
 @pytest.mark.interpreter
 @pytest.mark.parametrize("algorithm,reverse,packed", [
     ("looped", False, False), ("segments", False, False), ("looped", True, False),
@@ -43,49 +74,37 @@ def test_forward_lookahead_two_gives_the_same_bits(algorithm, reverse, packed):
     """The forward loading two chunks ahead (``forward_lookahead=2``, a variant for the card
     to time) computes what loading one ahead does, bit for bit, forward and backward: a
     ragged last chunk, segments of 2 chunks and a segment of 1 (the loads past a segment's
-    end masked), reversed and packed; and both agree with the float64 reference."""
-    z, a, g = make_inputs(1 if packed else 2, 23, 5, dtype=torch.float32, seed=21)
-    cu = torch.tensor([0, 3, 12, 23]) if packed else None
-    got = {}
-    for ahead in (1, 2):
-        leaves = [leaf(x) for x in (z, a, g)]
-        fn = lambda: fastrwa.rda_scan(*leaves, "exp", reverse=reverse, cu_seqlens=cu,
-                                      output_final_state=True)
-        with fastrwa.use_backend("triton"), backend_options(
-                "triton", algorithm=algorithm, forward_lookahead=ahead, **SMALL):
-            y, final = fn()
-            got[ahead] = (y, final.m, final.n, final.d, *loss_and_grads(fn, leaves))
-    for one, two in zip(got[1], got[2]):
-        assert torch.equal(one, two)
-    y_ref, _ = reference(z, a, g, "exp", reverse=reverse, cu_seqlens=cu)
-    assert_close(got[2][0], y_ref, 1e-5, "forward_lookahead=2 vs the reference")
+    end masked), reversed and packed; and agrees with the float64 reference."""
+    _same_bits_as_default(dict(forward_lookahead=2), algorithm, reverse, packed, "cpu",
+                          SMALL, 23, [3, 9, 11])
 
 
+# (T = 43 at SMALL's blocks: 11 chunks in 6 segments, the last of 1 chunk; packed: 9, 21 and
+# 43 steps, 2, 3 and 6 segments. A tile of 4 takes 6 segments as 4 + 2.)
 @pytest.mark.interpreter
-@pytest.mark.parametrize("tile", [2, 16])
+@pytest.mark.parametrize("tile", [4, 16])
 @pytest.mark.parametrize("reverse,packed", [(False, False), (True, False), (False, True)])
 def test_carry_tiles_give_what_the_walk_gives(tile, reverse, packed):
     """The carry kernels taking ``carry_tile`` segments at a time compute what the walk one
     segment at a time does (forward, backward, final state and its gradient, an initial
-    state), with segment counts that are not a multiple of the tile (6 segments of 2 chunks,
-    the last of 1; packed: 2, 3 and 6), and agree with the float64 reference."""
-    B, T = (1, 73) if packed else (2, 43)
-    z, a, g = make_inputs(B, T, 5, dtype=torch.float32, seed=22)
-    h0 = [x.float() for x in make_state(3 if packed else 2, 5)]
-    cu = torch.tensor([0, 9, 30, 73]) if packed else None
-    got = {}
-    for KT in (1, tile):
-        leaves = [leaf(x) for x in (z, a, g, *h0)]
-        fn = lambda: fastrwa.rda_scan(*leaves[:3], "exp", initial_state=ScanState(*leaves[3:]),
-                                      output_final_state=True, reverse=reverse, cu_seqlens=cu)
-        with fastrwa.use_backend("triton"), backend_options(
-                "triton", algorithm="segments", carry_tile=KT, **SMALL):
-            y, final = fn()
-            got[KT] = (y, final.m, final.n, final.d, *loss_and_grads(fn, leaves))
-    for one, tiled in zip(got[1], got[tile]):
-        assert torch.equal(one, tiled)
-    y_ref, _ = reference(z, a, g, "exp", ScanState(*h0), reverse=reverse, cu_seqlens=cu)
-    assert_close(got[tile][0], y_ref, 1e-5, f"carry_tile={tile} vs the reference")
+    state and its gradient), tiles cut short at the sequence's first or last segment, and
+    agree with the float64 reference."""
+    _same_bits_as_default(dict(carry_tile=tile), "segments", reverse, packed, "cpu", SMALL,
+                          43, [9, 21, 43])     # (packed: 73 steps)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("knob,algorithm", [(dict(forward_lookahead=2), "looped"),
+                                            (dict(forward_lookahead=2), "segments"),
+                                            (dict(carry_tile=8), "segments"),
+                                            (dict(carry_tile=16), "segments")])
+@pytest.mark.parametrize("reverse,packed", [(False, False), (True, False), (False, True)])
+def test_variants_give_the_defaults_bits_on_the_card(knob, algorithm, reverse, packed):
+    """Compiled, at the launcher's own blocks (each thread scanning its channel columns), the
+    variants issue 62 times give the defaults' bits: 1,000 steps in chunks of 16, segments
+    of 5 chunks (13 segments: tiles cut short), 70 channels (a ragged channel block)."""
+    _same_bits_as_default(knob, algorithm, reverse, packed, "cuda", dict(segment_chunks=5),
+                          1000, [37, 300, 663], D=70)
 
 
 def test_heuristic():
@@ -122,7 +141,7 @@ def test_segment_length():
                                         ("warps_backward", 6), ("stages", 0),
                                         ("segment_chunks", -1),
                                         ("forward_lookahead", 3), ("carry_tile", 3),
-                                        ("forward_lookahead", 0)])
+                                        ("forward_lookahead", 0), ("forward_lookahead", 2.0)])
 def test_launch_knobs_are_checked(knob, value):
     with pytest.raises(ValueError, match=f"{knob} must be"):
         triton_host.set_options(**{knob: value})
