@@ -22,6 +22,12 @@ Sections (``--only``; sweep and crossover by default, bench/gpu_run.sh's ``tune`
   at a time), side by side in one run; the last lines printed are each candidate's time over
   the defaults' per (shape, dtype, op), forward and forward+backward (:func:`ratios`).
 
+* streams: the cost model's bandwidth probe (bench/stream_probe.py: three inputs read as
+  the scan kernels read them, nothing computed) in the looped and the segments layouts at
+  ``--shapes``, float32 and bfloat16, beside a ``copy_`` of the same bytes: the bandwidth
+  those streams reach, for the model's DRAM term (docs/kernels.md, "Cost model"); appended
+  to ``DIR/streams.jsonl``.
+
 sweep and crossover write ``DIR/gpu-<device>.json`` (bench/gpu_report.py's shape, joined
 with the other calls' by ``python -m bench.gpu_report merge``) after each section; defaults
 appends its measurements to ``DIR/defaults.jsonl``. Each line printed is one JSON object.
@@ -33,6 +39,7 @@ appends its measurements to ``DIR/defaults.jsonl``. Each line printed is one JSO
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import os
@@ -44,11 +51,12 @@ import fastrwa
 from bench import gpu_report
 from bench.cli import add_out, check_out, choices_list, out_dir
 from bench.common import OPS
-from bench.gpu_ops import DTYPES, SHAPES, fastrwa_fn, random_inputs, timed
+from bench.gpu_ops import (DTYPES, LONG_T, SHAPES, CopyTimer, bench_ms, fastrwa_fn,
+                           random_inputs, timed)
 from fastrwa.testing import backend_options
 
-SECTIONS = ("sweep", "crossover", "defaults")
-IN_REPORT = ("sweep", "crossover")          # (defaults writes defaults.jsonl)
+SECTIONS = ("sweep", "crossover", "defaults", "streams")
+IN_REPORT = ("sweep", "crossover")          # (defaults and streams write .jsonl files)
 
 GRID_T = (8, 16, 32)
 GRID_D = (32, 64, 128)
@@ -204,6 +212,45 @@ def defaults(out, candidates: list[str], shapes: list[int]) -> None:
         print(json.dumps(dict(ratio_to_default=r)))
 
 
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def streams(out, shapes: list[int]) -> None:
+    """The streams section (module doc): one line a (shape, dtype, layout), appended to
+    ``out/streams.jsonl``; the looped layout only up to ``LONG_T`` steps (past it a program
+    walks 65,536 chunks alone: seconds a call)."""
+    from bench.stream_probe import BT, BD, read
+    from fastrwa.ops import triton_host
+
+    os.makedirs(out, exist_ok=True)
+    path = os.path.join(out, "streams.jsonl")
+    copy, device = CopyTimer("cuda"), torch.device("cuda")
+    for shape in [SHAPES[i] for i in shapes]:
+        B, T, D = shape
+        layouts = {"segments": triton_host.segment_chunks(B, D, T, triton_host.Options(),
+                                                          device)}
+        if T <= LONG_T:
+            layouts["looped"] = _cdiv(T, BT)
+        for dtype_name, dtype in DTYPES.items():
+            inputs = random_inputs(3, shape, dtype, "cuda")
+            nbytes = 3 * inputs[0].numel() * inputs[0].element_size()
+            for layout, cps in layouts.items():
+                ms = bench_ms(functools.partial(read, *inputs, cps))
+                programs = B * _cdiv(_cdiv(T, BT), cps) * _cdiv(D, BD)
+                entry = dict(device=torch.cuda.get_device_name(), shape=list(shape),
+                             dtype=dtype_name, layout=layout, chunks_per_program=cps,
+                             programs=programs, bytes=nbytes, ms=ms, copy_ms=copy.ms(nbytes),
+                             read_gb_per_s=nbytes / ms / 1e6,
+                             ratio_to_copy=copy.ms(nbytes) / ms)
+                line = json.dumps(entry)
+                print(line, flush=True)
+                with open(path, "a") as f:
+                    f.write(line + "\n")
+            del inputs
+            torch.cuda.empty_cache()
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The flags, every bad value refused (one ``error:`` line, exit 2), ``--out`` settled
     (``$OUT`` where set and no ``--out``)."""
@@ -216,11 +263,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--candidates", nargs="+", choices=list(CANDIDATES),
                    help="(defaults) knob sets to time beside the defaults (default: all)")
     p.add_argument("--shapes", nargs="+", type=int, choices=range(len(SHAPES)),
-                   help="(defaults) indices into gpu_ops.SHAPES (default: all)")
+                   help="(defaults, streams) indices into gpu_ops.SHAPES (default: all)")
     args = p.parse_args(argv)
-    for flag in ("candidates", "shapes"):
-        if getattr(args, flag) is not None and "defaults" not in args.only:
-            p.error(f"--{flag} is for the defaults section: add --only defaults")
+    if args.candidates is not None and "defaults" not in args.only:
+        p.error("--candidates is for the defaults section: add --only defaults")
+    if args.shapes is not None and not {"defaults", "streams"} & set(args.only):
+        p.error("--shapes is for the defaults and streams sections: add --only defaults "
+                "or streams")
     args.candidates = args.candidates or list(CANDIDATES)
     args.shapes = args.shapes if args.shapes is not None else list(range(len(SHAPES)))
     if args.out is None and os.environ.get("OUT"):     # (the device tool's output folder)
@@ -251,6 +300,8 @@ def main(argv: list[str] | None = None) -> int:
         status = gpu_report.finished(report, args.out, failed)
     if "defaults" in args.only:
         defaults(args.out, args.candidates, args.shapes)
+    if "streams" in args.only:
+        streams(args.out, args.shapes)
     return status
 
 

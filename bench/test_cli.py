@@ -220,6 +220,8 @@ BAD = [
     ("gpu_sweep", ["--only", "defaults", "--shapes", "9"], "argument --shapes"),
     ("gpu_sweep", ["--only", "defaults", "--candidates", "bogus"], "argument --candidates"),
     ("gpu_sweep", ["--out", "FILE"], "argument --out"),
+    ("gpu_sweep", ["--shapes", "0"], "--shapes is for the defaults and streams"),
+    ("gpu_sweep", ["--candidates", "carry8"], "--candidates is for the defaults"),
     ("gpu_report", ["merge", "MISSING"], "argument reports"),
     ("gpu_report", ["merge", "FILE"], "report"),
     ("gpu_report", ["merge", "R1", "R2"], "cannot merge"),
