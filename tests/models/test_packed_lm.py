@@ -415,7 +415,7 @@ def test_a_stream_shares_its_steps(monkeypatch):
     has been faster lately. How many of the 60 are shared is the machine's business (a
     helper that starts late on a busy machine is given up for that step: in a CI run with
     every core busy, 1 of 60), so the test asks for one, not most; how much sharing gains
-    is measured by bench/generation.py, not here."""
+    is a benchmark's question (bench/generation.py at 1 and 2 threads), not this test's."""
     if decode_host._cores() < 2:
         pytest.skip("a step is shared among cores: this machine has one (or is Windows)")
     monkeypatch.setattr(decode_host, "SPLIT_ABOVE", 1)
