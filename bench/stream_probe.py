@@ -24,7 +24,9 @@ import torch
 import triton
 import triton.language as tl
 
-BT, BD = 16, 32     # the launcher's default chunk and channel block (triton_host.Options)
+from fastrwa.ops.triton_host import Options
+
+BT, BD = Options().block_t, Options().block_d   # the launcher's default chunk, channel block
 
 
 @triton.jit
