@@ -212,14 +212,12 @@ def defaults(out, candidates: list[str], shapes: list[int]) -> None:
         print(json.dumps(dict(ratio_to_default=r)))
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def streams(out, shapes: list[int]) -> None:
     """The streams section (module doc): one line a (shape, dtype, layout), appended to
     ``out/streams.jsonl``; the looped layout only up to ``LONG_T`` steps (past it a program
     walks 65,536 chunks alone: seconds a call)."""
+    import triton
+
     from bench.stream_probe import BT, BD, read
     from fastrwa.ops import triton_host
 
@@ -231,13 +229,13 @@ def streams(out, shapes: list[int]) -> None:
         layouts = {"segments": triton_host.segment_chunks(B, D, T, triton_host.Options(),
                                                           device)}
         if T <= LONG_T:
-            layouts["looped"] = _cdiv(T, BT)
+            layouts["looped"] = triton.cdiv(T, BT)
         for dtype_name, dtype in DTYPES.items():
             inputs = random_inputs(3, shape, dtype, "cuda")
             nbytes = 3 * inputs[0].numel() * inputs[0].element_size()
             for layout, cps in layouts.items():
                 ms = bench_ms(functools.partial(read, *inputs, cps))
-                programs = B * _cdiv(_cdiv(T, BT), cps) * _cdiv(D, BD)
+                programs = B * triton.cdiv(triton.cdiv(T, BT), cps) * triton.cdiv(D, BD)
                 entry = dict(device=torch.cuda.get_device_name(), shape=list(shape),
                              dtype=dtype_name, layout=layout, chunks_per_program=cps,
                              programs=programs, bytes=nbytes, ms=ms, copy_ms=copy.ms(nbytes),
