@@ -206,6 +206,7 @@ class Knobs:
     depth: int = 1                     # chunks a load runs ahead (what-if: see --candidates)
     forward_lookahead: int = 1         # the forward kernel's LOOKAHEAD (a build: 1 or 2)
     carry_tile: int = 1                # segments a carry kernel's iteration takes (KT)
+    forward_block_t: int = 0           # the forward's BT (0: block_t; states saved at block_t)
 
 
 def default_knobs() -> Knobs:
@@ -214,7 +215,8 @@ def default_knobs() -> Knobs:
     return Knobs(o.block_t, o.block_d, o.block_d_backward, o.warps, o.warps_backward, o.stages,
                  o.segment_chunks, tb.PROGRAMS_PER_SM, tb.SEGMENT_PROGRAMS_PER_SM,
                  tb.MIN_SEGMENT_CHUNKS, tb.MAX_REGISTERS,
-                 forward_lookahead=o.forward_lookahead, carry_tile=o.carry_tile)
+                 forward_lookahead=o.forward_lookahead, carry_tile=o.carry_tile,
+                 forward_block_t=o.forward_block_t)
 
 
 def cdiv(a: int, b: int) -> int:
@@ -268,18 +270,24 @@ def lookahead(ATTN: int, k: Knobs) -> int:
 def plan(op: str, shape, dtype: str, algorithm: str, pass_: str, k: Knobs, sms: int,
          source_has_lookahead: bool = True,
          source_has_forward_lookahead: bool = True,
-         source_has_carry_tile: bool = True) -> list[Launch]:
+         source_has_carry_tile: bool = True,
+         source_has_save_bt: bool = True) -> list[Launch]:
     """The launches of ``pass_`` ("fwd": the forward without autograd; "fwd+bwd": the
     forward that saves its chunk states, then the backward), as fastrwa/ops/triton_host.py
     makes them. ``source_has_*``: the kernels compiled have the backward's (the forward's)
     ``LOOKAHEAD`` constexpr, the carry kernels ``KT``; older sources have not (one chunk
-    ahead in the forward, none in the backward, one segment a carry iteration)."""
+    ahead in the forward, none in the backward, one segment a carry iteration), the
+    forward ``SAVE_BT`` (its chunk apart from the saved states': ``forward_block_t``)."""
     B, T, D = shape
     spec = OPS[op]
     s, n_in = ITEMSIZE[dtype], spec["inputs"]
     E = B * T * D
     BT = k.block_t
-    rows = B * cdiv(T, BT)
+    rows = B * cdiv(T, BT)                               # saved chunk states, BT steps each
+    if k.forward_block_t and not source_has_save_bt:
+        raise ValueError("forward_block_t: the kernels compiled have no SAVE_BT")
+    fk = dataclasses.replace(k, block_t=k.forward_block_t or BT, forward_block_t=0)
+    fBT = fk.block_t
     state = 3 * D * 4                                    # a chunk's saved state, float32
     save = pass_ != "fwd"
     out = []
@@ -287,8 +295,10 @@ def plan(op: str, shape, dtype: str, algorithm: str, pass_: str, k: Knobs, sms: 
     BD = k.block_d
     n_d = cdiv(D, BD)
     fconst = dict(D=D, ATTN=spec["ATTN"], DISCOUNT=spec["DISCOUNT"], REVERSE=False,
-                  SAVE_CHUNKS=save, IS_VARLEN=False, BT=BT, BD=BD)
-    fload = n_in * BT * BD * s
+                  SAVE_CHUNKS=save, IS_VARLEN=False, BT=fBT, BD=BD)
+    if source_has_save_bt:
+        fconst["SAVE_BT"] = BT
+    fload = n_in * fBT * BD * s
     common = dict(dtype=dtype, stages=k.stages, maxnreg=k.max_registers)
     fahead = 1
     KT = k.carry_tile if source_has_carry_tile else 1
@@ -299,12 +309,12 @@ def plan(op: str, shape, dtype: str, algorithm: str, pass_: str, k: Knobs, sms: 
         out.append(Launch(f"fwd[one_pass{',save' if save else ''}]", "scan_fwd.fwd_kernel",
                           _items(fconst, PHASE=0, HAS_INIT=False, STORE_FINAL=save, CPS=1),
                           (("T", T), ("NS", B), ("NCT", rows), ("NSEG", B)),
-                          warps=k.warps, programs=B * n_d, iterations=cdiv(T, BT),
+                          warps=k.warps, programs=B * n_d, iterations=cdiv(T, fBT),
                           bytes=(n_in + 1) * E * s + save * (rows * state + B * state),
                           chunk_load_bytes=fload, depth=k.depth, ahead=fahead, **common))
     else:
-        cps = segment_chunks(B, D, T, k, sms)
-        nseg = B * max(1, cdiv(cdiv(T, BT), cps))
+        cps = segment_chunks(B, D, T, fk, sms)
+        nseg = B * max(1, cdiv(cdiv(T, fBT), cps))
         ints = (("T", T), ("CPS", cps), ("NS", B), ("NCT", rows), ("NSEG", nseg))
         out.append(Launch("fwd[summary]", "scan_fwd.fwd_kernel",
                           _items(fconst, PHASE=1, HAS_INIT=False, STORE_FINAL=False), ints,
@@ -312,7 +322,7 @@ def plan(op: str, shape, dtype: str, algorithm: str, pass_: str, k: Knobs, sms: 
                           bytes=n_in * E * s + 4 * nseg * D * 4, chunk_load_bytes=fload,
                           depth=k.depth, ahead=fahead, **common))
         out.append(Launch("fwd_carry", "scan_fwd.fwd_carry_kernel",
-                          _items(dict(D=D, IS_VARLEN=False, BT=BT, BD=BD, **ckt),
+                          _items(dict(D=D, IS_VARLEN=False, BT=fBT, BD=BD, **ckt),
                                  HAS_INIT=False, STORE_FINAL=save),
                           (("T", T), ("CPS", cps), ("NS", B), ("NSEG", nseg)),
                           warps=k.warps, programs=B * n_d, iterations=cdiv(nseg // B, KT),
@@ -768,7 +778,8 @@ def predict(rows: list[tuple], card: Card, knobs: Knobs, source: str | None, pyt
     has_la = _source_has(source, "scan_bwd.py", "LOOKAHEAD")
     has_fla = _source_has(source, "scan_fwd.py", "LOOKAHEAD")
     has_kt = _source_has(source, "scan_fwd.py", "KT")
-    plans = [plan(op, shape, dt, alg, ps, knobs, card.sms, has_la, has_fla, has_kt)
+    has_sbt = _source_has(source, "scan_fwd.py", "SAVE_BT")
+    plans = [plan(op, shape, dt, alg, ps, knobs, card.sms, has_la, has_fla, has_kt, has_sbt)
              for op, shape, dt, alg, ps, _, _ in rows]
     compiled = compile_all([l for p in plans for l in p], source, python)
     out = []
@@ -930,6 +941,11 @@ def candidates(card: Card, knobs: Knobs, python: str, latency: "float | Latency"
         ("forward LOOKAHEAD 2 (built)", dataclasses.replace(knobs, forward_lookahead=2)),
         ("carry tile 8 (built)", dataclasses.replace(knobs, carry_tile=8)),
         ("carry tile 16 (built)", dataclasses.replace(knobs, carry_tile=16)),
+        ("forward BT 32 (built)", dataclasses.replace(knobs, forward_block_t=32)),
+        ("forward BT 32, carry tile 8", dataclasses.replace(knobs, forward_block_t=32,
+                                                            carry_tile=8)),
+        ("forward BT 32, depth 2 (what-if)", dataclasses.replace(knobs, forward_block_t=32,
+                                                                 depth=2)),
         ("BT 8", dataclasses.replace(knobs, block_t=8)),
         ("BT 32", dataclasses.replace(knobs, block_t=32)),
         ("2 warps, BD 64", dataclasses.replace(knobs, block_d=64, block_d_backward=64, warps=2,

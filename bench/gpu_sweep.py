@@ -144,6 +144,7 @@ CANDIDATES = {
     "fwd-la2": dict(forward_lookahead=2),
     "carry8": dict(carry_tile=8),
     "carry16": dict(carry_tile=16),
+    "fwd-bt32": dict(forward_block_t=32),
 }
 
 

@@ -73,8 +73,9 @@ def _kernels(opts=None):
     from fastrwa.ops import triton_host as tb
 
     opts = opts or tb.Options()
-    fwd = ((opts.warps, tb.MAX_REGISTERS), dict(BT=opts.block_t, BD=opts.block_d,
-                                                LOOKAHEAD=opts.forward_lookahead))
+    fwd = ((opts.warps, tb.MAX_REGISTERS), dict(BT=opts.forward().block_t, BD=opts.block_d,
+                                                LOOKAHEAD=opts.forward_lookahead,
+                                                SAVE_BT=opts.block_t))
     bwd = ((opts.warps_backward, tb.MAX_REGISTERS),
            dict(BT=opts.block_t, BD=opts.block_d_backward))
     phases = {"one_pass": codes.ONE_PASS, "summary": codes.SUMMARY, "output": codes.OUTPUT}

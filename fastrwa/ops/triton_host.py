@@ -61,7 +61,8 @@ class Options:
     """
 
     algorithm: str = "auto"          # "auto" | "looped" | "segments"
-    block_t: int = 16                # BT: steps per chunk (forward and backward)
+    block_t: int = 16                # BT: steps per chunk (backward; forward unless below)
+    forward_block_t: int = 0         # the forward's BT: 0 (block_t) or a multiple of block_t
     block_d: int = 32                # BD: channels per program in the forward (and step)
     block_d_backward: int = 32       # BD: channels per program in the backward
     warps: int = 1                   # warps per program, forward and step kernels
@@ -70,6 +71,14 @@ class Options:
     segment_chunks: int = 0          # chunks per segment ("segments"); 0: chosen per call
     forward_lookahead: int = 1       # chunks the forward loads ahead of its scan: 1 or 2
     carry_tile: int = 1              # segments the carry kernels load and scan at once
+
+    def forward(self) -> "Options":
+        """The knobs the forward kernels run at: ``block_t`` is ``forward_block_t`` where that
+        is set. The forward still saves the state entering every ``block_t`` steps (the
+        backward's chunks), so a longer forward chunk leaves the backward as it is."""
+        if not self.forward_block_t:
+            return self
+        return dataclasses.replace(self, block_t=self.forward_block_t, forward_block_t=0)
 
 
 def _check(opts: Options) -> None:
@@ -81,6 +90,12 @@ def _check(opts: Options) -> None:
         value = getattr(opts, name)
         if not (isinstance(value, int) and value >= 1 and value & (value - 1) == 0):
             raise ValueError(f"{name} must be a power of two, got {value!r}")
+    if not (type(opts.forward_block_t) is int and (
+            opts.forward_block_t == 0 or (opts.forward_block_t >= opts.block_t
+                                          and opts.forward_block_t & (opts.forward_block_t - 1)
+                                          == 0))):
+        raise ValueError(f"forward_block_t must be 0 (block_t) or a power of two >= block_t "
+                         f"({opts.block_t}), got {opts.forward_block_t!r}")
     if not (isinstance(opts.stages, int) and opts.stages >= 1):
         raise ValueError(f"stages must be an integer >= 1, got {opts.stages!r}")
     if not (type(opts.forward_lookahead) is int and opts.forward_lookahead in (1, 2)):
@@ -227,10 +242,10 @@ def forward(args: ScanArgs, *, output_final_state: bool, save: bool) -> ForwardR
 def _forward(args: ScanArgs, output_final_state: bool, save: bool) -> ForwardResult:
     z, a, g, attention, discount, init, reverse, cu_seqlens = args
     save_for_backward = save
-    opts = options()
-    BT, BD = opts.block_t, opts.block_d
+    opts = options().forward()
+    BT, BD, SAVE_BT = opts.block_t, opts.block_d, options().block_t
     B, T, D = z.shape
-    lay = _layout(z, cu_seqlens, BT)
+    lay = _layout(z, cu_seqlens, SAVE_BT)      # the saved states' rows: SAVE_BT steps each
     ATTN, DISCOUNT = _codes(attention, discount, g)
     z, a = z.contiguous(), a.contiguous()
     # (without a discount, DISCOUNT == 0: no g is read)
@@ -248,7 +263,8 @@ def _forward(args: ScanArgs, output_final_state: bool, save: bool) -> ForwardRes
     tensors = dict(z_ptr=z, a_ptr=a, g_ptr=g, y_ptr=y, h0_ptr=h0, ht_ptr=ht, hc_ptr=hc,
                    **lay.sequences(z))
     scan = dict(tensors, ATTN=ATTN, DISCOUNT=DISCOUNT, REVERSE=reverse,
-                SAVE_CHUNKS=save_for_backward, LOOKAHEAD=opts.forward_lookahead, **flags)
+                SAVE_CHUNKS=save_for_backward, LOOKAHEAD=opts.forward_lookahead,
+                SAVE_BT=SAVE_BT, **flags)
     if T == 1 and cu_seqlens is None and not save_for_backward:
         # Streaming inference: one fused step launch.
         step.step_kernel[(B, n_d)](z_ptr=z, a_ptr=a, g_ptr=g, y_ptr=y, h0_ptr=h0, ht_ptr=ht,

@@ -24,11 +24,11 @@ State buffers are float32 ``(3, rows, D)``: ``m``, ``n~``, ``d~``; segment summa
 import triton
 import triton.language as tl
 
-from .common import (ONE_PASS, OUTPUT, SUMMARY, average, chunk_offsets, chunk_rows,
-                     initial_state, load_chunk, load_state, load_summary, log_weights,
-                     previous_rows, scan_chunk, scan_summaries, state_row, store_state,
-                     store_summary)
-from .sequence import first_segment, segment_program, segments, sequence_program
+from .common import (ONE_PASS, SUMMARY, average, chunk_offsets, chunk_rows, initial_state,
+                     load_chunk, load_state, load_summary, log_weights, previous_rows,
+                     scan_chunk, scan_summaries, state_row, store_state, store_summary)
+from .sequence import (first_chunk, first_segment, segment_program, segments,
+                       sequence_program)
 
 
 @triton.jit
@@ -48,15 +48,21 @@ def fwd_kernel(
     ATTN: tl.constexpr, DISCOUNT: tl.constexpr, PHASE: tl.constexpr, HAS_INIT: tl.constexpr,
     STORE_FINAL: tl.constexpr, SAVE_CHUNKS: tl.constexpr, IS_VARLEN: tl.constexpr,
     REVERSE: tl.constexpr, LOOKAHEAD: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
+    SAVE_BT: tl.constexpr,
 ):
     """One segment: ``ONE_PASS`` from ``h0`` (final state into ``ht``), ``SUMMARY`` from an
     empty state (its ``(m, n~, d~, G)`` into ``s``, ``(4, NSEG, D)``), ``OUTPUT`` from its
     incoming state in ``s`` (``(3, NSEG, D)``, the carry kernel's). ``LOOKAHEAD``: how
     many chunks ahead of its scan a chunk's inputs are loaded, 1 (the next chunk's while
     this one scans) or 2 (two chunks' loads in flight: more bytes in flight for the same
-    latency, at 3 x BT more registers a thread; the launcher's ``forward_lookahead``)."""
-    pid, i, o_d, mask_d, bos, T_i, c0, c_lo, c_hi = segment_program(
+    latency, at 3 x BT more registers a thread; the launcher's ``forward_lookahead``).
+    ``SAVE_BT``: the steps of a saved chunk state (``hc``, ``(3, NCT, D)``, rows of
+    ``SAVE_BT`` steps: the backward's chunks), ``BT`` or a divisor of it: a chunk saves the
+    state entering each of its ``BT / SAVE_BT`` parts (the launcher's ``forward_block_t``)."""
+    pid, i, o_d, mask_d, bos, T_i, _, c_lo, c_hi = segment_program(
         cu_ptr, co_ptr, so_ptr, ss_ptr, T, CPS, D, BT, BD, IS_VARLEN, PHASE == ONE_PASS)
+    c0 = first_chunk(i, co_ptr, T, SAVE_BT, IS_VARLEN)      # in rows of SAVE_BT steps
+    R: tl.constexpr = BT // SAVE_BT                         # saved states a chunk
     o_seg = pid * D + o_d                                                      # [BD]
     if PHASE == ONE_PASS:
         b_hm, b_hn, b_hd = initial_state(h0_ptr, i * D + o_d, mask_d, NS * D, HAS_INIT, BD)
@@ -72,7 +78,7 @@ def fwd_kernel(
                               DISCOUNT, REVERSE, BT)                           # [BT, BD] x3
     for c in range(c_lo, c_hi):
         if SAVE_CHUNKS and PHASE != SUMMARY:
-            store_state(hc_ptr, (c0 + c) * D + o_d, mask_d, NCT * D, b_hm, b_hn, b_hd)
+            store_state(hc_ptr, (c0 + c * R) * D + o_d, mask_d, NCT * D, b_hm, b_hn, b_hd)
         # the loads LOOKAHEAD chunks on are issued before this chunk's scan waits on its own
         n_z, n_a, n_g = _load(z_ptr, a_ptr, g_ptr, bos, T_i, c + LOOKAHEAD, c_hi, o_d, mask_d,
                               D, DISCOUNT, REVERSE, BT)                        # [BT, BD] x3
@@ -83,6 +89,15 @@ def fwd_kernel(
         if PHASE != SUMMARY:
             tl.store(y_ptr + chunk_offsets(bos, t0, o_dt, o_d, D),
                      average(b_n, b_d).to(y_ptr.dtype.element_ty), mask=mask)
+        if SAVE_CHUNKS and PHASE != SUMMARY:
+            for j in tl.static_range(1, R):     # the state entering part j: after its row
+                b_pm, b_pn, b_pd, b_pG = state_row(b_m, b_n, b_d, b_G, j * SAVE_BT - 1, BT)
+                # (a part past the sequence's end has no row: its store would be the next
+                # sequence's)
+                t_j = tl.full([BD], (c * R + j) * SAVE_BT, tl.int64)           # [BD]
+                mask_j = mask_d & (t_j < T_i)                                  # [BD]
+                store_state(hc_ptr, (c0 + c * R + j) * D + o_d, mask_j, NCT * D, b_pm, b_pn,
+                            b_pd)
         b_hm, b_hn, b_hd, b_cG = state_row(b_m, b_n, b_d, b_G, BT - 1, BT)    # [BD] x4
         b_hG += b_cG
         if LOOKAHEAD == 2:

@@ -16,6 +16,7 @@ import torch
 
 import fastrwa
 from fastrwa.ops import triton_host
+from fastrwa.ops.contract import ScanArgs
 from fastrwa.testing import backend_options
 from fastrwa.state import ScanState
 from helpers import assert_close, leaf, loss_and_grads, make_inputs, make_state, reference
@@ -93,6 +94,75 @@ def test_carry_tiles_give_what_the_walk_gives(tile, reverse, packed):
                           19, [5, 9, 19])      # (packed: 33 steps)
 
 
+def _saved_states(z, a, g, h0, cu, reverse, **knobs):
+    """The chunk states the Triton forward saves for its backward (``(3, rows, D)``)."""
+    args = ScanArgs(z, a, g, "exp", "sigmoid", tuple(h0), reverse, cu)
+    with backend_options("triton", **knobs):
+        return triton_host.forward(args, output_final_state=False, save=True).saved[0]
+
+
+def _longer_forward_chunk(forward_t: int, algorithm: str, reverse: bool, packed: bool,
+                          device: str, blocks: dict, T: int, lengths: list, D: int = 5):
+    """``forward_block_t = forward_t`` against the float64 reference (``y``, the final
+    state's log-total and average, the gradients through the backward at ``block_t``), and
+    its saved chunk states against the default forward's."""
+    T = sum(lengths) if packed else T
+    z, a, g = (x.to(device) for x in make_inputs(1 if packed else 2, T, D,
+                                                 dtype=torch.float32, seed=23))
+    h0 = [x.float().to(device) for x in make_state(len(lengths) if packed else 2, D)]
+    cu = torch.tensor([0, *lengths]).cumsum(0).to(device) if packed else None
+    knobs = dict(blocks, algorithm=algorithm)
+    BT = triton_host.Options(**blocks).block_t
+    want = _saved_states(z, a, g, h0, cu, reverse, **knobs)
+    got = _saved_states(z, a, g, h0, cu, reverse, forward_block_t=forward_t, **knobs)
+    rows = sum(-(-n // BT) for n in lengths) if packed else 2 * -(-T // BT)
+    assert_close(got[:, :rows].cpu(), want[:, :rows].double().cpu(), 1e-6, "saved states")
+    leaves = [leaf(x) for x in (z, a, g, *h0)]
+    fn = lambda: fastrwa.rda_scan(*leaves[:3], "exp", initial_state=ScanState(*leaves[3:]),
+                                  output_final_state=True, reverse=reverse, cu_seqlens=cu)
+    with fastrwa.use_backend("triton"), backend_options(
+            "triton", forward_block_t=forward_t, **knobs):
+        (y, final), grads = fn(), loss_and_grads(fn, leaves)
+    cpu = [leaf(x.detach().cpu()) for x in leaves]
+    ref = lambda: reference(*cpu[:3], "exp", ScanState(*cpu[3:]), reverse=reverse,
+                            cu_seqlens=None if cu is None else cu.cpu())
+    y_ref, final_ref = ref()
+    assert_close(y.cpu(), y_ref, 1e-5, "y")
+    # (the state's gauge-free parts: its log-total and its average)
+    assert_close((final.m + final.d.log()).cpu(), final_ref.m + final_ref.d.log(), 1e-5,
+                 "log-total")
+    assert_close((final.n / final.d).cpu(), final_ref.n / final_ref.d, 1e-5, "average")
+    for got_x, want_x in zip(grads, loss_and_grads(ref, cpu)):
+        assert_close(got_x.cpu(), want_x, 1e-4, "gradient")
+
+
+# (SMALL's backward chunks are 4 steps; the forward's 16 or 8. T = 23: forward chunks of 8
+# end with one of 7 steps, 2 saved states; T = 19: the last forward chunk has 3 steps, 1
+# saved state, its second part past the end. Packed: 3, 9 and 11 steps.)
+@pytest.mark.interpreter
+@pytest.mark.parametrize("forward_t,algorithm,reverse,packed,T", [
+    (8, "looped", False, False, 23), (8, "looped", True, False, 19),
+    (16, "segments", False, True, None), (8, "segments", True, True, None)])
+def test_a_longer_forward_chunk_saves_the_backwards_states(forward_t, algorithm, reverse,
+                                                           packed, T):
+    """``forward_block_t`` (a variant for the card to time: the forward scans chunks of 8 or
+    16 steps while the backward keeps chunks of 4) saves the state entering every 4 steps,
+    as the default forward does, a part past a sequence's end saving nothing; its ``y``,
+    final state and gradients (through the backward at chunks of 4) agree with the float64
+    reference."""
+    _longer_forward_chunk(forward_t, algorithm, reverse, packed, "cpu", SMALL, T, [3, 9, 11])
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("algorithm", ["looped", "segments"])
+@pytest.mark.parametrize("reverse,packed", [(False, False), (True, False), (False, True)])
+def test_a_longer_forward_chunk_on_the_card(algorithm, reverse, packed):
+    """Compiled, at the launcher's own blocks: the forward at chunks of 32 steps, the
+    backward at 16 (1,000 steps; segments of 5 chunks; 70 channels) against the reference."""
+    _longer_forward_chunk(32, algorithm, reverse, packed, "cuda", dict(segment_chunks=5), 1000,
+                          [37, 300, 663], D=70)
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("knob,algorithm", [(dict(forward_lookahead=2), "looped"),
                                             (dict(forward_lookahead=2), "segments"),
@@ -141,7 +211,9 @@ def test_segment_length():
                                         ("warps_backward", 6), ("stages", 0),
                                         ("segment_chunks", -1),
                                         ("forward_lookahead", 3), ("carry_tile", 3),
-                                        ("forward_lookahead", 0), ("forward_lookahead", 2.0)])
+                                        ("forward_lookahead", 0), ("forward_lookahead", 2.0),
+                                        ("forward_block_t", 8), ("forward_block_t", 48),
+                                        ("forward_block_t", 32.0)])
 def test_launch_knobs_are_checked(knob, value):
     with pytest.raises(ValueError, match=f"{knob} must be"):
         triton_host.set_options(**{knob: value})
