@@ -80,7 +80,7 @@ class Block(nn.Module):
         :meth:`fastrwa.nn.RDA.step_` checks it): a refused call leaves ``x`` and ``state``
         as they were."""
         self._check_step_(x, state, work)
-        return self._step_into(x, state, work)
+        return self.unchecked_step_(x, state, work)
 
     def _check_step_(self, x: object, state: object, work: object) -> None:
         d, param = self.norm1.normalized_shape[0], self.mlp[0].weight
@@ -102,11 +102,13 @@ class Block(nn.Module):
         if not torch.compiler.is_compiling():
             check_no_overlap([("x", x)], [])
 
-    def _step_into(self, x: Tensor, state: LayerState, work: dict) -> Tensor:
-        """The computation of :meth:`step_`, on arguments it has checked."""
+    def unchecked_step_(self, x: Tensor, state: LayerState, work: dict) -> Tensor:
+        """:meth:`step_` without its checks, for a caller that has made them
+        (:meth:`fastrwa.models.ByteLM.step_` checks its cache once and steps each block
+        through this). Arguments :meth:`step_` would refuse give undefined results here."""
         normed, h = work["normed"], work["h"]
         rms_norm_into(x, self.norm1, normed, work["rstd"], work["wide"])
-        self.mix._step_into(normed, state, h, work["mix"])
+        self.mix.unchecked_step_(normed, state, h, work["mix"])
         if self.gate is not None:
             torch.addmm(self.gate.bias, normed, self.gate.weight.t(), out=work["gate"])
             h.mul_(work["gate"].sigmoid_())

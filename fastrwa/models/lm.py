@@ -237,7 +237,7 @@ class ByteLM(nn.Module):
         x = torch.index_select(self.embed.weight, 0, token, out=work["x"])
         # (the cache's buffers match this model: its blocks' checks are not needed)
         for block, state, block_work in zip(self.blocks, cache.state.layers, work["blocks"]):
-            block._step_into(x, state, block_work)
+            block.unchecked_step_(x, state, block_work)
         rms_norm_into(x, self.norm, work["normed"], work["rstd"], work["wide"])
         return torch.mm(work["normed"], self.head.weight.t(), out=work["logits"])
 

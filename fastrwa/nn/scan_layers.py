@@ -522,7 +522,7 @@ class _ScanLayer(nn.Module):
         self._check_step_(x_t, state, out, work)
         if work is None:
             work = self.step_workspace(x_t.shape[0], x_t.dtype)
-        return self._step_into(x_t, state, out, work)
+        return self.unchecked_step_(x_t, state, out, work)
 
     def _check_step_(self, x_t: object, state: object, out: object, work: Optional[dict],
                      work_name: str = "work") -> None:
@@ -582,8 +582,11 @@ class _ScanLayer(nn.Module):
                 _NO_OVERLAP.clear()
             _NO_OVERLAP.add(key)
 
-    def _step_into(self, x_t: Tensor, state: LayerState, out: Tensor, work: dict) -> Tensor:
-        """The computation of :meth:`step_`, on arguments it has checked."""
+    def unchecked_step_(self, x_t: Tensor, state: LayerState, out: Tensor,
+                        work: dict) -> Tensor:
+        """:meth:`step_` without its checks, for a caller that has made them (a block's or a
+        model's decode step checks its arguments once and steps each layer through this).
+        Arguments :meth:`step_` would refuse give undefined results here."""
         inp = x_t
         if self.token_shift and torch.compiler.is_compiling():
             # (inductor fuses the concatenation; the copies below into one buffer, then
