@@ -17,7 +17,7 @@
 # .carry/text-corpus.txt), tune (bench/gpu_sweep.py: the launch-knob sweep and the crossover),
 # variants (the variants built for issue 62 beside the defaults at its three shapes: the
 # forward at chunks of 32 steps, the carry kernels 8 or 16 segments at a time, the forward
-# two chunks ahead; then the cost model's bandwidth probe, bench/stream_probe.py; <= 240 s):
+# two chunks ahead; first the cost model's bandwidth probe, bench/stream_probe.py; <= 240 s):
 #     bash bench/gpu_run.sh checks,layers
 #     bash bench/gpu_run.sh tune
 #     bash bench/gpu_run.sh variants

@@ -30,7 +30,9 @@ Sections (``--only``; sweep and crossover by default, bench/gpu_run.sh's ``tune`
 
 sweep and crossover write ``DIR/gpu-<device>.json`` (bench/gpu_report.py's shape, joined
 with the other calls' by ``python -m bench.gpu_report merge``) after each section; defaults
-appends its measurements to ``DIR/defaults.jsonl``. Each line printed is one JSON object.
+appends its measurements to ``DIR/defaults.jsonl``. With both, streams runs before
+defaults (it takes seconds; defaults compiles a set of builds a candidate, and a time limit
+cuts it last). Each line printed is one JSON object.
 ``--out``: by default ``$OUT`` where set (the device tool's output folder), else
 ``bench-results/gpu``, which git ignores; a folder under bench/results only with
 ``--record``. Exits 2 when no CUDA GPU is visible. Results: docs/benchmarks.md, "GPU".
@@ -297,10 +299,12 @@ def main(argv: list[str] | None = None) -> int:
         failed = gpu_report.run_sections(report, reported, args.out, measure)
         report["copy_gb_per_s"] = {}
         status = gpu_report.finished(report, args.out, failed)
-    if "defaults" in args.only:
-        defaults(args.out, args.candidates, args.shapes)
+    # (streams first: seconds, and the cost model's measurement; the defaults section's
+    # compiles, a set of builds a candidate, are what a step's time limit may cut short)
     if "streams" in args.only:
         streams(args.out, args.shapes)
+    if "defaults" in args.only:
+        defaults(args.out, args.candidates, args.shapes)
     return status
 
 
