@@ -200,7 +200,9 @@ def defaults(out, candidates: list[str], shapes: list[int]) -> None:
                 B, T, D = shape
                 for name, knobs in knob_sets.items():
                     opts = triton_host.Options(**knobs)
-                    algorithm = triton_host.choose_algorithm(B, D, T, opts, leaves[0].device)
+                    # (the forward's choice, at its own chunk: forward_block_t)
+                    algorithm = triton_host.choose_algorithm(B, D, T, opts.forward(),
+                                                             leaves[0].device)
                     entry = dict(shape=list(shape), dtype=dtype_name, op=op, candidate=name,
                                  algorithm=algorithm)
                     try:

@@ -17,8 +17,10 @@ Forward algorithms (``Options.algorithm``):
   longest would be one segment (segments cannot beat one pass there); otherwise
   "segments".
 
-The backward uses the same algorithm as the forward. The forward saves each chunk's incoming
-state, ``3 * D`` floats per chunk of ``BT`` steps, and the backward recomputes the rest.
+The backward chooses its algorithm as the forward does, at its own ``BT`` (the same one
+unless ``forward_block_t`` gives the forward a longer chunk, when the two may choose
+differently). The forward saves each chunk's incoming state, ``3 * D`` floats per chunk of
+``BT`` (the backward's) steps, and the backward recomputes the rest.
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ class Options:
 
     algorithm: str = "auto"          # "auto" | "looped" | "segments"
     block_t: int = 16                # BT: steps per chunk (backward; forward unless below)
-    forward_block_t: int = 0         # the forward's BT: 0 (block_t) or a multiple of block_t
+    forward_block_t: int = 0         # the forward's BT: 0 (block_t) or a power of 2 >= it
     block_d: int = 32                # BD: channels per program in the forward (and step)
     block_d_backward: int = 32       # BD: channels per program in the backward
     warps: int = 1                   # warps per program, forward and step kernels

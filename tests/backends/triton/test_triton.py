@@ -138,7 +138,9 @@ def _longer_forward_chunk(forward_t: int, algorithm: str, reverse: bool, packed:
 
 # (SMALL's backward chunks are 4 steps; the forward's 16 or 8. T = 23: forward chunks of 8
 # end with one of 7 steps, 2 saved states; T = 19: the last forward chunk has 3 steps, 1
-# saved state, its second part past the end. Packed: 3, 9 and 11 steps.)
+# saved state, its second part past the end (without the mask its store lands past the
+# buffer's end). Packed: 3, 9 and 37 steps; segments of 2 forward chunks, so the 37 steps
+# are 2 segments of chunks of 16 or 3 of chunks of 8, each starting mid-sequence.)
 @pytest.mark.interpreter
 @pytest.mark.parametrize("forward_t,algorithm,reverse,packed,T", [
     (8, "looped", False, False, 23), (8, "looped", True, False, 19),
@@ -147,10 +149,10 @@ def test_a_longer_forward_chunk_saves_the_backwards_states(forward_t, algorithm,
                                                            packed, T):
     """``forward_block_t`` (a variant for the card to time: the forward scans chunks of 8 or
     16 steps while the backward keeps chunks of 4) saves the state entering every 4 steps,
-    as the default forward does, a part past a sequence's end saving nothing; its ``y``,
+    as the default forward does, and nothing for a part past a sequence's end; its ``y``,
     final state and gradients (through the backward at chunks of 4) agree with the float64
     reference."""
-    _longer_forward_chunk(forward_t, algorithm, reverse, packed, "cpu", SMALL, T, [3, 9, 11])
+    _longer_forward_chunk(forward_t, algorithm, reverse, packed, "cpu", SMALL, T, [3, 9, 37])
 
 
 @pytest.mark.cuda
