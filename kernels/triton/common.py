@@ -23,6 +23,21 @@ OUTPUT = tl.constexpr(codes.OUTPUT)
 SOFTPLUS_SERIES_BELOW = tl.constexpr(codes.SOFTPLUS_SERIES_BELOW)
 
 
+LOG2E = tl.constexpr(1.4426950408889634)
+
+
+@triton.jit
+def weight(x):
+    """``exp(x)`` for ``x <= 0`` (or NaN): a weight in ``[0, 1]``, as ``exp2(x log2 e)``.
+    On a GPU that is one ``MUFU.EX2`` (``ex2.approx.ftz``) after the multiply, where
+    ``tl.exp`` adds a fix-up for results below ``2**-126`` (a compare and two predicated
+    multiplies: 3 more instructions an exponential); such a weight is 0 here, a difference
+    under ``1.2e-38`` that no sum it enters can show, since the largest weight in every
+    combine is 1. (``logsigmoid``'s exponential keeps ``tl.exp``: a log decay needs its
+    relative accuracy there, :func:`log1p`.)"""
+    return tl.exp2(x * LOG2E)
+
+
 @triton.jit
 def combine(m1, n1, d1, g1, m2, n2, d2, g2):
     """Segment 1 then segment 2: ``m = max(m1 + g2, m2)``, sums rescaled to ``m``, ``g = g1 + g2``
@@ -37,7 +52,7 @@ def combine(m1, n1, d1, g1, m2, n2, d2, g2):
     """
     m1d = tl.where(g2 == NEG_INF, NEG_INF, m1 + g2)
     diff = tl.where(m2 == m1d, 0.0, m2 - m1d)
-    e = tl.exp(-tl.abs(diff))                  # NaN iff diff is NaN
+    e = weight(-tl.abs(diff))                  # NaN iff diff is NaN
     k1 = tl.where(diff <= 0, tl.where(m1d == NEG_INF, 0.0, 1.0), e)
     k2 = tl.where(diff > 0, 1.0, tl.where(m2 == NEG_INF, 0.0, e))
     m = tl.maximum(m1d, m2, propagate_nan=tl.PropagateNan.ALL)
@@ -51,7 +66,7 @@ def step_weights(dec, l):
     ``take = exp(l - m)``, with the limits of the CPU step: equal infinite arguments count as
     a difference of 0, a ``-inf`` argument has weight 0. NaN propagates."""
     diff = tl.where(l == dec, 0.0, l - dec)
-    e = tl.exp(-tl.abs(diff))
+    e = weight(-tl.abs(diff))
     up = diff > 0
     keep = tl.where(up, e, tl.where(dec == NEG_INF, 0.0, 1.0))
     take = tl.where(up, 1.0, tl.where(l == NEG_INF, 0.0, e))
@@ -68,7 +83,7 @@ def decayed(m, lam):
 def own_weight(l, m):
     """``take = exp(l - m)`` of a step whose state after it has running max ``m``
     (:func:`step_weights`' value, from ``m`` alone)."""
-    return tl.where(l == NEG_INF, 0.0, tl.where(l == m, 1.0, tl.exp(l - m)))
+    return tl.where(l == NEG_INF, 0.0, tl.where(l == m, 1.0, weight(l - m)))
 
 
 @triton.jit
