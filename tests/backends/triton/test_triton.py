@@ -36,6 +36,24 @@ def test_algorithms_agree():
     assert_close(y, y_looped.double(), 1e-6, "segments vs looped")
 
 
+def _inputs(packed: bool, T: int, lengths: list, D: int, device: str, seed: int):
+    """``z, a, g``, an initial state and ``cu_seqlens`` (``None`` unless ``packed``): 2
+    sequences of ``T`` steps, or the ``lengths`` packed one after another."""
+    T = sum(lengths) if packed else T
+    z, a, g = (x.to(device) for x in make_inputs(1 if packed else 2, T, D,
+                                                 dtype=torch.float32, seed=seed))
+    h0 = [x.float().to(device) for x in make_state(len(lengths) if packed else 2, D)]
+    cu = torch.tensor([0, *lengths]).cumsum(0).to(device) if packed else None
+    return z, a, g, h0, cu
+
+
+def _scan(leaves: list, reverse: bool, cu):
+    """``rda_scan`` (exp attention) of ``leaves`` = ``z, a, g, m0, n0, d0``, with its final
+    state: what the variant tests run and differentiate."""
+    return lambda: fastrwa.rda_scan(*leaves[:3], "exp", initial_state=ScanState(*leaves[3:]),
+                                    output_final_state=True, reverse=reverse, cu_seqlens=cu)
+
+
 def _same_bits_as_default(knob: dict, algorithm: str, reverse: bool, packed: bool,
                           device: str, blocks: dict, T: int, lengths: list, D: int = 5):
     """A knob's variant against the launcher's defaults on the same inputs: ``y``, the final
@@ -43,17 +61,11 @@ def _same_bits_as_default(knob: dict, algorithm: str, reverse: bool, packed: boo
     the other knobs, each thread owning its channel columns; ``T``: the steps, or with
     ``packed`` the sequences' ``lengths`` one after another), and the variant's ``y``
     against the float64 reference."""
-    if packed:
-        T = sum(lengths)
-    z, a, g = (x.to(device) for x in make_inputs(1 if packed else 2, T, D,
-                                                 dtype=torch.float32, seed=21))
-    h0 = [x.float().to(device) for x in make_state(len(lengths) if packed else 2, D)]
-    cu = torch.tensor([0, *lengths]).cumsum(0).to(device) if packed else None
+    z, a, g, h0, cu = _inputs(packed, T, lengths, D, device, seed=21)
     got = []
     for knobs in ({}, knob):
         leaves = [leaf(x) for x in (z, a, g, *h0)]
-        fn = lambda: fastrwa.rda_scan(*leaves[:3], "exp", initial_state=ScanState(*leaves[3:]),
-                                      output_final_state=True, reverse=reverse, cu_seqlens=cu)
+        fn = _scan(leaves, reverse, cu)
         with fastrwa.use_backend("triton"), backend_options(
                 "triton", algorithm=algorithm, **blocks, **knobs):
             y, final = fn()
@@ -106,20 +118,15 @@ def _longer_forward_chunk(forward_t: int, algorithm: str, reverse: bool, packed:
     """``forward_block_t = forward_t`` against the float64 reference (``y``, the final
     state's log-total and average, the gradients through the backward at ``block_t``), and
     its saved chunk states against the default forward's."""
-    T = sum(lengths) if packed else T
-    z, a, g = (x.to(device) for x in make_inputs(1 if packed else 2, T, D,
-                                                 dtype=torch.float32, seed=23))
-    h0 = [x.float().to(device) for x in make_state(len(lengths) if packed else 2, D)]
-    cu = torch.tensor([0, *lengths]).cumsum(0).to(device) if packed else None
+    z, a, g, h0, cu = _inputs(packed, T, lengths, D, device, seed=23)
     knobs = dict(blocks, algorithm=algorithm)
     BT = triton_host.Options(**blocks).block_t
     want = _saved_states(z, a, g, h0, cu, reverse, **knobs)
     got = _saved_states(z, a, g, h0, cu, reverse, forward_block_t=forward_t, **knobs)
-    rows = sum(-(-n // BT) for n in lengths) if packed else 2 * -(-T // BT)
+    rows = sum(-(-n // BT) for n in lengths) if packed else 2 * -(-z.shape[1] // BT)
     assert_close(got[:, :rows].cpu(), want[:, :rows].double().cpu(), 1e-6, "saved states")
     leaves = [leaf(x) for x in (z, a, g, *h0)]
-    fn = lambda: fastrwa.rda_scan(*leaves[:3], "exp", initial_state=ScanState(*leaves[3:]),
-                                  output_final_state=True, reverse=reverse, cu_seqlens=cu)
+    fn = _scan(leaves, reverse, cu)
     with fastrwa.use_backend("triton"), backend_options(
             "triton", forward_block_t=forward_t, **knobs):
         (y, final), grads = fn(), loss_and_grads(fn, leaves)
