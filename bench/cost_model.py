@@ -945,7 +945,8 @@ def candidates(card: Card, knobs: Knobs, python: str, latency: "float | Latency"
         ("forward BT 32, carry tile 8", dataclasses.replace(knobs, forward_block_t=32,
                                                             carry_tile=8)),
         ("BT 8", dataclasses.replace(knobs, block_t=8)),
-        ("BT 32", dataclasses.replace(knobs, block_t=32)),
+        ("BT 32 (built: both passes)", dataclasses.replace(knobs, block_t=32)),
+        ("BT 32, carry tile 8", dataclasses.replace(knobs, block_t=32, carry_tile=8)),
         ("2 warps, BD 64", dataclasses.replace(knobs, block_d=64, block_d_backward=64, warps=2,
                                                warps_backward=2)),
     ]

@@ -15,9 +15,10 @@
 # 2**31 elements, <= 60 s), layers (fastrwa.nn.RDA against cuDNN LSTM/GRU, ByteLM streaming,
 # <= 60 s), memcheck, bench (the older checks,ops,peers sections), train (needs
 # .carry/text-corpus.txt), tune (bench/gpu_sweep.py: the launch-knob sweep and the crossover),
-# variants (the variants built for issue 62 beside the defaults at its three shapes: the
-# forward at chunks of 32 steps, the carry kernels 8 or 16 segments at a time, the forward
-# two chunks ahead; first the cost model's bandwidth probe, bench/stream_probe.py; <= 240 s):
+# variants (the variants built for issue 62 beside the defaults at its three shapes: both
+# passes at chunks of 32 steps, alone and with the carry kernels 8 segments at a time, the
+# forward alone at 32, the carry tiles of 8 alone; first the cost model's bandwidth probe,
+# bench/stream_probe.py; <= 240 s):
 #     bash bench/gpu_run.sh checks,layers
 #     bash bench/gpu_run.sh tune
 #     bash bench/gpu_run.sh variants
@@ -212,9 +213,9 @@ if step tune; then
 fi
 if step variants; then
     # issue 62's variants, each beside the defaults in one run (bench/gpu_sweep.py CANDIDATES)
-    note "bench/gpu_sweep.py --only defaults,streams --candidates fwd-bt32 carry8 fwd-la2 carry16"
+    note "bench/gpu_sweep.py --only defaults,streams --candidates bt32 bt32-carry8 fwd-bt32 carry8"
     timeout 240 python3 -m bench.gpu_sweep --out "$out/variants" --only defaults,streams \
-        --candidates fwd-bt32 carry8 fwd-la2 carry16 --shapes 0 1 2 2>&1 | tee -a "$out/log.txt" \
+        --candidates bt32 bt32-carry8 fwd-bt32 carry8 --shapes 0 1 2 2>&1 | tee -a "$out/log.txt" \
         | grep -v '^{' || failed=$((failed + 1))
 fi
 # one report of every call (a call cut by its limit keeps what it wrote after each shape)

@@ -147,6 +147,7 @@ CANDIDATES = {
     "carry8": dict(carry_tile=8),
     "carry16": dict(carry_tile=16),
     "fwd-bt32": dict(forward_block_t=32),
+    "bt32-carry8": dict(block_t=32, carry_tile=8),
 }
 
 

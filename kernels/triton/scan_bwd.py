@@ -75,7 +75,7 @@ def _load_inputs(z_ptr, a_ptr, g_ptr, gy_ptr, hc_ptr, bos, T_i, c, c_lo, c0, o_d
 @triton.jit
 def _chunk_adjoint(b_z, b_a, b_g, b_gy, b_hm, b_hn, b_hd, b_cW, b_cV, bos, T_i, c, o_d,
                    mask_d, D: tl.constexpr, ATTN: tl.constexpr, DISCOUNT: tl.constexpr,
-                   REVERSE: tl.constexpr, BT: tl.constexpr):
+                   NEWTON: tl.constexpr, REVERSE: tl.constexpr, BT: tl.constexpr):
     """Recompute chunk ``c`` from its inputs and saved incoming state (:func:`_load_inputs`)
     and scan its adjoint from the ``(W, V)`` ``[BD]`` entering after its last row (``b_cW``,
     ``b_cV``; zeros for the chunk's local adjoint), folded into that row: ``W_last =
@@ -90,17 +90,17 @@ def _chunk_adjoint(b_z, b_a, b_g, b_gy, b_hm, b_hn, b_hd, b_cW, b_cV, bos, T_i, 
     t0, o_dt, mask_t = chunk_rows(c, T_i, BT, REVERSE)
     o = chunk_offsets(bos, t0, o_dt, o_d, D)                                   # [BT, BD]
     mask_2 = mask_t[:, None] & mask_d[None, :]                                 # [BT, BD]
-    b_l, b_lam = log_weights(b_a, b_g, mask_2, ATTN, DISCOUNT)                 # [BT, BD] x2
+    b_l, b_lam = log_weights(b_a, b_g, mask_2, ATTN, DISCOUNT, NEWTON)         # [BT, BD] x2
     b_m, b_n, b_d, _ = scan_chunk(b_l, b_z, b_lam, b_hm, b_hn, b_hd)           # [BT, BD] x3
-    b_y = average(b_n, b_d)                                                    # [BT, BD]
+    b_y = average(b_n, b_d, NEWTON)                                            # [BT, BD]
     b_take = own_weight(b_l, b_m)                                              # [BT, BD]
     b_mp, b_dp, b_yp = previous_rows(b_m, b_hm, b_d, b_hd, b_y,
-                                     average(b_hn, b_hd))                     # [BT, BD] x3
+                                     average(b_hn, b_hd, NEWTON))             # [BT, BD] x3
     _, b_keep, _ = step_weights(decayed(b_mp, b_lam), b_l)                     # [BT, BD]
     b_keep = tl.where(mask_2, b_keep, 1.0)          # rows past the end pass the adjoint on
     b_kd = b_keep * b_dp                            # the previous rows' weight, kept
-    b_zy = average(b_kd * (b_z - b_yp), b_d)        # z - y without cancellation  # [BT, BD]
-    b_gi = average(b_gy, b_d)                                                  # [BT, BD]
+    b_zy = average(b_kd * (b_z - b_yp), b_d, NEWTON)    # z - y, no cancellation  # [BT, BD]
+    b_gi = average(b_gy, b_d, NEWTON)                                          # [BT, BD]
     b_last = (tl.arange(0, BT) == BT - 1)[:, None]                             # [BT, 1]
     b_K, b_W, b_V = reverse_linear_scan(
         b_keep, b_keep * (b_gi + tl.where(b_last, b_cW[None, :], 0.0)),
@@ -110,29 +110,30 @@ def _chunk_adjoint(b_z, b_a, b_g, b_gy, b_hm, b_hn, b_hd, b_cW, b_cV, bos, T_i, 
 
 @triton.jit
 def _store_grads(gz_ptr, ga_ptr, gg_ptr, o, mask_2, b_z, b_a, b_g, b_take, b_gi, b_y, b_zy, b_kd,
-                 b_yp, b_P, b_Q, ATTN: tl.constexpr, DISCOUNT: tl.constexpr):
+                 b_yp, b_P, b_Q, ATTN: tl.constexpr, DISCOUNT: tl.constexpr,
+                 NEWTON: tl.constexpr):
     """Gradients of a chunk from the later steps' adjoint ``(P, Q)`` ``[BT, BD]``."""
     b_rho = b_P + b_gi                                                         # [BT, BD]
     b_gl = b_take * ((b_z * b_P - b_Q) + b_gi * b_zy)                          # [BT, BD]
     tl.store(gz_ptr + o, (b_take * b_rho).to(gz_ptr.dtype.element_ty), mask=mask_2)
-    b_ga = attention_grad(b_gl, b_a, ATTN)                                     # [BT, BD]
+    b_ga = attention_grad(b_gl, b_a, ATTN, NEWTON)                             # [BT, BD]
     tl.store(ga_ptr + o, b_ga.to(ga_ptr.dtype.element_ty), mask=mask_2)
     if DISCOUNT != 0:
         b_glam = b_kd * (b_yp * b_rho - (b_Q + b_gi * b_y))                    # [BT, BD]
-        b_gg = decay_grad(b_glam, b_g, DISCOUNT)                               # [BT, BD]
+        b_gg = decay_grad(b_glam, b_g, DISCOUNT, NEWTON)                       # [BT, BD]
         tl.store(gg_ptr + o, b_gg.to(gg_ptr.dtype.element_ty), mask=mask_2)
 
 
 @triton.jit
 def _chunk_grads(gz_ptr, ga_ptr, gg_ptr, o, mask_2, b_z, b_a, b_g, b_take, b_gi, b_y, b_zy, b_kd,
                  b_yp, b_W, b_V, b_cW, b_cV, ATTN: tl.constexpr, DISCOUNT: tl.constexpr,
-                 BT: tl.constexpr):
+                 NEWTON: tl.constexpr, BT: tl.constexpr):
     """Gradients of a chunk from its adjoint ``(W, V)`` ``[BT, BD]`` and the ``(W, V)``
     ``[BD]`` entering after its last row; returns the ``(W, V)`` ``[BD]`` of its first row
     (passed to the state before it)."""
     b_P, b_Q = next_rows(b_W, b_cW, b_V, b_cV)                                # [BT, BD] x2
     _store_grads(gz_ptr, ga_ptr, gg_ptr, o, mask_2, b_z, b_a, b_g, b_take, b_gi, b_y, b_zy, b_kd,
-                 b_yp, b_P, b_Q, ATTN, DISCOUNT)
+                 b_yp, b_P, b_Q, ATTN, DISCOUNT, NEWTON)
     o_r = tl.arange(0, BT)
     return row(b_W, o_r, 0), row(b_V, o_r, 0)
 
@@ -177,6 +178,7 @@ def bwd_kernel(
     pid, i, o_d, mask_d, bos, T_i, c0, c_lo, c_hi = segment_program(
         cu_ptr, co_ptr, so_ptr, ss_ptr, T, CPS, D, BT, BD, IS_VARLEN, PHASE == ONE_PASS)
     o_seg = pid * D + o_d                                                      # [BD]
+    NEWTON: tl.constexpr = z_ptr.dtype.element_ty == tl.float32     # (common.reciprocal)
     if PHASE == ONE_PASS:
         b_W, b_V = _final_adjoint(i, dht_ptr, o_d, mask_d, D, NS, HAS_FINAL_GRAD, BD)  # [BD] x2
     elif PHASE == SUMMARY:
@@ -209,7 +211,7 @@ def bwd_kernel(
             b_cW, b_cV = b_W, b_V                   # the adjoint entering after the chunk
         (o, mask_2, i_z, i_a, i_g, b_take, b_gi, b_y, b_zy, b_kd, b_yp, b_K, b_AW,
          b_AV) = _chunk_adjoint(i_z, i_a, i_g, i_gy, i_hm, i_hn, i_hd, b_cW, b_cV, bos, T_i, c,
-                                o_d, mask_d, D, ATTN, DISCOUNT, REVERSE, BT)
+                                o_d, mask_d, D, ATTN, DISCOUNT, NEWTON, REVERSE, BT)
         if PHASE == SUMMARY:
             o_r = tl.arange(0, BT)
             b_cK = row(b_K, o_r, 0)                                            # [BD]
@@ -218,7 +220,7 @@ def bwd_kernel(
         else:
             b_W, b_V = _chunk_grads(gz_ptr, ga_ptr, gg_ptr, o, mask_2, i_z, i_a, i_g, b_take,
                                     b_gi, b_y, b_zy, b_kd, b_yp, b_AW, b_AV, b_W, b_V,
-                                    ATTN, DISCOUNT, BT)                       # [BD] x2
+                                    ATTN, DISCOUNT, NEWTON, BT)               # [BD] x2
     if PHASE == SUMMARY:
         store_state(s_ptr, o_seg, mask_d, NSEG * D, b_sK, b_W, b_V)
     elif PHASE == ONE_PASS and HAS_INIT:

@@ -63,6 +63,7 @@ def fwd_kernel(
         cu_ptr, co_ptr, so_ptr, ss_ptr, T, CPS, D, BT, BD, IS_VARLEN, PHASE == ONE_PASS)
     c0 = first_chunk(i, co_ptr, T, SAVE_BT, IS_VARLEN)      # in rows of SAVE_BT steps
     R: tl.constexpr = BT // SAVE_BT                         # saved states a chunk
+    NEWTON: tl.constexpr = z_ptr.dtype.element_ty == tl.float32     # (common.reciprocal)
     o_seg = pid * D + o_d                                                      # [BD]
     if PHASE == ONE_PASS:
         b_hm, b_hn, b_hd = initial_state(h0_ptr, i * D + o_d, mask_d, NS * D, HAS_INIT, BD)
@@ -84,11 +85,11 @@ def fwd_kernel(
                               D, DISCOUNT, REVERSE, BT)                        # [BT, BD] x3
         t0, o_dt, mask_t = chunk_rows(c, T_i, BT, REVERSE)
         mask = mask_t[:, None] & mask_d[None, :]                               # [BT, BD]
-        b_l, b_lam = log_weights(b_a, b_g, mask, ATTN, DISCOUNT)               # [BT, BD] x2
+        b_l, b_lam = log_weights(b_a, b_g, mask, ATTN, DISCOUNT, NEWTON)       # [BT, BD] x2
         b_m, b_n, b_d, b_G = scan_chunk(b_l, b_z, b_lam, b_hm, b_hn, b_hd)     # [BT, BD] x4
         if PHASE != SUMMARY:
             tl.store(y_ptr + chunk_offsets(bos, t0, o_dt, o_d, D),
-                     average(b_n, b_d).to(y_ptr.dtype.element_ty), mask=mask)
+                     average(b_n, b_d, NEWTON).to(y_ptr.dtype.element_ty), mask=mask)
         if SAVE_CHUNKS and PHASE != SUMMARY:
             for j in tl.static_range(1, R):     # the state entering part j: after its row
                 b_pm, b_pn, b_pd, b_pG = state_row(b_m, b_n, b_d, b_G, j * SAVE_BT - 1, BT)

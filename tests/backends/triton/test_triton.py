@@ -163,13 +163,16 @@ def test_a_longer_forward_chunk_saves_the_backwards_states(forward_t, algorithm,
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("block_t", [16, 32])
 @pytest.mark.parametrize("algorithm", ["looped", "segments"])
 @pytest.mark.parametrize("reverse,packed", [(False, False), (True, False), (False, True)])
-def test_a_longer_forward_chunk_on_the_card(algorithm, reverse, packed):
+def test_a_longer_forward_chunk_on_the_card(block_t, algorithm, reverse, packed):
     """Compiled, at the launcher's own blocks: the forward at chunks of 32 steps, the
-    backward at 16 (1,000 steps; segments of 5 chunks; 70 channels) against the reference."""
-    _longer_forward_chunk(32, algorithm, reverse, packed, "cuda", dict(segment_chunks=5), 1000,
-                          [37, 300, 663], D=70)
+    backward at ``block_t`` (16: the variant ``forward_block_t = 32``; 32: the variant
+    ``block_t = 32``, both passes at 32, the backward without its lookahead), 1,000 steps,
+    segments of 5 chunks, 70 channels, against the reference."""
+    _longer_forward_chunk(32, algorithm, reverse, packed, "cuda",
+                          dict(segment_chunks=5, block_t=block_t), 1000, [37, 300, 663], D=70)
 
 
 @pytest.mark.cuda
