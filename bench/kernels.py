@@ -1,5 +1,5 @@
 """Compile every Triton kernel ahead of time for sm_80 and sm_90a, without a GPU, and report
-its static cost: SASS instructions per element in the chunk loop, MUFU ops (EX2, LG2, RCP)
+its static cost: SASS instructions per element in the chunk loop, MUFU ops (EX2, LG2, RCP, RSQ)
 per element, barriers, shuffles and shared-memory operations per chunk, registers, spills,
 stack, local and shared memory; "use": how many instructions after a global load in the chunk
 loop its value is first read, at the least (bench/sass.py ``load_use``: what a loop leaves a
@@ -251,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     todo = jobs(args.quick, args.opts, args.channels)
     header = f"{'kernel':<20}{'variant':<22}{'arch':<8}{'dtype':<10}{'warps':>6}{'BTxBD':>7}" \
-             f"{'instr/el':>9}{'EX2':>6}{'LG2':>6}{'RCP':>6}{'BAR':>5}{'SHFL':>5}{'LDS+STS':>8}" \
+             f"{'instr/el':>9}{'EX2':>6}{'LG2':>6}{'RCP':>6}{'RSQ':>6}{'BAR':>5}{'SHFL':>5}{'LDS+STS':>8}" \
              f"{'use':>5}{'regs':>6}{'spill B':>9}{'stack':>7}{'local':>7}{'shared B':>10}"
     print(header)
     failures, rows = 0, []
@@ -271,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
             failures += bad
             print(f"{r['kernel']:<20}{r['variant']:<22}{r['arch']:<8}{r['dtype']:<10}"
                   f"{r['warps']:>6}{r['blocks']:>7}{r['instr']:>9}{r['ex2']:>6}{r['lg2']:>6}"
-                  f"{r['rcp']:>6}{r['bar']:>5}{r['shfl']:>5}{r['lds'] + r['sts']:>8}"
+                  f"{r['rcp']:>6}{r['rsq']:>6}{r['bar']:>5}{r['shfl']:>5}{r['lds'] + r['sts']:>8}"
                   f"{str(r['load_use'] if r['load_use'] is not None else '-'):>5}"
                   f"{r['regs']:>6}{r['spill']:>9}{r['stack']:>7}{r['local']:>7}"
                   f"{r['shared']:>10}{'  SPILL' if bad else ''}", flush=True)

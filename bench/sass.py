@@ -107,7 +107,7 @@ def load_use(body: list[str]) -> int | None:
 
 
 def costs(sass: str, elements: int, threads: int) -> dict:
-    """Per element: instructions, ``MUFU.EX2``/``LG2``/``RCP``; per iteration (chunk): barriers,
+    """Per element: instructions, ``MUFU.EX2``/``LG2``/``RCP``/``RSQ``; per iteration (chunk): barriers,
     shuffles, shared-memory loads and stores, global loads and stores, and the loop's
     :func:`load_use` distance (instructions)."""
     body, loops = loop_body(instructions(sass))
@@ -119,6 +119,7 @@ def costs(sass: str, elements: int, threads: int) -> dict:
         ex2=round(count("MUFU.EX2") * per_element, 2),
         lg2=round(count("MUFU.LG2") * per_element, 2),
         rcp=round(count("MUFU.RCP") * per_element, 2),
+        rsq=round(count("MUFU.RSQ") * per_element, 2),
         bar=count("BAR"), shfl=count("SHFL"), lds=count("LDS"), sts=count("STS"),
         ldg=count("LDG"), stg=count("STG"), load_use=load_use(body) if loops else None,
         loop=loops > 0,

@@ -28,6 +28,9 @@ def test_costs_per_element_and_per_iteration():
     # 6 instructions an iteration, 32 threads over 64 elements: 3 per element
     c = sass.costs(LISTING, elements=64, threads=32)
     assert c["instr"] == 3.0 and c["ex2"] == 0.5 and c["rcp"] == 0.5 and c["lg2"] == 0.0
+    assert c["rsq"] == 0.0
+    rsq = sass.costs(LISTING.replace("MUFU.RCP", "MUFU.RSQ"), elements=64, threads=32)
+    assert rsq["rsq"] == 0.5 and rsq["rcp"] == 0.0
     assert (c["bar"], c["shfl"], c["ldg"], c["stg"], c["loop"]) == (1, 0, 1, 1, True)
 
 
