@@ -24,6 +24,9 @@ SOFTPLUS_SERIES_BELOW = tl.constexpr(codes.SOFTPLUS_SERIES_BELOW)
 
 
 LOG2E = tl.constexpr(1.4426950408889634)
+SMALLEST_NORMAL = tl.constexpr(1.1754943508222875e-38)     # 2**-126
+STATE_SCALE = tl.constexpr(18446744073709551616.0)         # 2**64
+LOG_STATE_SCALE = tl.constexpr(44.3614195558365)           # 64 ln 2
 
 
 @triton.jit
@@ -51,8 +54,10 @@ def reciprocal(x, NEWTON: tl.constexpr):
     result is then within 1 ulp, ``n * reciprocal(d)`` within 1.5 ulp of ``n / d``
     (``div.full``: 2 ulp). Without it (bfloat16 and float16 outputs, rounded to 8 or 11
     bits) ``n * reciprocal(d)`` is within 4e-7 relative. NaN gives NaN; 0 gives ``+inf``
-    without the step, NaN with it; so does ``+inf`` (keep ``/`` where they can occur).
-    Calls with the same ``x`` compile to one ``MUFU.RSQ``."""
+    without the step and NaN with it, ``+inf`` gives 0 without and NaN with (keep ``/``
+    where either can occur). On a GPU a subnormal ``x`` counts as 0 (``.ftz``; not under
+    the interpreter): :func:`initial_state` scales a state's subnormal ``d~`` up. Calls
+    with the same ``x`` compile to one ``MUFU.RSQ``."""
     r = tl.math.rsqrt(x)
     b = r * r
     if NEWTON:
@@ -160,7 +165,8 @@ def log1p(x, NEWTON: tl.constexpr):
     """``log(1 + x)`` for ``0 <= x <= 1`` (what :func:`logsigmoid` and softplus pass: an
     ``exp(-|a|)``), without a logarithm: ``2 atanh(s)`` with ``s = x / (2 + x) <= 1/3``, as
     ``2 s P(s^2)``, ``P`` a degree-4 fit to ``atanh(s) / s`` (relative error 4e-9; 2.2e-7 in
-    float32, from the rounding of ``s``). Relative accuracy holds down to the smallest normal
+    float32, from the rounding of ``s``, with :func:`reciprocal`'s Newton step; about 6e-7
+    without it). Relative accuracy holds down to the smallest normal
     ``x`` (1.4e-5 for subnormal ones), which a log decay needs: its error adds up over the
     steps it is applied."""
     b_s = x * reciprocal(2.0 + x, NEWTON)
@@ -388,10 +394,28 @@ def store_state(p, o_s, mask_d, rows, b_m, b_n, b_d):
 
 
 @triton.jit
+def state_scale(b_d):
+    """``2**64`` where a state's ``d~`` is subnormal, else 1: the factor :func:`initial_state`
+    takes ``n~`` and ``d~`` of a state of one's own by."""
+    return tl.where((b_d > 0) & (b_d < SMALLEST_NORMAL), STATE_SCALE, 1.0)
+
+
+@triton.jit
 def initial_state(h0_ptr, o_s, mask_d, rows, HAS_INIT: tl.constexpr, BD: tl.constexpr):
-    """The state a sequence starts from: loaded from ``h0`` ``(3, rows, D)``, or empty."""
+    """The state a sequence starts from: loaded from ``h0`` ``(3, rows, D)``, or empty.
+
+    A state of one's own whose ``d~`` is subnormal (the kernels' own have ``d~`` 0 or at
+    least 1, and every row after it has at least the smaller of its ``d~`` and 1) is taken
+    with ``n~`` and ``d~`` times ``2**64`` (:func:`state_scale`) and ``m`` less ``64 ln 2``:
+    the same sums ``exp(m) n~`` and ``exp(m) d~``, within ``m``'s rounding, and a ``d~``
+    that :func:`reciprocal` can take (``rsqrt.approx.ftz`` reads a subnormal as 0). The
+    backward scales the gradients of ``n~`` and ``d~`` by the same factor."""
     if HAS_INIT:
         b_m, b_n, b_d = load_state(h0_ptr, o_s, mask_d, rows)                     # [BD] x3
+        b_s = state_scale(b_d)                                                 # [BD]
+        b_m = tl.where(b_s == 1.0, b_m, b_m - LOG_STATE_SCALE)                 # [BD]
+        b_n = b_n * b_s                                                        # [BD]
+        b_d = b_d * b_s                                                        # [BD]
     else:
         b_m = tl.full([BD], NEG_INF, tl.float32)                               # [BD]
         b_n = tl.zeros([BD], tl.float32)                                       # [BD]

@@ -46,7 +46,7 @@ import triton.language as tl
 from .common import (ONE_PASS, SUMMARY, attention_grad, average, chunk_offsets, chunk_rows,
                      decay_grad, decayed, linear_combine, load_chunk, load_state, log_weights,
                      next_rows, own_weight, plane, previous_rows, reverse_linear_scan, row,
-                     scan_chunk, step_weights, store_state)
+                     scan_chunk, state_scale, step_weights, store_state)
 from .sequence import first_segment, segment_program, segments, sequence_program
 
 
@@ -154,10 +154,15 @@ def _final_adjoint(i, dht_ptr, o_d, mask_d, D: tl.constexpr, NS, HAS_FINAL_GRAD:
 
 @triton.jit
 def _initial_state_grads(i, h0_ptr, dh0_ptr, o_d, mask_d, D: tl.constexpr, NS, b_W, b_V):
-    """``dn0 = W``, ``dd0 = -V`` (what the first step passes back), ``dm0 = n0 dn0 + d0 dd0``."""
+    """``dn0 = W``, ``dd0 = -V`` (what the first step passes back), ``dm0 = n0 dn0 + d0 dd0``;
+    ``W`` and ``V`` times :func:`state_scale` where the forward took the state scaled
+    (:func:`initial_state`)."""
     o_s = i.to(tl.int64) * D + o_d                                             # [BD]
     _, b_n0, b_d0 = load_state(h0_ptr, o_s, mask_d, NS * D)                      # [BD] x2
-    store_state(dh0_ptr, o_s, mask_d, NS * D, b_n0 * b_W - b_d0 * b_V, b_W, -b_V)
+    b_s = state_scale(b_d0)                                                    # [BD]
+    # (dm0 from the state as the forward took it: finite where s W overflows)
+    b_dm = (b_n0 * b_s) * b_W - (b_d0 * b_s) * b_V                             # [BD]
+    store_state(dh0_ptr, o_s, mask_d, NS * D, b_dm, b_W * b_s, -(b_V * b_s))
 
 
 @triton.jit

@@ -12,7 +12,7 @@ import triton.language as tl
 
 from fastrwa.kernels.triton.common import reciprocal
 
-BLOCK = 1024
+X_BLOCK = 1024     # elements a program
 
 
 @triton.jit
@@ -27,7 +27,10 @@ def _denominators(device: str) -> torch.Tensor:
     """float32 ``d~`` in ``[1, 2**20]`` (log-uniform: up to a million steps of weight 1),
     ``1 + e`` and ``2 + e`` (``e`` in ``[0, 1]``: sigmoid and ``log1p``), and powers of two."""
     gen = torch.Generator().manual_seed(11)
-    u = lambda n: torch.rand(n, generator=gen, dtype=torch.float64)
+
+    def u(n: int) -> torch.Tensor:
+        return torch.rand(n, generator=gen, dtype=torch.float64)
+
     x = torch.cat([torch.exp2(20 * u(60_000)), 1 + u(20_000), 2 + u(20_000),
                    torch.exp2(torch.arange(0, 21, dtype=torch.float64))])
     return x.float().to(device)
@@ -35,8 +38,8 @@ def _denominators(device: str) -> torch.Tensor:
 
 def _reciprocals(x: torch.Tensor, newton: bool) -> torch.Tensor:
     y = torch.empty_like(x)
-    _reciprocal_kernel[(triton.cdiv(x.numel(), BLOCK),)](x, y, x.numel(), NEWTON=newton,
-                                                          BLOCK=BLOCK)
+    _reciprocal_kernel[(triton.cdiv(x.numel(), X_BLOCK),)](x, y, x.numel(), NEWTON=newton,
+                                                            BLOCK=X_BLOCK)
     return y.double().cpu()
 
 

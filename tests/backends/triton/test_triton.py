@@ -169,8 +169,9 @@ def test_a_longer_forward_chunk_saves_the_backwards_states(forward_t, algorithm,
 def test_a_longer_forward_chunk_on_the_card(block_t, algorithm, reverse, packed):
     """Compiled, at the launcher's own blocks: the forward at chunks of 32 steps, the
     backward at ``block_t`` (16: the variant ``forward_block_t = 32``; 32: the variant
-    ``block_t = 32``, both passes at 32, the backward without its lookahead), 1,000 steps,
-    segments of 5 chunks, 70 channels, against the reference."""
+    ``block_t = 32``, both passes at 32, the backward without its lookahead, where the
+    saved-states comparison compares the build with itself and the reference is the
+    test), 1,000 steps, segments of 5 chunks, 70 channels, against the reference."""
     _longer_forward_chunk(32, algorithm, reverse, packed, "cuda",
                           dict(segment_chunks=5, block_t=block_t), 1000, [37, 300, 663], D=70)
 
@@ -187,6 +188,57 @@ def test_variants_give_the_defaults_bits_on_the_card(knob, algorithm, reverse, p
     of 5 chunks (13 segments: tiles cut short), 70 channels (a ragged channel block)."""
     _same_bits_as_default(knob, algorithm, reverse, packed, "cuda", dict(segment_chunks=5),
                           1000, [37, 300, 663], D=70)
+
+
+def _state_with_a_subnormal_denominator(device: str, blocks: dict, algorithm: str,
+                                        reverse: bool) -> None:
+    """A state of one's own whose ``n~`` and ``d~`` are subnormal (average 0.5; the kernels
+    scale it up to a normal ``d~``, common.initial_state): through masked steps, and through
+    one step (the step kernel), its average comes out (within 2 ulp); weighing a twentieth
+    of a step (``m = 86``: ``exp(m) d~ = 0.045``) ahead of 40 steps, ``y``, the final state
+    and every gradient (the state's scaled back) agree with the float64 reference."""
+    D = 5
+    z, a, g = (x.to(device) for x in make_inputs(1, 40, D, dtype=torch.float32, seed=29))
+    tiny = lambda m: [torch.full((1, D), v, device=device) for v in (m, 1e-39, 2e-39)]
+    # (exact under the interpreter; on a card n~ * reciprocal(d~) is within 1.5 ulp)
+    half = lambda x: torch.testing.assert_close(x, torch.full_like(x, 0.5), rtol=2.4e-7, atol=0)
+    masked = torch.full_like(a, float("-inf"))          # no weight: the state passes as is
+    with fastrwa.use_backend("triton"), backend_options("triton", algorithm=algorithm,
+                                                        **blocks):
+        for steps in (40, 1):
+            y, final = fastrwa.rda_scan(z[:, :steps], masked[:, :steps], g[:, :steps],
+                                        initial_state=ScanState(*tiny(0.0)),
+                                        output_final_state=True, reverse=reverse)
+            half(y)
+            half(final.n / final.d)
+    leaves = [leaf(x) for x in (z, a, g, *tiny(86.0))]
+    fn = _scan(leaves, reverse, None)
+    with fastrwa.use_backend("triton"), backend_options("triton", algorithm=algorithm,
+                                                        **blocks):
+        (y, final), grads = fn(), loss_and_grads(fn, leaves)
+    cpu = [leaf(x.detach().cpu()) for x in leaves]
+    ref = lambda: reference(*cpu[:3], "exp", ScanState(*cpu[3:]), reverse=reverse)
+    y_ref, final_ref = ref()
+    assert_close(y.cpu(), y_ref, 1e-5, "y")
+    assert_close((final.m + final.d.log()).cpu(), final_ref.m + final_ref.d.log(), 1e-5,
+                 "log-total")
+    assert_close((final.n / final.d).cpu(), final_ref.n / final_ref.d, 1e-5, "average")
+    for name, got_x, want_x in zip("z a g m0 n0 d0".split(), grads, loss_and_grads(ref, cpu)):
+        assert_close(got_x.cpu(), want_x, 1e-4, f"gradient of {name}")
+
+
+# (40 steps: at SMALL's blocks 10 chunks, 5 segments; on a card 3 chunks, 3 segments)
+@pytest.mark.interpreter
+@pytest.mark.parametrize("algorithm,reverse", [("looped", False), ("segments", True)])
+def test_a_state_with_a_subnormal_denominator(algorithm, reverse):
+    _state_with_a_subnormal_denominator("cpu", SMALL, algorithm, reverse)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("algorithm,reverse", [("looped", False), ("segments", True)])
+def test_a_state_with_a_subnormal_denominator_on_the_card(algorithm, reverse):
+    """Compiled, where ``rsqrt.approx.ftz`` would read the unscaled ``d~`` as 0."""
+    _state_with_a_subnormal_denominator("cuda", dict(segment_chunks=1), algorithm, reverse)
 
 
 def test_heuristic():
