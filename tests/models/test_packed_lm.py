@@ -412,19 +412,23 @@ def test_a_stream_shares_its_steps(monkeypatch):
     """The test above compares bits whoever did the work; here steps of a stream were
     shared indeed, every part taking its share. Sharing is asked for (``SHARE =
     "always"``): left to choose (``"auto"``), a step on a busy machine runs alone when that
-    has been faster lately. How many of the 60 are shared is the machine's business (a
-    helper that starts late on a busy machine is given up for that step: in a CI run with
-    every core busy, 1 of 60), so the test asks for one, not most; how much sharing gains
-    is a benchmark's question (bench/generation.py at 1 and 2 threads), not this test's."""
+    has been faster lately. How many steps are shared is the machine's business (a helper
+    that starts late on a busy machine is given up for that step: in a CI run with every
+    core busy, 1 of 60, and once 0 of 60), so the test asks for one, not most, in up to 5
+    runs of 60 steps, each the same bits as alone; how much sharing gains is a benchmark's
+    question (bench/generation.py at 1 and 2 threads), not this test's."""
     if decode_host._cores() < 2:
         pytest.skip("a step is shared among cores: this machine has one (or is Windows)")
     monkeypatch.setattr(decode_host, "SPLIT_ABOVE", 1)
     monkeypatch.setattr(decode_host, "SHARE", "always")
     packed = PackedLM(_model(), "float32")
     alone = _steps(packed, 1, steps=60)
-    shared = _steps(packed, 2, steps=60)
-    assert _same(alone, shared)
-    assert shared[2] >= 1, f"{shared[2]} of 60 steps shared"
+    for runs in range(1, 6):
+        shared = _steps(packed, 2, steps=60)
+        assert _same(alone, shared), runs
+        if shared[2] >= 1:
+            break
+    assert shared[2] >= 1, f"0 of {60 * runs} steps shared"
 
 
 def test_a_helper_that_does_not_start_is_given_up(monkeypatch):
