@@ -125,22 +125,27 @@ def _longer_forward_chunk(forward_t: int, algorithm: str, reverse: bool, packed:
     got = _saved_states(z, a, g, h0, cu, reverse, forward_block_t=forward_t, **knobs)
     rows = sum(-(-n // BT) for n in lengths) if packed else 2 * -(-z.shape[1] // BT)
     assert_close(got[:, :rows].cpu(), want[:, :rows].double().cpu(), 1e-6, "saved states")
-    leaves = [leaf(x) for x in (z, a, g, *h0)]
+    _agrees_with_the_reference([leaf(x) for x in (z, a, g, *h0)], reverse, cu,
+                               dict(forward_block_t=forward_t, **knobs))
+
+
+def _agrees_with_the_reference(leaves: list, reverse: bool, cu, knobs: dict) -> None:
+    """:func:`_scan` of ``leaves`` (``z, a, g, m0, n0, d0``) on the Triton backend at
+    ``knobs`` against the float64 reference: ``y``, the final state's gauge-free parts (its
+    log-total and its average) and the gradients of every leaf."""
     fn = _scan(leaves, reverse, cu)
-    with fastrwa.use_backend("triton"), backend_options(
-            "triton", forward_block_t=forward_t, **knobs):
+    with fastrwa.use_backend("triton"), backend_options("triton", **knobs):
         (y, final), grads = fn(), loss_and_grads(fn, leaves)
     cpu = [leaf(x.detach().cpu()) for x in leaves]
     ref = lambda: reference(*cpu[:3], "exp", ScanState(*cpu[3:]), reverse=reverse,
                             cu_seqlens=None if cu is None else cu.cpu())
     y_ref, final_ref = ref()
     assert_close(y.cpu(), y_ref, 1e-5, "y")
-    # (the state's gauge-free parts: its log-total and its average)
     assert_close((final.m + final.d.log()).cpu(), final_ref.m + final_ref.d.log(), 1e-5,
                  "log-total")
     assert_close((final.n / final.d).cpu(), final_ref.n / final_ref.d, 1e-5, "average")
-    for got_x, want_x in zip(grads, loss_and_grads(ref, cpu)):
-        assert_close(got_x.cpu(), want_x, 1e-4, "gradient")
+    for name, got_x, want_x in zip("z a g m0 n0 d0".split(), grads, loss_and_grads(ref, cpu)):
+        assert_close(got_x.cpu(), want_x, 1e-4, f"gradient of {name}")
 
 
 # (SMALL's backward chunks are 4 steps; the forward's 16 or 8. T = 23: forward chunks of 8
@@ -211,20 +216,8 @@ def _state_with_a_subnormal_denominator(device: str, blocks: dict, algorithm: st
                                         output_final_state=True, reverse=reverse)
             half(y)
             half(final.n / final.d)
-    leaves = [leaf(x) for x in (z, a, g, *tiny(86.0))]
-    fn = _scan(leaves, reverse, None)
-    with fastrwa.use_backend("triton"), backend_options("triton", algorithm=algorithm,
-                                                        **blocks):
-        (y, final), grads = fn(), loss_and_grads(fn, leaves)
-    cpu = [leaf(x.detach().cpu()) for x in leaves]
-    ref = lambda: reference(*cpu[:3], "exp", ScanState(*cpu[3:]), reverse=reverse)
-    y_ref, final_ref = ref()
-    assert_close(y.cpu(), y_ref, 1e-5, "y")
-    assert_close((final.m + final.d.log()).cpu(), final_ref.m + final_ref.d.log(), 1e-5,
-                 "log-total")
-    assert_close((final.n / final.d).cpu(), final_ref.n / final_ref.d, 1e-5, "average")
-    for name, got_x, want_x in zip("z a g m0 n0 d0".split(), grads, loss_and_grads(ref, cpu)):
-        assert_close(got_x.cpu(), want_x, 1e-4, f"gradient of {name}")
+    _agrees_with_the_reference([leaf(x) for x in (z, a, g, *tiny(86.0))], reverse, None,
+                               dict(algorithm=algorithm, **blocks))
 
 
 # (40 steps: at SMALL's blocks 10 chunks, 5 segments; on a card 3 chunks, 3 segments)
