@@ -201,8 +201,8 @@ def _backward(z, a, g, attention, discount, init, reverse, cu_seqlens, gy, g_fin
     zc = z.to(cdt)
     z_minus_y = safe_average(keep * d_prev * (zc - y_prev), d_now)
     gz = (take * rho_now).to(z.dtype)
-    gl = take * ((zc * r_later - s_later) + gi * z_minus_y)
-    ga = attention_grad(gl, a.to(cdt), attention).to(a.dtype)
+    ga = attention_grad((zc * r_later - s_later) + gi * z_minus_y, take, m_now, a.to(cdt),
+                        attention).to(a.dtype)                  # (gl = take * that)
     gg = None
     if g is not None:
         glam = keep * d_prev * (y_prev * rho_now - sigma_now)

@@ -31,12 +31,19 @@ def log_weight(a: torch.Tensor, kind: str) -> torch.Tensor:
     raise ValueError(f"attention must be one of {ATTENTIONS}, got {kind!r}")
 
 
-def attention_grad(gl: torch.Tensor, a: torch.Tensor, kind: str) -> torch.Tensor:
-    """Chain rule ``ga = gl * dl/da`` for ``l = log_weight(a, kind)``.
+def attention_grad(x: torch.Tensor, take: torch.Tensor, m: torch.Tensor, a: torch.Tensor,
+                   kind: str) -> torch.Tensor:
+    """Chain rule ``ga = gl * dl/da`` for ``l = log_weight(a, kind)``, with the gradient of
+    the log-weight given as ``gl = take * x`` (``take = exp(l - m)``, the step's weight
+    against its state's running max ``m``).
 
     For "relu", ``gl`` carries a factor ``exp(l) = a``, so ``gl / a`` is formed by a division
-    (finite even for denormal ``a``), and is 0 where ``a <= 0``.
+    (finite even for denormal ``a``), and is 0 where ``a <= 0``. Where ``take`` underflowed
+    (below the smallest normal number: :func:`.chunked.exp_nonpositive_` flushes it to 0)
+    ``gl`` has lost ``x``, but ``take / a = exp(-m)``: ``ga = x exp(-m)`` there, which cannot
+    overflow (``exp(-m) < tiny / a``).
     """
+    gl = take * x
     if kind == "exp":
         return gl
     if kind == "sigmoid":
@@ -51,7 +58,9 @@ def attention_grad(gl: torch.Tensor, a: torch.Tensor, kind: str) -> torch.Tensor
         return gl * torch.where(a < _SOFTPLUS_SERIES_BELOW, series, direct)
     if kind == "relu":
         off = a <= 0                                    # (a NaN logit gives NaN)
-        return torch.where(off, 0, gl / torch.where(off, 1, a))
+        under = take < torch.finfo(take.dtype).tiny
+        ga = torch.where(under, x * torch.exp(-m), gl / torch.where(off, 1, a))
+        return torch.where(off, 0, ga)
     raise ValueError(f"attention must be one of {ATTENTIONS}, got {kind!r}")
 
 

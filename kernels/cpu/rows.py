@@ -121,7 +121,8 @@ def attention_grad_row(kind, gl, dl, a, a_base, a_st, out, base, st, times, step
     attention code ``kind``, stored in ``out``'s type, with ``gl`` read at ``q * w`` and ``a``
     at ``a_base + times[q] * a_st`` (the rows of one chunk's adjoint, ``scan_bwd.py``);
     ``dl/da`` is read from ``dl[q * w:]`` (:func:`log_weight_grad_rows`) for the sigmoid
-    and softplus attentions, and is 1 (exp) or ``1/a`` (relu) for the others."""
+    and softplus attentions, and is 1 for exp. For relu ``gl`` holds ``ga`` already (the
+    adjoint formed it with :func:`relu_grad_factor_row`'s factor): 0 where ``a <= 0``."""
     raise NotImplementedError
 
 
@@ -140,7 +141,7 @@ def _attention_grad_row(kind, gl, dl, a, a_base, a_st, out, base, st, times, ste
                 for j in range(w):
                     u = np.uint64(j)
                     x = load(a, ai + u, zero)
-                    store(out, oi + u, zero if x <= zero else gl[gi + u] / x)
+                    store(out, oi + u, zero if x <= zero else gl[gi + u])
             else:
                 for j in range(w):
                     u = np.uint64(j)

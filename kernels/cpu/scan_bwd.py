@@ -43,9 +43,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .fmath import load, prefetch_read, prefetch_row, prefetch_write, store
+from .fmath import fexp, load, prefetch_read, prefetch_row, prefetch_write, store
 from . import kernel
-from ..codes import EXP, NO_DISCOUNT
+from ..codes import EXP, NO_DISCOUNT, RELU
 from .rows import (attention_grad_row, decay_grad_row, log_decay_grad_rows,
                    log_weight_grad_rows)
 from .scan_fwd import input_row, step_row, task_channels, time_index
@@ -69,12 +69,28 @@ L_, LAM_ = 0, 1             # tb rows
 
 
 @kernel
-def adjoint_row(rho, sigma, gl, glam, z, z_base, z_st, sd, sy, take, keep, gy, base, gz, times,
-                with_decay, steps, w, D, zero, one, tiny):
+def relu_grad_factor_row(a, a_off, take, take_off, m, out, out_off, w, zero, tiny):
+    """The relu attention's factor of ``ga`` in a step's ``gl = take x`` (``take = exp(l -
+    m)``, ``m`` the running max after the step): ``out[out_off:][:w] = take / a``, or
+    ``exp(-m)`` (the same, as ``a = exp(l)``) where ``take`` underflowed (below ``tiny``:
+    ``fexp`` flushes it to 0), so that ``ga = factor x`` keeps a tiny logit's gradient; 0
+    where ``a <= 0``. (``exp(-m) < tiny / a`` there: no overflow.)"""
+    ai, ti, oi = np.uint64(a_off), np.uint64(take_off), np.uint64(out_off)
+    for j in range(w):
+        u = np.uint64(j)
+        x = load(a, ai + u, zero)
+        t = take[ti + u]
+        out[oi + u] = zero if x <= zero else (fexp(-m[j]) if t < tiny else t / x)
+
+
+@kernel
+def adjoint_row(rho, sigma, gl, glam, z, z_base, z_st, sd, sy, take, gfac, keep, gy, base, gz,
+                times, with_decay, steps, w, D, zero, one, tiny):
     """The adjoint through one chunk of ``steps`` steps, ``w`` channels, last step first:
     walk step ``q`` is at time ``times[q]``, its chunk buffers at slot ``q`` (layout above).
     ``z`` is read at ``z_base + t * z_st``, ``gy`` read and ``gz`` written at ``base + t *
-    D`` (rows of ``(B, T, D)``); ``gl``, ``glam`` are written at slot ``q``; ``rho``,
+    D`` (rows of ``(B, T, D)``); ``gl``, ``glam`` are written at slot ``q`` (``gl`` with the
+    factor ``gfac``: ``take``, or for relu :func:`relu_grad_factor_row`'s); ``rho``,
     ``sigma`` carry the adjoint from walk step to walk step."""
     line = 64 // gy.itemsize            # elements per cache line
     for q in range(steps):
@@ -103,7 +119,7 @@ def adjoint_row(rho, sigma, gl, glam, z, z_base, z_st, sd, sy, take, keep, gy, b
             rho[j] = r_j
             sigma[j] = s_j
             store(gz, go + u, take[s_q + u] * r_j)
-            gl[s_q + u] = take[s_q + u] * ((z_j * r_later - s_later) + gi * z_y)
+            gl[s_q + u] = gfac[s_q + u] * ((z_j * r_later - s_later) + gi * z_y)
             if with_decay:
                 glam[s_q + u] = keep[s_in + u] * sd[s_in + u] * (sy[s_in + u] * r_j - s_j)
 
@@ -189,11 +205,14 @@ def backward(claim, tasks, z, a, g, gy, gz, ga, gg, state0, g_final, g_init, ck,
                     step_row(m, n, d, tb, to + LAM_ * w, z, oz, tb, to + L_ * w, sy, q * w, sd,
                              q * w, take, q * w, keep, (q + 1) * w, True, w, ninf, zero, one,
                              tiny)
+                    if attention == RELU:       # (dl/da is not read for relu)
+                        relu_grad_factor_row(a, oa, take, q * w, m, dl, q * w, w, zero, tiny)
             # (2) the adjoint, last step first; the chunk's inputs are read a second time,
             # from cache (they were read just above)
             grad0 = b * T * D + lo      # the gradients' (and gy's) row at time 0
             adjoint_row(rho, sigma, gl, glam, z, b * strides[0] + lo, strides[1], sd, sy, take,
-                        keep, gy, grad0, gz, times, with_decay, cl, w, D, zero, one, tiny)
+                        dl if attention == RELU else take, keep, gy, grad0, gz, times,
+                        with_decay, cl, w, D, zero, one, tiny)
             attention_grad_row(attention, gl, dl, a, b * strides[2] + lo, strides[3], ga, grad0,
                                D, times, cl, w)
             if with_decay:

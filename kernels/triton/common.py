@@ -14,6 +14,7 @@ POS_INF = tl.constexpr(float("inf"))
 EXP = tl.constexpr(codes.EXP)
 SIGMOID = tl.constexpr(codes.SIGMOID)
 SOFTPLUS = tl.constexpr(codes.SOFTPLUS)
+RELU = tl.constexpr(codes.RELU)
 NO_DISCOUNT = tl.constexpr(codes.NO_DISCOUNT)
 LOG_DISCOUNT = tl.constexpr(codes.LOG_DISCOUNT)
 ONE_PASS = tl.constexpr(codes.ONE_PASS)
@@ -211,8 +212,25 @@ def log_weight(a, ATTN: tl.constexpr, NEWTON: tl.constexpr):
 
 
 @triton.jit
+def own_grad_factor(take, m, a, ATTN: tl.constexpr):
+    """The factor of a step's ``gl = factor x``: its weight ``take = exp(l - m)`` (``m`` the
+    running max after the step), or for relu ``take / a`` (``dl/da = 1/a`` folded in), which
+    is ``exp(-m)`` as ``a = exp(l)``: that where ``take`` underflowed (below ``2**-126``,
+    where :func:`weight` flushes it to 0), so that a tiny logit keeps its gradient (no
+    overflow: ``exp(-m) < 2**-126 / a`` there), and 0 where ``a <= 0``. A division, not
+    :func:`reciprocal`: ``a`` may be subnormal."""
+    if ATTN == RELU:
+        f = tl.where(take < SMALLEST_NORMAL, tl.exp(-m), take / tl.where(a <= 0, 1.0, a))
+        f = tl.where(a <= 0, 0.0, f)                                          # (NaN: NaN)
+    else:
+        f = take
+    return f
+
+
+@triton.jit
 def attention_grad(gl, a, ATTN: tl.constexpr, NEWTON: tl.constexpr):
-    """``ga = gl * dl/da`` (for relu ``gl`` carries the factor ``a``: divide, do not multiply by 1/a)."""
+    """``ga = gl * dl/da`` (for relu ``gl`` carries ``dl/da`` already:
+    :func:`own_grad_factor`)."""
     if ATTN == EXP:
         ga = gl
     elif ATTN == SIGMOID:
@@ -232,7 +250,7 @@ def attention_grad(gl, a, ATTN: tl.constexpr, NEWTON: tl.constexpr):
         ga = gl * (num / den)    # (not reciprocal: a = +inf gives den = +inf, and ga = 0)
         ga = tl.where(a != a, a, ga)        # a NaN logit gives NaN
     else:
-        ga = tl.where(a <= 0, 0.0, gl / tl.where(a <= 0, 1.0, a))            # (NaN: NaN)
+        ga = tl.where(a <= 0, 0.0, gl)                                        # (NaN: NaN)
     return ga
 
 

@@ -143,17 +143,29 @@ def test_random_shapes_gradients(exact_backend, B, T, D, chunk, attention, decay
     compare_gradients(z, a, g, attention, state, reverse, chunk, torch.float64)
 
 
-def _relu_mean_loop(z, a, g, gy):
+def _share_of_a_small_first_weight(w, kept):
+    """``w / (w + kept)`` as ``1 / (1 + kept / w)``: no cancellation in its gradient where
+    ``w`` is tiny and ``kept = 0`` (it overflows where ``w`` is tiny and ``kept`` is not)."""
+    return 1 / (1 + kept / w)
+
+
+def _share_of_a_small_later_weight(w, kept):
+    """``w / (w + kept)`` as it is: no overflow in its gradient where ``w`` is tiny and
+    ``kept`` is not (it cancels where ``kept = 0``)."""
+    return w / (w + kept)
+
+
+def _relu_mean_loop(z, a, g, gy, share_of=_share_of_a_small_first_weight):
     """Loss ``sum_t gy_t y_t`` of the relu RDA in float64, as the running mean
     ``y_t = y_{t-1} + s_t (z_t - y_{t-1})`` with ``w = relu(a)``, ``d_t = gamma_t d_{t-1} +
-    w_t`` and the share ``s_t = w_t / d_t`` written ``1 / (1 + gamma_t d_{t-1} / w_t)``: no
+    w_t`` and the share ``s_t = w_t / d_t`` written by ``share_of(w_t, gamma_t d_{t-1})``: no
     step, and no step of its autograd, subtracts two large numbers, so the gradient is exact
-    to float64 rounding even for a tiny first weight."""
+    to float64 rounding even for a tiny weight (the one ``share_of`` is written for)."""
     y, d, loss = (torch.zeros((), dtype=torch.float64) for _ in range(3))
     for t in range(len(z)):
         w = torch.relu(a[t])
         kept = torch.sigmoid(g[t]) * d
-        share = torch.where(w > 0, 1 / (1 + kept / torch.where(w > 0, w, 1)), 0)
+        share = torch.where(w > 0, share_of(torch.where(w > 0, w, 1), kept), 0)
         d = kept + w
         y = y + share * (z[t] - y)
         loss = loss + gy[t] * y
@@ -177,6 +189,34 @@ def test_relu_gradient_of_a_small_first_weight(backend, a0):
     (got,) = torch.autograd.grad(y, leaf, gy.to(dt).view(1, -1, 1))
     rtol = 1e-9 if dt == torch.float64 else 1e-4
     torch.testing.assert_close(got.flatten().double(), want, rtol=rtol, atol=rtol)
+
+
+# (the exponent of the tiny logit, by dtype): its weight exp(l - m) is about half of it,
+# just normal at the first, subnormal or 0 at the others; the last is the smallest subnormal
+TINY_EXPONENTS = {torch.float32: [-125, -127, -130, -140, -149],
+                  torch.float64: [-1021, -1023, -1030, -1050, -1074]}
+
+
+def test_relu_gradient_of_a_logit_whose_weight_underflows(backend):
+    """A tiny positive relu logit after a large one keeps its gradient where its weight
+    ``exp(l - m)`` underflows: ``gl / a`` (about ``weight * 1 / a``) is ``exp(-m)`` times an
+    O(1) term there (it was 0 at ``2**-126`` on the torch and numba backends, in float32)."""
+    z = torch.tensor([0.3, 1.0, -0.5, 0.7], dtype=torch.float64)
+    g = torch.tensor([0.0, 3.0, -1.0, 0.5], dtype=torch.float64)
+    gy = torch.tensor([1.0, -0.5, 1.0, 2.0], dtype=torch.float64)
+    for dt in [torch.float32] + ([torch.float64] if backend.exact else []):
+        for e in TINY_EXPONENTS[dt]:
+            a = torch.tensor([2.0, 2.0 ** e, 1.0, 0.5], dtype=torch.float64)
+            a64 = a.clone().requires_grad_()
+            loss = _relu_mean_loop(z, a64, g, gy, _share_of_a_small_later_weight)
+            (want,) = torch.autograd.grad(loss, a64)
+            leaf = a.to(dt).view(1, -1, 1).requires_grad_()
+            y, _ = fastrwa.rda_scan(z.to(dt).view(1, -1, 1), leaf, g.to(dt).view(1, -1, 1),
+                                    attention="relu")
+            (got,) = torch.autograd.grad(y, leaf, gy.to(dt).view(1, -1, 1))
+            rtol = 1e-9 if dt == torch.float64 else 1e-4
+            torch.testing.assert_close(got.flatten().double(), want, rtol=rtol, atol=rtol,
+                                       msg=lambda m: f"{dt}, a[1] = 2**{e}: {m}")
 
 
 INF = math.inf
