@@ -86,6 +86,18 @@ MUFU_LANES_PER_SM = 16       # CUDA C++ Programming Guide, throughput table: cc 
 SCHEDULERS = 4               # warp schedulers an SM (Hopper: 4 partitions, 1 warp instr/cycle)
 REGS_PER_SCHEDULER = 16384   # 64 K 32-bit registers an SM, one quarter a partition
 MAX_WARPS, MAX_BLOCKS = 64, 32   # resident an SM (cc 9.0)
+# The "chained" forward (kernels/triton/scan_chained.py) walks each segment twice; its second
+# walk's reads are taken as L2 hits when the segments of the programs resident at once fit in
+# L2_SHARE of the L2 (50 MB on the H100 SXM5: NVIDIA H100 whitepaper; the share is an
+# assumption: the rest holds y, the saved states and the look-back's summaries), else as
+# DRAM reads. Its look-back: each window hop (one acquire of the flags, one read of the
+# summaries, each an L2 round trip, and a WINDOW-row combine chain in one thread) taken as
+# LOOKBACK_HOP_NS (an assumption: 2 x 600 ns under load and 32 x ~25 dependent cycles),
+# one hop per window of a sequence's segments in series: the prefix's walk along the
+# sequence, a lower bound under the walks (a term beside them, not added to them).
+L2_BYTES = 50e6
+L2_SHARE = 0.5
+LOOKBACK_HOP_NS = 2000.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,6 +219,9 @@ class Knobs:
     forward_lookahead: int = 1         # the forward kernel's LOOKAHEAD (a build: 1 or 2)
     carry_tile: int = 1                # segments a carry kernel's iteration takes (KT)
     forward_block_t: int = 0           # the forward's BT (0: block_t; states saved at block_t)
+    chained: bool = False              # the "segments" rows' forward as "chained"
+    chained_chunks: int = 4            # triton_host.Options.chained_chunks
+    lookback_window: int = 32          # triton_host.Options.lookback_window
 
 
 def default_knobs() -> Knobs:
@@ -216,7 +231,8 @@ def default_knobs() -> Knobs:
                  o.segment_chunks, tb.PROGRAMS_PER_SM, tb.SEGMENT_PROGRAMS_PER_SM,
                  tb.MIN_SEGMENT_CHUNKS, tb.MAX_REGISTERS,
                  forward_lookahead=o.forward_lookahead, carry_tile=o.carry_tile,
-                 forward_block_t=o.forward_block_t)
+                 forward_block_t=o.forward_block_t, chained_chunks=o.chained_chunks,
+                 lookback_window=o.lookback_window)
 
 
 def cdiv(a: int, b: int) -> int:
@@ -257,6 +273,9 @@ class Launch:
     chunk_load_bytes: int     # bytes a program loads an iteration
     depth: int                # iterations a load is issued ahead of its use (0: at use)
     ahead: int = 1            # chunks the build itself loads ahead (the forward's LOOKAHEAD)
+    reread: int = 0           # bytes read again, from L2 if ``footprint`` fits (chained)
+    footprint: int = 0        # a program's bytes that must stay in L2 for that
+    hops: int = 0             # look-back window hops in series (chained)
 
 
 def lookahead(ATTN: int, k: Knobs) -> int:
@@ -312,6 +331,24 @@ def plan(op: str, shape, dtype: str, algorithm: str, pass_: str, k: Knobs, sms: 
                           warps=k.warps, programs=B * n_d, iterations=cdiv(T, fBT),
                           bytes=(n_in + 1) * E * s + save * (rows * state + B * state),
                           chunk_load_bytes=fload, depth=k.depth, ahead=fahead, **common))
+    elif k.chained:
+        # one launch, approximated by the two walks it makes: the summary pass's loop (DRAM
+        # reads), then the output pass's (its reads again: L2 if they fit, predict())
+        cps = k.chained_chunks
+        nseg = B * max(1, cdiv(cdiv(T, fBT), cps))
+        ints = (("T", T), ("CPS", cps), ("NS", B), ("NCT", rows), ("NSEG", nseg))
+        out.append(Launch("fwd[chained:1]", "scan_fwd.fwd_kernel",
+                          _items(fconst, PHASE=1, HAS_INIT=False, STORE_FINAL=False), ints,
+                          warps=k.warps, programs=nseg * n_d, iterations=cps,
+                          bytes=n_in * E * s + 7 * nseg * D * 4, chunk_load_bytes=fload,
+                          depth=k.depth, ahead=fahead, **common))
+        out.append(Launch(f"fwd[chained:2{',save' if save else ''}]", "scan_fwd.fwd_kernel",
+                          _items(fconst, PHASE=2, HAS_INIT=False, STORE_FINAL=False), ints,
+                          warps=k.warps, programs=nseg * n_d, iterations=cps,
+                          bytes=E * s + save * rows * state, chunk_load_bytes=fload,
+                          depth=k.depth, ahead=fahead, reread=n_in * E * s,
+                          footprint=cps * fload, hops=cdiv(nseg // B, k.lookback_window),
+                          **common))
     else:
         cps = segment_chunks(B, D, T, fk, sms)
         nseg = B * max(1, cdiv(cdiv(T, fBT), cps))
@@ -644,15 +681,16 @@ class Terms:
     need_kib: float           # latency x bandwidth an SM (KiB)
     cpi: float                # one warp's cycles an instruction in the loop (C / N)
     latency_ns: float = 0.0   # the load latency the terms were taken at
+    lookback: float = 0.0     # the chained forward's look-back hops in series
 
     @property
     def time(self) -> float:
-        return max(self.issue, self.mufu, self.chain, self.little, self.dram)
+        return max(self.issue, self.mufu, self.chain, self.little, self.dram, self.lookback)
 
     @property
     def bound(self) -> str:
         terms = dict(issue=self.issue, mufu=self.mufu, chain=self.chain, little=self.little,
-                     dram=self.dram)
+                     dram=self.dram, lookback=self.lookback)
         return max(terms, key=terms.get)
 
 
@@ -721,7 +759,7 @@ def _terms(launch: Launch, c: Counted, card: Card, bandwidth: float, clock_hz: f
     inflight = p * max(1, launch.depth) * launch.ahead * launch.chunk_load_bytes / 1024
     need = latency_ns * 1e-9 * bandwidth / card.sms / 1024
     return Terms(issue, mufu, chain, little, dram, p, w, waves, inflight, need,
-                 cyc / max(1, c.instr), latency_ns)
+                 cyc / max(1, c.instr), latency_ns, launch.hops * LOOKBACK_HOP_NS * 1e-9)
 
 
 # ---------------------------------------------------------------------------- records
@@ -787,11 +825,23 @@ def predict(rows: list[tuple], card: Card, knobs: Knobs, source: str | None, pyt
         parts = []
         for launch in launches:
             c = count(compiled[json.dumps(_build_key(launch), sort_keys=True)], launch)
+            launch = with_reread(launch, c, card)
             parts.append((launch, c, terms(launch, c, card, bw, clock_hz, latency_ns)))
         out.append(dict(op=op, shape=shape, dtype=dt, algorithm=alg, pass_=ps, bandwidth=bw,
                         measured_ms=ms, parts=parts,
                         predicted_ms=1e3 * sum(t.time for _, _, t in parts)))
     return out
+
+
+def with_reread(launch: Launch, c: Counted, card: Card) -> Launch:
+    """``launch`` with its ``reread`` bytes added to its DRAM bytes unless the footprints of
+    the programs resident at once (registers: ``c``) fit in :data:`L2_SHARE` of the L2."""
+    if not launch.reread:
+        return launch
+    held = min(launch.programs, resident(c.regs, launch.warps) * card.sms) * launch.footprint
+    if held <= L2_SHARE * L2_BYTES:
+        return launch
+    return dataclasses.replace(launch, bytes=launch.bytes + launch.reread)
 
 
 def _source_has(source: str | None, module: str, name: str) -> bool:
@@ -947,6 +997,12 @@ def candidates(card: Card, knobs: Knobs, python: str, latency: "float | Latency"
         ("BT 8", dataclasses.replace(knobs, block_t=8)),
         ("BT 32 (built: both passes)", dataclasses.replace(knobs, block_t=32)),
         ("BT 32, carry tile 8", dataclasses.replace(knobs, block_t=32, carry_tile=8)),
+        ("chained forward (built)", dataclasses.replace(knobs, chained=True)),
+        ("chained, BT 32, carry tile 8", dataclasses.replace(knobs, chained=True, block_t=32,
+                                                              carry_tile=8)),
+        ("chained, BT 32, tile 8, 3 chunks", dataclasses.replace(knobs, chained=True,
+                                                                  block_t=32, carry_tile=8,
+                                                                  chained_chunks=3)),
         ("2 warps, BD 64", dataclasses.replace(knobs, block_d=64, block_d_backward=64, warps=2,
                                                warps_backward=2)),
     ]

@@ -18,10 +18,12 @@
 # variants (the variants built for issue 62 beside the defaults at its three shapes: both
 # passes at chunks of 32 steps, alone and with the carry kernels 8 segments at a time, the
 # forward alone at 32, the carry tiles of 8 alone; first the cost model's bandwidth probe,
-# bench/stream_probe.py; <= 240 s):
+# bench/stream_probe.py; <= 240 s), chained (the "chained" forward, never run on a card:
+# its pytest --cuda tests, then its time at 1 x 1M x 256 beside the defaults, alone and at
+# chunks of 32 with carry tiles of 8; <= 240 s):
 #     bash bench/gpu_run.sh checks,layers
 #     bash bench/gpu_run.sh tune
-#     bash bench/gpu_run.sh variants
+#     bash bench/gpu_run.sh variants,chained
 # Writes under $OUT (or bench-results/gpu): log.txt, pytest.txt, ncu.txt, gpu-<device>.json
 # and .png, and all of them again in one archive, gpu-run.tar.gz. Each step has a time
 # limit; a step that fails or outruns it is reported and the next still runs; the exit
@@ -198,8 +200,11 @@ step kernels && section_run 300 kernels "$out/kernels"
 if step tests; then
     # xdist spreads Triton's compiles (one per kernel specialisation) over 14 processes.
     note "pytest --cuda (the Triton columns and tests/test_cuda.py)"
+    # (the chained forward's tests run in their own step: a wait that never ends there
+    # would cost this step's summary)
     timeout 170 python3 -m pytest -q -p no:cacheprovider -n 14 --cuda -rf \
-        -k "triton or test_cuda" tests > "$out/pytest.txt" 2>&1 || failed=$((failed + 1))
+        -k "(triton or test_cuda) and not chained" tests > "$out/pytest.txt" 2>&1 \
+        || failed=$((failed + 1))
     tail -n 25 "$out/pytest.txt" | tee -a "$out/log.txt"
 fi
 step checks && section_run 60 checks "$out/checks"
@@ -217,6 +222,25 @@ if step variants; then
     timeout 240 python3 -m bench.gpu_sweep --out "$out/variants" --only defaults,streams \
         --candidates bt32 bt32-carry8 fwd-bt32 carry8 --shapes 0 1 2 2>&1 | tee -a "$out/log.txt" \
         | grep -v '^{' || failed=$((failed + 1))
+fi
+if step chained; then
+    # the "chained" forward (never run on a card): its tests, each process under a limit (a
+    # look-back that never ends is a hang, not a failure), then, if they pass, its time at
+    # the 1M row beside the defaults
+    note "pytest --cuda -k chained"
+    timeout 120 python3 -m pytest -q -p no:cacheprovider --cuda -rf -k chained \
+        tests/backends/triton/test_triton.py > "$out/pytest-chained.txt" 2>&1
+    status=$?
+    tail -n 15 "$out/pytest-chained.txt" | tee -a "$out/log.txt"
+    if [ $status -eq 0 ]; then
+        note "bench/gpu_sweep.py --only defaults --candidates chained chained-bt32-carry8"
+        timeout 120 python3 -m bench.gpu_sweep --out "$out/chained" --only defaults \
+            --candidates chained chained-bt32-carry8 --shapes 2 2>&1 \
+            | tee -a "$out/log.txt" | grep -v '^{' || failed=$((failed + 1))
+    else
+        echo "chained: tests failed or timed out (status $status)" | tee -a "$out/log.txt"
+        failed=$((failed + 1))
+    fi
 fi
 # one report of every call (a call cut by its limit keeps what it wrote after each shape)
 reports=$(ls "$out"/{kernels,checks,layers,bench,tune}/gpu-*.json 2>/dev/null)

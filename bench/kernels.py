@@ -53,6 +53,7 @@ EXTRA_FLAGS = [("rda-softplus,reverse", 2, 2, dict(REVERSE=True)),
                ("rda-softplus,varlen", 2, 2, dict(IS_VARLEN=True))]
 IO_POINTERS = {"z_ptr", "a_ptr", "g_ptr", "y_ptr", "gy_ptr", "gz_ptr", "ga_ptr", "gg_ptr"}
 INDEX_POINTERS = {"cu_ptr", "co_ptr", "cs_ptr"}
+FLAG_POINTERS = {"f_ptr"}              # the chained forward's flags and ticket (int32)
 # What a launch at B=16, T=4096, D=1024 tells the compiler about its arguments. Triton's
 # runtime specialises an argument that is a multiple of 16 (a pointer: in bytes; PyTorch's
 # allocations are) and turns an integer equal to 1 into a constant; the layout it picks for
@@ -67,9 +68,10 @@ DIVISIBLE_INTS = {"T", "NS", "NCT"}
 def _kernels(opts=None):
     """``(name, kernel, (warps, maxnreg), constexprs)`` of every build: the scan kernels once
     per phase (``fwd[one_pass]`` is the "looped" algorithm's forward; ``summary``, the carry
-    kernel and ``output`` are the "segments" algorithm's)."""
+    kernel and ``output`` are the "segments" algorithm's; ``fwd[chained]`` the "chained"
+    algorithm's one launch)."""
     from fastrwa.kernels import codes
-    from fastrwa.kernels.triton import scan_bwd, scan_fwd, step
+    from fastrwa.kernels.triton import scan_bwd, scan_chained, scan_fwd, step
     from fastrwa.ops import triton_host as tb
 
     opts = opts or tb.Options()
@@ -86,6 +88,8 @@ def _kernels(opts=None):
             out.append((f"{short}[{phase}]", kernel, launch, dict(blocks, PHASE=code)))
     out += [("fwd_carry", scan_fwd.fwd_carry_kernel, *fwd), ("bwd_carry", scan_bwd.bwd_carry_kernel,
                                                               *bwd), ("step", step.step_kernel, *fwd)]
+    out.append(("fwd[chained]", scan_chained.fwd_chained_kernel, fwd[0],
+                dict(fwd[1], WINDOW=opts.lookback_window, PREFIX_EVERY=True)))
     return out
 
 
@@ -150,6 +154,8 @@ def compile_one(job):
             signature[arg] = "*" + DTYPES[dtype]
         elif arg in INDEX_POINTERS:
             signature[arg] = "*i64"
+        elif arg in FLAG_POINTERS:
+            signature[arg] = "*i32"
         elif arg.endswith("_ptr"):
             signature[arg] = "*fp32"
         else:

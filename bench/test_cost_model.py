@@ -107,6 +107,33 @@ def test_plan_follows_the_launcher():
     assert dict(rwa[1].const)["LOOKAHEAD"] == 0 and rwa[1].depth == 0
 
 
+def test_the_chained_forward_is_planned_as_its_two_walks():
+    """The "chained" forward: the summary walk reads the inputs from DRAM; the output walk
+    writes y and the saved states, and reads the inputs again from L2 only when the
+    segments of the programs resident at once fit in its share of L2; the look-back's hops
+    are one a window of a sequence's segments, and bound the time by themselves."""
+    k = cm.Knobs(chained=True)
+    E, s = (1 << 20) * 256, 4
+    fwd = cm.plan("rda-exp", (1, 1 << 20, 256), "float32", "segments", "fwd+bwd", k, 132)
+    assert [x.label for x in fwd[:2]] == ["fwd[chained:1]", "fwd[chained:2,save]"]
+    one, two = fwd[:2]
+    nseg = (1 << 20) // (16 * 4)                                  # segments of 4 chunks of 16
+    assert dict(one.ints)["NSEG"] == nseg and one.programs == nseg * 8
+    assert one.bytes == 3 * E * s + 7 * nseg * 256 * 4
+    assert two.reread == 3 * E * s and two.hops == nseg // 32
+    assert two.bytes == E * s + (nseg * 4) * 3 * 256 * 4          # y, a state every 16 steps
+    assert [x.label for x in fwd[2:]] == ["bwd[summary]", "bwd_carry", "bwd[output]"]
+    card = cm.CARDS["h100"]
+    assert two.footprint == 4 * 16 * 32 * 3 * 4         # 4 chunks of 16 x 32 x 3 inputs
+    # 8 programs an SM (192 registers) x 132 SMs: 21.1 MB fit in half of L2, 31.7 MB not
+    fits, spills = (dataclasses.replace(two, footprint=f) for f in (20_000, 30_000))
+    assert cm.with_reread(fits, _counted(192), card).bytes == two.bytes
+    assert cm.with_reread(spills, _counted(192), card).bytes == two.bytes + two.reread
+    t = cm.terms(dataclasses.replace(two, hops=10 ** 6), _counted(192), card, 3e12,
+                 card.clock_hz, 500)
+    assert t.bound == "lookback" and t.time == pytest.approx(cm.LOOKBACK_HOP_NS * 1e-3)
+
+
 def test_ncu_report_is_read():
     kernels = cm.ncu_kernels(cm.ROOT / cm.CARDS["h100"].ncu)
     assert [k["kernel"] for k in kernels] == ["fwd_kernel", "bwd_kernel"]

@@ -11,6 +11,13 @@ Forward algorithms (``Options.algorithm``):
   parallel, the summaries combined in order per sequence (a walk over segments, not
   chunks), every segment re-run from its incoming state; three launches, parallel over
   segments too.
+* "chained" (a variant, never chosen by "auto" until a card has timed it): sequences cut
+  into segments of ``chained_chunks`` chunks (short: :data:`CHAINED_SEGMENT_CHUNKS`), each
+  program summarising its segment, finding the state entering it by a decoupled look-back
+  over its predecessors' published summaries (``lookback_window`` at a time) and re-running
+  it from there; one launch, and every input read from DRAM once, where the re-run finds
+  its segment in L2 (kernels/triton/scan_chained.py).
+  Its backward is "segments".
 * Single steps (``T = 1``, no gradient needed) use one fused step kernel.
 * "auto": "looped" when ``sequences * channel_blocks`` gives every SM at least
   ``PROGRAMS_PER_SM`` programs, when sequences are at most ``2 * BT`` long, or when the
@@ -34,7 +41,7 @@ import triton
 
 from ..kernels.codes import (ATTENTION_CODE, DISCOUNT_CODE, ONE_PASS, OUTPUT, RELU, SIGMOID,
                              SOFTPLUS, SUMMARY)
-from ..kernels.triton import scan_bwd, scan_fwd, step
+from ..kernels.triton import scan_bwd, scan_chained, scan_fwd, step
 from .buffers import empty, empty_like
 from .contract import ForwardResult, Gradients, Knobs, ScanArgs, state_dtype
 
@@ -43,6 +50,12 @@ PROGRAMS_PER_SM = 2
 # MIN_SEGMENT_CHUNKS chunks (each segment is read twice and summarised once).
 SEGMENT_PROGRAMS_PER_SM = 16
 MIN_SEGMENT_CHUNKS = 8
+# The "chained" algorithm's segments (``Options.chained_chunks``): short, so that its second
+# walk of a segment may find the inputs still in L2 (4 chunks of 16 x 32 float32 x 3
+# inputs: 24 KB a program, 26 MB for the 1,056 programs of 208 registers an H100 holds at
+# once, against its 50 MB), long enough that the look-back (a window of ``lookback_window``
+# segments a hop) keeps up with the walks (bench/cost_model.py; docs/kernels.md).
+CHAINED_SEGMENT_CHUNKS = 4
 
 
 # Registers a thread may use (every launch on CUDA). Left to itself ptxas holds a one-warp
@@ -62,7 +75,7 @@ class Options:
     sm_80 and sm_90a without spills.
     """
 
-    algorithm: str = "auto"          # "auto" | "looped" | "segments"
+    algorithm: str = "auto"          # "auto" | "looped" | "segments" | "chained"
     block_t: int = 16                # BT: steps per chunk (backward; forward unless below)
     forward_block_t: int = 0         # the forward's BT: 0 (block_t) or a power of 2 >= it
     block_d: int = 32                # BD: channels per program in the forward (and step)
@@ -73,6 +86,9 @@ class Options:
     segment_chunks: int = 0          # chunks per segment ("segments"); 0: chosen per call
     forward_lookahead: int = 1       # chunks the forward loads ahead of its scan: 1 or 2
     carry_tile: int = 1              # segments the carry kernels load and scan at once
+    chained_chunks: int = CHAINED_SEGMENT_CHUNKS    # chunks per segment ("chained")
+    lookback_window: int = 32        # predecessors a "chained" look-back reads at once
+    chained_prefixes: bool = True    # False: only first segments publish a prefix (tests)
 
     def forward(self) -> "Options":
         """The knobs the forward kernels run at: ``block_t`` is ``forward_block_t`` where that
@@ -84,11 +100,11 @@ class Options:
 
 
 def _check(opts: Options) -> None:
-    if opts.algorithm not in ("auto", "looped", "segments"):
-        raise ValueError(f"algorithm must be 'auto', 'looped' or 'segments', "
+    if opts.algorithm not in ("auto", "looped", "segments", "chained"):
+        raise ValueError(f"algorithm must be 'auto', 'looped', 'segments' or 'chained', "
                          f"got {opts.algorithm!r}")
     for name in ("block_t", "block_d", "block_d_backward", "warps", "warps_backward",
-                 "carry_tile"):
+                 "carry_tile", "lookback_window"):
         value = getattr(opts, name)
         if not (isinstance(value, int) and value >= 1 and value & (value - 1) == 0):
             raise ValueError(f"{name} must be a power of two, got {value!r}")
@@ -104,6 +120,10 @@ def _check(opts: Options) -> None:
         raise ValueError(f"forward_lookahead must be 1 or 2, got {opts.forward_lookahead!r}")
     if not (isinstance(opts.segment_chunks, int) and opts.segment_chunks >= 0):
         raise ValueError(f"segment_chunks must be an integer >= 0, got {opts.segment_chunks!r}")
+    if not (type(opts.chained_chunks) is int and opts.chained_chunks >= 1):
+        raise ValueError(f"chained_chunks must be an integer >= 1, got {opts.chained_chunks!r}")
+    if not isinstance(opts.chained_prefixes, bool):
+        raise ValueError(f"chained_prefixes must be a bool, got {opts.chained_prefixes!r}")
 
 
 _knobs = Knobs(Options, _check)
@@ -275,6 +295,17 @@ def _forward(args: ScanArgs, output_final_state: bool, save: bool) -> ForwardRes
     elif algorithm == "looped":
         scan_fwd.fwd_kernel[(lay.n_seq, n_d)](**scan, **lay.one_pass(z, f32),
                                               HAS_INIT=init is not None, STORE_FINAL=need_final)
+    elif algorithm == "chained":
+        chained = dataclasses.replace(opts, segment_chunks=opts.chained_chunks)
+        n_seg, segs, sizes = lay.segments(D, chained, z)
+        summary = empty((4, n_seg, D), f32, z.device)      # (m, n~, d~, G) of every segment
+        prefix = empty((3, n_seg, D), f32, z.device)       # the state after every segment
+        # every (segment, block)'s flag, then the ticket counter
+        flag = torch.zeros(n_seg * n_d + 1, dtype=torch.int32, device=z.device)
+        scan_chained.fwd_chained_kernel[(n_seg * n_d,)](
+            **scan, **segs, **sizes, s_ptr=summary, p_ptr=prefix, f_ptr=flag, NCT=lay.rows,
+            HAS_INIT=init is not None, STORE_FINAL=need_final, WINDOW=opts.lookback_window,
+            PREFIX_EVERY=opts.chained_prefixes)
     else:
         n_seg, segs, sizes = lay.segments(D, opts, z)
         summary = empty((4, n_seg, D), f32, z.device)      # (m, n~, d~, G) of every segment
@@ -362,7 +393,7 @@ def _backward(args: ScanArgs, saved: list, m_final, gy, g_final) -> Gradients:
         scan_bwd.bwd_kernel[(lay.n_seq, n_d)](**scan, **lay.one_pass(z, f32),
                                               HAS_INIT=init is not None,
                                               HAS_FINAL_GRAD=has_final_grad)
-    else:
+    else:                   # "segments" (the backward of "chained" too)
         n_seg, segs, sizes = lay.segments(D, opts, z)
         summary = empty((3, n_seg, D), f32, z.device)      # (K, W, V) of every segment
         entering = empty((2, n_seg, D), f32, z.device)     # (W, V) entering every segment

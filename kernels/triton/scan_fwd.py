@@ -42,6 +42,57 @@ def _load(z_ptr, a_ptr, g_ptr, bos, T_i, c, c_hi, o_d, mask_d, D: tl.constexpr,
 
 
 @triton.jit
+def walk_segment(z_ptr, a_ptr, g_ptr, y_ptr, hc_ptr, b_hm, b_hn, b_hd, bos, T_i, c0, c_lo, c_hi,
+                 o_d, mask_d, NCT, D: tl.constexpr, ATTN: tl.constexpr, DISCOUNT: tl.constexpr,
+                 WRITE: tl.constexpr, SAVE: tl.constexpr, REVERSE: tl.constexpr,
+                 LOOKAHEAD: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
+                 SAVE_BT: tl.constexpr):
+    """Walk chunks ``[c_lo, c_hi)`` of a sequence (row ``bos``, length ``T_i``) in scan order
+    from the state ``(m, n~, d~)`` ``[BD]`` entering them; returns the state after them and
+    their log decay ``G`` summed. ``WRITE``: store ``y``; ``SAVE``: store the state entering
+    every ``SAVE_BT`` steps into ``hc`` (its rows from ``c0``, the sequence's first)
+    (:func:`fwd_kernel`'s docstring has ``LOOKAHEAD`` and ``SAVE_BT``)."""
+    R: tl.constexpr = BT // SAVE_BT                         # saved states a chunk
+    NEWTON: tl.constexpr = z_ptr.dtype.element_ty == tl.float32     # (common.reciprocal)
+    b_hG = tl.zeros([BD], tl.float32)                                          # [BD]
+    b_z, b_a, b_g = _load(z_ptr, a_ptr, g_ptr, bos, T_i, c_lo, c_hi, o_d, mask_d, D, DISCOUNT,
+                          REVERSE, BT)                                         # [BT, BD] x3
+    if LOOKAHEAD == 2:      # the chunk after it too: two chunks' loads in flight
+        m_z, m_a, m_g = _load(z_ptr, a_ptr, g_ptr, bos, T_i, c_lo + 1, c_hi, o_d, mask_d, D,
+                              DISCOUNT, REVERSE, BT)                           # [BT, BD] x3
+    for c in range(c_lo, c_hi):
+        if SAVE:
+            store_state(hc_ptr, (c0 + c * R) * D + o_d, mask_d, NCT * D, b_hm, b_hn, b_hd)
+        # the loads LOOKAHEAD chunks on are issued before this chunk's scan waits on its own
+        n_z, n_a, n_g = _load(z_ptr, a_ptr, g_ptr, bos, T_i, c + LOOKAHEAD, c_hi, o_d, mask_d,
+                              D, DISCOUNT, REVERSE, BT)                        # [BT, BD] x3
+        t0, o_dt, mask_t = chunk_rows(c, T_i, BT, REVERSE)
+        mask = mask_t[:, None] & mask_d[None, :]                               # [BT, BD]
+        b_l, b_lam = log_weights(b_a, b_g, mask, ATTN, DISCOUNT, NEWTON)       # [BT, BD] x2
+        b_m, b_n, b_d, b_G = scan_chunk(b_l, b_z, b_lam, b_hm, b_hn, b_hd)     # [BT, BD] x4
+        if WRITE:
+            tl.store(y_ptr + chunk_offsets(bos, t0, o_dt, o_d, D),
+                     average(b_n, b_d, NEWTON).to(y_ptr.dtype.element_ty), mask=mask)
+        if SAVE:
+            for j in tl.static_range(1, R):     # the state entering part j: after its row
+                b_pm, b_pn, b_pd, b_pG = state_row(b_m, b_n, b_d, b_G, j * SAVE_BT - 1, BT)
+                # (a part past the sequence's end has no row: its store would be the next
+                # sequence's)
+                t_j = tl.full([BD], (c * R + j) * SAVE_BT, tl.int64)           # [BD]
+                mask_j = mask_d & (t_j < T_i)                                  # [BD]
+                store_state(hc_ptr, (c0 + c * R + j) * D + o_d, mask_j, NCT * D, b_pm, b_pn,
+                            b_pd)
+        b_hm, b_hn, b_hd, b_cG = state_row(b_m, b_n, b_d, b_G, BT - 1, BT)    # [BD] x4
+        b_hG += b_cG
+        if LOOKAHEAD == 2:
+            b_z, b_a, b_g = m_z, m_a, m_g
+            m_z, m_a, m_g = n_z, n_a, n_g
+        else:
+            b_z, b_a, b_g = n_z, n_a, n_g
+    return b_hm, b_hn, b_hd, b_hG
+
+
+@triton.jit
 def fwd_kernel(
     z_ptr, a_ptr, g_ptr, y_ptr, h0_ptr, ht_ptr, hc_ptr, s_ptr, cu_ptr, co_ptr, so_ptr, ss_ptr,
     T, CPS, NS, NCT, NSEG, D: tl.constexpr,
@@ -62,8 +113,6 @@ def fwd_kernel(
     pid, i, o_d, mask_d, bos, T_i, _, c_lo, c_hi = segment_program(
         cu_ptr, co_ptr, so_ptr, ss_ptr, T, CPS, D, BT, BD, IS_VARLEN, PHASE == ONE_PASS)
     c0 = first_chunk(i, co_ptr, T, SAVE_BT, IS_VARLEN)      # in rows of SAVE_BT steps
-    R: tl.constexpr = BT // SAVE_BT                         # saved states a chunk
-    NEWTON: tl.constexpr = z_ptr.dtype.element_ty == tl.float32     # (common.reciprocal)
     o_seg = pid * D + o_d                                                      # [BD]
     if PHASE == ONE_PASS:
         b_hm, b_hn, b_hd = initial_state(h0_ptr, i * D + o_d, mask_d, NS * D, HAS_INIT, BD)
@@ -71,41 +120,10 @@ def fwd_kernel(
         b_hm, b_hn, b_hd = initial_state(h0_ptr, o_seg, mask_d, NSEG * D, False, BD)
     else:
         b_hm, b_hn, b_hd = load_state(s_ptr, o_seg, mask_d, NSEG * D)          # [BD] x3
-    b_hG = tl.zeros([BD], tl.float32)                                          # [BD]
-    b_z, b_a, b_g = _load(z_ptr, a_ptr, g_ptr, bos, T_i, c_lo, c_hi, o_d, mask_d, D, DISCOUNT,
-                          REVERSE, BT)                                         # [BT, BD] x3
-    if LOOKAHEAD == 2:      # the chunk after it too: two chunks' loads in flight
-        m_z, m_a, m_g = _load(z_ptr, a_ptr, g_ptr, bos, T_i, c_lo + 1, c_hi, o_d, mask_d, D,
-                              DISCOUNT, REVERSE, BT)                           # [BT, BD] x3
-    for c in range(c_lo, c_hi):
-        if SAVE_CHUNKS and PHASE != SUMMARY:
-            store_state(hc_ptr, (c0 + c * R) * D + o_d, mask_d, NCT * D, b_hm, b_hn, b_hd)
-        # the loads LOOKAHEAD chunks on are issued before this chunk's scan waits on its own
-        n_z, n_a, n_g = _load(z_ptr, a_ptr, g_ptr, bos, T_i, c + LOOKAHEAD, c_hi, o_d, mask_d,
-                              D, DISCOUNT, REVERSE, BT)                        # [BT, BD] x3
-        t0, o_dt, mask_t = chunk_rows(c, T_i, BT, REVERSE)
-        mask = mask_t[:, None] & mask_d[None, :]                               # [BT, BD]
-        b_l, b_lam = log_weights(b_a, b_g, mask, ATTN, DISCOUNT, NEWTON)       # [BT, BD] x2
-        b_m, b_n, b_d, b_G = scan_chunk(b_l, b_z, b_lam, b_hm, b_hn, b_hd)     # [BT, BD] x4
-        if PHASE != SUMMARY:
-            tl.store(y_ptr + chunk_offsets(bos, t0, o_dt, o_d, D),
-                     average(b_n, b_d, NEWTON).to(y_ptr.dtype.element_ty), mask=mask)
-        if SAVE_CHUNKS and PHASE != SUMMARY:
-            for j in tl.static_range(1, R):     # the state entering part j: after its row
-                b_pm, b_pn, b_pd, b_pG = state_row(b_m, b_n, b_d, b_G, j * SAVE_BT - 1, BT)
-                # (a part past the sequence's end has no row: its store would be the next
-                # sequence's)
-                t_j = tl.full([BD], (c * R + j) * SAVE_BT, tl.int64)           # [BD]
-                mask_j = mask_d & (t_j < T_i)                                  # [BD]
-                store_state(hc_ptr, (c0 + c * R + j) * D + o_d, mask_j, NCT * D, b_pm, b_pn,
-                            b_pd)
-        b_hm, b_hn, b_hd, b_cG = state_row(b_m, b_n, b_d, b_G, BT - 1, BT)    # [BD] x4
-        b_hG += b_cG
-        if LOOKAHEAD == 2:
-            b_z, b_a, b_g = m_z, m_a, m_g
-            m_z, m_a, m_g = n_z, n_a, n_g
-        else:
-            b_z, b_a, b_g = n_z, n_a, n_g
+    b_hm, b_hn, b_hd, b_hG = walk_segment(
+        z_ptr, a_ptr, g_ptr, y_ptr, hc_ptr, b_hm, b_hn, b_hd, bos, T_i, c0, c_lo, c_hi, o_d,
+        mask_d, NCT, D, ATTN, DISCOUNT, PHASE != SUMMARY, SAVE_CHUNKS and PHASE != SUMMARY,
+        REVERSE, LOOKAHEAD, BT, BD, SAVE_BT)                                   # [BD] x4
     if PHASE == SUMMARY:
         store_summary(s_ptr, o_seg, mask_d, NSEG * D, b_hm, b_hn, b_hd, b_hG)
     elif PHASE == ONE_PASS and STORE_FINAL:

@@ -6,9 +6,16 @@ import triton.language as tl
 
 @triton.jit
 def channels(D: tl.constexpr, BD: tl.constexpr):
-    """The channels ``[BD]`` of this program's block and their mask (all true, known at compile
+    """The channels ``[BD]`` of this program's block (its second program id) and their mask
+    (:func:`channels_at`)."""
+    return channels_at(tl.program_id(1), D, BD)
+
+
+@triton.jit
+def channels_at(blk, D: tl.constexpr, BD: tl.constexpr):
+    """The channels ``[BD]`` of block ``blk`` and their mask (all true, known at compile
     time, when ``BD`` divides ``D``)."""
-    o_d = tl.program_id(1) * BD + tl.arange(0, BD)                             # [BD]
+    o_d = blk * BD + tl.arange(0, BD)                                          # [BD]
     # Claims no alignment (a hint of 1 element), so Triton's load coalescing keeps one
     # element a thread along D: each thread owns whole channel columns and every scan along
     # time stays in its registers. Without it a launch on aligned tensors vectorises along D
@@ -67,6 +74,18 @@ def segment_program(cu_ptr, co_ptr, so_ptr, ss_ptr, T, CPS, D: tl.constexpr, BT:
     """
     pid = tl.program_id(0).to(tl.int64)
     o_d, mask_d = channels(D, BD)
+    i, _, bos, T_i, c_lo, c_hi = segment_at(pid, cu_ptr, so_ptr, ss_ptr, T, CPS, BT, IS_VARLEN,
+                                            WHOLE)
+    c0 = first_chunk(i, co_ptr, T, BT, IS_VARLEN)
+    return pid, i, o_d, mask_d, bos, T_i, c0, c_lo, c_hi
+
+
+@triton.jit
+def segment_at(pid, cu_ptr, so_ptr, ss_ptr, T, CPS, BT: tl.constexpr, IS_VARLEN: tl.constexpr,
+               WHOLE: tl.constexpr):
+    """Segment ``pid`` (int64; with ``WHOLE`` sequence ``pid``, one segment): its sequence
+    ``i``, its index ``k`` there, the sequence's ``bos`` and length, and its chunks
+    ``[c_lo, c_hi)`` (:func:`segment_program`)."""
     if WHOLE:
         i = pid
         k = pid * 0
@@ -78,14 +97,13 @@ def segment_program(cu_ptr, co_ptr, so_ptr, ss_ptr, T, CPS, D: tl.constexpr, BT:
         i = pid // n_seg
         k = pid % n_seg
     bos, T_i = sequence(i, cu_ptr, T, IS_VARLEN)
-    c0 = first_chunk(i, co_ptr, T, BT, IS_VARLEN)
     if WHOLE:
         c_lo = k
         c_hi = tl.cdiv(T_i, BT)
     else:
         c_lo = k * CPS
         c_hi = tl.minimum(c_lo + CPS, tl.cdiv(T_i, BT))
-    return pid, i, o_d, mask_d, bos, T_i, c0, c_lo, c_hi
+    return i, k, bos, T_i, c_lo, c_hi
 
 
 @triton.jit

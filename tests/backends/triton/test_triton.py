@@ -56,7 +56,8 @@ def _scan(leaves: list, reverse: bool, cu):
 
 def _same_bits_as_default(knob: dict, algorithm: str, reverse: bool, packed: bool,
                           device: str, blocks: dict, T: int, lengths: list, D: int = 5):
-    """A knob's variant against the launcher's defaults on the same inputs: ``y``, the final
+    """A knob's variant (``algorithm`` among its knobs: another algorithm) against the
+    launcher's defaults on the same inputs: ``y``, the final
     state and the gradients of the inputs and of an initial state, bit for bit (``blocks``:
     the other knobs, each thread owning its channel columns; ``T``: the steps, or with
     ``packed`` the sequences' ``lengths`` one after another), and the variant's ``y``
@@ -67,7 +68,7 @@ def _same_bits_as_default(knob: dict, algorithm: str, reverse: bool, packed: boo
         leaves = [leaf(x) for x in (z, a, g, *h0)]
         fn = _scan(leaves, reverse, cu)
         with fastrwa.use_backend("triton"), backend_options(
-                "triton", algorithm=algorithm, **blocks, **knobs):
+                "triton", **{"algorithm": algorithm, **blocks, **knobs}):
             y, final = fn()
             got.append((y, final.m, final.n, final.d, *loss_and_grads(fn, leaves)))
     for default, variant in zip(*got):
@@ -104,6 +105,68 @@ def test_carry_tiles_give_what_the_walk_gives(tile, reverse, packed):
     agree with the float64 reference."""
     _same_bits_as_default(dict(carry_tile=tile), "segments", reverse, packed, "cpu", SMALL,
                           19, [5, 9, 19])      # (packed: 33 steps)
+
+
+# (T = 19 at SMALL's blocks: 5 chunks in 3 segments of 2, the last of 1; packed: 5, 9 and
+# 19 steps, 1, 2 and 3 segments.)
+@pytest.mark.interpreter
+@pytest.mark.parametrize("reverse,packed", [(False, False), (True, False), (False, True)])
+def test_the_chained_forward_gives_the_bits_of_segments(reverse, packed):
+    """The "chained" forward (one launch, a look-back for each segment's incoming state)
+    computes what "segments" does, bit for bit: the interpreter runs programs one at a time
+    in ticket order, so each look-back finds its predecessor's prefix and folds it as the
+    carry kernel does. ``y``, the final state, and the gradients through the backward from
+    the chunk states it saved."""
+    _same_bits_as_default(dict(algorithm="chained", chained_chunks=2), "segments", reverse,
+                          packed, "cpu", SMALL, 19, [5, 9, 19])
+
+
+# (T = 41 at SMALL's blocks: 11 chunks in 6 segments of 2; windows of 1, 2 (segments 5..0
+# in 3 windows) and 8 (one window, mostly before the first segment); packed: 3, 30 and 8
+# steps.)
+@pytest.mark.interpreter
+@pytest.mark.parametrize("window,reverse,packed", [(1, False, False), (2, True, False),
+                                                   (8, False, False), (2, False, True)])
+def test_a_chained_look_back_over_aggregates_agrees_with_the_reference(window, reverse,
+                                                                        packed):
+    """With only each sequence's first segment publishing its prefix
+    (``chained_prefixes=False``), every look-back folds its predecessors' aggregates,
+    ``lookback_window`` at a time, back to that first segment: what a card does when
+    predecessors are still running. ``y``, the final state and the gradients agree with the
+    float64 reference."""
+    z, a, g, h0, cu = _inputs(packed, 41, [3, 30, 8], 5, "cpu", seed=29)
+    _agrees_with_the_reference([leaf(x) for x in (z, a, g, *h0)], reverse, cu,
+                               dict(SMALL, algorithm="chained", chained_chunks=2,
+                                    chained_prefixes=False, lookback_window=window))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("prefixes", [True, False])
+@pytest.mark.parametrize("reverse,packed", [(False, False), (True, False), (False, True)])
+def test_the_chained_forward_on_the_card(prefixes, reverse, packed):
+    """Compiled, at the launcher's own blocks: the "chained" forward (its look-back folding
+    whatever its predecessors have published, prefixes or, with ``prefixes`` off, only
+    aggregates back to each sequence's first segment) against the float64 reference:
+    1,000 steps, segments of 2 chunks of 16, 70 channels."""
+    z, a, g, h0, cu = _inputs(packed, 1000, [37, 300, 663], 70, "cuda", seed=31)
+    _agrees_with_the_reference([leaf(x) for x in (z, a, g, *h0)], reverse, cu,
+                               dict(algorithm="chained", chained_chunks=2,
+                                    chained_prefixes=prefixes))
+
+
+@pytest.mark.cuda
+def test_the_chained_forward_under_load_on_the_card():
+    """The "chained" forward over 4,096 segments of 64 steps in 8 channel blocks (32,768
+    programs, far more than are resident: programs wait on predecessors still running, or not yet
+    started) gives what "segments" gives, within float32 rounding, three runs in a row;
+    a lost flag or a stale read would show as a wrong segment, a lost ticket as a hang."""
+    z, a, g = (x.cuda() for x in make_inputs(1, 1 << 18, 256, dtype=torch.float32, seed=37))
+    with fastrwa.use_backend("triton"), backend_options("triton", algorithm="segments"):
+        want, _ = fastrwa.rda_scan(z, a, g, "exp")
+    for _ in range(3):
+        with fastrwa.use_backend("triton"), backend_options("triton", algorithm="chained"):
+            got, _ = fastrwa.rda_scan(z, a, g, "exp")
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
 def _saved_states(z, a, g, h0, cu, reverse, **knobs):

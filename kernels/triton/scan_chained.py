@@ -1,0 +1,171 @@
+"""The forward's "chained" algorithm: one launch, each sequence's segments chained by a
+decoupled look-back (Merrill and Garland, "Single-pass Parallel Prefix Scan with Decoupled
+Look-back", 2016), so that every input is read from DRAM once (the "segments" algorithm
+reads it twice: its summary pass, then its output pass).
+
+A program takes a ticket (an atomic counter) and covers the segment and channel block the
+ticket names, segment-major: a program waits only on segments of lower tickets, which were
+taken by programs already running, so the waits always end (whatever order the hardware
+starts programs in). It then
+
+1. walks its segment from an empty state (as the "segments" summary pass): the segment's
+   aggregate ``(m, n~, d~, G)``, published with its flag set to ``AGGREGATE``;
+2. looks back for the state entering its segment: it reads the flags of a window of
+   ``WINDOW`` predecessors at once; when the window holds a ``PREFIX`` (a segment's
+   inclusive prefix: the state after it) with every segment after it published, it
+   combines that prefix and the aggregates after it, and is done; when every segment of
+   the window has published its aggregate (and none its prefix), it folds the window's
+   aggregates into what it carries and moves one window back; otherwise it reads the
+   window again (a predecessor is still walking). A sequence's first segment starts from
+   the initial state and looks back at nothing;
+3. publishes its own inclusive prefix (flag ``PREFIX``), which ends its successors' looks
+   back;
+4. walks its segment again from the state entering it (as the "segments" output pass),
+   writing ``y`` and the saved chunk states; the last segment of a sequence stores its
+   prefix as the final state. The second walk reads the segment's inputs from L2 when segments are
+   short (the launcher's ``chained_chunks``).
+
+Publishing: every thread stores its channels, a barrier, then one release of the flag
+(gpu scope; cumulative over the stores the barrier ordered before it). Looking back: one
+acquire of the window's flags, a barrier, then loads that skip L1 (``volatile``), so no
+thread reads a line cached before the flag was seen.
+
+Under ``TRITON_INTERPRET=1`` programs run one at a time in ticket order, so every look-back
+finds its predecessor's prefix at once and no wait is ever taken: the interpreter tests the
+arithmetic (with ``PREFIX_EVERY = False`` every look-back walks aggregates back to the
+sequence's first segment), never the waiting.
+"""
+
+import triton
+import triton.language as tl
+
+from .common import (NEG_INF, combine, initial_state, scan_summaries, state_row, store_state,
+                     store_summary)
+from .scan_fwd import walk_segment
+from .sequence import channels_at, first_chunk, segment_at, segments
+
+AGGREGATE = tl.constexpr(1)     # a segment's flag: its aggregate is published
+PREFIX = tl.constexpr(2)        # ... and its inclusive prefix
+
+
+@triton.jit
+def _publish(f_ptr, ticket, FLAG: tl.constexpr):
+    """Set a program's flag, after the stores of every thread (barrier, then release)."""
+    tl.debug_barrier()
+    tl.atomic_xchg(f_ptr + ticket, FLAG, sem="release", scope="gpu")
+
+
+@triton.jit
+def _load_published(p, o, mask, rows, SUMMARY: tl.constexpr):
+    """A published ``(m, n~, d~[, G])`` at offsets ``o`` of a ``(3 or 4, rows, D)`` buffer
+    (masked lanes: empty), read past L1 (``volatile``)."""
+    b_m = tl.load(p + o, mask=mask, other=NEG_INF, volatile=True)
+    b_n = tl.load(p + rows + o, mask=mask, other=0.0, volatile=True)
+    b_d = tl.load(p + 2 * rows + o, mask=mask, other=0.0, volatile=True)
+    if SUMMARY:
+        b_G = tl.load(p + 3 * rows + o, mask=mask, other=0.0, volatile=True)
+    else:
+        b_G = tl.zeros_like(b_m)
+    return b_m, b_n, b_d, b_G
+
+
+@triton.jit
+def _look_back(f_ptr, s_ptr, p_ptr, s0, k, blk, n_d, o_d, mask_d, NSEG, D: tl.constexpr,
+               WINDOW: tl.constexpr, BD: tl.constexpr):
+    """The state ``(m, n~, d~)`` ``[BD]`` entering segment ``k`` (``k >= 1``) of the sequence
+    whose first segment is ``s0``, from its predecessors' flags ``f``, aggregates ``s`` and
+    prefixes ``p`` (module docstring, step 2)."""
+    o_w = tl.arange(0, WINDOW)                                                 # [W]
+    c_m = tl.full([BD], NEG_INF, tl.float32)    # the aggregates folded so far (j, k)
+    c_n = tl.zeros([BD], tl.float32)                                           # [BD]
+    c_d = tl.zeros([BD], tl.float32)                                           # [BD]
+    c_G = tl.zeros([BD], tl.float32)                                           # [BD]
+    j = k - 1                                   # the window's last segment
+    going = k > 0
+    while going:
+        o_j = j - (WINDOW - 1) + o_w            # the window's segments, in order      # [W]
+        valid = o_j >= 0                                                       # [W]
+        b_f = tl.atomic_add(f_ptr + (s0 + o_j) * n_d + blk, tl.zeros_like(o_w), mask=valid,
+                            sem="acquire", scope="gpu")                        # [W]
+        b_f = tl.where(valid, b_f, AGGREGATE)   # (before the first: nothing to fold)
+        last_wait = tl.max(tl.where(b_f == 0, o_w, -1), 0)
+        last_prefix = tl.max(tl.where(b_f == PREFIX, o_w, -1), 0)
+        tl.debug_barrier()
+        if (last_prefix > last_wait) | (last_wait < 0):
+            # the prefix at last_prefix (if any), then the aggregates after it, in order
+            has_prefix = last_prefix >= 0
+            o_p = (s0 + j - (WINDOW - 1) + last_prefix) * D + o_d              # [BD]
+            b_hm, b_hn, b_hd, _ = _load_published(p_ptr, o_p, tl.where(has_prefix, mask_d,
+                                                                     False),
+                                                  NSEG * D, False)             # [BD] x3
+            mask = ((o_w > last_prefix) & valid)[:, None] & mask_d[None, :]     # [W, BD]
+            o_k = (s0 + o_j)[:, None] * D + o_d[None, :]                       # [W, BD]
+            b_sm, b_sn, b_sd, b_sG = _load_published(s_ptr, o_k, mask, NSEG * D,
+                                                     True)                     # [W, BD] x4
+            b_m, b_n, b_d, b_G = scan_summaries(b_sm, b_sn, b_sd, b_sG, b_hm, b_hn,
+                                                b_hd)                          # [W, BD] x4
+            w_m, w_n, w_d, w_G = state_row(b_m, b_n, b_d, b_G, WINDOW - 1, WINDOW)  # [BD] x4
+            c_m, c_n, c_d, c_G = combine(w_m, w_n, w_d, w_G, c_m, c_n, c_d, c_G)  # [BD] x4
+            j -= WINDOW
+            # (j < 0 with no prefix cannot happen, as a first segment always publishes its
+            # prefix; the test ends the loop rather than spin past the sequence on a bug)
+            going = (last_prefix < 0) & (j >= 0)
+    return c_m, c_n, c_d
+
+
+@triton.jit
+def fwd_chained_kernel(
+    z_ptr, a_ptr, g_ptr, y_ptr, h0_ptr, ht_ptr, hc_ptr, s_ptr, p_ptr, f_ptr, cu_ptr, co_ptr,
+    so_ptr, ss_ptr,
+    T, CPS, NS, NCT, NSEG, D: tl.constexpr,
+    ATTN: tl.constexpr, DISCOUNT: tl.constexpr, HAS_INIT: tl.constexpr,
+    STORE_FINAL: tl.constexpr, SAVE_CHUNKS: tl.constexpr, IS_VARLEN: tl.constexpr,
+    REVERSE: tl.constexpr, LOOKAHEAD: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
+    SAVE_BT: tl.constexpr, WINDOW: tl.constexpr, PREFIX_EVERY: tl.constexpr,
+):
+    """One segment of one channel block, the one its ticket names (module docstring):
+    aggregates into ``s`` ``(4, NSEG, D)``, inclusive prefixes into ``p`` ``(3, NSEG, D)``,
+    flags in ``f`` (``NSEG * blocks`` int32, then the ticket counter; zeros at launch).
+    ``PREFIX_EVERY`` False: only each sequence's first segment publishes its prefix (tests)."""
+    n_d = tl.cdiv(D, BD)
+    ticket = tl.atomic_add(f_ptr + NSEG * n_d, 1, sem="relaxed", scope="gpu").to(tl.int64)
+    pid = ticket // n_d
+    blk = ticket % n_d
+    o_d, mask_d = channels_at(blk, D, BD)
+    i, k, bos, T_i, c_lo, c_hi = segment_at(pid, cu_ptr, so_ptr, ss_ptr, T, CPS, BT, IS_VARLEN,
+                                            False)
+    s0 = pid - k                                # the sequence's first segment
+    c0 = first_chunk(i, co_ptr, T, SAVE_BT, IS_VARLEN)      # in rows of SAVE_BT steps
+    o_seg = pid * D + o_d                                                      # [BD]
+    # 1. the segment's aggregate, from an empty state
+    e_m, e_n, e_d = initial_state(h0_ptr, o_seg, mask_d, NS * D, False, BD)     # [BD] x3
+    a_m, a_n, a_d, a_G = walk_segment(
+        z_ptr, a_ptr, g_ptr, y_ptr, hc_ptr, e_m, e_n, e_d, bos, T_i, c0, c_lo, c_hi, o_d,
+        mask_d, NCT, D, ATTN, DISCOUNT, False, False, REVERSE, LOOKAHEAD, BT, BD,
+        SAVE_BT)                                                               # [BD] x4
+    # 2. the state entering it
+    if k == 0:
+        i_m, i_n, i_d = initial_state(h0_ptr, i * D + o_d, mask_d, NS * D, HAS_INIT, BD)
+    else:
+        store_summary(s_ptr, o_seg, mask_d, NSEG * D, a_m, a_n, a_d, a_G)
+        _publish(f_ptr, ticket, AGGREGATE)
+        i_m, i_n, i_d = _look_back(f_ptr, s_ptr, p_ptr, s0, k, blk, n_d, o_d, mask_d, NSEG,
+                                   D, WINDOW, BD)                              # [BD] x3
+    # 3. the state after it
+    p_m, p_n, p_d, _ = combine(i_m, i_n, i_d, 0.0, a_m, a_n, a_d, a_G)         # [BD] x3
+    if PREFIX_EVERY:
+        publish = k >= 0
+    else:
+        publish = k == 0
+    if publish:
+        store_state(p_ptr, o_seg, mask_d, NSEG * D, p_m, p_n, p_d)
+        _publish(f_ptr, ticket, PREFIX)
+    # 4. its outputs, from the state entering it
+    walk_segment(
+        z_ptr, a_ptr, g_ptr, y_ptr, hc_ptr, i_m, i_n, i_d, bos, T_i, c0, c_lo, c_hi, o_d,
+        mask_d, NCT, D, ATTN, DISCOUNT, True, SAVE_CHUNKS, REVERSE, LOOKAHEAD, BT, BD,
+        SAVE_BT)                                                               # [BD] x4
+    if STORE_FINAL:         # the last segment's prefix (as the "segments" carry forms it)
+        last = k == segments(T_i, CPS, BT) - 1
+        # (tl.where: the interpreter cannot AND a block with a scalar)
+        store_state(ht_ptr, i * D + o_d, tl.where(last, mask_d, False), NS * D, p_m, p_n, p_d)
