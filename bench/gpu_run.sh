@@ -20,7 +20,7 @@
 # forward alone at 32, the carry tiles of 8 alone; first the cost model's bandwidth probe,
 # bench/stream_probe.py; <= 240 s), chained (the "chained" forward, never run on a card:
 # its pytest --cuda tests, then its time at 1 x 1M x 256 beside the defaults, alone and at
-# chunks of 32 with carry tiles of 8; <= 240 s):
+# chunks of 32 with carry tiles of 8 and segments of 3 chunks; <= 240 s):
 #     bash bench/gpu_run.sh checks,layers
 #     bash bench/gpu_run.sh tune
 #     bash bench/gpu_run.sh variants,chained
@@ -233,9 +233,9 @@ if step chained; then
     status=$?
     tail -n 15 "$out/pytest-chained.txt" | tee -a "$out/log.txt"
     if [ $status -eq 0 ]; then
-        note "bench/gpu_sweep.py --only defaults --candidates chained chained-bt32-carry8"
+        note "bench/gpu_sweep.py --only defaults --candidates chained chained-bt32-carry8-3"
         timeout 120 python3 -m bench.gpu_sweep --out "$out/chained" --only defaults \
-            --candidates chained chained-bt32-carry8 --shapes 2 2>&1 \
+            --candidates chained chained-bt32-carry8-3 --shapes 2 2>&1 \
             | tee -a "$out/log.txt" | grep -v '^{' || failed=$((failed + 1))
     else
         echo "chained: tests failed or timed out (status $status)" | tee -a "$out/log.txt"

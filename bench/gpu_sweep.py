@@ -149,7 +149,7 @@ CANDIDATES = {
     "fwd-bt32": dict(forward_block_t=32),
     "bt32-carry8": dict(block_t=32, carry_tile=8),
     "chained": dict(algorithm="chained"),
-    "chained-bt32-carry8": dict(algorithm="chained", block_t=32, carry_tile=8,
+    "chained-bt32-carry8-3": dict(algorithm="chained", block_t=32, carry_tile=8,
                                 chained_chunks=3),
 }
 

@@ -185,7 +185,8 @@ def compile_one(job):
     blocks = f"{const.get('BT', 1)}x{const['BD']}"
     # a carry kernel's loop walks one segment summary a channel per iteration
     per_iteration = const["BD"] if name.endswith("_carry") else const.get("BT", 1) * const["BD"]
-    cost = sass.costs(listing, per_iteration, 32 * warps)
+    # (the chained forward: its second walk, the output loop, as the other forwards report)
+    cost = sass.costs(listing, per_iteration, 32 * warps, last=name == "fwd[chained]")
     return dict(kernel=name, variant=label, arch=arch, dtype=dtype, warps=warps, blocks=blocks,
                 regs=field("REG"), spill=spill, stack=field("STACK"), local=field("LOCAL"),
                 shared=field("SHARED") + kernel.metadata.shared, **cost)

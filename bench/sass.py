@@ -39,8 +39,10 @@ def opcode(text: str) -> str:
     return _unpredicated(text).split()[0]
 
 
-def loop_body(ins: list[tuple[int, str]]) -> tuple[list[str], int]:
-    """The outermost loop's instructions and how many loops there are (0: the whole kernel)."""
+def loop_body(ins: list[tuple[int, str]], last: bool = False) -> tuple[list[str], int]:
+    """The outermost loop's instructions (with ``last``, the last of the loops not inside
+    another: a kernel of several loops in a row, as the chained forward's two walks and
+    look-back) and how many loops there are (0: the whole kernel)."""
     loops = []
     for addr, text in ins:
         m = _BRANCH.search(text)
@@ -49,7 +51,12 @@ def loop_body(ins: list[tuple[int, str]]) -> tuple[list[str], int]:
     if not loops:
         end = next((a for a, t in ins if opcode(t) == "EXIT"), ins[-1][0])
         return [t for a, t in ins if a <= end or opcode(t) == "EXIT"], 0
-    lo, hi = max(loops, key=lambda span: span[1] - span[0])
+    if last:
+        outer = [x for x in loops if not any(o != x and o[0] <= x[0] and x[1] <= o[1]
+                                             for o in loops)]
+        lo, hi = max(outer, key=lambda span: span[1])
+    else:
+        lo, hi = max(loops, key=lambda span: span[1] - span[0])
     return [t for a, t in ins if lo <= a <= hi], len(loops)
 
 
@@ -106,11 +113,12 @@ def load_use(body: list[str]) -> int | None:
     return shortest
 
 
-def costs(sass: str, elements: int, threads: int) -> dict:
+def costs(sass: str, elements: int, threads: int, last: bool = False) -> dict:
     """Per element: instructions, ``MUFU.EX2``/``LG2``/``RCP``/``RSQ``; per iteration (chunk): barriers,
     shuffles, shared-memory loads and stores, global loads and stores, and the loop's
-    :func:`load_use` distance (instructions)."""
-    body, loops = loop_body(instructions(sass))
+    :func:`load_use` distance (instructions); ``last``: of the last loop
+    (:func:`loop_body`)."""
+    body, loops = loop_body(instructions(sass), last)
     ops = Counter(opcode(t) for t in body)
     count = lambda prefix: sum(n for op, n in ops.items() if op.startswith(prefix))
     per_element = threads / elements

@@ -38,3 +38,29 @@ def test_without_a_loop_the_whole_kernel_counts():
     straight = "\n".join(line for line in LISTING.splitlines() if "@P1 BRA" not in line)
     c = sass.costs(straight, elements=1, threads=1)
     assert not c["loop"] and c["instr"] == 9.0 and c["shfl"] == 1   # through EXIT
+
+
+# Two loops in a row, the first wider (3 instructions and its branch) than the second (1 and
+# its branch), and a loop inside the first.
+TWO_LOOPS = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;                      /* 0x0 */
+        /*0010*/                   LDG.E R2, desc[UR4][R4.64] ;                /* 0x0 */
+        /*0020*/                   MUFU.EX2 R3, R2 ;                           /* 0x0 */
+        /*0030*/               @P2 BRA 0x0020 ;                                /* 0x0 */
+        /*0040*/               @P1 BRA 0x0010 ;                                /* 0x0 */
+        /*0050*/                   STG.E desc[UR4][R4.64], R6 ;                /* 0x0 */
+        /*0060*/               @P1 BRA 0x0050 ;                                /* 0x0 */
+        /*0070*/                   EXIT ;                                      /* 0x0 */
+        /*0080*/                   BRA 0x80;                                   /* 0x0 */
+"""
+
+
+def test_the_last_of_loops_in_a_row_is_taken_on_request():
+    """By default the widest loop; with ``last`` the last loop not inside another (the
+    chained forward's second walk), not the loop inside the first."""
+    ins = sass.instructions(TWO_LOOPS)
+    widest, loops = sass.loop_body(ins)
+    assert loops == 3 and [sass.opcode(t) for t in widest][0] == "LDG.E" and len(widest) == 4
+    last, _ = sass.loop_body(ins, last=True)
+    assert [sass.opcode(t) for t in last] == ["STG.E", "BRA"]
+    assert sass.costs(TWO_LOOPS, elements=1, threads=1, last=True)["stg"] == 1

@@ -53,8 +53,9 @@ MIN_SEGMENT_CHUNKS = 8
 # The "chained" algorithm's segments (``Options.chained_chunks``): short, so that its second
 # walk of a segment may find the inputs still in L2 (4 chunks of 16 x 32 float32 x 3
 # inputs: 24 KB a program, 26 MB for the 1,056 programs of 208 registers an H100 holds at
-# once, against its 50 MB), long enough that the look-back (a window of ``lookback_window``
-# segments a hop) keeps up with the walks (bench/cost_model.py; docs/kernels.md).
+# once, of its 50 MB; the cost model counts that as DRAM reads, above half of L2), long
+# enough that the look-back (a window of ``lookback_window`` segments a hop) keeps up with
+# the walks (bench/cost_model.py; docs/kernels.md). A guess for a card to settle.
 CHAINED_SEGMENT_CHUNKS = 4
 
 
@@ -296,6 +297,12 @@ def _forward(args: ScanArgs, output_final_state: bool, save: bool) -> ForwardRes
         scan_fwd.fwd_kernel[(lay.n_seq, n_d)](**scan, **lay.one_pass(z, f32),
                                               HAS_INIT=init is not None, STORE_FINAL=need_final)
     elif algorithm == "chained":
+        if z.device.type == "cuda" and opts.lookback_window < 32 * opts.warps:
+            # (a vector atomic's result is 0 in a thread holding a duplicated element, under
+            # Triton < 3.5: triton-lang/triton#7402; the look-back would then never end)
+            raise ValueError(f"the 'chained' algorithm needs lookback_window >= 32 x warps "
+                             f"on a GPU (one flag a thread at least), got {opts.lookback_window}"
+                             f" with {opts.warps} warp(s)")
         chained = dataclasses.replace(opts, segment_chunks=opts.chained_chunks)
         n_seg, segs, sizes = lay.segments(D, chained, z)
         summary = empty((4, n_seg, D), f32, z.device)      # (m, n~, d~, G) of every segment

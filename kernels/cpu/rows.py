@@ -116,21 +116,25 @@ def _log_weight_grad_rows(kind, a, a_off, out, out_off, dl, dl_off, w):
     return impl
 
 
-def attention_grad_row(kind, gl, dl, a, a_base, a_st, out, base, st, times, steps, w):
+def attention_grad_row(kind, gl, dl, take, tiny, a, a_base, a_st, out, base, st, times, steps,
+                       w):
     """For ``steps`` rows ``q``: ``out[base + times[q] * st:][:w] = gl * dl/da`` for
     attention code ``kind``, stored in ``out``'s type, with ``gl`` read at ``q * w`` and ``a``
     at ``a_base + times[q] * a_st`` (the rows of one chunk's adjoint, ``scan_bwd.py``);
     ``dl/da`` is read from ``dl[q * w:]`` (:func:`log_weight_grad_rows`) for the sigmoid
-    and softplus attentions, and is 1 for exp. For relu ``gl`` holds ``ga`` already (the
-    adjoint formed it with :func:`relu_grad_factor_row`'s factor): 0 where ``a <= 0``."""
+    and softplus attentions, and is 1 for exp. For relu it is ``1 / a`` (0 where ``a <=
+    0``), except where the step's weight ``take`` (read at ``q * w``) is below ``tiny``:
+    there the adjoint formed ``gl`` with ``exp(-m)`` in place of ``take``
+    (``scan_bwd.relu_grad_factor_row``), which is ``ga`` already."""
     raise NotImplementedError
 
 
 @overload(attention_grad_row)
-def _attention_grad_row(kind, gl, dl, a, a_base, a_st, out, base, st, times, steps, w):
+def _attention_grad_row(kind, gl, dl, take, tiny, a, a_base, a_st, out, base, st, times, steps,
+                        w):
     zero = _consts(gl.dtype)[0]
 
-    def impl(kind, gl, dl, a, a_base, a_st, out, base, st, times, steps, w):
+    def impl(kind, gl, dl, take, tiny, a, a_base, a_st, out, base, st, times, steps, w):
         for q in range(steps):
             gi, oi = np.uint64(q * w), np.uint64(base + times[q] * st)
             ai = np.uint64(a_base + times[q] * a_st)
@@ -141,7 +145,8 @@ def _attention_grad_row(kind, gl, dl, a, a_base, a_st, out, base, st, times, ste
                 for j in range(w):
                     u = np.uint64(j)
                     x = load(a, ai + u, zero)
-                    store(out, oi + u, zero if x <= zero else gl[gi + u])
+                    ga = gl[gi + u] if take[gi + u] < tiny else gl[gi + u] / x
+                    store(out, oi + u, zero if x <= zero else ga)
             else:
                 for j in range(w):
                     u = np.uint64(j)

@@ -70,17 +70,18 @@ L_, LAM_ = 0, 1             # tb rows
 
 @kernel
 def relu_grad_factor_row(a, a_off, take, take_off, m, out, out_off, w, zero, tiny):
-    """The relu attention's factor of ``ga`` in a step's ``gl = take x`` (``take = exp(l -
-    m)``, ``m`` the running max after the step): ``out[out_off:][:w] = take / a``, or
-    ``exp(-m)`` (the same, as ``a = exp(l)``) where ``take`` underflowed (below ``tiny``:
-    ``fexp`` flushes it to 0), so that ``ga = factor x`` keeps a tiny logit's gradient; 0
-    where ``a <= 0``. (``exp(-m) < tiny / a`` there: no overflow.)"""
+    """The relu attention's factor of ``gl = factor x`` (``adjoint_row``): the step's weight
+    ``take = exp(l - m)`` (``m`` the running max after the step), except where ``take``
+    underflowed (below ``tiny``: ``fexp`` flushes it to 0) and ``a > 0``: there ``exp(-m)``,
+    which is ``take / a`` (``a = exp(l)``), so that ``gl`` is ``ga`` itself and a tiny logit
+    keeps its gradient (``rows.attention_grad_row`` divides the others by ``a``; no
+    overflow: ``exp(-m) < tiny / a`` there). ``out[out_off:][:w]``."""
     ai, ti, oi = np.uint64(a_off), np.uint64(take_off), np.uint64(out_off)
     for j in range(w):
         u = np.uint64(j)
         x = load(a, ai + u, zero)
         t = take[ti + u]
-        out[oi + u] = zero if x <= zero else (fexp(-m[j]) if t < tiny else t / x)
+        out[oi + u] = fexp(-m[j]) if (t < tiny and x > zero) else t
 
 
 @kernel
@@ -213,8 +214,8 @@ def backward(claim, tasks, z, a, g, gy, gz, ga, gg, state0, g_final, g_init, ck,
             adjoint_row(rho, sigma, gl, glam, z, b * strides[0] + lo, strides[1], sd, sy, take,
                         dl if attention == RELU else take, keep, gy, grad0, gz, times,
                         with_decay, cl, w, D, zero, one, tiny)
-            attention_grad_row(attention, gl, dl, a, b * strides[2] + lo, strides[3], ga, grad0,
-                               D, times, cl, w)
+            attention_grad_row(attention, gl, dl, take, tiny, a, b * strides[2] + lo, strides[3],
+                               ga, grad0, D, times, cl, w)
             if with_decay:
                 decay_grad_row(discount, glam, dlam, gg, grad0, D, times, cl, w)
             later = cl

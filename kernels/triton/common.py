@@ -212,25 +212,18 @@ def log_weight(a, ATTN: tl.constexpr, NEWTON: tl.constexpr):
 
 
 @triton.jit
-def own_grad_factor(take, m, a, ATTN: tl.constexpr):
-    """The factor of a step's ``gl = factor x``: its weight ``take = exp(l - m)`` (``m`` the
-    running max after the step), or for relu ``take / a`` (``dl/da = 1/a`` folded in), which
-    is ``exp(-m)`` as ``a = exp(l)``: that where ``take`` underflowed (below ``2**-126``,
-    where :func:`weight` flushes it to 0), so that a tiny logit keeps its gradient (no
-    overflow: ``exp(-m) < 2**-126 / a`` there), and 0 where ``a <= 0``. A division, not
-    :func:`reciprocal`: ``a`` may be subnormal."""
-    if ATTN == RELU:
-        f = tl.where(take < SMALLEST_NORMAL, tl.exp(-m), take / tl.where(a <= 0, 1.0, a))
-        f = tl.where(a <= 0, 0.0, f)                                          # (NaN: NaN)
-    else:
-        f = take
-    return f
+def attention_grad(gl, a, ATTN: tl.constexpr, NEWTON: tl.constexpr, x, take, m):
+    """``ga = gl * dl/da``, with the step's ``gl = take x`` given as its parts too (``take =
+    exp(l - m)``, ``m`` the running max after the step), which relu reads.
 
-
-@triton.jit
-def attention_grad(gl, a, ATTN: tl.constexpr, NEWTON: tl.constexpr):
-    """``ga = gl * dl/da`` (for relu ``gl`` carries ``dl/da`` already:
-    :func:`own_grad_factor`)."""
+    For relu ``gl`` carries a factor ``exp(l) = a``: ``ga = gl / a``, as ``gl`` times
+    :func:`reciprocal` (both scaled by ``2**64`` where ``a`` is subnormal, which
+    :func:`reciprocal` reads as 0; ``0 / a = 0`` then). Where ``take`` underflowed (below
+    ``2**-126``, where :func:`weight` flushes it to 0) ``gl`` has lost ``x``, and ``ga = x
+    exp(-m)`` (``take / a = exp(-m)``): a tiny logit keeps its gradient, with ``m``'s
+    rounding (``|m| eps`` relative, 6e-6 at ``m = -100`` in float32), and no overflow
+    (``exp(-m) < 2**-126 / a`` there). ``gl / (+inf)`` is ``gl * 0`` (0, or NaN for a NaN or
+    infinite ``gl``, as a division gives); ``a <= 0`` gives 0, a NaN logit NaN."""
     if ATTN == EXP:
         ga = gl
     elif ATTN == SIGMOID:
@@ -250,7 +243,11 @@ def attention_grad(gl, a, ATTN: tl.constexpr, NEWTON: tl.constexpr):
         ga = gl * (num / den)    # (not reciprocal: a = +inf gives den = +inf, and ga = 0)
         ga = tl.where(a != a, a, ga)        # a NaN logit gives NaN
     else:
-        ga = tl.where(a <= 0, 0.0, gl)                                        # (NaN: NaN)
+        s = tl.where(a < SMALLEST_NORMAL, STATE_SCALE, 1.0)
+        ga = tl.where(take < SMALLEST_NORMAL, x * tl.exp2(-m * LOG2E),
+                      (gl * s) * reciprocal(a * s, NEWTON))
+        ga = tl.where(a == POS_INF, gl * 0.0, ga)
+        ga = tl.where(a <= 0, 0.0, ga)                                        # (NaN: NaN)
     return ga
 
 

@@ -14,7 +14,7 @@ exponent), run the other way in time:
 ``(P_t, Q_t) = (W_{t+1}, V_{t+1})``, one row on (a shift in registers), and
 
     rho = P + gi             sigma = Q + gi y
-    gz = take rho            gl = take ((z P - Q) + gi (z - y))   (relu: own_grad_factor)
+    gz = take rho            gl = take ((z P - Q) + gi (z - y))
     glam = keep d~_{t-1} (y_{t-1} rho - sigma)
     z - y = keep d~_{t-1} (z - y_{t-1}) / d~
 
@@ -45,7 +45,7 @@ import triton.language as tl
 
 from .common import (ONE_PASS, SUMMARY, attention_grad, average, chunk_offsets, chunk_rows,
                      decay_grad, decayed, linear_combine, load_chunk, load_state, log_weights,
-                     next_rows, own_grad_factor, own_weight, plane, previous_rows,
+                     next_rows, own_weight, plane, previous_rows,
                      reverse_linear_scan, row, scan_chunk, state_scale, step_weights,
                      store_state)
 from .sequence import first_segment, segment_program, segments, sequence_program
@@ -83,8 +83,8 @@ def _chunk_adjoint(b_z, b_a, b_g, b_gy, b_hm, b_hn, b_hd, b_cW, b_cV, bos, T_i, 
     keep (cW + gi)``.
 
     Returns the rows' offsets and mask, the inputs and forward values the gradients need
-    (``take``, ``gl``'s factor (:func:`own_grad_factor`), ``gi``, ``y``, ``z - y``,
-    ``keep d~_{t-1}``, ``y_{t-1}``), and the adjoint
+    (``take``, ``m``, ``gi``, ``y``, ``z - y``, ``keep d~_{t-1}``, ``y_{t-1}``), and the
+    adjoint
     ``(K, W, V)`` of every row, ``K`` the product of the keeps from the row to the last (the
     factor of what enters after the chunk; unused, and so never computed, unless a caller
     reads it). All ``[BT, BD]``.
@@ -96,7 +96,6 @@ def _chunk_adjoint(b_z, b_a, b_g, b_gy, b_hm, b_hn, b_hd, b_cW, b_cV, bos, T_i, 
     b_m, b_n, b_d, _ = scan_chunk(b_l, b_z, b_lam, b_hm, b_hn, b_hd)           # [BT, BD] x3
     b_y = average(b_n, b_d, NEWTON)                                            # [BT, BD]
     b_take = own_weight(b_l, b_m)                                              # [BT, BD]
-    b_gf = own_grad_factor(b_take, b_m, b_a, ATTN)                             # [BT, BD]
     b_mp, b_dp, b_yp = previous_rows(b_m, b_hm, b_d, b_hd, b_y,
                                      average(b_hn, b_hd, NEWTON))             # [BT, BD] x3
     _, b_keep, _ = step_weights(decayed(b_mp, b_lam), b_l)                     # [BT, BD]
@@ -108,18 +107,19 @@ def _chunk_adjoint(b_z, b_a, b_g, b_gy, b_hm, b_hn, b_hd, b_cW, b_cV, bos, T_i, 
     b_K, b_W, b_V = reverse_linear_scan(
         b_keep, b_keep * (b_gi + tl.where(b_last, b_cW[None, :], 0.0)),
         b_keep * (b_gi * b_y + tl.where(b_last, b_cV[None, :], 0.0)))        # [BT, BD] x3
-    return o, mask_2, b_z, b_a, b_g, b_take, b_gf, b_gi, b_y, b_zy, b_kd, b_yp, b_K, b_W, b_V
+    return o, mask_2, b_z, b_a, b_g, b_take, b_m, b_gi, b_y, b_zy, b_kd, b_yp, b_K, b_W, b_V
 
 
 @triton.jit
-def _store_grads(gz_ptr, ga_ptr, gg_ptr, o, mask_2, b_z, b_a, b_g, b_take, b_gf, b_gi, b_y, b_zy,
+def _store_grads(gz_ptr, ga_ptr, gg_ptr, o, mask_2, b_z, b_a, b_g, b_take, b_m, b_gi, b_y, b_zy,
                  b_kd, b_yp, b_P, b_Q, ATTN: tl.constexpr, DISCOUNT: tl.constexpr,
                  NEWTON: tl.constexpr):
     """Gradients of a chunk from the later steps' adjoint ``(P, Q)`` ``[BT, BD]``."""
     b_rho = b_P + b_gi                                                         # [BT, BD]
-    b_gl = b_gf * ((b_z * b_P - b_Q) + b_gi * b_zy)                            # [BT, BD]
+    b_x = (b_z * b_P - b_Q) + b_gi * b_zy                                      # [BT, BD]
+    b_gl = b_take * b_x                                                        # [BT, BD]
     tl.store(gz_ptr + o, (b_take * b_rho).to(gz_ptr.dtype.element_ty), mask=mask_2)
-    b_ga = attention_grad(b_gl, b_a, ATTN, NEWTON)                             # [BT, BD]
+    b_ga = attention_grad(b_gl, b_a, ATTN, NEWTON, b_x, b_take, b_m)           # [BT, BD]
     tl.store(ga_ptr + o, b_ga.to(ga_ptr.dtype.element_ty), mask=mask_2)
     if DISCOUNT != 0:
         b_glam = b_kd * (b_yp * b_rho - (b_Q + b_gi * b_y))                    # [BT, BD]
@@ -128,14 +128,14 @@ def _store_grads(gz_ptr, ga_ptr, gg_ptr, o, mask_2, b_z, b_a, b_g, b_take, b_gf,
 
 
 @triton.jit
-def _chunk_grads(gz_ptr, ga_ptr, gg_ptr, o, mask_2, b_z, b_a, b_g, b_take, b_gf, b_gi, b_y, b_zy,
+def _chunk_grads(gz_ptr, ga_ptr, gg_ptr, o, mask_2, b_z, b_a, b_g, b_take, b_m, b_gi, b_y, b_zy,
                  b_kd, b_yp, b_W, b_V, b_cW, b_cV, ATTN: tl.constexpr, DISCOUNT: tl.constexpr,
                  NEWTON: tl.constexpr, BT: tl.constexpr):
     """Gradients of a chunk from its adjoint ``(W, V)`` ``[BT, BD]`` and the ``(W, V)``
     ``[BD]`` entering after its last row; returns the ``(W, V)`` ``[BD]`` of its first row
     (passed to the state before it)."""
     b_P, b_Q = next_rows(b_W, b_cW, b_V, b_cV)                                # [BT, BD] x2
-    _store_grads(gz_ptr, ga_ptr, gg_ptr, o, mask_2, b_z, b_a, b_g, b_take, b_gf, b_gi, b_y, b_zy,
+    _store_grads(gz_ptr, ga_ptr, gg_ptr, o, mask_2, b_z, b_a, b_g, b_take, b_m, b_gi, b_y, b_zy,
                  b_kd, b_yp, b_P, b_Q, ATTN, DISCOUNT, NEWTON)
     o_r = tl.arange(0, BT)
     return row(b_W, o_r, 0), row(b_V, o_r, 0)
@@ -217,7 +217,7 @@ def bwd_kernel(
             b_cV = tl.zeros([BD], tl.float32)
         else:
             b_cW, b_cV = b_W, b_V                   # the adjoint entering after the chunk
-        (o, mask_2, i_z, i_a, i_g, b_take, b_gf, b_gi, b_y, b_zy, b_kd, b_yp, b_K, b_AW,
+        (o, mask_2, i_z, i_a, i_g, b_take, b_m, b_gi, b_y, b_zy, b_kd, b_yp, b_K, b_AW,
          b_AV) = _chunk_adjoint(i_z, i_a, i_g, i_gy, i_hm, i_hn, i_hd, b_cW, b_cV, bos, T_i, c,
                                 o_d, mask_d, D, ATTN, DISCOUNT, NEWTON, REVERSE, BT)
         if PHASE == SUMMARY:
@@ -227,7 +227,7 @@ def bwd_kernel(
                                             row(b_AV, o_r, 0))                # [BD] x3
         else:
             b_W, b_V = _chunk_grads(gz_ptr, ga_ptr, gg_ptr, o, mask_2, i_z, i_a, i_g, b_take,
-                                    b_gf, b_gi, b_y, b_zy, b_kd, b_yp, b_AW, b_AV, b_W, b_V,
+                                    b_m, b_gi, b_y, b_zy, b_kd, b_yp, b_AW, b_AV, b_W, b_V,
                                     ATTN, DISCOUNT, NEWTON, BT)               # [BD] x2
     if PHASE == SUMMARY:
         store_state(s_ptr, o_seg, mask_d, NSEG * D, b_sK, b_W, b_V)

@@ -172,10 +172,11 @@ def _relu_mean_loop(z, a, g, gy, share_of=_share_of_a_small_first_weight):
     return loss
 
 
-@pytest.mark.parametrize("a0", [1e-30, 1e-20, 1e-12, 1e-8, 1e-6, 1e-3])
+@pytest.mark.parametrize("a0", [1e-40, 1e-30, 1e-20, 1e-12, 1e-8, 1e-6, 1e-3])
 def test_relu_gradient_of_a_small_first_weight(backend, a0):
     """A small positive relu logit that is the only weight so far keeps its gradient
-    (it was lost to cancellation: 0 instead of about 1.65 below 1e-8)."""
+    (it was lost to cancellation: 0 instead of about 1.65 below 1e-8), a float32 subnormal
+    one (1e-40) included."""
     z = torch.tensor([0.3, -1.0, 0.5, 2.0, 0.7], dtype=torch.float64)
     a = torch.tensor([a0, 1.0, 0.5, 2.0, 0.25], dtype=torch.float64)
     g = torch.tensor([0.0, 3.0, -1.0, 2.0, 0.5], dtype=torch.float64)
@@ -189,6 +190,18 @@ def test_relu_gradient_of_a_small_first_weight(backend, a0):
     (got,) = torch.autograd.grad(y, leaf, gy.to(dt).view(1, -1, 1))
     rtol = 1e-9 if dt == torch.float64 else 1e-4
     torch.testing.assert_close(got.flatten().double(), want, rtol=rtol, atol=rtol)
+
+
+@pytest.mark.parametrize("a0", [1e-40, 2.0 ** -149, 1e-30, 3.0])
+def test_relu_gradient_of_a_single_step_is_zero(backend, a0):
+    """One step: ``y = z`` whatever its logit, so ``gz = 1`` and ``ga = 0``, for a subnormal
+    float32 logit too (its ``1 / a`` overflows; ``ga`` is ``0 / a``, not ``0 * inf``)."""
+    z = torch.tensor([[[0.7]]], dtype=torch.float32)
+    a = torch.tensor([[[a0]]], dtype=torch.float32).requires_grad_()
+    zl = z.clone().requires_grad_()
+    y, _ = fastrwa.rda_scan(zl, a, torch.zeros_like(z), attention="relu")
+    gz, ga = torch.autograd.grad(y.sum(), (zl, a))
+    assert gz.item() == 1.0 and ga.item() == 0.0, (gz.item(), ga.item())
 
 
 # (the exponent of the tiny logit, by dtype): its weight exp(l - m) is about half of it,
@@ -217,6 +230,20 @@ def test_relu_gradient_of_a_logit_whose_weight_underflows(backend):
             rtol = 1e-9 if dt == torch.float64 else 1e-4
             torch.testing.assert_close(got.flatten().double(), want, rtol=rtol, atol=rtol,
                                        msg=lambda m: f"{dt}, a[1] = 2**{e}: {m}")
+
+
+@pytest.mark.parametrize("a", [[1.0, math.inf, 2.0], [math.inf, 0.5, math.inf]])
+def test_relu_gradient_at_inf_logits_is_the_limit(backend, a):
+    """relu logits of ``+inf`` (weights of ``+inf``, which outweigh every finite one) give
+    ``ga = 0`` everywhere, the limit (``gl / a`` with ``a = +inf``; a finite weight beside
+    an infinite one has no say), on every backend (the Triton backward's ``1 / a`` was NaN
+    at ``a = +inf``)."""
+    dt = backend.dtype
+    z, g = (torch.tensor(v, dtype=dt).view(1, -1, 1) for v in ([1.0, 5.0, 3.0], [0.0, 1.0, -1.0]))
+    a_ = torch.tensor(a, dtype=dt).view(1, -1, 1).requires_grad_()
+    y, _ = fastrwa.rda_scan(z, a_, g, "relu")
+    (ga,) = torch.autograd.grad(y.sum(), a_)
+    assert torch.equal(ga, torch.zeros_like(ga)), ga.flatten().tolist()
 
 
 INF = math.inf
