@@ -331,45 +331,36 @@ def plan(op: str, shape, dtype: str, algorithm: str, pass_: str, k: Knobs, sms: 
                           warps=k.warps, programs=B * n_d, iterations=cdiv(T, fBT),
                           bytes=(n_in + 1) * E * s + save * (rows * state + B * state),
                           chunk_load_bytes=fload, depth=k.depth, ahead=fahead, **common))
-    elif k.chained:
-        # one launch, approximated by the two walks it makes: the summary pass's loop (DRAM
-        # reads), then the output pass's (its reads again: L2 if they fit, predict())
-        cps = k.chained_chunks
-        nseg = B * max(1, cdiv(cdiv(T, fBT), cps))
-        ints = (("T", T), ("CPS", cps), ("NS", B), ("NCT", rows), ("NSEG", nseg))
-        out.append(Launch("fwd[chained:1]", "scan_fwd.fwd_kernel",
-                          _items(fconst, PHASE=1, HAS_INIT=False, STORE_FINAL=False), ints,
-                          warps=k.warps, programs=nseg * n_d, iterations=cps,
-                          bytes=n_in * E * s + 7 * nseg * D * 4, chunk_load_bytes=fload,
-                          depth=k.depth, ahead=fahead, **common))
-        out.append(Launch(f"fwd[chained:2{',save' if save else ''}]", "scan_fwd.fwd_kernel",
-                          _items(fconst, PHASE=2, HAS_INIT=False, STORE_FINAL=False), ints,
-                          warps=k.warps, programs=nseg * n_d, iterations=cps,
-                          bytes=E * s + save * rows * state, chunk_load_bytes=fload,
-                          depth=k.depth, ahead=fahead, reread=n_in * E * s,
-                          footprint=cps * fload, hops=cdiv(nseg // B, k.lookback_window),
-                          **common))
     else:
-        cps = segment_chunks(B, D, T, fk, sms)
+        cps = k.chained_chunks if k.chained else segment_chunks(B, D, T, fk, sms)
         nseg = B * max(1, cdiv(cdiv(T, fBT), cps))
         ints = (("T", T), ("CPS", cps), ("NS", B), ("NCT", rows), ("NSEG", nseg))
-        out.append(Launch("fwd[summary]", "scan_fwd.fwd_kernel",
-                          _items(fconst, PHASE=1, HAS_INIT=False, STORE_FINAL=False), ints,
-                          warps=k.warps, programs=nseg * n_d, iterations=cps,
-                          bytes=n_in * E * s + 4 * nseg * D * 4, chunk_load_bytes=fload,
-                          depth=k.depth, ahead=fahead, **common))
-        out.append(Launch("fwd_carry", "scan_fwd.fwd_carry_kernel",
-                          _items(dict(D=D, IS_VARLEN=False, BT=fBT, BD=BD, **ckt),
-                                 HAS_INIT=False, STORE_FINAL=save),
-                          (("T", T), ("CPS", cps), ("NS", B), ("NSEG", nseg)),
-                          warps=k.warps, programs=B * n_d, iterations=cdiv(nseg // B, KT),
-                          bytes=7 * nseg * D * 4, chunk_load_bytes=4 * KT * BD * 4, depth=0,
-                          **common))
-        out.append(Launch(f"fwd[output{',save' if save else ''}]", "scan_fwd.fwd_kernel",
-                          _items(fconst, PHASE=2, HAS_INIT=False, STORE_FINAL=False), ints,
-                          warps=k.warps, programs=nseg * n_d, iterations=cps,
-                          bytes=(n_in + 1) * E * s + 3 * nseg * D * 4 + save * rows * state,
-                          chunk_load_bytes=fload, depth=k.depth, ahead=fahead, **common))
+
+        def walk(label: str, phase: int, bytes_: int, **more) -> Launch:
+            """A launch of the summary (1) or output (2) pass over every segment."""
+            return Launch(label, "scan_fwd.fwd_kernel",
+                          _items(fconst, PHASE=phase, HAS_INIT=False, STORE_FINAL=False), ints,
+                          warps=k.warps, programs=nseg * n_d, iterations=cps, bytes=bytes_,
+                          chunk_load_bytes=fload, depth=k.depth, ahead=fahead, **more,
+                          **common)
+
+        if k.chained:
+            # one launch, approximated by the two walks it makes: the summary pass's loop
+            # (DRAM reads), then the output pass's (its reads again: L2 if they fit,
+            # with_reread())
+            out.append(walk("fwd[chained:1]", 1, n_in * E * s + 7 * nseg * D * 4))
+            out.append(walk(f"fwd[chained:2{',save' if save else ''}]", 2,
+                            E * s + save * rows * state, reread=n_in * E * s,
+                            footprint=cps * fload, hops=cdiv(nseg // B, k.lookback_window)))
+        else:
+            out.append(walk("fwd[summary]", 1, n_in * E * s + 4 * nseg * D * 4))
+            out.append(_carry("fwd_carry", "scan_fwd.fwd_carry_kernel",
+                              dict(D=D, IS_VARLEN=False, BT=fBT, BD=BD, **ckt,
+                                   HAS_INIT=False, STORE_FINAL=save),
+                              T, cps, B, nseg, KT, k.warps, n_d, 7 * nseg * D * 4,
+                              4 * BD * 4, common))
+            out.append(walk(f"fwd[output{',save' if save else ''}]", 2,
+                            (n_in + 1) * E * s + 3 * nseg * D * 4 + save * rows * state))
     if not save:
         return out
     # backward
@@ -400,19 +391,28 @@ def plan(op: str, shape, dtype: str, algorithm: str, pass_: str, k: Knobs, sms: 
                           warps=k.warps_backward, programs=nseg * n_d, iterations=cps,
                           bytes=(n_in + 1) * E * s + rows * state + 3 * nseg * D * 4,
                           chunk_load_bytes=bload, depth=bdepth, **common))
-        out.append(Launch("bwd_carry", "scan_bwd.bwd_carry_kernel",
-                          _items(dict(D=D, IS_VARLEN=False, BT=BT, BD=BD, **ckt),
-                                 HAS_INIT=False, HAS_FINAL_GRAD=False),
-                          (("T", T), ("CPS", cps), ("NS", B), ("NSEG", nseg)),
-                          warps=k.warps_backward, programs=B * n_d,
-                          iterations=cdiv(nseg // B, KT), bytes=5 * nseg * D * 4,
-                          chunk_load_bytes=3 * KT * BD * 4, depth=0, **common))
+        out.append(_carry("bwd_carry", "scan_bwd.bwd_carry_kernel",
+                          dict(D=D, IS_VARLEN=False, BT=BT, BD=BD, **ckt, HAS_INIT=False,
+                               HAS_FINAL_GRAD=False),
+                          T, cps, B, nseg, KT, k.warps_backward, n_d, 5 * nseg * D * 4,
+                          3 * BD * 4, common))
         out.append(Launch("bwd[output]", "scan_bwd.bwd_kernel",
                           _items(bconst, PHASE=2, HAS_INIT=False, HAS_FINAL_GRAD=False), ints,
                           warps=k.warps_backward, programs=nseg * n_d, iterations=cps,
                           bytes=bytes_one + 2 * nseg * D * 4, chunk_load_bytes=bload,
                           depth=bdepth, **common))
     return out
+
+
+def _carry(label: str, kernel: str, const: dict, T: int, cps: int, B: int, nseg: int, KT: int,
+           warps: int, n_d: int, bytes_: int, summary_bytes: int, common: dict) -> Launch:
+    """A carry kernel's launch: one program per sequence and channel block, walking its
+    ``nseg // B`` segment summaries (``summary_bytes`` a channel block each) ``KT`` at a
+    time."""
+    return Launch(label, kernel, _items(const),
+                  (("T", T), ("CPS", cps), ("NS", B), ("NSEG", nseg)),
+                  warps=warps, programs=B * n_d, iterations=cdiv(nseg // B, KT), bytes=bytes_,
+                  chunk_load_bytes=KT * summary_bytes, depth=0, **common)
 
 
 def _items(base: dict, **more) -> tuple:
