@@ -392,11 +392,12 @@ def plane(p, k: tl.constexpr, rows):
 
 
 @triton.jit
-def load_state(p, o_s, mask_d, rows):
-    """``(m, n~, d~)`` ``[BD]`` at ``o_s`` of a ``(3, rows, D)`` buffer (masked lanes: empty)."""
-    b_m = tl.load(p + o_s, mask=mask_d, other=NEG_INF)                            # [BD]
-    b_n = tl.load(plane(p, 1, rows) + o_s, mask=mask_d, other=0.0)                 # [BD]
-    b_d = tl.load(plane(p, 2, rows) + o_s, mask=mask_d, other=0.0)                 # [BD]
+def load_state(p, o_s, mask_d, rows, VOLATILE: tl.constexpr = False):
+    """``(m, n~, d~)`` ``[BD]`` at ``o_s`` of a ``(3, rows, D)`` buffer (masked lanes: empty);
+    ``VOLATILE``: read past L1 (another program's published values)."""
+    b_m = tl.load(p + o_s, mask=mask_d, other=NEG_INF, volatile=VOLATILE)         # [BD]
+    b_n = tl.load(plane(p, 1, rows) + o_s, mask=mask_d, other=0.0, volatile=VOLATILE)
+    b_d = tl.load(plane(p, 2, rows) + o_s, mask=mask_d, other=0.0, volatile=VOLATILE)
     return b_m, b_n, b_d
 
 
@@ -453,8 +454,9 @@ def store_summary(p, o_s, mask_d, rows, b_m, b_n, b_d, b_G):
 
 
 @triton.jit
-def load_summary(p, o_s, mask_d, rows):
-    """A chunk summary ``(m, n~, d~, G)`` ``[BD]`` from ``(4, rows, D)``."""
-    b_m, b_n, b_d = load_state(p, o_s, mask_d, rows)                              # [BD] x3
-    b_G = tl.load(plane(p, 3, rows) + o_s, mask=mask_d, other=0.0)                 # [BD]
+def load_summary(p, o_s, mask_d, rows, VOLATILE: tl.constexpr = False):
+    """A chunk summary ``(m, n~, d~, G)`` ``[BD]`` from ``(4, rows, D)`` (``VOLATILE``:
+    :func:`load_state`)."""
+    b_m, b_n, b_d = load_state(p, o_s, mask_d, rows, VOLATILE)                    # [BD] x3
+    b_G = tl.load(plane(p, 3, rows) + o_s, mask=mask_d, other=0.0, volatile=VOLATILE)
     return b_m, b_n, b_d, b_G

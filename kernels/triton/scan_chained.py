@@ -22,8 +22,8 @@ starts programs in). It then
    back;
 4. walks its segment again from the state entering it (as the "segments" output pass),
    writing ``y`` and the saved chunk states; the last segment of a sequence stores its
-   prefix as the final state. The second walk reads the segment's inputs from L2 when segments are
-   short (the launcher's ``chained_chunks``).
+   prefix as the final state. The second walk reads the segment's inputs from L2 when
+   segments are short enough (the launcher's ``chained_chunks``).
 
 Publishing: every thread stores its channels, a barrier, then one release of the flag
 (gpu scope; cumulative over the stores the barrier ordered before it). Looking back: one
@@ -39,8 +39,8 @@ sequence's first segment), never the waiting.
 import triton
 import triton.language as tl
 
-from .common import (NEG_INF, combine, initial_state, scan_summaries, state_row, store_state,
-                     store_summary)
+from .common import (NEG_INF, combine, initial_state, load_state, load_summary, scan_summaries,
+                     state_row, store_state, store_summary)
 from .scan_fwd import walk_segment
 from .sequence import channels_at, first_chunk, segment_at, segments
 
@@ -53,20 +53,6 @@ def _publish(f_ptr, ticket, FLAG: tl.constexpr):
     """Set a program's flag, after the stores of every thread (barrier, then release)."""
     tl.debug_barrier()
     tl.atomic_xchg(f_ptr + ticket, FLAG, sem="release", scope="gpu")
-
-
-@triton.jit
-def _load_published(p, o, mask, rows, SUMMARY: tl.constexpr):
-    """A published ``(m, n~, d~[, G])`` at offsets ``o`` of a ``(3 or 4, rows, D)`` buffer
-    (masked lanes: empty), read past L1 (``volatile``)."""
-    b_m = tl.load(p + o, mask=mask, other=NEG_INF, volatile=True)
-    b_n = tl.load(p + rows + o, mask=mask, other=0.0, volatile=True)
-    b_d = tl.load(p + 2 * rows + o, mask=mask, other=0.0, volatile=True)
-    if SUMMARY:
-        b_G = tl.load(p + 3 * rows + o, mask=mask, other=0.0, volatile=True)
-    else:
-        b_G = tl.zeros_like(b_m)
-    return b_m, b_n, b_d, b_G
 
 
 @triton.jit
@@ -95,13 +81,12 @@ def _look_back(f_ptr, s_ptr, p_ptr, s0, k, blk, n_d, o_d, mask_d, NSEG, D: tl.co
             # the prefix at last_prefix (if any), then the aggregates after it, in order
             has_prefix = last_prefix >= 0
             o_p = (s0 + j - (WINDOW - 1) + last_prefix) * D + o_d              # [BD]
-            b_hm, b_hn, b_hd, _ = _load_published(p_ptr, o_p, tl.where(has_prefix, mask_d,
-                                                                     False),
-                                                  NSEG * D, False)             # [BD] x3
+            b_hm, b_hn, b_hd = load_state(p_ptr, o_p, tl.where(has_prefix, mask_d, False),
+                                          NSEG * D, True)                      # [BD] x3
             mask = ((o_w > last_prefix) & valid)[:, None] & mask_d[None, :]     # [W, BD]
             o_k = (s0 + o_j)[:, None] * D + o_d[None, :]                       # [W, BD]
-            b_sm, b_sn, b_sd, b_sG = _load_published(s_ptr, o_k, mask, NSEG * D,
-                                                     True)                     # [W, BD] x4
+            b_sm, b_sn, b_sd, b_sG = load_summary(s_ptr, o_k, mask, NSEG * D,
+                                                  True)                        # [W, BD] x4
             b_m, b_n, b_d, b_G = scan_summaries(b_sm, b_sn, b_sd, b_sG, b_hm, b_hn,
                                                 b_hd)                          # [W, BD] x4
             w_m, w_n, w_d, w_G = state_row(b_m, b_n, b_d, b_G, WINDOW - 1, WINDOW)  # [BD] x4
