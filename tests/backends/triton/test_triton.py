@@ -110,7 +110,7 @@ def test_carry_tiles_give_what_the_walk_gives(tile, reverse, packed):
 # (T = 19 at SMALL's blocks: 5 chunks in 3 segments of 2, the last of 1; packed: 5, 9 and
 # 19 steps, 1, 2 and 3 segments.)
 @pytest.mark.interpreter
-@pytest.mark.parametrize("reverse,packed", [(False, False), (True, False), (False, True)])
+@pytest.mark.parametrize("reverse,packed", [(True, False), (False, True)])
 def test_the_chained_forward_gives_the_bits_of_segments(reverse, packed):
     """The "chained" forward (one launch, a look-back for each segment's incoming state)
     computes what "segments" does, bit for bit: the interpreter runs programs one at a time
@@ -121,12 +121,12 @@ def test_the_chained_forward_gives_the_bits_of_segments(reverse, packed):
                           packed, "cpu", SMALL, 19, [5, 9, 19])
 
 
-# (T = 41 at SMALL's blocks: 11 chunks in 6 segments of 2; windows of 1, 2 (segments 5..0
-# in 3 windows) and 8 (one window, mostly before the first segment); packed: 3, 30 and 8
-# steps.)
+# (T = 25 at SMALL's blocks: 7 chunks in 4 segments of 2; windows of 1 and 2 (segment 3
+# looks at 1..2, then at -1..0: a window reaching before the first segment); packed: 3, 30
+# and 8 steps, the 30 in 4 segments.)
 @pytest.mark.interpreter
 @pytest.mark.parametrize("window,reverse,packed", [(1, False, False), (2, True, False),
-                                                   (8, False, False), (2, False, True)])
+                                                   (2, False, True)])
 def test_a_chained_look_back_over_aggregates_agrees_with_the_reference(window, reverse,
                                                                         packed):
     """With only each sequence's first segment publishing its prefix
@@ -134,7 +134,7 @@ def test_a_chained_look_back_over_aggregates_agrees_with_the_reference(window, r
     ``lookback_window`` at a time, back to that first segment: what a card does when
     predecessors are still running. ``y``, the final state and the gradients agree with the
     float64 reference."""
-    z, a, g, h0, cu = _inputs(packed, 41, [3, 30, 8], 5, "cpu", seed=29)
+    z, a, g, h0, cu = _inputs(packed, 25, [3, 30, 8], 5, "cpu", seed=29)
     _agrees_with_the_reference([leaf(x) for x in (z, a, g, *h0)], reverse, cu,
                                dict(SMALL, algorithm="chained", chained_chunks=2,
                                     chained_prefixes=False, lookback_window=window))
