@@ -220,6 +220,7 @@ class Knobs:
     carry_tile: int = 1                # segments a carry kernel's iteration takes (KT)
     forward_block_t: int = 0           # the forward's BT (0: block_t; states saved at block_t)
     chained: bool = False              # the "segments" rows' forward as "chained"
+    chained_backward: bool = True      # ... and their backward (triton_host.Options's)
     chained_chunks: int = 4            # triton_host.Options.chained_chunks
     lookback_window: int = 32          # triton_host.Options.lookback_window
 
@@ -232,7 +233,7 @@ def default_knobs() -> Knobs:
                  tb.MIN_SEGMENT_CHUNKS, tb.MAX_REGISTERS,
                  forward_lookahead=o.forward_lookahead, carry_tile=o.carry_tile,
                  forward_block_t=o.forward_block_t, chained_chunks=o.chained_chunks,
-                 lookback_window=o.lookback_window)
+                 chained_backward=o.chained_backward, lookback_window=o.lookback_window)
 
 
 def cdiv(a: int, b: int) -> int:
@@ -382,6 +383,25 @@ def plan(op: str, shape, dtype: str, algorithm: str, pass_: str, k: Knobs, sms: 
                           (("T", T), ("NS", B), ("NCT", rows), ("NSEG", B)),
                           warps=k.warps_backward, programs=B * n_d, iterations=cdiv(T, BT),
                           bytes=bytes_one, chunk_load_bytes=bload, depth=bdepth, **common))
+    elif k.chained and k.chained_backward:
+        # one launch, approximated by its two walks as the chained forward is: the summary
+        # walk (DRAM reads; publishes (K, W, V) and (W, V)), then the output walk (its reads
+        # again: L2 if they fit)
+        cps = k.chained_chunks
+        nseg = B * max(1, cdiv(cdiv(T, BT), cps))
+        ints = (("T", T), ("CPS", cps), ("NS", B), ("NCT", rows), ("NSEG", nseg))
+        for phase, label, bytes_, more in (
+                (1, "bwd[chained:1]", (n_in + 1) * E * s + rows * state + 5 * nseg * D * 4,
+                 {}),
+                (2, "bwd[chained:2]", n_in * E * s,
+                 dict(reread=(n_in + 1) * E * s + rows * state, footprint=cps * bload,
+                      hops=cdiv(nseg // B, k.lookback_window)))):
+            out.append(Launch(label, "scan_bwd.bwd_kernel",
+                              _items(bconst, PHASE=phase, HAS_INIT=False,
+                                     HAS_FINAL_GRAD=False), ints,
+                              warps=k.warps_backward, programs=nseg * n_d, iterations=cps,
+                              bytes=bytes_, chunk_load_bytes=bload, depth=bdepth, **more,
+                              **common))
     else:
         cps = segment_chunks(B, D, T, k, sms)
         nseg = B * max(1, cdiv(cdiv(T, BT), cps))
@@ -997,12 +1017,19 @@ def candidates(card: Card, knobs: Knobs, python: str, latency: "float | Latency"
         ("BT 8", dataclasses.replace(knobs, block_t=8)),
         ("BT 32 (built: both passes)", dataclasses.replace(knobs, block_t=32)),
         ("BT 32, carry tile 8", dataclasses.replace(knobs, block_t=32, carry_tile=8)),
-        ("chained forward (built)", dataclasses.replace(knobs, chained=True)),
-        ("chained, BT 32, carry tile 8", dataclasses.replace(knobs, chained=True, block_t=32,
-                                                              carry_tile=8)),
-        ("chained, BT 32, tile 8, 3 chunks", dataclasses.replace(knobs, chained=True,
-                                                                  block_t=32, carry_tile=8,
-                                                                  chained_chunks=3)),
+        ("chained forward only", dataclasses.replace(knobs, chained=True,
+                                                     chained_backward=False)),
+        ("chained fwd, BT 32, tile 8", dataclasses.replace(knobs, chained=True,
+                                                           chained_backward=False, block_t=32,
+                                                           carry_tile=8)),
+        ("chained fwd, BT 32, 8, 3 chunks", dataclasses.replace(knobs, chained=True,
+                                                                chained_backward=False,
+                                                                block_t=32, carry_tile=8,
+                                                                chained_chunks=3)),
+        ("chained (both passes)", dataclasses.replace(knobs, chained=True)),
+        ("chained, BT 32", dataclasses.replace(knobs, chained=True, block_t=32)),
+        ("chained, BT 32, 2 chunks", dataclasses.replace(knobs, chained=True, block_t=32,
+                                                         chained_chunks=2)),
         ("2 warps, BD 64", dataclasses.replace(knobs, block_d=64, block_d_backward=64, warps=2,
                                                warps_backward=2)),
     ]

@@ -18,9 +18,10 @@
 # variants (the variants built for issue 62 beside the defaults at its three shapes: both
 # passes at chunks of 32 steps, alone and with the carry kernels 8 segments at a time, the
 # forward alone at 32, the carry tiles of 8 alone; first the cost model's bandwidth probe,
-# bench/stream_probe.py; <= 240 s), chained (the "chained" forward, never run on a card:
-# its pytest --cuda tests, then its time at 1 x 1M x 256 beside the defaults, alone and at
-# chunks of 32 with carry tiles of 8 and segments of 3 chunks; <= 240 s):
+# bench/stream_probe.py; <= 240 s), chained (the "chained" forward and backward, never run
+# on a card: their pytest --cuda tests, then their time at 1 x 1M x 256 beside the
+# defaults: both passes chained at the defaults and at chunks of 32 in segments of 2, and
+# the forward alone chained at chunks of 32 in segments of 3 with carry tiles of 8; <= 270 s):
 #     bash bench/gpu_run.sh checks,layers
 #     bash bench/gpu_run.sh tune
 #     bash bench/gpu_run.sh variants,chained
@@ -200,7 +201,7 @@ step kernels && section_run 300 kernels "$out/kernels"
 if step tests; then
     # xdist spreads Triton's compiles (one per kernel specialisation) over 14 processes.
     note "pytest --cuda (the Triton columns and tests/test_cuda.py)"
-    # (the chained forward's tests run in their own step: a wait that never ends there
+    # (the chained algorithm's tests run in their own step: a wait that never ends there
     # would cost this step's summary)
     timeout 170 python3 -m pytest -q -p no:cacheprovider -n 14 --cuda -rf \
         -k "(triton or test_cuda) and not chained" tests > "$out/pytest.txt" 2>&1 \
@@ -224,18 +225,19 @@ if step variants; then
         | grep -v '^{' || failed=$((failed + 1))
 fi
 if step chained; then
-    # the "chained" forward (never run on a card): its tests, each process under a limit (a
+    # the "chained" algorithm (never run on a card): its tests, each process under a limit (a
     # look-back that never ends is a hang, not a failure), then, if they pass, its time at
     # the 1M row beside the defaults
-    note "pytest --cuda -k chained"
-    timeout 120 python3 -m pytest -q -p no:cacheprovider --cuda -rf -k chained \
-        tests/backends/triton/test_triton.py > "$out/pytest-chained.txt" 2>&1
+    note "pytest --cuda tests/backends/triton/test_chained.py"
+    # (-n 4: its builds, the forward's and the backward's for each case, compile side by side)
+    timeout 150 python3 -m pytest -q -p no:cacheprovider -n 4 --cuda -rf \
+        tests/backends/triton/test_chained.py > "$out/pytest-chained.txt" 2>&1
     status=$?
     tail -n 15 "$out/pytest-chained.txt" | tee -a "$out/log.txt"
     if [ $status -eq 0 ]; then
-        note "bench/gpu_sweep.py --only defaults --candidates chained chained-bt32-carry8-3"
+        note "bench/gpu_sweep.py --only defaults --candidates chained chained-bt32-2 chained-fwd-bt32-carry8-3"
         timeout 120 python3 -m bench.gpu_sweep --out "$out/chained" --only defaults \
-            --candidates chained chained-bt32-carry8-3 --shapes 2 2>&1 \
+            --candidates chained chained-bt32-2 chained-fwd-bt32-carry8-3 --shapes 2 2>&1 \
             | tee -a "$out/log.txt" | grep -v '^{' || failed=$((failed + 1))
     else
         echo "chained: tests failed or timed out (status $status)" | tee -a "$out/log.txt"

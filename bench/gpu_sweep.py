@@ -149,8 +149,9 @@ CANDIDATES = {
     "fwd-bt32": dict(forward_block_t=32),
     "bt32-carry8": dict(block_t=32, carry_tile=8),
     "chained": dict(algorithm="chained"),
-    "chained-bt32-carry8-3": dict(algorithm="chained", block_t=32, carry_tile=8,
-                                chained_chunks=3),
+    "chained-bt32-2": dict(algorithm="chained", block_t=32, chained_chunks=2),
+    "chained-fwd-bt32-carry8-3": dict(algorithm="chained", chained_backward=False, block_t=32,
+                                      carry_tile=8, chained_chunks=3),
 }
 
 

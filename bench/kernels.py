@@ -53,7 +53,7 @@ EXTRA_FLAGS = [("rda-softplus,reverse", 2, 2, dict(REVERSE=True)),
                ("rda-softplus,varlen", 2, 2, dict(IS_VARLEN=True))]
 IO_POINTERS = {"z_ptr", "a_ptr", "g_ptr", "y_ptr", "gy_ptr", "gz_ptr", "ga_ptr", "gg_ptr"}
 INDEX_POINTERS = {"cu_ptr", "co_ptr", "cs_ptr"}
-FLAG_POINTERS = {"f_ptr"}              # the chained forward's flags and ticket (int32)
+FLAG_POINTERS = {"f_ptr"}              # the chained kernels' flags and ticket (int32)
 # What a launch at B=16, T=4096, D=1024 tells the compiler about its arguments. Triton's
 # runtime specialises an argument that is a multiple of 16 (a pointer: in bytes; PyTorch's
 # allocations are) and turns an integer equal to 1 into a constant; the layout it picks for
@@ -68,8 +68,8 @@ DIVISIBLE_INTS = {"T", "NS", "NCT"}
 def _kernels(opts=None):
     """``(name, kernel, (warps, maxnreg), constexprs)`` of every build: the scan kernels once
     per phase (``fwd[one_pass]`` is the "looped" algorithm's forward; ``summary``, the carry
-    kernel and ``output`` are the "segments" algorithm's; ``fwd[chained]`` the "chained"
-    algorithm's one launch)."""
+    kernel and ``output`` are the "segments" algorithm's; ``fwd[chained]`` and
+    ``bwd[chained]`` the "chained" algorithm's one launch a pass)."""
     from fastrwa.kernels import codes
     from fastrwa.kernels.triton import scan_bwd, scan_chained, scan_fwd, step
     from fastrwa.ops import triton_host as tb
@@ -89,7 +89,11 @@ def _kernels(opts=None):
     out += [("fwd_carry", scan_fwd.fwd_carry_kernel, *fwd), ("bwd_carry", scan_bwd.bwd_carry_kernel,
                                                               *bwd), ("step", step.step_kernel, *fwd)]
     out.append(("fwd[chained]", scan_chained.fwd_chained_kernel, fwd[0],
-                dict(fwd[1], WINDOW=opts.lookback_window, PREFIX_EVERY=True)))
+                dict(fwd[1], WINDOW=opts.lookback_window, PREFIX_EVERY=True,
+                     SPIN=True)))
+    out.append(("bwd[chained]", scan_chained.bwd_chained_kernel, bwd[0],
+                dict(bwd[1], WINDOW=opts.lookback_window, PREFIX_EVERY=True,
+                     SPIN=True)))
     return out
 
 
@@ -185,8 +189,8 @@ def compile_one(job):
     blocks = f"{const.get('BT', 1)}x{const['BD']}"
     # a carry kernel's loop walks one segment summary a channel per iteration
     per_iteration = const["BD"] if name.endswith("_carry") else const.get("BT", 1) * const["BD"]
-    # (the chained forward: its second walk, the output loop, as the other forwards report)
-    cost = sass.costs(listing, per_iteration, 32 * warps, last=name == "fwd[chained]")
+    # (the chained kernels: their second walk, the output loop, as the others report)
+    cost = sass.costs(listing, per_iteration, 32 * warps, last=name.endswith("[chained]"))
     return dict(kernel=name, variant=label, arch=arch, dtype=dtype, warps=warps, blocks=blocks,
                 regs=field("REG"), spill=spill, stack=field("STACK"), local=field("LOCAL"),
                 shared=field("SHARED") + kernel.metadata.shared, **cost)

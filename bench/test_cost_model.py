@@ -112,7 +112,7 @@ def test_the_chained_forward_is_planned_as_its_two_walks():
     writes y and the saved states, and reads the inputs again from L2 only when the
     segments of the programs resident at once fit in its share of L2; the look-back's hops
     are one a window of a sequence's segments, and bound the time by themselves."""
-    k = cm.Knobs(chained=True)
+    k = cm.Knobs(chained=True, chained_backward=False)
     E, s = (1 << 20) * 256, 4
     fwd = cm.plan("rda-exp", (1, 1 << 20, 256), "float32", "segments", "fwd+bwd", k, 132)
     assert [x.label for x in fwd[:2]] == ["fwd[chained:1]", "fwd[chained:2,save]"]
@@ -132,6 +132,29 @@ def test_the_chained_forward_is_planned_as_its_two_walks():
     t = cm.terms(dataclasses.replace(two, hops=10 ** 6), _counted(192), card, 3e12,
                  card.clock_hz, 500)
     assert t.bound == "lookback" and t.time == pytest.approx(cm.LOOKBACK_HOP_NS * 1e-3)
+
+
+def test_the_chained_backward_is_planned_as_its_two_walks():
+    """The "chained" backward, as the forward: the summary walk reads z, a, g, gy and the
+    chunk states from DRAM and publishes 5 floats a channel a segment; the output walk
+    writes the 3 gradients and reads the rest again (L2 if it fits); one hop a window."""
+    k = cm.Knobs(chained=True, chained_chunks=2, block_t=32)
+    E, s, D = (1 << 20) * 256, 4, 256
+    both = cm.plan("rda-exp", (1, 1 << 20, 256), "float32", "segments", "fwd+bwd", k, 132)
+    assert [x.label for x in both] == ["fwd[chained:1]", "fwd[chained:2,save]",
+                                       "bwd[chained:1]", "bwd[chained:2]"]
+    one, two = both[2:]
+    nseg = (1 << 20) // (32 * 2)
+    states = (1 << 20) // 32 * 3 * D * 4                # a saved state every 32 steps
+    assert dict(one.const)["PHASE"] == 1 and dict(two.const)["PHASE"] == 2
+    assert dict(one.ints)["CPS"] == 2 and one.programs == nseg * 8 and one.iterations == 2
+    assert one.bytes == 4 * E * s + states + 5 * nseg * D * 4
+    assert two.bytes == 3 * E * s and two.reread == 4 * E * s + states
+    assert two.footprint == 2 * (4 * 32 * 32 * 4 + 3 * 32 * 4) and two.hops == nseg // 32
+    # without chained_backward the backward stays "segments"
+    fwd_only = cm.plan("rda-exp", (1, 1 << 20, 256), "float32", "segments", "fwd+bwd",
+                       dataclasses.replace(k, chained_backward=False), 132)
+    assert [x.label for x in fwd_only[2:]] == ["bwd[summary]", "bwd_carry", "bwd[output]"]
 
 
 def test_ncu_report_is_read():

@@ -17,7 +17,7 @@ Forward algorithms (``Options.algorithm``):
   over its predecessors' published summaries (``lookback_window`` at a time) and re-running
   it from there; one launch, and every input read from DRAM once, where the re-run finds
   its segment in L2 (kernels/triton/scan_chained.py).
-  Its backward is "segments".
+  Its backward is the same in adjoint order (``chained_backward``; False: "segments").
 * Single steps (``T = 1``, no gradient needed) use one fused step kernel.
 * "auto": "looped" when ``sequences * channel_blocks`` gives every SM at least
   ``PROGRAMS_PER_SM`` programs, when sequences are at most ``2 * BT`` long, or when the
@@ -89,7 +89,8 @@ class Options:
     carry_tile: int = 1              # segments the carry kernels load and scan at once
     chained_chunks: int = CHAINED_SEGMENT_CHUNKS    # chunks per segment ("chained")
     lookback_window: int = 32        # predecessors a "chained" look-back reads at once
-    chained_prefixes: bool = True    # False: only first segments publish a prefix (tests)
+    chained_prefixes: bool = True    # False: only first (backward: last) segments publish
+    chained_backward: bool = True    # "chained": its backward chained too (False: "segments")
 
     def forward(self) -> "Options":
         """The knobs the forward kernels run at: ``block_t`` is ``forward_block_t`` where that
@@ -123,8 +124,9 @@ def _check(opts: Options) -> None:
         raise ValueError(f"segment_chunks must be an integer >= 0, got {opts.segment_chunks!r}")
     if not (type(opts.chained_chunks) is int and opts.chained_chunks >= 1):
         raise ValueError(f"chained_chunks must be an integer >= 1, got {opts.chained_chunks!r}")
-    if not isinstance(opts.chained_prefixes, bool):
-        raise ValueError(f"chained_prefixes must be a bool, got {opts.chained_prefixes!r}")
+    for name in ("chained_prefixes", "chained_backward"):
+        if not isinstance(getattr(opts, name), bool):
+            raise ValueError(f"{name} must be a bool, got {getattr(opts, name)!r}")
 
 
 _knobs = Knobs(Options, _check)
@@ -297,22 +299,13 @@ def _forward(args: ScanArgs, output_final_state: bool, save: bool) -> ForwardRes
         scan_fwd.fwd_kernel[(lay.n_seq, n_d)](**scan, **lay.one_pass(z, f32),
                                               HAS_INIT=init is not None, STORE_FINAL=need_final)
     elif algorithm == "chained":
-        if z.device.type == "cuda" and opts.lookback_window < 32 * opts.warps:
-            # (a vector atomic's result is 0 in a thread holding a duplicated element, under
-            # Triton < 3.5: triton-lang/triton#7402; the look-back would then never end)
-            raise ValueError(f"the 'chained' algorithm needs lookback_window >= 32 x warps "
-                             f"on a GPU (one flag a thread at least), got {opts.lookback_window}"
-                             f" with {opts.warps} warp(s)")
-        chained = dataclasses.replace(opts, segment_chunks=opts.chained_chunks)
-        n_seg, segs, sizes = lay.segments(D, chained, z)
+        n_seg, segs, sizes, flag = _chained(lay, D, n_d, opts, "warps", z)
         summary = empty((4, n_seg, D), f32, z.device)      # (m, n~, d~, G) of every segment
         prefix = empty((3, n_seg, D), f32, z.device)       # the state after every segment
-        # every (segment, block)'s flag, then the ticket counter
-        flag = torch.zeros(n_seg * n_d + 1, dtype=torch.int32, device=z.device)
         scan_chained.fwd_chained_kernel[(n_seg * n_d,)](
             **scan, **segs, **sizes, s_ptr=summary, p_ptr=prefix, f_ptr=flag, NCT=lay.rows,
             HAS_INIT=init is not None, STORE_FINAL=need_final, WINDOW=opts.lookback_window,
-            PREFIX_EVERY=opts.chained_prefixes)
+            PREFIX_EVERY=opts.chained_prefixes, SPIN=z.device.type == "cuda")
     else:
         n_seg, segs, sizes = lay.segments(D, opts, z)
         summary = empty((4, n_seg, D), f32, z.device)      # (m, n~, d~, G) of every segment
@@ -330,6 +323,24 @@ def _forward(args: ScanArgs, output_final_state: bool, save: bool) -> ForwardRes
     final = tuple(x.clone() for x in ht.unbind(0)) if output_final_state else None
     saved = [hc] if save_for_backward else []
     return ForwardResult(y, final, saved)
+
+
+def _chained(lay: _Layout, D: int, n_d: int, opts: Options, warps: str,
+             like: torch.Tensor) -> tuple[int, dict, dict, torch.Tensor]:
+    """The "chained" algorithm's cut (:meth:`_Layout.segments` at ``chained_chunks``) and its
+    flags: every (segment, channel block)'s, then the ticket counter, zeros. ``warps``: the
+    name of the pass's warps knob (``warps``, ``warps_backward``)."""
+    if like.device.type == "cuda" and opts.lookback_window < 32 * getattr(opts, warps):
+        # (a vector atomic's result is 0 in a thread holding a duplicated element, under
+        # Triton < 3.5: triton-lang/triton#7402; the look-back would then never end)
+        raise ValueError(f"the 'chained' algorithm needs lookback_window >= 32 x {warps} on a "
+                         f"GPU (one flag a thread at least), got {opts.lookback_window} with "
+                         f"{warps}={getattr(opts, warps)}"
+                         + ("; or chained_backward=False" if warps == "warps_backward" else ""))
+    chained = dataclasses.replace(opts, segment_chunks=opts.chained_chunks)
+    n_seg, segs, sizes = lay.segments(D, chained, like)
+    flag = torch.zeros(n_seg * n_d + 1, dtype=torch.int32, device=like.device)
+    return n_seg, segs, sizes, flag
 
 
 def saved_like(args: ScanArgs) -> list:
@@ -400,7 +411,16 @@ def _backward(args: ScanArgs, saved: list, m_final, gy, g_final) -> Gradients:
         scan_bwd.bwd_kernel[(lay.n_seq, n_d)](**scan, **lay.one_pass(z, f32),
                                               HAS_INIT=init is not None,
                                               HAS_FINAL_GRAD=has_final_grad)
-    else:                   # "segments" (the backward of "chained" too)
+    elif algorithm == "chained" and opts.chained_backward:
+        n_seg, segs, sizes, flag = _chained(lay, D, n_d, opts, "warps_backward", z)
+        summary = empty((3, n_seg, D), f32, z.device)      # (K, W, V) of every segment
+        prefix = empty((2, n_seg, D), f32, z.device)       # (W, V) at every first row
+        scan_chained.bwd_chained_kernel[(n_seg * n_d,)](
+            **scan, **segs, **sizes, s_ptr=summary, p_ptr=prefix, f_ptr=flag, NCT=lay.rows,
+            HAS_INIT=init is not None, HAS_FINAL_GRAD=has_final_grad,
+            WINDOW=opts.lookback_window, PREFIX_EVERY=opts.chained_prefixes,
+            SPIN=z.device.type == "cuda")
+    else:                   # "segments" (and "chained" without chained_backward)
         n_seg, segs, sizes = lay.segments(D, opts, z)
         summary = empty((3, n_seg, D), f32, z.device)      # (K, W, V) of every segment
         entering = empty((2, n_seg, D), f32, z.device)     # (W, V) entering every segment

@@ -38,6 +38,9 @@ double buffer, as the forward does; ``LOOKAHEAD``, chosen per build by the launc
   (per sequence, the ``(W, V)`` entering every segment after its last row, and the initial
   state's gradients), ``bwd_kernel`` with ``PHASE = OUTPUT`` (every segment's gradients from
   the adjoint entering it).
+
+The walk over a segment's chunks is :func:`walk_adjoint`, which ``bwd_kernel``'s phases and
+the "chained" backward (scan_chained.py: both walks in one launch) call.
 """
 
 import triton
@@ -142,8 +145,8 @@ def _chunk_grads(gz_ptr, ga_ptr, gg_ptr, o, mask_2, b_z, b_a, b_g, b_take, b_m, 
 
 
 @triton.jit
-def _final_adjoint(i, dht_ptr, o_d, mask_d, D: tl.constexpr, NS, HAS_FINAL_GRAD: tl.constexpr,
-                   BD: tl.constexpr):
+def final_adjoint(i, dht_ptr, o_d, mask_d, D: tl.constexpr, NS, HAS_FINAL_GRAD: tl.constexpr,
+                  BD: tl.constexpr):
     """The adjoint entering after the last step: ``(W, V) = (gn~, -gd~)`` of the final state."""
     if HAS_FINAL_GRAD:
         o_s = i.to(tl.int64) * D + o_d                                         # [BD]
@@ -156,7 +159,7 @@ def _final_adjoint(i, dht_ptr, o_d, mask_d, D: tl.constexpr, NS, HAS_FINAL_GRAD:
 
 
 @triton.jit
-def _initial_state_grads(i, h0_ptr, dh0_ptr, o_d, mask_d, D: tl.constexpr, NS, b_W, b_V):
+def initial_state_grads(i, h0_ptr, dh0_ptr, o_d, mask_d, D: tl.constexpr, NS, b_W, b_V):
     """``dn0 = W``, ``dd0 = -V`` (what the first step passes back), ``dm0 = n0 dn0 + d0 dd0``;
     ``W`` and ``V`` times :func:`state_scale` where the forward took the state scaled
     (:func:`initial_state`)."""
@@ -166,6 +169,59 @@ def _initial_state_grads(i, h0_ptr, dh0_ptr, o_d, mask_d, D: tl.constexpr, NS, b
     # (dm0 from the state as the forward took it: finite where s W overflows)
     b_dm = (b_n0 * b_s) * b_W - (b_d0 * b_s) * b_V                             # [BD]
     store_state(dh0_ptr, o_s, mask_d, NS * D, b_dm, b_W * b_s, -(b_V * b_s))
+
+
+@triton.jit
+def walk_adjoint(z_ptr, a_ptr, g_ptr, gy_ptr, gz_ptr, ga_ptr, gg_ptr, hc_ptr, b_W, b_V, bos,
+                 T_i, c0, c_lo, c_hi, o_d, mask_d, NCT, D: tl.constexpr, ATTN: tl.constexpr,
+                 DISCOUNT: tl.constexpr, SUMMARISE: tl.constexpr, REVERSE: tl.constexpr,
+                 LOOKAHEAD: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
+    """Walk chunks ``[c_lo, c_hi)`` of a sequence (row ``bos``, length ``T_i``, saved states
+    from row ``c0`` of ``hc``) in adjoint order, last first. ``SUMMARISE``: from nothing
+    entering (``b_W``, ``b_V`` unused), returns the segment's local adjoint ``(K, W, V)``
+    ``[BD]`` at its first row; otherwise from the ``(W, V)`` ``[BD]`` entering after its last
+    row, stores the gradients and returns ``(1, W, V)`` at its first row (what passes to the
+    state before it). ``LOOKAHEAD``: :func:`bwd_kernel`."""
+    NEWTON: tl.constexpr = z_ptr.dtype.element_ty == tl.float32     # (common.reciprocal)
+    b_sK = tl.full([BD], 1.0, tl.float32)                                      # [BD]
+    if SUMMARISE:
+        b_W = tl.zeros([BD], tl.float32)                                       # [BD]
+        b_V = tl.zeros([BD], tl.float32)                                       # [BD]
+    if LOOKAHEAD == 1:      # the last chunk's inputs, before the loop
+        b_z, b_a, b_g, b_gy, b_hm, b_hn, b_hd = _load_inputs(
+            z_ptr, a_ptr, g_ptr, gy_ptr, hc_ptr, bos, T_i, c_hi - 1, c_lo, c0, o_d, mask_d, D,
+            NCT, DISCOUNT, REVERSE, BT)                              # [BT, BD] x4, [BD] x3
+    for k in range(0, c_hi - c_lo):
+        c = c_hi - 1 - k
+        if LOOKAHEAD == 1:
+            # the next chunk's loads are issued before this chunk's recompute waits on its own
+            n_z, n_a, n_g, n_gy, n_hm, n_hn, n_hd = _load_inputs(
+                z_ptr, a_ptr, g_ptr, gy_ptr, hc_ptr, bos, T_i, c - 1, c_lo, c0, o_d, mask_d, D,
+                NCT, DISCOUNT, REVERSE, BT)                          # [BT, BD] x4, [BD] x3
+            i_z, i_a, i_g, i_gy, i_hm, i_hn, i_hd = b_z, b_a, b_g, b_gy, b_hm, b_hn, b_hd
+            b_z, b_a, b_g, b_gy, b_hm, b_hn, b_hd = n_z, n_a, n_g, n_gy, n_hm, n_hn, n_hd
+        else:
+            i_z, i_a, i_g, i_gy, i_hm, i_hn, i_hd = _load_inputs(
+                z_ptr, a_ptr, g_ptr, gy_ptr, hc_ptr, bos, T_i, c, c, c0, o_d, mask_d, D,
+                NCT, DISCOUNT, REVERSE, BT)      # (always read)     # [BT, BD] x4, [BD] x3
+        if SUMMARISE:
+            b_cW = tl.zeros([BD], tl.float32)       # the chunk's local adjoint
+            b_cV = tl.zeros([BD], tl.float32)
+        else:
+            b_cW, b_cV = b_W, b_V                   # the adjoint entering after the chunk
+        (o, mask_2, i_z, i_a, i_g, b_take, b_m, b_gi, b_y, b_zy, b_kd, b_yp, b_K, b_AW,
+         b_AV) = _chunk_adjoint(i_z, i_a, i_g, i_gy, i_hm, i_hn, i_hd, b_cW, b_cV, bos, T_i, c,
+                                o_d, mask_d, D, ATTN, DISCOUNT, NEWTON, REVERSE, BT)
+        if SUMMARISE:
+            o_r = tl.arange(0, BT)
+            b_cK = row(b_K, o_r, 0)                                            # [BD]
+            b_sK, b_W, b_V = linear_combine(b_sK, b_W, b_V, b_cK, row(b_AW, o_r, 0),
+                                            row(b_AV, o_r, 0))                # [BD] x3
+        else:
+            b_W, b_V = _chunk_grads(gz_ptr, ga_ptr, gg_ptr, o, mask_2, i_z, i_a, i_g, b_take,
+                                    b_m, b_gi, b_y, b_zy, b_kd, b_yp, b_AW, b_AV, b_W, b_V,
+                                    ATTN, DISCOUNT, NEWTON, BT)               # [BD] x2
+    return b_sK, b_W, b_V
 
 
 @triton.jit
@@ -186,53 +242,21 @@ def bwd_kernel(
     pid, i, o_d, mask_d, bos, T_i, c0, c_lo, c_hi = segment_program(
         cu_ptr, co_ptr, so_ptr, ss_ptr, T, CPS, D, BT, BD, IS_VARLEN, PHASE == ONE_PASS)
     o_seg = pid * D + o_d                                                      # [BD]
-    NEWTON: tl.constexpr = z_ptr.dtype.element_ty == tl.float32     # (common.reciprocal)
     if PHASE == ONE_PASS:
-        b_W, b_V = _final_adjoint(i, dht_ptr, o_d, mask_d, D, NS, HAS_FINAL_GRAD, BD)  # [BD] x2
+        b_W, b_V = final_adjoint(i, dht_ptr, o_d, mask_d, D, NS, HAS_FINAL_GRAD, BD)  # [BD] x2
     elif PHASE == SUMMARY:
-        b_W, b_V = _final_adjoint(i, dht_ptr, o_d, mask_d, D, NS, False, BD)  # [BD] x2
+        b_W, b_V = final_adjoint(i, dht_ptr, o_d, mask_d, D, NS, False, BD)  # [BD] x2
     else:
         b_W = tl.load(s_ptr + o_seg, mask=mask_d, other=0.0)                   # [BD]
         b_V = tl.load(s_ptr + NSEG * D + o_seg, mask=mask_d, other=0.0)        # [BD]
-    b_sK = tl.full([BD], 1.0, tl.float32)                                      # [BD]
-    if LOOKAHEAD == 1:      # the last chunk's inputs, before the loop
-        b_z, b_a, b_g, b_gy, b_hm, b_hn, b_hd = _load_inputs(
-            z_ptr, a_ptr, g_ptr, gy_ptr, hc_ptr, bos, T_i, c_hi - 1, c_lo, c0, o_d, mask_d, D,
-            NCT, DISCOUNT, REVERSE, BT)                              # [BT, BD] x4, [BD] x3
-    for k in range(0, c_hi - c_lo):
-        c = c_hi - 1 - k
-        if LOOKAHEAD == 1:
-            # the next chunk's loads are issued before this chunk's recompute waits on its own
-            n_z, n_a, n_g, n_gy, n_hm, n_hn, n_hd = _load_inputs(
-                z_ptr, a_ptr, g_ptr, gy_ptr, hc_ptr, bos, T_i, c - 1, c_lo, c0, o_d, mask_d, D,
-                NCT, DISCOUNT, REVERSE, BT)                          # [BT, BD] x4, [BD] x3
-            i_z, i_a, i_g, i_gy, i_hm, i_hn, i_hd = b_z, b_a, b_g, b_gy, b_hm, b_hn, b_hd
-            b_z, b_a, b_g, b_gy, b_hm, b_hn, b_hd = n_z, n_a, n_g, n_gy, n_hm, n_hn, n_hd
-        else:
-            i_z, i_a, i_g, i_gy, i_hm, i_hn, i_hd = _load_inputs(
-                z_ptr, a_ptr, g_ptr, gy_ptr, hc_ptr, bos, T_i, c, c, c0, o_d, mask_d, D,
-                NCT, DISCOUNT, REVERSE, BT)      # (always read)     # [BT, BD] x4, [BD] x3
-        if PHASE == SUMMARY:
-            b_cW = tl.zeros([BD], tl.float32)       # the chunk's local adjoint
-            b_cV = tl.zeros([BD], tl.float32)
-        else:
-            b_cW, b_cV = b_W, b_V                   # the adjoint entering after the chunk
-        (o, mask_2, i_z, i_a, i_g, b_take, b_m, b_gi, b_y, b_zy, b_kd, b_yp, b_K, b_AW,
-         b_AV) = _chunk_adjoint(i_z, i_a, i_g, i_gy, i_hm, i_hn, i_hd, b_cW, b_cV, bos, T_i, c,
-                                o_d, mask_d, D, ATTN, DISCOUNT, NEWTON, REVERSE, BT)
-        if PHASE == SUMMARY:
-            o_r = tl.arange(0, BT)
-            b_cK = row(b_K, o_r, 0)                                            # [BD]
-            b_sK, b_W, b_V = linear_combine(b_sK, b_W, b_V, b_cK, row(b_AW, o_r, 0),
-                                            row(b_AV, o_r, 0))                # [BD] x3
-        else:
-            b_W, b_V = _chunk_grads(gz_ptr, ga_ptr, gg_ptr, o, mask_2, i_z, i_a, i_g, b_take,
-                                    b_m, b_gi, b_y, b_zy, b_kd, b_yp, b_AW, b_AV, b_W, b_V,
-                                    ATTN, DISCOUNT, NEWTON, BT)               # [BD] x2
+    b_sK, b_W, b_V = walk_adjoint(
+        z_ptr, a_ptr, g_ptr, gy_ptr, gz_ptr, ga_ptr, gg_ptr, hc_ptr, b_W, b_V, bos, T_i, c0,
+        c_lo, c_hi, o_d, mask_d, NCT, D, ATTN, DISCOUNT, PHASE == SUMMARY, REVERSE,
+        LOOKAHEAD, BT, BD)                                                     # [BD] x3
     if PHASE == SUMMARY:
         store_state(s_ptr, o_seg, mask_d, NSEG * D, b_sK, b_W, b_V)
     elif PHASE == ONE_PASS and HAS_INIT:
-        _initial_state_grads(i, h0_ptr, dh0_ptr, o_d, mask_d, D, NS, b_W, b_V)
+        initial_state_grads(i, h0_ptr, dh0_ptr, o_d, mask_d, D, NS, b_W, b_V)
 
 
 @triton.jit
@@ -249,7 +273,7 @@ def bwd_carry_kernel(
     registers."""
     i, o_d, mask_d, bos, T_i, c0 = sequence_program(cu_ptr, co_ptr, T, D, BT, BD, IS_VARLEN)
     s0 = first_segment(i, so_ptr, T, CPS, BT, IS_VARLEN)
-    b_W, b_V = _final_adjoint(i, dht_ptr, o_d, mask_d, D, NS, HAS_FINAL_GRAD, BD)   # [BD] x2
+    b_W, b_V = final_adjoint(i, dht_ptr, o_d, mask_d, D, NS, HAS_FINAL_GRAD, BD)   # [BD] x2
     n_seg = segments(T_i, CPS, BT)
     o_r = tl.arange(0, KT)                                                     # [KT]
     b_last = (o_r == KT - 1)[:, None]                                          # [KT, 1]
@@ -272,4 +296,4 @@ def bwd_carry_kernel(
         tl.store(plane(ac_ptr, 1, NSEG * D) + o_k, b_eV, mask=mask)
         b_W, b_V = row(b_PW, o_r, 0), row(b_PV, o_r, 0)                        # [BD] x2
     if HAS_INIT:
-        _initial_state_grads(i, h0_ptr, dh0_ptr, o_d, mask_d, D, NS, b_W, b_V)
+        initial_state_grads(i, h0_ptr, dh0_ptr, o_d, mask_d, D, NS, b_W, b_V)
