@@ -171,33 +171,6 @@ def pytest_collection_modifyitems(config, items):
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
-    items[:] = _heavy_files_first(items)
-
-
-# Files of a few long tests each (seconds of their slowest tests on 2 idle cores, pytest
-# --durations, 2026-12-06): context_parallel 54-69 (processes over ranks), train 9-25
-# (whole runs, torchrun), hf 8-33 (lm-eval, exports), the Triton interpreter's variant and
-# chained tests 10-21. pytest-xdist's --dist loadfile hands a worker a file at a time,
-# files with more tests first by default; these went last, and one worker ran them alone
-# for the suite's last 3-4 minutes. With --no-loadscope-reorder (pyproject.toml) xdist
-# takes the files in this order instead: these first, then the others by test count,
-# most first, as xdist would.
-HEAVY_FILES = ("tests/context_parallel/", "tests/train/", "tests/hf/",
-               "tests/backends/triton/", "tests/serve/test_lm_eval_server.py")
-
-
-def _heavy_files_first(items: list) -> list:
-    """``items`` with the files under :data:`HEAVY_FILES` first (in that order), then every
-    other file by its count of items, most first; each file's items together, in order."""
-    files: dict[str, list] = {}
-    for item in items:
-        files.setdefault(item.nodeid.split("::")[0], []).append(item)
-
-    def rank(path: str) -> tuple:
-        heavy = [i for i, prefix in enumerate(HEAVY_FILES) if path.startswith(prefix)]
-        return (heavy[0] if heavy else len(HEAVY_FILES), -len(files[path]))
-
-    return [item for path in sorted(files, key=rank) for item in files[path]]
 
 
 @pytest.fixture(autouse=True)
