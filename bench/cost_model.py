@@ -383,44 +383,37 @@ def plan(op: str, shape, dtype: str, algorithm: str, pass_: str, k: Knobs, sms: 
                           (("T", T), ("NS", B), ("NCT", rows), ("NSEG", B)),
                           warps=k.warps_backward, programs=B * n_d, iterations=cdiv(T, BT),
                           bytes=bytes_one, chunk_load_bytes=bload, depth=bdepth, **common))
-    elif k.chained and k.chained_backward:
-        # one launch, approximated by its two walks as the chained forward is: the summary
-        # walk (DRAM reads; publishes (K, W, V) and (W, V)), then the output walk (its reads
-        # again: L2 if they fit)
-        cps = k.chained_chunks
-        nseg = B * max(1, cdiv(cdiv(T, BT), cps))
-        ints = (("T", T), ("CPS", cps), ("NS", B), ("NCT", rows), ("NSEG", nseg))
-        for phase, label, bytes_, more in (
-                (1, "bwd[chained:1]", (n_in + 1) * E * s + rows * state + 5 * nseg * D * 4,
-                 {}),
-                (2, "bwd[chained:2]", n_in * E * s,
-                 dict(reread=(n_in + 1) * E * s + rows * state, footprint=cps * bload,
-                      hops=cdiv(nseg // B, k.lookback_window)))):
-            out.append(Launch(label, "scan_bwd.bwd_kernel",
-                              _items(bconst, PHASE=phase, HAS_INIT=False,
-                                     HAS_FINAL_GRAD=False), ints,
-                              warps=k.warps_backward, programs=nseg * n_d, iterations=cps,
-                              bytes=bytes_, chunk_load_bytes=bload, depth=bdepth, **more,
-                              **common))
     else:
-        cps = segment_chunks(B, D, T, k, sms)
+        cps = k.chained_chunks if k.chained and k.chained_backward else \
+            segment_chunks(B, D, T, k, sms)
         nseg = B * max(1, cdiv(cdiv(T, BT), cps))
         ints = (("T", T), ("CPS", cps), ("NS", B), ("NCT", rows), ("NSEG", nseg))
-        out.append(Launch("bwd[summary]", "scan_bwd.bwd_kernel",
-                          _items(bconst, PHASE=1, HAS_INIT=False, HAS_FINAL_GRAD=False), ints,
-                          warps=k.warps_backward, programs=nseg * n_d, iterations=cps,
-                          bytes=(n_in + 1) * E * s + rows * state + 3 * nseg * D * 4,
-                          chunk_load_bytes=bload, depth=bdepth, **common))
-        out.append(_carry("bwd_carry", "scan_bwd.bwd_carry_kernel",
-                          dict(D=D, IS_VARLEN=False, BT=BT, BD=BD, **ckt, HAS_INIT=False,
-                               HAS_FINAL_GRAD=False),
-                          T, cps, B, nseg, KT, k.warps_backward, n_d, 5 * nseg * D * 4,
-                          3 * BD * 4, common))
-        out.append(Launch("bwd[output]", "scan_bwd.bwd_kernel",
-                          _items(bconst, PHASE=2, HAS_INIT=False, HAS_FINAL_GRAD=False), ints,
-                          warps=k.warps_backward, programs=nseg * n_d, iterations=cps,
-                          bytes=bytes_one + 2 * nseg * D * 4, chunk_load_bytes=bload,
-                          depth=bdepth, **common))
+
+        def bwalk(label: str, phase: int, bytes_: int, **more) -> Launch:
+            """A launch of the backward's summary (1) or output (2) pass over every segment."""
+            return Launch(label, "scan_bwd.bwd_kernel",
+                          _items(bconst, PHASE=phase, HAS_INIT=False, HAS_FINAL_GRAD=False),
+                          ints, warps=k.warps_backward, programs=nseg * n_d, iterations=cps,
+                          bytes=bytes_, chunk_load_bytes=bload, depth=bdepth, **more, **common)
+
+        if k.chained and k.chained_backward:
+            # one launch, approximated by its two walks as the chained forward is: the summary
+            # walk (DRAM reads; publishes (K, W, V) and (W, V)), then the output walk (its
+            # reads again: L2 if they fit)
+            out.append(bwalk("bwd[chained:1]", 1,
+                             (n_in + 1) * E * s + rows * state + 5 * nseg * D * 4))
+            out.append(bwalk("bwd[chained:2]", 2, n_in * E * s,
+                             reread=(n_in + 1) * E * s + rows * state, footprint=cps * bload,
+                             hops=cdiv(nseg // B, k.lookback_window)))
+        else:
+            out.append(bwalk("bwd[summary]", 1,
+                             (n_in + 1) * E * s + rows * state + 3 * nseg * D * 4))
+            out.append(_carry("bwd_carry", "scan_bwd.bwd_carry_kernel",
+                              dict(D=D, IS_VARLEN=False, BT=BT, BD=BD, **ckt, HAS_INIT=False,
+                                   HAS_FINAL_GRAD=False),
+                              T, cps, B, nseg, KT, k.warps_backward, n_d, 5 * nseg * D * 4,
+                              3 * BD * 4, common))
+            out.append(bwalk("bwd[output]", 2, bytes_one + 2 * nseg * D * 4))
     return out
 
 
