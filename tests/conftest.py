@@ -21,7 +21,10 @@ Triton has no such knob, so they would repeat the ``None`` case), and a ``dtype`
 interpreter only: items marked ``triton_repeat``, whose Triton column repeats what the op
 tests check through the interpreter (a training step over packed documents, which the
 cu_seqlens op tests cover; input layouts, which the Triton launcher makes contiguous before
-any kernel reads them); under ``--cuda`` they run.
+any kernel reads them). With ``keep=[...]`` the marker leaves out only the items whose
+parameters match none of those listed: a cross product whose other cases repeat, on the
+interpreter, kernel code that one of them runs (every attention at every input dtype, where
+the loads and stores convert the dtype whatever the attention). Under ``--cuda`` they run.
 
 ``python -m pytest --cuda`` (on a machine with a CUDA GPU) runs the Triton column compiled,
 on CUDA tensors, twice per test: "triton-looped" and "triton-segments", each with the same
@@ -100,8 +103,9 @@ def pytest_addoption(parser):
 def pytest_configure(config):
     config.addinivalue_line("markers", "cuda: needs a CUDA GPU; runs only under --cuda")
     config.addinivalue_line("markers", "interpreter: runs Triton on CPU tensors; not under --cuda")
-    config.addinivalue_line("markers", "triton_repeat: its Triton column repeats what the op "
-                            "tests check; left out on the interpreter, run under --cuda")
+    config.addinivalue_line("markers", "triton_repeat(keep=None): its Triton column repeats "
+                            "what the op tests check (with keep: but for the parameters "
+                            "listed); left out on the interpreter, run under --cuda")
     if config.getoption("--cuda"):
         if not torch.cuda.is_available():
             raise pytest.UsageError("--cuda needs a CUDA GPU, and torch sees none")
@@ -156,6 +160,18 @@ def exact_backend(request):
     yield from _enter(backend_cases(request.config)[request.param], request.node.nodeid)
 
 
+def _interpreter_repeat(marker, params: dict) -> bool:
+    """Whether a ``triton_repeat`` marker makes an item a repeat on the interpreter: always,
+    or, with ``keep=[{param: value, ...}, ...]``, unless the item's parameters match one of
+    those (``@pytest.mark.triton_repeat(keep=[dict(attention="exp")])``: the Triton column
+    keeps one attention)."""
+    if marker is None:
+        return False
+    keep = marker.kwargs.get("keep")
+    return keep is None or not any(all(params.get(k) == v for k, v in case.items())
+                                   for case in keep)
+
+
 def pytest_collection_modifyitems(config, items):
     cuda = config.getoption("--cuda")
     keep, drop = [], []
@@ -164,7 +180,8 @@ def pytest_collection_modifyitems(config, items):
         params = params.params if params else {}
         triton = str(params.get("backend", "")).startswith("triton")
         repeat = params.get("chunk") is not None or params.get("dtype") == torch.float64 \
-            or (item.get_closest_marker("triton_repeat") is not None and not cuda)
+            or (_interpreter_repeat(item.get_closest_marker("triton_repeat"), params)
+                and not cuda)
         needs_gpu = item.get_closest_marker("cuda") is not None and not cuda
         needs_cpu = item.get_closest_marker("interpreter") is not None and cuda
         (drop if (triton and repeat) or needs_gpu or needs_cpu else keep).append(item)

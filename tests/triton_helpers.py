@@ -44,8 +44,9 @@ def same_bits_as_default(knob: dict, algorithm: str, reverse: bool, packed: bool
         fn = scan(leaves, reverse, cu)
         with fastrwa.use_backend("triton"), backend_options(
                 "triton", **{"algorithm": algorithm, **blocks, **knobs}):
-            y, final = fn()
-            got.append((y, final.m, final.n, final.d, *loss_and_grads(fn, leaves)))
+            out = fn()      # (one forward: the gradients are taken through its graph)
+            y, final = out
+            got.append((y, final.m, final.n, final.d, *loss_and_grads(lambda: out, leaves)))
     for default, variant in zip(*got):
         assert torch.equal(default, variant), knob
     y_ref, _ = reference(z.cpu(), a.cpu(), g.cpu(), "exp", ScanState(*(x.cpu() for x in h0)),
@@ -59,14 +60,16 @@ def agrees_with_the_reference(leaves: list, reverse: bool, cu, knobs: dict) -> N
     log-total and its average) and the gradients of every leaf."""
     fn = scan(leaves, reverse, cu)
     with fastrwa.use_backend("triton"), backend_options("triton", **knobs):
-        (y, final), grads = fn(), loss_and_grads(fn, leaves)
+        out = fn()          # (one forward: the gradients are taken through its graph)
+        (y, final), grads = out, loss_and_grads(lambda: out, leaves)
     cpu = [leaf(x.detach().cpu()) for x in leaves]
-    ref = lambda: reference(*cpu[:3], "exp", ScanState(*cpu[3:]), reverse=reverse,
-                            cu_seqlens=None if cu is None else cu.cpu())
-    y_ref, final_ref = ref()
+    ref_out = reference(*cpu[:3], "exp", ScanState(*cpu[3:]), reverse=reverse,
+                        cu_seqlens=None if cu is None else cu.cpu())
+    y_ref, final_ref = ref_out
     assert_close(y.cpu(), y_ref, 1e-5, "y")
     assert_close((final.m + final.d.log()).cpu(), final_ref.m + final_ref.d.log(), 1e-5,
                  "log-total")
     assert_close((final.n / final.d).cpu(), final_ref.n / final_ref.d, 1e-5, "average")
-    for name, got_x, want_x in zip("z a g m0 n0 d0".split(), grads, loss_and_grads(ref, cpu)):
+    for name, got_x, want_x in zip("z a g m0 n0 d0".split(), grads,
+                                    loss_and_grads(lambda: ref_out, cpu)):
         assert_close(got_x.cpu(), want_x, 1e-4, f"gradient of {name}")
