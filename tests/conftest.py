@@ -23,8 +23,11 @@ tests check through the interpreter (a training step over packed documents, whic
 cu_seqlens op tests cover; input layouts, which the Triton launcher makes contiguous before
 any kernel reads them). With ``keep=[...]`` the marker leaves out only the items whose
 parameters match none of those listed: a cross product whose other cases repeat, on the
-interpreter, kernel code that one of them runs (every attention at every input dtype, where
-the loads and stores convert the dtype whatever the attention). Under ``--cuda`` they run.
+interpreter, kernel code that the kept ones run (every attention at every input dtype: the
+attention code depends on the dtype only through ``NEWTON``, float32 or not, so float32 and
+bfloat16 take both of its branches for every attention, and float16 differs from bfloat16
+only in the loads' and stores' conversion, which does not depend on the attention). Under
+``--cuda`` they run.
 
 ``python -m pytest --cuda`` (on a machine with a CUDA GPU) runs the Triton column compiled,
 on CUDA tensors, twice per test: "triton-looped" and "triton-segments", each with the same
@@ -168,8 +171,13 @@ def _interpreter_repeat(marker, params: dict) -> bool:
     if marker is None:
         return False
     keep = marker.kwargs.get("keep")
-    return keep is None or not any(all(params.get(k) == v for k, v in case.items())
-                                   for case in keep)
+    if keep is None:
+        return True
+    unknown = {k for case in keep for k in case} - set(params)
+    if unknown:     # (a misspelt name would match nothing and leave every case out)
+        raise pytest.UsageError(f"triton_repeat(keep=...) names {sorted(unknown)}, which are "
+                                f"not parameters of the test ({sorted(params)})")
+    return not any(all(params[k] == v for k, v in case.items()) for case in keep)
 
 
 def pytest_collection_modifyitems(config, items):

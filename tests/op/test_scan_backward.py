@@ -75,10 +75,10 @@ def test_gradients_where_logits_tie(backend):
         compare_gradients(z, a, torch.zeros_like(a) + 40, "exp", None, True, None, dtype)
 
 
-# (On the interpreter the Triton column takes every attention in float32 and every dtype for
-# one attention: the loads and stores convert the dtype whatever the attention;
-# tests/conftest.py, triton_repeat.)
-@pytest.mark.triton_repeat(keep=[dict(attention="exp"), dict(dtype=torch.float32)])
+# (On the interpreter the Triton column takes every attention in float32 and bfloat16, and
+# float16 for one: tests/conftest.py, triton_repeat.)
+@pytest.mark.triton_repeat(keep=[dict(attention="exp"), dict(dtype=torch.float32),
+                                 dict(dtype=torch.bfloat16)])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("attention", ATTENTIONS)
 def test_gradients_against_reference(backend, dtype, attention):
