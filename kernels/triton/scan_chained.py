@@ -63,6 +63,16 @@ def _publish(f_ptr, ticket, FLAG: tl.constexpr):
 
 
 @triton.jit
+def _read_flags(f_ptr, o_seg, valid, blk, n_d, WINDOW: tl.constexpr):
+    """The flags ``[W]`` of segments ``o_seg`` in channel block ``blk``, one acquire;
+    ``AGGREGATE`` where not ``valid`` (before a sequence's first segment or after its last:
+    nothing to wait for, nothing to fold)."""
+    b_f = tl.atomic_add(f_ptr + o_seg * n_d + blk, tl.zeros([WINDOW], tl.int32), mask=valid,
+                        sem="acquire", scope="gpu")                            # [W]
+    return tl.where(valid, b_f, AGGREGATE)                                     # [W]
+
+
+@triton.jit
 def _look_back(f_ptr, s_ptr, p_ptr, s0, k, blk, n_d, o_d, mask_d, NSEG, D: tl.constexpr,
                WINDOW: tl.constexpr, BD: tl.constexpr, SPIN: tl.constexpr):
     """The state ``(m, n~, d~)`` ``[BD]`` entering segment ``k`` (``k >= 1``) of the sequence
@@ -78,9 +88,7 @@ def _look_back(f_ptr, s_ptr, p_ptr, s0, k, blk, n_d, o_d, mask_d, NSEG, D: tl.co
     while going:
         o_j = j - (WINDOW - 1) + o_w            # the window's segments, in order      # [W]
         valid = o_j >= 0                                                       # [W]
-        b_f = tl.atomic_add(f_ptr + (s0 + o_j) * n_d + blk, tl.zeros_like(o_w), mask=valid,
-                            sem="acquire", scope="gpu")                        # [W]
-        b_f = tl.where(valid, b_f, AGGREGATE)   # (before the first: nothing to fold)
+        b_f = _read_flags(f_ptr, s0 + o_j, valid, blk, n_d, WINDOW)            # [W]
         last_wait = tl.max(tl.where(b_f == 0, o_w, -1), 0)
         last_prefix = tl.max(tl.where(b_f == PREFIX, o_w, -1), 0)
         tl.debug_barrier()
@@ -196,9 +204,7 @@ def _look_ahead(f_ptr, s_ptr, p_ptr, s0, k, last, blk, n_d, o_d, mask_d, NSEG,
     while going:
         o_j = j + o_w                           # the window's segments, nearest first  # [W]
         valid = o_j <= last                                                    # [W]
-        b_f = tl.atomic_add(f_ptr + (s0 + o_j) * n_d + blk, tl.zeros_like(o_w), mask=valid,
-                            sem="acquire", scope="gpu")                        # [W]
-        b_f = tl.where(valid, b_f, AGGREGATE)   # (after the last: nothing to fold)
+        b_f = _read_flags(f_ptr, s0 + o_j, valid, blk, n_d, WINDOW)            # [W]
         first_wait = tl.min(tl.where(b_f == 0, o_w, WINDOW), 0)
         first_prefix = tl.min(tl.where(b_f == PREFIX, o_w, WINDOW), 0)
         tl.debug_barrier()
