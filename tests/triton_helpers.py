@@ -24,9 +24,10 @@ def inputs(packed: bool, T: int, lengths: list, D: int, device: str, seed: int):
 
 def scan(leaves: list, reverse: bool, cu):
     """``rda_scan`` (exp attention) of ``leaves`` = ``z, a, g, m0, n0, d0``, with its final
-    state: what the variant tests run and differentiate."""
-    return lambda: fastrwa.rda_scan(*leaves[:3], "exp", initial_state=ScanState(*leaves[3:]),
-                                    output_final_state=True, reverse=reverse, cu_seqlens=cu)
+    state: what the variant tests run and differentiate (one forward: the gradients are taken
+    through its graph)."""
+    return fastrwa.rda_scan(*leaves[:3], "exp", initial_state=ScanState(*leaves[3:]),
+                            output_final_state=True, reverse=reverse, cu_seqlens=cu)
 
 
 def same_bits_as_default(knob: dict, algorithm: str, reverse: bool, packed: bool,
@@ -41,11 +42,9 @@ def same_bits_as_default(knob: dict, algorithm: str, reverse: bool, packed: bool
     got = []
     for knobs in ({}, knob):
         leaves = [leaf(x) for x in (z, a, g, *h0)]
-        fn = scan(leaves, reverse, cu)
         with fastrwa.use_backend("triton"), backend_options(
                 "triton", **{"algorithm": algorithm, **blocks, **knobs}):
-            out = fn()      # (one forward: the gradients are taken through its graph)
-            y, final = out
+            y, final = out = scan(leaves, reverse, cu)
             got.append((y, final.m, final.n, final.d, *loss_and_grads(lambda: out, leaves)))
     for default, variant in zip(*got):
         assert torch.equal(default, variant), knob
@@ -58,10 +57,9 @@ def agrees_with_the_reference(leaves: list, reverse: bool, cu, knobs: dict) -> N
     """:func:`scan` of ``leaves`` (``z, a, g, m0, n0, d0``) on the Triton backend at
     ``knobs`` against the float64 reference: ``y``, the final state's gauge-free parts (its
     log-total and its average) and the gradients of every leaf."""
-    fn = scan(leaves, reverse, cu)
     with fastrwa.use_backend("triton"), backend_options("triton", **knobs):
-        out = fn()          # (one forward: the gradients are taken through its graph)
-        (y, final), grads = out, loss_and_grads(lambda: out, leaves)
+        y, final = out = scan(leaves, reverse, cu)
+        grads = loss_and_grads(lambda: out, leaves)
     cpu = [leaf(x.detach().cpu()) for x in leaves]
     ref_out = reference(*cpu[:3], "exp", ScanState(*cpu[3:]), reverse=reverse,
                         cu_seqlens=None if cu is None else cu.cpu())
