@@ -99,7 +99,8 @@ FULL = dict(B=16, T=4096, D=256, T_reference=256, repeats=9, rnn=dict(B=16, T=10
 QUICK = dict(B=2, T=512, D=64, T_reference=64, repeats=2, rnn=dict(B=4, T=64, H=32),
              lengths=[1024, 4096], lm=dict(d_model=32, n_layers=2),
              ops=["rwa", "rda-sigmoid"], dtypes=["float32", "bfloat16"],
-             paths=["reference", "torch", "numba"], reference_max_T=1024, torch_max_T=4096)
+             paths=["reference", "torch", "numba"], reference_max_T=1024, torch_max_T=4096,
+             scaling_rounds=2)
 
 
 def machine() -> dict:
