@@ -81,7 +81,7 @@ def combine(m1, n1, d1, g1, m2, n2, d2, g2):
     The factor is :func:`weight` written out, not called: the same PTX once compiled, but
     Triton's interpreter (the tests) calls a scan's combine once per element, and a
     device-function call re-patches ``triton.language`` there (1-1.6 ms of CPU each, several
-    times the rest of a combine): the call took a fifth of the interpreted op tests' time.
+    times the rest of a combine): with :func:`row`'s, a quarter of an interpreted forward.
     """
     m1d = tl.where(g2 == NEG_INF, NEG_INF, m1 + g2)
     diff = tl.where(m2 == m1d, 0.0, m2 - m1d)
@@ -152,8 +152,8 @@ def next_rows(b_x, b_fx, b_u, b_fu):
     """Rows ``t + 1`` of two ``[BT, BD]`` blocks at row ``t`` (``[BD]`` fills at the last
     row): :func:`previous_rows` of the blocks flipped in time (a flip of a thread's own
     column is a renaming of its registers; a ``reverse=True`` scan would shuffle)."""
-    b_nx, b_nu, _ = previous_rows(tl.flip(b_x, 0), b_fx, tl.flip(b_u, 0), b_fu,
-                                  tl.flip(b_u, 0), b_fu)                      # [BT, BD] x3
+    b_ru = tl.flip(b_u, 0)                                                    # [BT, BD]
+    b_nx, b_nu, _ = previous_rows(tl.flip(b_x, 0), b_fx, b_ru, b_fu, b_ru, b_fu)  # [BT, BD] x3
     return tl.flip(b_nx, 0), tl.flip(b_nu, 0)
 
 
