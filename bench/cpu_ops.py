@@ -71,7 +71,7 @@ def triton_interpreter(cfg: dict) -> list[dict]:
     """Max |error| of the Triton kernels (forward and gradients) against the reference.
     Interpreted (on the CPU), the channel blocks are the inputs' 8 channels, not the
     default 32: the interpreter runs every lane of a block, each scan element by element,
-    so the default blocks took 4 times as long to check 8 channels."""
+    so the default blocks would run 4 times the lanes for the same 8 channels."""
     rows = []
     device = "cuda" if torch.cuda.is_available() else "cpu"
     blocks = {} if device == "cuda" else dict(block_d=8, block_d_backward=8)

@@ -78,10 +78,10 @@ def combine(m1, n1, d1, g1, m2, n2, d2, g2):
     makes its side's factor NaN (and the other's unless that side is empty), so NaN reaches
     ``n~`` and ``d~`` whichever side it came from.
 
-    The factor is :func:`weight` written out, not called: the same PTX once compiled, but
-    Triton's interpreter (the tests) calls a scan's combine once per element, and a
-    device-function call re-patches ``triton.language`` there (1-1.6 ms of CPU each, several
-    times the rest of a combine): with :func:`row`'s, a quarter of an interpreted forward.
+    The factor is :func:`weight` written out, not called (the same PTX once compiled):
+    Triton's interpreter, which the tests run, calls a scan's combine once per element and
+    re-patches ``triton.language`` at every device-function call, so a call here would cost
+    several times the rest of the combine.
     """
     m1d = tl.where(g2 == NEG_INF, NEG_INF, m1 + g2)
     diff = tl.where(m2 == m1d, 0.0, m2 - m1d)
