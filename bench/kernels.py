@@ -9,7 +9,7 @@ rest of this one).
     python -m bench.kernels            # the full table: every kernel x constexpr variant x arch x dtype
     python -m bench.kernels --quick    # the one-pass forward and backward of rda-exp, float32,
                                        # sm_90a (what the test suite runs)
-    python -m bench.kernels --option block_t=4 --option block_d=4 --option block_d_backward=2
+    python -m bench.kernels --option block_t=4 --option block_d=4 --option block_d_backward=4
                                        # the blocks of the op tests' Triton columns
 
 Exits 1 on any compile failure or spill. Instruction counts come from ``cuobjdump -sass``

@@ -54,9 +54,12 @@ from helpers import TOL
 
 TRITON_KERNELS = "fastrwa.kernels.triton.scan_fwd"
 
-# Triton's blocks in the op tests: chunks of 4 steps, 4 channels (2 in the backward, as the
-# backward's channel block differs from the forward's by default).
-TRITON_SMALL = dict(block_t=4, block_d=4, block_d_backward=2, segment_chunks=2)
+# Triton's blocks in the op tests: chunks of 4 steps, 4 channels in both passes (as the
+# launcher's defaults, one channel block for both). A backward block of its own (2 channels,
+# several blocks at 5 channels) runs in the variant and chained checks against the reference
+# (tests/triton_helpers.py SMALL); here it doubled the backward's programs, each
+# interpreted op by op.
+TRITON_SMALL = dict(block_t=4, block_d=4, block_d_backward=4, segment_chunks=2)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,6 +8,7 @@ from fastrwa.state import ScanState
 from fastrwa.testing import backend_options
 from helpers import assert_close, leaf, loss_and_grads, make_inputs, make_state, reference
 
+# (the backward's channel block unlike the forward's: the op tests' blocks are alike)
 SMALL = dict(block_t=4, block_d=4, block_d_backward=2, segment_chunks=2)
 
 
