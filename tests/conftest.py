@@ -5,7 +5,7 @@ The op tests take one of two fixtures:
 
 * ``backend``: every registered backend ("torch", "numba", "triton"). Triton runs under the
   interpreter (no GPU here, and the interpreter is slow) with blocks small enough that the
-  tests' shapes cross chunk and channel-block edges. Its forward algorithm ("looped" or
+  tests' shapes cross chunk edges, and channel-block edges at 5 or more channels. Its forward algorithm ("looped" or
   "segments") is chosen per test item by a stable hash of the item's name, so both are
   covered across the matrix at the cost of one. Inputs are made in ``backend.dtype``, the
   most precise dtype the backend takes (float64, or float32 for Triton), and compared with
@@ -55,7 +55,7 @@ from helpers import TOL
 TRITON_KERNELS = "fastrwa.kernels.triton.scan_fwd"
 
 # Triton's blocks in the op tests: chunks of 4 steps, 4 channels in both passes (as the
-# launcher's defaults, one channel block for both). A backward block of its own (2 channels,
+# launcher's defaults do: 32 channels in both). A backward block of its own (2 channels,
 # several blocks at 5 channels) runs in the variant and chained checks against the reference
 # (tests/triton_helpers.py SMALL); here it doubled the backward's programs, each
 # interpreted op by op.
