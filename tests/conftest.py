@@ -9,8 +9,9 @@ The op tests take one of two fixtures:
   forward algorithm ("looped" or "segments") is chosen per test item by a stable hash of
   the item's name, so both are covered across the matrix at the cost of one. Inputs are
   made in ``backend.dtype``, the most precise dtype the backend takes (float64, or float32
-  for Triton), and compared with ``backend.tol``; ``backend.splits(T)`` are the split points a streaming test tries (all of
-  them, or for Triton the first, second, middle, last two).
+  for Triton), and compared with ``backend.tol``; ``backend.splits(T)`` are the split
+  points a streaming test tries (all of them, or for Triton the first, second, middle,
+  last two).
 * ``exact_backend``: the backends that compute in float64 ("torch", "numba"), for tests
   that are about float64 (gradcheck, 1e-12 agreement).
 
