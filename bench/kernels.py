@@ -90,10 +90,10 @@ def _kernels(opts=None):
                                                               *bwd), ("step", step.step_kernel, *fwd)]
     out.append(("fwd[chained]", scan_chained.fwd_chained_kernel, fwd[0],
                 dict(fwd[1], WINDOW=opts.lookback_window, PREFIX_EVERY=True,
-                     SPIN=True)))
+                     SPIN=True, PERSISTENT=opts.chained_programs_per_sm > 0)))
     out.append(("bwd[chained]", scan_chained.bwd_chained_kernel, bwd[0],
                 dict(bwd[1], WINDOW=opts.lookback_window, PREFIX_EVERY=True,
-                     SPIN=True)))
+                     SPIN=True, PERSISTENT=opts.chained_programs_per_sm_backward > 0)))
     return out
 
 

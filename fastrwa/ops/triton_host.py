@@ -16,7 +16,10 @@ Forward algorithms (``Options.algorithm``):
   program summarising its segment, finding the state entering it by a decoupled look-back
   over its predecessors' published summaries (``lookback_window`` at a time) and re-running
   it from there; one launch, and every input read from DRAM once, where the re-run finds
-  its segment in L2 (kernels/triton/scan_chained.py).
+  its segment in L2 (kernels/triton/scan_chained.py). ``chained_programs_per_sm`` (its
+  backward's: ``chained_programs_per_sm_backward``) at ``k >= 1`` launches ``k`` programs
+  an SM that take segments in turn, so that no more segments wait for their re-run than
+  ``k`` an SM, whatever the registers allow (0: a program a segment and channel block).
   Its backward is the same in adjoint order (``chained_backward``; False: "segments").
 * Single steps (``T = 1``, no gradient needed) use one fused step kernel.
 * "auto": "looped" when ``sequences * channel_blocks`` gives every SM at least
@@ -91,6 +94,8 @@ class Options:
     lookback_window: int = 32        # predecessors a "chained" look-back reads at once
     chained_prefixes: bool = True    # False: only first (backward: last) segments publish
     chained_backward: bool = True    # "chained": its backward chained too (False: "segments")
+    chained_programs_per_sm: int = 0            # "chained" forward: k >= 1 launches k
+    chained_programs_per_sm_backward: int = 0   # programs an SM taking segments in turn
 
     def forward(self) -> "Options":
         """The knobs the forward kernels run at: ``block_t`` is ``forward_block_t`` where that
@@ -124,6 +129,9 @@ def _check(opts: Options) -> None:
         raise ValueError(f"segment_chunks must be an integer >= 0, got {opts.segment_chunks!r}")
     if not (type(opts.chained_chunks) is int and opts.chained_chunks >= 1):
         raise ValueError(f"chained_chunks must be an integer >= 1, got {opts.chained_chunks!r}")
+    for name in ("chained_programs_per_sm", "chained_programs_per_sm_backward"):
+        if not (type(getattr(opts, name)) is int and getattr(opts, name) >= 0):
+            raise ValueError(f"{name} must be an integer >= 0, got {getattr(opts, name)!r}")
     for name in ("chained_prefixes", "chained_backward"):
         if not isinstance(getattr(opts, name), bool):
             raise ValueError(f"{name} must be a bool, got {getattr(opts, name)!r}")
@@ -302,10 +310,12 @@ def _forward(args: ScanArgs, output_final_state: bool, save: bool) -> ForwardRes
         n_seg, segs, sizes, flag = _chained(lay, D, n_d, opts, "warps", z)
         summary = empty((4, n_seg, D), f32, z.device)      # (m, n~, d~, G) of every segment
         prefix = empty((3, n_seg, D), f32, z.device)       # the state after every segment
-        scan_chained.fwd_chained_kernel[(n_seg * n_d,)](
+        grid, persistent = _chained_grid(n_seg * n_d, opts.chained_programs_per_sm, z.device)
+        scan_chained.fwd_chained_kernel[grid](
             **scan, **segs, **sizes, s_ptr=summary, p_ptr=prefix, f_ptr=flag, NCT=lay.rows,
             HAS_INIT=init is not None, STORE_FINAL=need_final, WINDOW=opts.lookback_window,
-            PREFIX_EVERY=opts.chained_prefixes, SPIN=z.device.type == "cuda")
+            PREFIX_EVERY=opts.chained_prefixes, SPIN=z.device.type == "cuda",
+            PERSISTENT=persistent)
     else:
         n_seg, segs, sizes = lay.segments(D, opts, z)
         summary = empty((4, n_seg, D), f32, z.device)      # (m, n~, d~, G) of every segment
@@ -341,6 +351,17 @@ def _chained(lay: _Layout, D: int, n_d: int, opts: Options, warps: str,
     n_seg, segs, sizes = lay.segments(D, chained, like)
     flag = torch.zeros(n_seg * n_d + 1, dtype=torch.int32, device=like.device)
     return n_seg, segs, sizes, flag
+
+
+def _chained_grid(tickets: int, per_sm: int, device: torch.device) -> tuple[tuple, bool]:
+    """A "chained" launch's grid and its ``PERSISTENT`` flag: a program a ticket
+    (``per_sm`` 0), or ``per_sm`` programs an SM taking tickets in turn, which caps the
+    segments held between their two walks at what those programs hold (the module
+    docstring); a program a ticket where there are no more tickets than that."""
+    programs = per_sm * _num_sms(device)
+    if per_sm == 0 or tickets <= programs:
+        return (tickets,), False
+    return (programs,), True
 
 
 def saved_like(args: ScanArgs) -> list:
@@ -415,11 +436,13 @@ def _backward(args: ScanArgs, saved: list, m_final, gy, g_final) -> Gradients:
         n_seg, segs, sizes, flag = _chained(lay, D, n_d, opts, "warps_backward", z)
         summary = empty((3, n_seg, D), f32, z.device)      # (K, W, V) of every segment
         prefix = empty((2, n_seg, D), f32, z.device)       # (W, V) at every first row
-        scan_chained.bwd_chained_kernel[(n_seg * n_d,)](
+        grid, persistent = _chained_grid(n_seg * n_d, opts.chained_programs_per_sm_backward,
+                                         z.device)
+        scan_chained.bwd_chained_kernel[grid](
             **scan, **segs, **sizes, s_ptr=summary, p_ptr=prefix, f_ptr=flag, NCT=lay.rows,
             HAS_INIT=init is not None, HAS_FINAL_GRAD=has_final_grad,
             WINDOW=opts.lookback_window, PREFIX_EVERY=opts.chained_prefixes,
-            SPIN=z.device.type == "cuda")
+            SPIN=z.device.type == "cuda", PERSISTENT=persistent)
     else:                   # "segments" (and "chained" without chained_backward)
         n_seg, segs, sizes = lay.segments(D, opts, z)
         summary = empty((3, n_seg, D), f32, z.device)      # (K, W, V) of every segment

@@ -27,6 +27,14 @@ starts programs in). It then
    prefix as the final state. The second walk reads the segment's inputs from L2 when
    segments are short enough (the launcher's ``chained_chunks``).
 
+With ``PERSISTENT`` the grid holds fewer programs than tickets (the launcher's
+``chained_programs_per_sm``): each program takes a ticket, covers it, and takes the next
+until none is left. So no more segments are held between their two walks than programs are
+resident, however many the registers would allow: a cap on what the second walks need of
+L2. The waits still end: only a running program holds a ticket, one at a time, and the
+one holding the lowest ticket not yet covered waits on nothing (every ticket below it is
+covered). Under the interpreter (below) the first program takes every ticket.
+
 Publishing: every thread stores its channels, a barrier, then one release of the flag
 (gpu scope; cumulative over the stores the barrier ordered before it). Looking back: one
 acquire of the window's flags, a barrier, then loads that skip L1 (``volatile``), so no
@@ -117,22 +125,23 @@ def _look_back(f_ptr, s_ptr, p_ptr, s0, k, blk, n_d, o_d, mask_d, NSEG, D: tl.co
 
 
 @triton.jit
-def fwd_chained_kernel(
+def _take(f_ptr, n_tickets):
+    """The next ticket: the counter after the ``n_tickets`` flags, incremented."""
+    return tl.atomic_add(f_ptr + n_tickets, 1, sem="relaxed", scope="gpu").to(tl.int64)
+
+
+@triton.jit
+def _fwd_segment(
     z_ptr, a_ptr, g_ptr, y_ptr, h0_ptr, ht_ptr, hc_ptr, s_ptr, p_ptr, f_ptr, cu_ptr, co_ptr,
-    so_ptr, ss_ptr,
-    T, CPS, NS, NCT, NSEG, D: tl.constexpr,
+    so_ptr, ss_ptr, ticket, T, CPS, NS, NCT, NSEG, D: tl.constexpr,
     ATTN: tl.constexpr, DISCOUNT: tl.constexpr, HAS_INIT: tl.constexpr,
     STORE_FINAL: tl.constexpr, SAVE_CHUNKS: tl.constexpr, IS_VARLEN: tl.constexpr,
     REVERSE: tl.constexpr, LOOKAHEAD: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
     SAVE_BT: tl.constexpr, WINDOW: tl.constexpr, PREFIX_EVERY: tl.constexpr,
     SPIN: tl.constexpr,
 ):
-    """One segment of one channel block, the one its ticket names (module docstring):
-    aggregates into ``s`` ``(4, NSEG, D)``, inclusive prefixes into ``p`` ``(3, NSEG, D)``,
-    flags in ``f`` (``NSEG * blocks`` int32, then the ticket counter; zeros at launch).
-    ``PREFIX_EVERY`` False: only each sequence's first segment publishes its prefix (tests)."""
+    """The segment and channel block of ``ticket`` (:func:`fwd_chained_kernel`)."""
     n_d = tl.cdiv(D, BD)
-    ticket = tl.atomic_add(f_ptr + NSEG * n_d, 1, sem="relaxed", scope="gpu").to(tl.int64)
     pid = ticket // n_d
     blk = ticket % n_d
     o_d, mask_d = channels_at(blk, D, BD)
@@ -173,6 +182,41 @@ def fwd_chained_kernel(
         last = k == segments(T_i, CPS, BT) - 1
         # (tl.where: the interpreter cannot AND a block with a scalar)
         store_state(ht_ptr, i * D + o_d, tl.where(last, mask_d, False), NS * D, p_m, p_n, p_d)
+
+
+@triton.jit
+def fwd_chained_kernel(
+    z_ptr, a_ptr, g_ptr, y_ptr, h0_ptr, ht_ptr, hc_ptr, s_ptr, p_ptr, f_ptr, cu_ptr, co_ptr,
+    so_ptr, ss_ptr,
+    T, CPS, NS, NCT, NSEG, D: tl.constexpr,
+    ATTN: tl.constexpr, DISCOUNT: tl.constexpr, HAS_INIT: tl.constexpr,
+    STORE_FINAL: tl.constexpr, SAVE_CHUNKS: tl.constexpr, IS_VARLEN: tl.constexpr,
+    REVERSE: tl.constexpr, LOOKAHEAD: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
+    SAVE_BT: tl.constexpr, WINDOW: tl.constexpr, PREFIX_EVERY: tl.constexpr,
+    SPIN: tl.constexpr, PERSISTENT: tl.constexpr,
+):
+    """One segment of one channel block, the one its ticket names (module docstring):
+    aggregates into ``s`` ``(4, NSEG, D)``, inclusive prefixes into ``p`` ``(3, NSEG, D)``,
+    flags in ``f`` (``NSEG * blocks`` int32, then the ticket counter; zeros at launch).
+    ``PREFIX_EVERY`` False: only each sequence's first segment publishes its prefix (tests).
+    ``PERSISTENT``: a grid of fewer programs than tickets, each taking tickets until none is
+    left (module docstring)."""
+    n_tickets = NSEG * tl.cdiv(D, BD)
+    ticket = _take(f_ptr, n_tickets)
+    if PERSISTENT:
+        while ticket < n_tickets:
+            _fwd_segment(
+                z_ptr, a_ptr, g_ptr, y_ptr, h0_ptr, ht_ptr, hc_ptr, s_ptr, p_ptr, f_ptr, cu_ptr,
+                co_ptr, so_ptr, ss_ptr, ticket, T, CPS, NS, NCT, NSEG, D, ATTN, DISCOUNT,
+                HAS_INIT, STORE_FINAL, SAVE_CHUNKS, IS_VARLEN, REVERSE, LOOKAHEAD, BT, BD,
+                SAVE_BT, WINDOW, PREFIX_EVERY, SPIN)
+            ticket = _take(f_ptr, n_tickets)
+    else:
+        _fwd_segment(
+            z_ptr, a_ptr, g_ptr, y_ptr, h0_ptr, ht_ptr, hc_ptr, s_ptr, p_ptr, f_ptr, cu_ptr,
+            co_ptr, so_ptr, ss_ptr, ticket, T, CPS, NS, NCT, NSEG, D, ATTN, DISCOUNT, HAS_INIT,
+            STORE_FINAL, SAVE_CHUNKS, IS_VARLEN, REVERSE, LOOKAHEAD, BT, BD, SAVE_BT, WINDOW,
+            PREFIX_EVERY, SPIN)
 
 
 @triton.jit
@@ -236,30 +280,17 @@ def _look_ahead(f_ptr, s_ptr, p_ptr, s0, k, last, blk, n_d, o_d, mask_d, NSEG,
 
 
 @triton.jit
-def bwd_chained_kernel(
+def _bwd_segment(
     z_ptr, a_ptr, g_ptr, gy_ptr, gz_ptr, ga_ptr, gg_ptr, h0_ptr, dh0_ptr, dht_ptr, hc_ptr,
-    s_ptr, p_ptr, f_ptr, cu_ptr, co_ptr, so_ptr, ss_ptr,
+    s_ptr, p_ptr, f_ptr, cu_ptr, co_ptr, so_ptr, ss_ptr, ticket,
     T, CPS, NS, NCT, NSEG, D: tl.constexpr,
     ATTN: tl.constexpr, DISCOUNT: tl.constexpr, HAS_INIT: tl.constexpr,
     HAS_FINAL_GRAD: tl.constexpr, IS_VARLEN: tl.constexpr, REVERSE: tl.constexpr,
     LOOKAHEAD: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, WINDOW: tl.constexpr,
     PREFIX_EVERY: tl.constexpr, SPIN: tl.constexpr,
 ):
-    """The backward (scan_bwd.py) as :func:`fwd_chained_kernel` does the forward, in adjoint
-    order: tickets take a sequence's segments last first, and each program
-
-    1. walks its segment from nothing entering (the "segments" summary pass): its local
-       adjoint ``(K, W, V)``, published (``AGGREGATE``);
-    2. looks ahead (:func:`_look_ahead`) for the ``(W, V)`` entering after its last row (a
-       sequence's last segment: the final state's gradient);
-    3. publishes the ``(W, V)`` at its first row (``PREFIX``); a sequence's first segment
-       stores the initial state's gradients from it;
-    4. walks its segment again from what enters it, storing the gradients.
-
-    ``s`` ``(3, NSEG, D)``, ``p`` ``(2, NSEG, D)``, flags ``f`` as the forward's.
-    ``PREFIX_EVERY`` False: only each sequence's last segment publishes its prefix (tests)."""
+    """The segment and channel block of ``ticket`` (:func:`bwd_chained_kernel`)."""
     n_d = tl.cdiv(D, BD)
-    ticket = tl.atomic_add(f_ptr + NSEG * n_d, 1, sem="relaxed", scope="gpu").to(tl.int64)
     pid = NSEG - 1 - ticket // n_d              # the last segment first
     blk = ticket % n_d
     o_d, mask_d = channels_at(blk, D, BD)
@@ -300,3 +331,45 @@ def bwd_chained_kernel(
     walk_adjoint(
         z_ptr, a_ptr, g_ptr, gy_ptr, gz_ptr, ga_ptr, gg_ptr, hc_ptr, i_W, i_V, bos, T_i, c0,
         c_lo, c_hi, o_d, mask_d, NCT, D, ATTN, DISCOUNT, False, REVERSE, LOOKAHEAD, BT, BD)
+
+
+@triton.jit
+def bwd_chained_kernel(
+    z_ptr, a_ptr, g_ptr, gy_ptr, gz_ptr, ga_ptr, gg_ptr, h0_ptr, dh0_ptr, dht_ptr, hc_ptr,
+    s_ptr, p_ptr, f_ptr, cu_ptr, co_ptr, so_ptr, ss_ptr,
+    T, CPS, NS, NCT, NSEG, D: tl.constexpr,
+    ATTN: tl.constexpr, DISCOUNT: tl.constexpr, HAS_INIT: tl.constexpr,
+    HAS_FINAL_GRAD: tl.constexpr, IS_VARLEN: tl.constexpr, REVERSE: tl.constexpr,
+    LOOKAHEAD: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, WINDOW: tl.constexpr,
+    PREFIX_EVERY: tl.constexpr, SPIN: tl.constexpr, PERSISTENT: tl.constexpr,
+):
+    """The backward (scan_bwd.py) as :func:`fwd_chained_kernel` does the forward, in adjoint
+    order: tickets take a sequence's segments last first, and each program
+
+    1. walks its segment from nothing entering (the "segments" summary pass): its local
+       adjoint ``(K, W, V)``, published (``AGGREGATE``);
+    2. looks ahead (:func:`_look_ahead`) for the ``(W, V)`` entering after its last row (a
+       sequence's last segment: the final state's gradient);
+    3. publishes the ``(W, V)`` at its first row (``PREFIX``); a sequence's first segment
+       stores the initial state's gradients from it;
+    4. walks its segment again from what enters it, storing the gradients.
+
+    ``s`` ``(3, NSEG, D)``, ``p`` ``(2, NSEG, D)``, flags ``f`` as the forward's.
+    ``PREFIX_EVERY`` False: only each sequence's last segment publishes its prefix (tests);
+    ``PERSISTENT`` as the forward's."""
+    n_tickets = NSEG * tl.cdiv(D, BD)
+    ticket = _take(f_ptr, n_tickets)
+    if PERSISTENT:
+        while ticket < n_tickets:
+            _bwd_segment(
+                z_ptr, a_ptr, g_ptr, gy_ptr, gz_ptr, ga_ptr, gg_ptr, h0_ptr, dh0_ptr, dht_ptr,
+                hc_ptr, s_ptr, p_ptr, f_ptr, cu_ptr, co_ptr, so_ptr, ss_ptr, ticket, T, CPS, NS,
+                NCT, NSEG, D, ATTN, DISCOUNT, HAS_INIT, HAS_FINAL_GRAD, IS_VARLEN, REVERSE,
+                LOOKAHEAD, BT, BD, WINDOW, PREFIX_EVERY, SPIN)
+            ticket = _take(f_ptr, n_tickets)
+    else:
+        _bwd_segment(
+            z_ptr, a_ptr, g_ptr, gy_ptr, gz_ptr, ga_ptr, gg_ptr, h0_ptr, dh0_ptr, dht_ptr,
+            hc_ptr, s_ptr, p_ptr, f_ptr, cu_ptr, co_ptr, so_ptr, ss_ptr, ticket, T, CPS, NS, NCT,
+            NSEG, D, ATTN, DISCOUNT, HAS_INIT, HAS_FINAL_GRAD, IS_VARLEN, REVERSE, LOOKAHEAD, BT,
+            BD, WINDOW, PREFIX_EVERY, SPIN)

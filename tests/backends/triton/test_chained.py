@@ -11,6 +11,7 @@ import triton.language as tl
 
 import fastrwa
 from fastrwa.kernels.triton import scan_chained
+from fastrwa.ops import triton_host
 from fastrwa.testing import backend_options
 from helpers import assert_close, leaf, make_inputs
 from triton_helpers import SMALL, agrees_with_the_reference, inputs, same_bits_as_default
@@ -29,6 +30,28 @@ def test_the_chained_algorithm_gives_the_bits_of_segments(reverse, packed):
     includes the final state)."""
     same_bits_as_default(dict(algorithm="chained", chained_chunks=2), "segments", reverse,
                           packed, "cpu", SMALL, 19, [5, 9, 19])
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("reverse,packed", [(False, False), (True, True)])
+def test_a_persistent_chained_launch_gives_the_bits_of_segments(monkeypatch, reverse, packed):
+    """``chained_programs_per_sm`` and ``chained_programs_per_sm_backward`` at 1 on a card of
+    2 SMs (``_num_sms`` stubbed): each pass is one launch of 2 programs taking the tickets
+    in turn (``PERSISTENT``; under the interpreter the first takes them all, then each
+    finds none left), and it computes what "segments" does, bit for bit."""
+    monkeypatch.setattr(triton_host, "_num_sms", lambda device: 2)
+    seen = []
+    for kernel in (scan_chained.fwd_chained_kernel, scan_chained.bwd_chained_kernel):
+        def spy(*args, _run=kernel.run, **kwargs):
+            seen.append((tuple(kwargs["grid"]), kwargs["PERSISTENT"]))
+            return _run(*args, **kwargs)
+        monkeypatch.setattr(kernel, "run", spy)
+    same_bits_as_default(dict(algorithm="chained", chained_chunks=2, chained_programs_per_sm=1,
+                              chained_programs_per_sm_backward=1), "segments", reverse,
+                         packed, "cpu", SMALL, 19, [5, 9, 19])
+    # (the forward, then the backward: 6 or 12 tickets each, 3 segments or 1 + 2 + 3, in 2
+    # channel blocks)
+    assert seen == [((2,), True)] * 2, seen
 
 
 # (T = 25 at SMALL's blocks: 7 chunks in 4 segments of 2; windows of 1 and 2 (segment 3
@@ -68,24 +91,27 @@ def test_the_chained_algorithm_on_the_card(prefixes, reverse, packed):
 
 
 @pytest.mark.cuda
-def test_the_chained_algorithm_under_load_on_the_card():
+@pytest.mark.parametrize("per_sm", [0, 2])
+def test_the_chained_algorithm_under_load_on_the_card(per_sm):
     """The "chained" forward and backward over 4,096 segments of 64 steps in 8 channel
-    blocks (32,768 programs a pass, far more than are resident: programs wait on neighbours
-    still running) give what "segments" gives, within float32 rounding, three runs in a
-    row: ``y``, the final state, and the gradients. A lost flag or a stale read would show
-    as a wrong segment, a lost ticket as a hang."""
+    blocks (32,768 tickets a pass, far more than are resident: programs wait on neighbours
+    still running; with ``per_sm`` 2, 2 programs an SM take them all in turn) give what
+    "segments" gives, within float32 rounding, three runs in a row: ``y``, the final state,
+    and the gradients. A lost flag or a stale read would show as a wrong segment, a lost
+    ticket as a hang."""
     inputs = [x.cuda() for x in make_inputs(1, 1 << 18, 256, dtype=torch.float32, seed=37)]
 
-    def run(algorithm: str) -> list:
+    def run(**knobs) -> list:
         leaves = [leaf(x) for x in inputs]
-        with fastrwa.use_backend("triton"), backend_options("triton", algorithm=algorithm):
+        with fastrwa.use_backend("triton"), backend_options("triton", **knobs):
             y, final = fastrwa.rda_scan(*leaves, "exp", output_final_state=True)
             grads = torch.autograd.grad((y * y).sum(), leaves)
         return [y, final.m + final.d.log(), final.n / final.d, *grads]
 
-    want = run("segments")
+    want = run(algorithm="segments")
     for _ in range(3):
-        for got, ref in zip(run("chained"), want):
+        for got, ref in zip(run(algorithm="chained", chained_programs_per_sm=per_sm,
+                                chained_programs_per_sm_backward=per_sm), want):
             torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
 
 

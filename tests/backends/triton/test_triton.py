@@ -114,7 +114,9 @@ def test_segment_length():
                                         ("forward_block_t", 8), ("forward_block_t", 48),
                                         ("forward_block_t", 32.0),
                                         ("chained_chunks", 0), ("chained_prefixes", 1),
-                                        ("chained_backward", "no"), ("lookback_window", 3)])
+                                        ("chained_backward", "no"), ("lookback_window", 3),
+                                        ("chained_programs_per_sm", -1),
+                                        ("chained_programs_per_sm_backward", 1.0)])
 def test_launch_knobs_are_checked(knob, value):
     with pytest.raises(ValueError, match=f"{knob} must be"):
         triton_host.set_options(**{knob: value})
