@@ -223,6 +223,8 @@ class Knobs:
     chained_backward: bool = True      # ... and their backward (triton_host.Options's)
     chained_chunks: int = 4            # triton_host.Options.chained_chunks
     lookback_window: int = 32          # triton_host.Options.lookback_window
+    chained_programs_per_sm: int = 0   # triton_host.Options's: programs an SM at most (0:
+    chained_programs_per_sm_backward: int = 0    # as many as registers allow), each pass
 
 
 def default_knobs() -> Knobs:
@@ -233,7 +235,9 @@ def default_knobs() -> Knobs:
                  tb.MIN_SEGMENT_CHUNKS, tb.MAX_REGISTERS,
                  forward_lookahead=o.forward_lookahead, carry_tile=o.carry_tile,
                  forward_block_t=o.forward_block_t, chained_chunks=o.chained_chunks,
-                 chained_backward=o.chained_backward, lookback_window=o.lookback_window)
+                 chained_backward=o.chained_backward, lookback_window=o.lookback_window,
+                 chained_programs_per_sm=o.chained_programs_per_sm,
+                 chained_programs_per_sm_backward=o.chained_programs_per_sm_backward)
 
 
 def cdiv(a: int, b: int) -> int:
@@ -277,6 +281,7 @@ class Launch:
     reread: int = 0           # bytes read again, from L2 if ``footprint`` fits (chained)
     footprint: int = 0        # a program's bytes that must stay in L2 for that
     hops: int = 0             # look-back window hops in series (chained)
+    cap: int = 0              # programs an SM at most (0: registers decide; chained)
 
 
 def lookahead(ATTN: int, k: Knobs) -> int:
@@ -349,10 +354,12 @@ def plan(op: str, shape, dtype: str, algorithm: str, pass_: str, k: Knobs, sms: 
             # one launch, approximated by the two walks it makes: the summary pass's loop
             # (DRAM reads), then the output pass's (its reads again: L2 if they fit,
             # with_reread())
-            out.append(walk("fwd[chained:1]", 1, n_in * E * s + 7 * nseg * D * 4))
+            out.append(walk("fwd[chained:1]", 1, n_in * E * s + 7 * nseg * D * 4,
+                            cap=k.chained_programs_per_sm))
             out.append(walk(f"fwd[chained:2{',save' if save else ''}]", 2,
                             E * s + save * rows * state, reread=n_in * E * s,
-                            footprint=cps * fload, hops=cdiv(nseg // B, k.lookback_window)))
+                            footprint=cps * fload, hops=cdiv(nseg // B, k.lookback_window),
+                            cap=k.chained_programs_per_sm))
         else:
             out.append(walk("fwd[summary]", 1, n_in * E * s + 4 * nseg * D * 4))
             out.append(_carry("fwd_carry", "scan_fwd.fwd_carry_kernel",
@@ -401,10 +408,12 @@ def plan(op: str, shape, dtype: str, algorithm: str, pass_: str, k: Knobs, sms: 
             # walk (DRAM reads; publishes (K, W, V) and (W, V)), then the output walk (its
             # reads again: L2 if they fit)
             out.append(bwalk("bwd[chained:1]", 1,
-                             (n_in + 1) * E * s + rows * state + 5 * nseg * D * 4))
+                             (n_in + 1) * E * s + rows * state + 5 * nseg * D * 4,
+                             cap=k.chained_programs_per_sm_backward))
             out.append(bwalk("bwd[chained:2]", 2, n_in * E * s,
                              reread=(n_in + 1) * E * s + rows * state, footprint=cps * bload,
-                             hops=cdiv(nseg // B, k.lookback_window)))
+                             hops=cdiv(nseg // B, k.lookback_window),
+                             cap=k.chained_programs_per_sm_backward))
         else:
             out.append(bwalk("bwd[summary]", 1,
                              (n_in + 1) * E * s + rows * state + 3 * nseg * D * 4))
@@ -707,12 +716,13 @@ class Terms:
         return max(terms, key=terms.get)
 
 
-def resident(regs: int, warps: int) -> int:
+def resident(regs: int, warps: int, cap: int = 0) -> int:
     """Programs an SM holds at once: registers (per scheduler, allocated 8 a thread at a
-    time), warps and blocks."""
+    time), warps and blocks; at most ``cap`` where it is not 0 (a persistent launch)."""
     per_warp = 32 * cdiv(max(regs, 1), 8) * 8
     warps_per_scheduler = REGS_PER_SCHEDULER // per_warp
-    return max(1, min(MAX_BLOCKS, MAX_WARPS // warps, SCHEDULERS * warps_per_scheduler // warps))
+    held = max(1, min(MAX_BLOCKS, MAX_WARPS // warps, SCHEDULERS * warps_per_scheduler // warps))
+    return min(held, cap) if cap else held
 
 
 def terms(launch: Launch, c: Counted, card: Card, bandwidth: float, clock_hz: float,
@@ -748,7 +758,7 @@ def terms(launch: Launch, c: Counted, card: Card, bandwidth: float, clock_hz: fl
 def _terms(launch: Launch, c: Counted, card: Card, bandwidth: float, clock_hz: float,
            latency_ns: float) -> Terms:
     load_cycles = latency_ns * 1e-9 * clock_hz
-    R = resident(c.regs, launch.warps)
+    R = resident(c.regs, launch.warps, launch.cap)
     p = min(R, cdiv(launch.programs, card.sms))
     waves = cdiv(launch.programs, R * card.sms)
     w = cdiv(p * launch.warps, SCHEDULERS)
@@ -851,7 +861,8 @@ def with_reread(launch: Launch, c: Counted, card: Card) -> Launch:
     the programs resident at once (registers: ``c``) fit in :data:`L2_SHARE` of the L2."""
     if not launch.reread:
         return launch
-    held = min(launch.programs, resident(c.regs, launch.warps) * card.sms) * launch.footprint
+    held = launch.footprint * min(launch.programs,
+                                  resident(c.regs, launch.warps, launch.cap) * card.sms)
     if held <= L2_SHARE * L2_BYTES:
         return launch
     return dataclasses.replace(launch, bytes=launch.bytes + launch.reread)
@@ -1023,6 +1034,12 @@ def candidates(card: Card, knobs: Knobs, python: str, latency: "float | Latency"
         ("chained, BT 32", dataclasses.replace(knobs, chained=True, block_t=32)),
         ("chained, BT 32, 2 chunks", dataclasses.replace(knobs, chained=True, block_t=32,
                                                          chained_chunks=2)),
+        ("chained, 6 / 5 programs an SM", dataclasses.replace(
+            knobs, chained=True, chained_programs_per_sm=6,
+            chained_programs_per_sm_backward=5)),
+        ("chained, 4 / 4 programs an SM", dataclasses.replace(
+            knobs, chained=True, chained_programs_per_sm=4,
+            chained_programs_per_sm_backward=4)),
         ("2 warps, BD 64", dataclasses.replace(knobs, block_d=64, block_d_backward=64, warps=2,
                                                warps_backward=2)),
     ]

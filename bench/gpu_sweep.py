@@ -152,6 +152,10 @@ CANDIDATES = {
     "chained-bt32-2": dict(algorithm="chained", block_t=32, chained_chunks=2),
     "chained-fwd-bt32-carry8-3": dict(algorithm="chained", chained_backward=False, block_t=32,
                                       carry_tile=8, chained_chunks=3),
+    "chained-cap6-5": dict(algorithm="chained", chained_programs_per_sm=6,
+                           chained_programs_per_sm_backward=5),
+    "chained-cap4": dict(algorithm="chained", chained_programs_per_sm=4,
+                         chained_programs_per_sm_backward=4),
 }
 
 

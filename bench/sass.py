@@ -42,7 +42,9 @@ def opcode(text: str) -> str:
 def loop_body(ins: list[tuple[int, str]], last: bool = False) -> tuple[list[str], int]:
     """The outermost loop's instructions (with ``last``, the last of the loops not inside
     another: a kernel of several loops in a row, as the chained forward's two walks and
-    look-back) and how many loops there are (0: the whole kernel)."""
+    look-back; where one loop holds all the others, as a persistent kernel's loop over its
+    tickets, the last of those inside it) and how many loops there are (0: the whole
+    kernel)."""
     loops = []
     for addr, text in ins:
         m = _BRANCH.search(text)
@@ -52,8 +54,13 @@ def loop_body(ins: list[tuple[int, str]], last: bool = False) -> tuple[list[str]
         end = next((a for a, t in ins if opcode(t) == "EXIT"), ins[-1][0])
         return [t for a, t in ins if a <= end or opcode(t) == "EXIT"], 0
     if last:
-        outer = [x for x in loops if not any(o != x and o[0] <= x[0] and x[1] <= o[1]
-                                             for o in loops)]
+        inside = loops
+        while True:
+            outer = [x for x in inside if not any(o != x and o[0] <= x[0] and x[1] <= o[1]
+                                                  for o in inside)]
+            if len(outer) > 1 or len(inside) == 1:
+                break
+            inside = [x for x in inside if x != outer[0]]
         lo, hi = max(outer, key=lambda span: span[1])
     else:
         lo, hi = max(loops, key=lambda span: span[1] - span[0])

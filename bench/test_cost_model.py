@@ -157,6 +157,28 @@ def test_the_chained_backward_is_planned_as_its_two_walks():
     assert [x.label for x in fwd_only[2:]] == ["bwd[summary]", "bwd_carry", "bwd[output]"]
 
 
+def test_a_persistent_chained_launch_caps_the_programs_an_sm_and_what_l2_must_hold():
+    """``chained_programs_per_sm`` (and its backward's): at most that many programs an SM,
+    whatever the registers allow, so more waves, and the second walk's re-read counted as
+    L2 hits once the capped programs' segments fit in L2's share."""
+    card = cm.CARDS["h100"]
+    assert cm.resident(192, 1, 5) == 5 and cm.resident(192, 1, 12) == 8     # 8 by registers
+    k = cm.Knobs(chained=True, chained_programs_per_sm=6, chained_programs_per_sm_backward=5)
+    both = cm.plan("rda-exp", (1, 1 << 20, 256), "float32", "segments", "fwd+bwd", k, 132)
+    assert [x.cap for x in both] == [6, 6, 5, 5]
+    two = both[1]                       # 24,576 bytes a segment (4 chunks of 16 x 32 x 3)
+    # 8 programs an SM (192 registers): 26 MB held, over half of L2; 6: 19.5 MB, under
+    assert cm.with_reread(dataclasses.replace(two, cap=0), _counted(192), card).bytes == \
+        two.bytes + two.reread
+    assert cm.with_reread(two, _counted(192), card).bytes == two.bytes
+    capped = cm.terms(dataclasses.replace(two, reread=0), _counted(192), card, 3e12,
+                      card.clock_hz, 500)
+    free = cm.terms(dataclasses.replace(two, reread=0, cap=0), _counted(192), card, 3e12,
+                    card.clock_hz, 500)
+    assert (capped.programs_per_sm, free.programs_per_sm) == (6, 8)
+    assert capped.waves == -(-two.programs // (6 * 132)) > free.waves
+
+
 def test_ncu_report_is_read():
     kernels = cm.ncu_kernels(cm.ROOT / cm.CARDS["h100"].ncu)
     assert [k["kernel"] for k in kernels] == ["fwd_kernel", "bwd_kernel"]

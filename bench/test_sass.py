@@ -64,3 +64,14 @@ def test_the_last_of_loops_in_a_row_is_taken_on_request():
     last, _ = sass.loop_body(ins, last=True)
     assert [sass.opcode(t) for t in last] == ["STG.E", "BRA"]
     assert sass.costs(TWO_LOOPS, elements=1, threads=1, last=True)["stg"] == 1
+
+
+def test_inside_a_loop_over_everything_the_last_loop_inside_it_is_taken():
+    """A persistent kernel (the chained kernels with ``PERSISTENT``): one loop over tickets
+    holds the walks; ``last`` takes the last loop inside it, as without that loop."""
+    wrapped = TWO_LOOPS.replace(
+        "/*0070*/                   EXIT ;", "/*0070*/               @P3 BRA 0x0000 ;").replace(
+        "/*0080*/                   BRA 0x80;", "/*0080*/                   EXIT ;")
+    ins = sass.instructions(wrapped)
+    last, loops = sass.loop_body(ins, last=True)
+    assert loops == 4 and [sass.opcode(t) for t in last] == ["STG.E", "BRA"]
