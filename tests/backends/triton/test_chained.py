@@ -33,12 +33,12 @@ def test_the_chained_algorithm_gives_the_bits_of_segments(reverse, packed):
 
 
 @pytest.mark.interpreter
-@pytest.mark.parametrize("reverse,packed", [(False, False), (True, True)])
-def test_a_persistent_chained_launch_gives_the_bits_of_segments(monkeypatch, reverse, packed):
+def test_a_persistent_chained_launch_gives_the_bits_of_segments(monkeypatch):
     """``chained_programs_per_sm`` and ``chained_programs_per_sm_backward`` at 1 on a card of
     2 SMs (``_num_sms`` stubbed): each pass is one launch of 2 programs taking the tickets
     in turn (``PERSISTENT``; under the interpreter the first takes them all, then each
-    finds none left), and it computes what "segments" does, bit for bit."""
+    finds none left), and it computes what "segments" does, bit for bit (reversed, three
+    packed sequences)."""
     monkeypatch.setattr(triton_host, "_num_sms", lambda device: 2)
     seen = []
     for kernel in (scan_chained.fwd_chained_kernel, scan_chained.bwd_chained_kernel):
@@ -47,10 +47,10 @@ def test_a_persistent_chained_launch_gives_the_bits_of_segments(monkeypatch, rev
             return _run(*args, **kwargs)
         monkeypatch.setattr(kernel, "run", spy)
     same_bits_as_default(dict(algorithm="chained", chained_chunks=2, chained_programs_per_sm=1,
-                              chained_programs_per_sm_backward=1), "segments", reverse,
-                         packed, "cpu", SMALL, 19, [5, 9, 19])
-    # (the forward, then the backward: 6 or 12 tickets each, 3 segments or 1 + 2 + 3, in 2
-    # channel blocks)
+                              chained_programs_per_sm_backward=1), "segments", True,
+                         True, "cpu", SMALL, 19, [5, 9, 19])
+    # (the forward, then the backward: 12 tickets each, 1 + 2 + 3 segments in 2 channel
+    # blocks)
     assert seen == [((2,), True)] * 2, seen
 
 
