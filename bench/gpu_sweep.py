@@ -156,6 +156,8 @@ CANDIDATES = {
                            chained_programs_per_sm_backward=5),
     "chained-cap4": dict(algorithm="chained", chained_programs_per_sm=4,
                          chained_programs_per_sm_backward=4),
+    "chained-bt32-2-cap6-5": dict(algorithm="chained", block_t=32, chained_chunks=2,
+                                  chained_programs_per_sm=6, chained_programs_per_sm_backward=5),
 }
 
 
