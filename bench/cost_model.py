@@ -223,8 +223,9 @@ class Knobs:
     chained_backward: bool = True      # ... and their backward (triton_host.Options's)
     chained_chunks: int = 4            # triton_host.Options.chained_chunks
     lookback_window: int = 32          # triton_host.Options.lookback_window
-    chained_programs_per_sm: int = 0   # triton_host.Options's: programs an SM at most (0:
-    chained_programs_per_sm_backward: int = 0    # as many as registers allow), each pass
+    chained_programs_per_sm: int = 0   # triton_host.Options's: the forward's programs an SM
+                                       # at most (0: as many as the registers allow)
+    chained_programs_per_sm_backward: int = 0    # the same, the backward's
 
 
 def default_knobs() -> Knobs:
@@ -1040,6 +1041,12 @@ def candidates(card: Card, knobs: Knobs, python: str, latency: "float | Latency"
         ("chained, 4 / 4 programs an SM", dataclasses.replace(
             knobs, chained=True, chained_programs_per_sm=4,
             chained_programs_per_sm_backward=4)),
+        ("chained, 8 / 8 programs an SM", dataclasses.replace(
+            knobs, chained=True, chained_programs_per_sm=8,
+            chained_programs_per_sm_backward=8)),
+        ("chained, BT 32, 2 chunks, 6 / 5", dataclasses.replace(
+            knobs, chained=True, block_t=32, chained_chunks=2, chained_programs_per_sm=6,
+            chained_programs_per_sm_backward=5)),
         ("2 warps, BD 64", dataclasses.replace(knobs, block_d=64, block_d_backward=64, warps=2,
                                                warps_backward=2)),
     ]

@@ -43,8 +43,8 @@ def loop_body(ins: list[tuple[int, str]], last: bool = False) -> tuple[list[str]
     """The outermost loop's instructions (with ``last``, the last of the loops not inside
     another: a kernel of several loops in a row, as the chained forward's two walks and
     look-back; where one loop holds all the others, as a persistent kernel's loop over its
-    tickets, the last of those inside it) and how many loops there are (0: the whole
-    kernel)."""
+    tickets, the last of those inside it, descending while a single loop holds the rest)
+    and how many loops there are (0: the whole kernel)."""
     loops = []
     for addr, text in ins:
         m = _BRANCH.search(text)

@@ -17,9 +17,10 @@ Forward algorithms (``Options.algorithm``):
   over its predecessors' published summaries (``lookback_window`` at a time) and re-running
   it from there; one launch, and every input read from DRAM once, where the re-run finds
   its segment in L2 (kernels/triton/scan_chained.py). ``chained_programs_per_sm`` (its
-  backward's: ``chained_programs_per_sm_backward``) at ``k >= 1`` launches ``k`` programs
-  an SM that take segments in turn, so that no more segments wait for their re-run than
-  ``k`` an SM, whatever the registers allow (0: a program a segment and channel block).
+  backward's: ``chained_programs_per_sm_backward``) at ``k >= 1`` launches ``k x SMs``
+  programs that take segments in turn, so that no more segments than that wait for their
+  re-run, whatever the registers allow (0, or no more segments and channel blocks than
+  ``k x SMs``: a program each).
   Its backward is the same in adjoint order (``chained_backward``; False: "segments").
 * Single steps (``T = 1``, no gradient needed) use one fused step kernel.
 * "auto": "looped" when ``sequences * channel_blocks`` gives every SM at least
@@ -94,8 +95,9 @@ class Options:
     lookback_window: int = 32        # predecessors a "chained" look-back reads at once
     chained_prefixes: bool = True    # False: only first (backward: last) segments publish
     chained_backward: bool = True    # "chained": its backward chained too (False: "segments")
-    chained_programs_per_sm: int = 0            # "chained" forward: k >= 1 launches k
-    chained_programs_per_sm_backward: int = 0   # programs an SM taking segments in turn
+    chained_programs_per_sm: int = 0            # "chained" forward: k >= 1, k x SMs
+                                                # programs taking segments in turn
+    chained_programs_per_sm_backward: int = 0   # the same, the "chained" backward
 
     def forward(self) -> "Options":
         """The knobs the forward kernels run at: ``block_t`` is ``forward_block_t`` where that

@@ -195,9 +195,10 @@ def fwd_chained_kernel(
     SAVE_BT: tl.constexpr, WINDOW: tl.constexpr, PREFIX_EVERY: tl.constexpr,
     SPIN: tl.constexpr, PERSISTENT: tl.constexpr,
 ):
-    """One segment of one channel block, the one its ticket names (module docstring):
-    aggregates into ``s`` ``(4, NSEG, D)``, inclusive prefixes into ``p`` ``(3, NSEG, D)``,
-    flags in ``f`` (``NSEG * blocks`` int32, then the ticket counter; zeros at launch).
+    """The segment and channel block its ticket names, or with ``PERSISTENT`` those of every
+    ticket it takes (module docstring): aggregates into ``s`` ``(4, NSEG, D)``, inclusive
+    prefixes into ``p`` ``(3, NSEG, D)``, flags in ``f`` (``NSEG * blocks`` int32, then the
+    ticket counter; zeros at launch).
     ``PREFIX_EVERY`` False: only each sequence's first segment publishes its prefix (tests).
     ``PERSISTENT``: a grid of fewer programs than tickets, each taking tickets until none is
     left (module docstring)."""

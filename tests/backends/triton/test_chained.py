@@ -34,11 +34,11 @@ def test_the_chained_algorithm_gives_the_bits_of_segments(reverse, packed):
 
 @pytest.mark.interpreter
 def test_a_persistent_chained_launch_gives_the_bits_of_segments(monkeypatch):
-    """``chained_programs_per_sm`` and ``chained_programs_per_sm_backward`` at 1 on a card of
-    2 SMs (``_num_sms`` stubbed): each pass is one launch of 2 programs taking the tickets
-    in turn (``PERSISTENT``; under the interpreter the first takes them all, then each
-    finds none left), and it computes what "segments" does, bit for bit (reversed, three
-    packed sequences)."""
+    """``chained_programs_per_sm`` 1 and ``chained_programs_per_sm_backward`` 2 on a card of
+    2 SMs (``_num_sms`` stubbed): the forward is one launch of 2 programs taking its
+    tickets in turn, the backward one of 4 (``PERSISTENT``; under the interpreter the first
+    takes them all, then each finds none left), and together they compute what "segments"
+    does, bit for bit (reversed, three packed sequences)."""
     monkeypatch.setattr(triton_host, "_num_sms", lambda device: 2)
     seen = []
     for kernel in (scan_chained.fwd_chained_kernel, scan_chained.bwd_chained_kernel):
@@ -47,11 +47,22 @@ def test_a_persistent_chained_launch_gives_the_bits_of_segments(monkeypatch):
             return _run(*args, **kwargs)
         monkeypatch.setattr(kernel, "run", spy)
     same_bits_as_default(dict(algorithm="chained", chained_chunks=2, chained_programs_per_sm=1,
-                              chained_programs_per_sm_backward=1), "segments", True,
+                              chained_programs_per_sm_backward=2), "segments", True,
                          True, "cpu", SMALL, 19, [5, 9, 19])
-    # (the forward, then the backward: 12 tickets each, 1 + 2 + 3 segments in 2 channel
-    # blocks)
-    assert seen == [((2,), True)] * 2, seen
+    # (1 + 2 + 3 segments: the forward's 12 tickets in 2 channel blocks of 4, the
+    # backward's 18 in 3 of 2)
+    assert seen == [((2,), True), ((4,), True)], seen
+
+
+def test_the_chained_grid_is_persistent_only_with_more_tickets_than_programs(monkeypatch):
+    """``_chained_grid``: a program a ticket at ``per_sm`` 0 or where the tickets are no
+    more than ``per_sm`` x SMs programs; otherwise that many programs, ``PERSISTENT``."""
+    monkeypatch.setattr(triton_host, "_num_sms", lambda device: 3)
+    cpu = torch.device("cpu")
+    assert triton_host._chained_grid(100, 0, cpu) == ((100,), False)
+    assert triton_host._chained_grid(6, 2, cpu) == ((6,), False)       # 6 programs: as many
+    assert triton_host._chained_grid(7, 2, cpu) == ((6,), True)
+    assert triton_host._chained_grid(100, 1, cpu) == ((3,), True)
 
 
 # (T = 25 at SMALL's blocks: 7 chunks in 4 segments of 2; windows of 1 and 2 (segment 3
@@ -91,11 +102,28 @@ def test_the_chained_algorithm_on_the_card(prefixes, reverse, packed):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("per_sm", [0, 2])
+def test_a_persistent_chained_launch_on_the_card(monkeypatch):
+    """Compiled, persistent, on a card taken as 1 SM (``_num_sms`` stubbed): 2 programs
+    take the forward's tickets in turn, 3 the backward's, and with only each sequence's
+    first (last) segment publishing its prefix every look-back (look-ahead) folds what
+    the others have published, while they still run: against the float64 reference, as
+    :func:`test_the_chained_algorithm_on_the_card`."""
+    monkeypatch.setattr(triton_host, "_num_sms", lambda device: 1)
+    z, a, g, h0, cu = inputs(True, 1000, [37, 300, 663], 70, "cuda", seed=31)
+    agrees_with_the_reference([leaf(x) for x in (z, a, g, *h0)], False, cu,
+                               dict(algorithm="chained", chained_chunks=2,
+                                    chained_prefixes=False, chained_programs_per_sm=2,
+                                    chained_programs_per_sm_backward=3))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("per_sm", [(0, 0), (6, 5), (16, 16)])
 def test_the_chained_algorithm_under_load_on_the_card(per_sm):
     """The "chained" forward and backward over 4,096 segments of 64 steps in 8 channel
     blocks (32,768 tickets a pass, far more than are resident: programs wait on neighbours
-    still running; with ``per_sm`` 2, 2 programs an SM take them all in turn) give what
+    still running; with ``per_sm`` (forward, backward) set, that many programs an SM take
+    them all in turn: the knobs timed at 6 and 5, and at 16 more programs than the
+    registers let an SM hold, some starting late to find few tickets or none) give what
     "segments" gives, within float32 rounding, three runs in a row: ``y``, the final state,
     and the gradients. A lost flag or a stale read would show as a wrong segment, a lost
     ticket as a hang."""
@@ -110,8 +138,8 @@ def test_the_chained_algorithm_under_load_on_the_card(per_sm):
 
     want = run(algorithm="segments")
     for _ in range(3):
-        for got, ref in zip(run(algorithm="chained", chained_programs_per_sm=per_sm,
-                                chained_programs_per_sm_backward=per_sm), want):
+        for got, ref in zip(run(algorithm="chained", chained_programs_per_sm=per_sm[0],
+                                chained_programs_per_sm_backward=per_sm[1]), want):
             torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
 
 
