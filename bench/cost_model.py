@@ -915,6 +915,26 @@ def record_rows(card: Card, only_auto: bool = False) -> list[tuple]:
     return rows
 
 
+def knob(text: str) -> tuple[str, int | bool]:
+    """A ``type=`` for ``--knob``: ``NAME=VALUE``, a :class:`Knobs` field and an integer
+    (a bool field: 0 or 1)."""
+    name, sep, value = text.partition("=")
+    fields = {f.name: f for f in dataclasses.fields(Knobs)}
+    if not sep or name not in fields:
+        raise argparse.ArgumentTypeError(
+            f"must be NAME=VALUE with NAME a field of Knobs ({', '.join(fields)}), got {text!r}")
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{name}'s value must be an integer, got {value!r}") \
+            from None
+    if fields[name].type in (bool, "bool"):
+        if number not in (0, 1):
+            raise argparse.ArgumentTypeError(f"{name} is a bool: 0 or 1, got {value!r}")
+        return name, bool(number)
+    return name, number
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -937,6 +957,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="predictions (not measurements) for launch changes, working tree")
     p.add_argument("--rows", choices=["all", "brief"], default="all",
                    help="brief: the five rows issue 52 quotes")
+    p.add_argument("--shape", default=None, metavar="BxTxD",
+                   help="only the record's rows of this shape (e.g. 1x1048576x256)")
+    p.add_argument("--algorithm", choices=["looped", "segments"], default=None,
+                   help="only the record's rows of this algorithm")
+    p.add_argument("--knob", action="append", type=knob, default=[], metavar="NAME=VALUE",
+                   help="a launch knob of every row, a Knobs field (e.g. chained=1 "
+                        "chained_programs_per_sm=6; the segments rows then run chained): "
+                        "predictions, set beside no measurement")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
@@ -946,19 +974,31 @@ def main(argv: list[str] | None = None) -> int:
     latency = card.latency(args.latency_ns, args.fixed_latency)
     clock = (args.clock_ghz * 1e9) if args.clock_ghz else card.clock_hz
     source = {"record": card.source, "worktree": None}.get(args.source, args.source)
-    knobs = default_knobs()
+    knobs = dataclasses.replace(default_knobs(), **dict(args.knob))
     loaded = "" if latency.fixed else (f" ({latency.loaded_ns:.0f} ns at "
                                        f"{100 * latency.loaded_at:.0f}% of peak DRAM)")
     print(f"{card.name}: {card.sms} SMs, clock {clock / 1e9:.2f} GHz, DRAM latency "
           f"{latency.light_ns:.0f} ns{loaded}, kernels of {source or 'the working tree'}, "
           f"record {card.record}"
           + (f" ({card.notes})" if card.notes else ""))
+    if args.knob:
+        print("knobs: " + ", ".join(f"{name}={value}" for name, value in args.knob))
     rows = record_rows(card)
     if args.rows == "brief":
         brief = {("rda-exp", (16, 4096, 1024), "looped"), ("rda-exp", (8, 16384, 2048), "looped"),
                  ("rda-exp", (1, 1 << 20, 256), "segments")}
         rows = [r for r in rows if (r[0], r[1], r[3]) in brief and r[2] == "float32"]
-    measured = source == card.source and card.source is not None
+    if args.shape:
+        try:
+            shape = tuple(int(x) for x in args.shape.lower().split("x"))
+        except ValueError:
+            p.error(f"--shape must be BxTxD in integers, got {args.shape!r}")
+        rows = [r for r in rows if r[1] == shape]
+    if args.algorithm:
+        rows = [r for r in rows if r[3] == args.algorithm]
+    if not rows:
+        p.error("no row of the record has that shape and algorithm")
+    measured = source == card.source and card.source is not None and not args.knob
     if not measured:
         rows = [r[:-1] + (None,) for r in rows]
     results = predict(rows, card, knobs, source, args.python, latency, clock)
@@ -1044,7 +1084,7 @@ def candidates(card: Card, knobs: Knobs, python: str, latency: "float | Latency"
         ("chained, 8 / 8 programs an SM", dataclasses.replace(
             knobs, chained=True, chained_programs_per_sm=8,
             chained_programs_per_sm_backward=8)),
-        ("chained, BT 32, 2 chunks, 6 / 5", dataclasses.replace(
+        ("chained, BT 32, 2 chunks, 6/5", dataclasses.replace(
             knobs, chained=True, block_t=32, chained_chunks=2, chained_programs_per_sm=6,
             chained_programs_per_sm_backward=5)),
         ("2 warps, BD 64", dataclasses.replace(knobs, block_d=64, block_d_backward=64, warps=2,

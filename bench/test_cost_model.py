@@ -2,6 +2,7 @@
 decoding, the in-order replay and the terms, on a hand-written SASS listing (the shape
 ``cuobjdump -sass`` prints, control words included). Structural facts only: no timing."""
 
+import argparse
 import dataclasses
 
 import pytest
@@ -226,3 +227,20 @@ def test_a_loaded_latency_is_the_fixed_point_of_the_launchs_own_throughput():
     assert light.latency_ns == lat.light_ns                     # a launch that moves little
     assert cm.terms(_launch(), _counted(), card, bw, card.clock_hz, card.latency(fixed=True)) \
         == cm.terms(_launch(), _counted(), card, bw, card.clock_hz, card.latency_ns)
+
+
+def test_knobs_and_rows_are_chosen_from_the_command_line(capsys):
+    """``--knob NAME=VALUE`` takes a Knobs field (bools as 0 or 1) and refuses anything
+    else, naming the fields; ``--shape`` and ``--algorithm`` filter the record's rows, and
+    a filter that leaves none is an error."""
+    assert cm.knob("chained=1") == ("chained", True)
+    assert cm.knob("chained_programs_per_sm=6") == ("chained_programs_per_sm", 6)
+    for bad in ("chained=2", "nope=1", "block_t", "block_t=x"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            cm.knob(bad)
+    with pytest.raises(SystemExit):
+        cm.main(["--shape", "3x3x3"])
+    assert "no row of the record" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cm.main(["--shape", "1xMx256"])
+    assert "--shape must be BxTxD" in capsys.readouterr().err
