@@ -5,6 +5,8 @@ counted without a GPU, set beside the times a card measured (issue 52, item 2).
     python -m bench.cost_model --card h100 --ncu    # and the Nsight Compute kernels (clock known)
     python -m bench.cost_model --card h100 --candidates   # predictions for launch changes
     python -m bench.cost_model --card h200          # predictions at the H200's copy bandwidth
+    python -m bench.cost_model --record R.json --source worktree   # a new card's rows (R: its
+                                                    # gpu-<device>.json), today's kernels
     ... --python /path/to/python                    # compile with that interpreter's Triton
                                                     # (the card ran 3.6.0; docs/kernels.md)
 
@@ -915,6 +917,14 @@ def record_rows(card: Card, only_auto: bool = False) -> list[tuple]:
     return rows
 
 
+def with_record(card: Card, path: str, source: str | None) -> Card:
+    """``card`` with the timed rows of ``path`` (a gpu-<device>.json), taken as measured with
+    the kernels of ``source`` (a commit; ``None``: the working tree), and no Nsight Compute
+    output (the card's is of its own record)."""
+    return dataclasses.replace(card, record=os.path.abspath(path), source=source, ncu=None,
+                               notes=f"record {path}: kernels of {source or 'the working tree'}")
+
+
 def knob(text: str) -> tuple[str, int | bool]:
     """A ``type=`` for ``--knob``: ``NAME=VALUE``, a :class:`Knobs` field and an integer
     (a bool field: 0 or 1)."""
@@ -961,6 +971,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="only the record's rows of this shape (e.g. 1x1048576x256)")
     p.add_argument("--algorithm", choices=["looped", "segments"], default=None,
                    help="only the record's rows of this algorithm")
+    p.add_argument("--record", default=None, metavar="FILE",
+                   help="the timed rows of this gpu-<device>.json (bench/gpu_run.sh's report) in "
+                        "place of the card's, measured with the kernels of --source")
     p.add_argument("--knob", action="append", type=knob, default=[], metavar="NAME=VALUE",
                    help="a launch knob of every row, a Knobs field (e.g. chained=1 "
                         "chained_programs_per_sm=6; the segments rows then run chained): "
@@ -974,6 +987,13 @@ def main(argv: list[str] | None = None) -> int:
     latency = card.latency(args.latency_ns, args.fixed_latency)
     clock = (args.clock_ghz * 1e9) if args.clock_ghz else card.clock_hz
     source = {"record": card.source, "worktree": None}.get(args.source, args.source)
+    if args.record:
+        if args.source == "record":
+            p.error("--record: name the kernels the card ran with --source (worktree or a "
+                    "commit)")
+        if not os.path.isfile(args.record):
+            p.error(f"--record: no file {args.record!r}")
+        card = with_record(card, args.record, source)
     knobs = dataclasses.replace(default_knobs(), **dict(args.knob))
     loaded = "" if latency.fixed else (f" ({latency.loaded_ns:.0f} ns at "
                                        f"{100 * latency.loaded_at:.0f}% of peak DRAM)")
@@ -998,7 +1018,8 @@ def main(argv: list[str] | None = None) -> int:
         rows = [r for r in rows if r[3] == args.algorithm]
     if not rows:
         p.error("no row of the record has that shape and algorithm")
-    measured = source == card.source and card.source is not None and not args.knob
+    measured = (source == card.source and (card.source is not None or bool(args.record))
+                and not args.knob)
     if not measured:
         rows = [r[:-1] + (None,) for r in rows]
     results = predict(rows, card, knobs, source, args.python, latency, clock)

@@ -244,3 +244,19 @@ def test_knobs_and_rows_are_chosen_from_the_command_line(capsys):
     with pytest.raises(SystemExit):
         cm.main(["--shape", "1xMx256"])
     assert "--shape must be BxTxD" in capsys.readouterr().err
+
+
+def test_a_new_cards_record_replaces_the_cards_own(tmp_path, capsys):
+    """``--record FILE``: the card's rows become that file's, measured with the kernels of
+    ``--source`` (which must be named: the card's own commit is of its own record), with no
+    Nsight Compute output; a missing file is an error naming it."""
+    card = cm.CARDS["h100"]
+    new = cm.with_record(card, str(tmp_path / "gpu-x.json"), None)
+    assert new.record == str(tmp_path / "gpu-x.json") and new.source is None
+    assert new.ncu is None and (new.sms, new.clock_hz) == (card.sms, card.clock_hz)
+    with pytest.raises(SystemExit):
+        cm.main(["--record", str(tmp_path / "gpu-x.json")])
+    assert "name the kernels the card ran with --source" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cm.main(["--record", str(tmp_path / "gpu-x.json"), "--source", "worktree"])
+    assert "no file" in capsys.readouterr().err
