@@ -73,7 +73,7 @@ if __name__ == "__main__" and not __package__:   # python bench/cost_model.py: r
               {**os.environ, "PYTHONPATH": os.pathsep.join(
                   filter(None, (_root, os.environ.get("PYTHONPATH"))))})
 
-from bench import sass  # noqa: E402
+from bench import kernels, sass  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CACHE = ROOT / "bench-results" / "cost_model"
@@ -925,22 +925,17 @@ def with_record(card: Card, path: str, source: str | None) -> Card:
                                notes=f"record {path}: kernels of {source or 'the working tree'}")
 
 
-def knob(text: str) -> tuple[str, int | bool]:
-    """A ``type=`` for ``--knob``: ``NAME=VALUE``, a :class:`Knobs` field and an integer
-    (a bool field: 0 or 1)."""
-    name, sep, value = text.partition("=")
+def knob_field(text: str) -> tuple[str, int | bool]:
+    """A ``type=`` for ``--knob``: ``NAME=VALUE`` (:func:`bench.kernels.knob`'s form), with
+    ``NAME`` a :class:`Knobs` field (a bool field: 0 or 1)."""
+    name, number = kernels.knob(text)
     fields = {f.name: f for f in dataclasses.fields(Knobs)}
-    if not sep or name not in fields:
+    if name not in fields:
         raise argparse.ArgumentTypeError(
-            f"must be NAME=VALUE with NAME a field of Knobs ({', '.join(fields)}), got {text!r}")
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{name}'s value must be an integer, got {value!r}") \
-            from None
+            f"NAME must be a field of Knobs ({', '.join(fields)}), got {name!r}")
     if fields[name].type in (bool, "bool"):
         if number not in (0, 1):
-            raise argparse.ArgumentTypeError(f"{name} is a bool: 0 or 1, got {value!r}")
+            raise argparse.ArgumentTypeError(f"{name} is a bool: 0 or 1, got {number}")
         return name, bool(number)
     return name, number
 
@@ -974,7 +969,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--record", default=None, metavar="FILE",
                    help="the timed rows of this gpu-<device>.json (bench/gpu_run.sh's report) in "
                         "place of the card's, measured with the kernels of --source")
-    p.add_argument("--knob", action="append", type=knob, default=[], metavar="NAME=VALUE",
+    p.add_argument("--knob", action="append", type=knob_field, default=[], metavar="NAME=VALUE",
                    help="a launch knob of every row, a Knobs field (e.g. chained=1 "
                         "chained_programs_per_sm=6; the segments rows then run chained): "
                         "predictions, set beside no measurement")

@@ -233,11 +233,11 @@ def test_knobs_and_rows_are_chosen_from_the_command_line(capsys):
     """``--knob NAME=VALUE`` takes a Knobs field (bools as 0 or 1) and refuses anything
     else, naming the fields; ``--shape`` and ``--algorithm`` filter the record's rows, and
     a filter that leaves none is an error."""
-    assert cm.knob("chained=1") == ("chained", True)
-    assert cm.knob("chained_programs_per_sm=6") == ("chained_programs_per_sm", 6)
+    assert cm.knob_field("chained=1") == ("chained", True)
+    assert cm.knob_field("chained_programs_per_sm=6") == ("chained_programs_per_sm", 6)
     for bad in ("chained=2", "nope=1", "block_t", "block_t=x"):
         with pytest.raises(argparse.ArgumentTypeError):
-            cm.knob(bad)
+            cm.knob_field(bad)
     with pytest.raises(SystemExit):
         cm.main(["--shape", "3x3x3"])
     assert "no row of the record" in capsys.readouterr().err
